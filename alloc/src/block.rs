@@ -1,0 +1,91 @@
+//! Blocks and the arena that holds them.
+//!
+//! A segment (one backend allocation) is tiled by blocks that form a doubly
+//! linked list in address order; a free block sits in its pool's free list.
+
+use crate::backend::StreamId;
+use crate::policy::PoolKind;
+
+/// Index of a block in the [`BlockArena`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct BlockId(pub(crate) u32);
+
+/// A piece of a segment.
+#[derive(Debug, Clone)]
+pub(crate) struct Block {
+    pub addr: usize,
+    /// Bytes of the block (a multiple of 512).
+    pub size: usize,
+    /// Bytes the caller asked for (0 while free).
+    pub requested: usize,
+    pub stream: StreamId,
+    pub pool: PoolKind,
+    /// Address of the segment this block belongs to.
+    pub segment: usize,
+    pub prev: Option<BlockId>,
+    pub next: Option<BlockId>,
+    pub allocated: bool,
+    /// Other streams that used this block (`record_stream`).
+    pub stream_uses: Vec<StreamId>,
+    /// Events still to complete before the block can be reused.
+    pub event_count: u32,
+    /// The pool's lookup counter when the block was last freed: its age for
+    /// garbage collection is the number of lookups since.
+    pub freed_at_lookup: u64,
+}
+
+impl Block {
+    /// Whether the block shares its segment with other blocks.
+    #[inline]
+    pub fn is_split(&self) -> bool {
+        self.prev.is_some() || self.next.is_some()
+    }
+}
+
+/// Slots for blocks, reused after a block is merged away or its segment released.
+#[derive(Debug, Default)]
+pub(crate) struct BlockArena {
+    slots: Vec<Option<Block>>,
+    vacant: Vec<u32>,
+}
+
+impl BlockArena {
+    pub fn insert(&mut self, block: Block) -> BlockId {
+        match self.vacant.pop() {
+            Some(index) => {
+                self.slots[index as usize] = Some(block);
+                BlockId(index)
+            }
+            None => {
+                self.slots.push(Some(block));
+                BlockId((self.slots.len() - 1) as u32)
+            }
+        }
+    }
+
+    pub fn remove(&mut self, id: BlockId) -> Option<Block> {
+        let block = self.slots.get_mut(id.0 as usize)?.take();
+        if block.is_some() {
+            self.vacant.push(id.0);
+        }
+        block
+    }
+
+    /// The block behind a live id. Ids come only from `insert` and are removed
+    /// exactly once, so a missing block is an allocator bug.
+    #[inline]
+    pub fn get(&self, id: BlockId) -> &Block {
+        match self.slots.get(id.0 as usize) {
+            Some(Some(block)) => block,
+            _ => unreachable!("block {id:?} is not live"),
+        }
+    }
+
+    #[inline]
+    pub fn get_mut(&mut self, id: BlockId) -> &mut Block {
+        match self.slots.get_mut(id.0 as usize) {
+            Some(Some(block)) => block,
+            _ => unreachable!("block {id:?} is not live"),
+        }
+    }
+}

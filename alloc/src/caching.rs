@@ -1,0 +1,1000 @@
+//! The caching allocator: PyTorch's policy over any [`Backend`].
+//!
+//! A request is rounded ([`round_size`]), served best-fit from its stream's
+//! free list in the small or large pool, and the block split when the rules
+//! allow ([`should_split`]). When nothing fits, a segment is obtained from the
+//! backend; when the backend is full, the out-of-memory ladder runs:
+//!
+//! 1. with `max_split_size` set, release cached oversize blocks of the stream;
+//! 2. wait for every outstanding stream event and release every unsplit cached
+//!    segment (only when that could cover the request: a futile release would
+//!    throw the cache away for nothing), then retry;
+//! 3. return [`AllocError::OutOfMemory`] with a report a person can act on.
+//!
+//! Freed blocks merge with free neighbours; nothing goes back to the backend
+//! until [`CachingAllocator::empty_cache`], garbage collection or the ladder.
+
+use crate::backend::{Backend, BackendError, StreamId};
+use crate::block::{Block, BlockArena, BlockId};
+use crate::config::AllocatorConfig;
+use crate::error::{AllocError, OutOfMemory};
+use crate::policy::{oversize_rule_allows, round_size, segment_size, should_split, PoolKind};
+use crate::snapshot::{BlockSnapshot, BlockState, FragmentationReport, SegmentSnapshot, Snapshot};
+use crate::stats::MemoryStats;
+use crate::trace::{History, Observer, TraceAction, TraceEntry};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+/// Free blocks of one pool, ordered by (stream, size, address): a range query
+/// from (stream, size, 0) finds the best fit on that stream.
+type FreeList = BTreeMap<(StreamId, usize, usize), BlockId>;
+
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    size: usize,
+    pool: PoolKind,
+    stream: StreamId,
+    /// The lowest-address block; merges keep the lower block's id, so it never changes.
+    head: BlockId,
+}
+
+/// A caching allocator for one device. Clones share the same cache.
+pub struct CachingAllocator<B: Backend> {
+    shared: Arc<Shared<B>>,
+}
+
+impl<B: Backend> Clone for CachingAllocator<B> {
+    fn clone(&self) -> Self {
+        CachingAllocator {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+struct Shared<B: Backend> {
+    backend: B,
+    state: Mutex<State<B::Event>>,
+}
+
+struct State<E> {
+    config: AllocatorConfig,
+    blocks: BlockArena,
+    free_small: FreeList,
+    free_large: FreeList,
+    segments: BTreeMap<usize, Segment>,
+    stats: MemoryStats,
+    /// Events per stream, oldest first, with the block each one holds back.
+    pending_events: BTreeMap<StreamId, VecDeque<(E, BlockId)>>,
+    pending_event_count: usize,
+    /// Free-list lookups per pool (small, large): the clock of block ages.
+    lookups: [u64; 2],
+    /// Device capacity, read once.
+    capacity: usize,
+    history: History,
+    observer: Option<Observer>,
+    /// Events to hand to the observer once the lock is released.
+    notifications: Vec<TraceEntry>,
+    created: Instant,
+}
+
+/// Memory handed out by a [`CachingAllocator`]; returned to the cache on drop.
+pub struct Allocation<B: Backend> {
+    owner: Option<Arc<Shared<B>>>,
+    block: BlockId,
+    addr: usize,
+    requested: usize,
+    block_size: usize,
+    stream: StreamId,
+}
+
+impl<B: Backend> Allocation<B> {
+    /// The address of the first byte (0 for a zero-byte allocation).
+    #[inline]
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    /// Bytes asked for.
+    #[inline]
+    pub fn size(&self) -> usize {
+        self.requested
+    }
+
+    /// Bytes of the block actually held (the request rounded, possibly more).
+    #[inline]
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The stream the memory was allocated on.
+    #[inline]
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+
+    /// Marks the memory as used by `stream` too: when dropped, the block is
+    /// reused only after the work queued on `stream` so far has finished.
+    pub fn record_stream(&self, stream: StreamId) {
+        if let Some(owner) = &self.owner {
+            if stream != self.stream {
+                owner.lock().record_stream(self.block, stream);
+            }
+        }
+    }
+}
+
+impl<B: Backend> Drop for Allocation<B> {
+    fn drop(&mut self) {
+        if let Some(owner) = self.owner.take() {
+            owner.free(self.block);
+        }
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for Allocation<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allocation")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("size", &self.requested)
+            .field("block_size", &self.block_size)
+            .field("stream", &self.stream)
+            .finish()
+    }
+}
+
+impl<B: Backend> CachingAllocator<B> {
+    /// A caching allocator over `backend` with the default configuration.
+    pub fn new(backend: B) -> Self {
+        Self::with_config(backend, AllocatorConfig::default())
+    }
+
+    /// A caching allocator configured by `BRASA_ALLOC_CONF` (or the defaults).
+    pub fn from_env(backend: B) -> Result<Self, AllocError> {
+        Ok(Self::with_config(backend, AllocatorConfig::from_env()?))
+    }
+
+    /// A caching allocator over `backend` with `config`.
+    pub fn with_config(backend: B, config: AllocatorConfig) -> Self {
+        let capacity = backend.total_bytes();
+        let stats = MemoryStats {
+            max_split_size: config.max_split_size,
+            ..MemoryStats::default()
+        };
+        let state = State {
+            config,
+            blocks: BlockArena::default(),
+            free_small: FreeList::new(),
+            free_large: FreeList::new(),
+            segments: BTreeMap::new(),
+            stats,
+            pending_events: BTreeMap::new(),
+            pending_event_count: 0,
+            lookups: [0; 2],
+            capacity,
+            history: History::default(),
+            observer: None,
+            notifications: Vec::new(),
+            created: Instant::now(),
+        };
+        CachingAllocator {
+            shared: Arc::new(Shared {
+                backend,
+                state: Mutex::new(state),
+            }),
+        }
+    }
+
+    /// The backend under the cache.
+    pub fn backend(&self) -> &B {
+        &self.shared.backend
+    }
+
+    /// The device's name.
+    pub fn device_name(&self) -> String {
+        self.shared.backend.device_name()
+    }
+
+    /// Allocates `size` bytes for use on `stream`.
+    pub fn allocate(&self, size: usize, stream: StreamId) -> Result<Allocation<B>, AllocError> {
+        if size == 0 {
+            return Ok(Allocation {
+                owner: None,
+                block: BlockId(0),
+                addr: 0,
+                requested: 0,
+                block_size: 0,
+                stream,
+            });
+        }
+        let (result, notifications, observer) = {
+            let mut state = self.shared.lock();
+            let result = state.malloc(&self.shared.backend, size, stream);
+            let (notifications, observer) = state.take_notifications();
+            (result, notifications, observer)
+        };
+        notify(observer, notifications);
+        let (block, addr, block_size) = result?;
+        Ok(Allocation {
+            owner: Some(Arc::clone(&self.shared)),
+            block,
+            addr,
+            requested: size,
+            block_size,
+            stream,
+        })
+    }
+
+    /// Returns every cached segment that holds no allocation to the backend,
+    /// after waiting for outstanding stream events.
+    pub fn empty_cache(&self) {
+        self.shared
+            .with_state(|state, backend| state.release_cached_blocks(backend));
+    }
+
+    /// A copy of the statistics.
+    pub fn stats(&self) -> MemoryStats {
+        self.shared.lock().stats.clone()
+    }
+
+    /// Bytes held by live allocations (`memory_allocated`).
+    pub fn allocated_bytes(&self) -> usize {
+        self.shared.lock().stats.allocated_bytes.all.current as usize
+    }
+
+    /// Bytes reserved from the backend (`memory_reserved`).
+    pub fn reserved_bytes(&self) -> usize {
+        self.shared.lock().stats.reserved_bytes.all.current as usize
+    }
+
+    /// Sets every peak to its current value.
+    pub fn reset_peak(&self) {
+        self.shared.lock().stats.reset_peak();
+    }
+
+    /// Zeroes cumulative counts and counters.
+    pub fn reset_accumulated(&self) {
+        self.shared.lock().stats.reset_accumulated();
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> AllocatorConfig {
+        self.shared.lock().config.clone()
+    }
+
+    /// Limits the bytes this allocator may reserve to `fraction` of the
+    /// device's capacity (`set_per_process_memory_fraction`).
+    pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), AllocError> {
+        let checked = AllocatorConfig::builder()
+            .memory_fraction(fraction)
+            .build()?;
+        self.shared.lock().config.memory_fraction = checked.memory_fraction;
+        Ok(())
+    }
+
+    /// Records the last `max_entries` events (0 turns recording off and clears it).
+    pub fn record_history(&self, max_entries: usize) {
+        let mut state = self.shared.lock();
+        state.history.max_entries = max_entries;
+        if max_entries == 0 {
+            state.history.entries.clear();
+        }
+        while state.history.entries.len() > max_entries {
+            state.history.entries.pop_front();
+        }
+    }
+
+    /// The recorded events, oldest first.
+    pub fn history(&self) -> Vec<TraceEntry> {
+        self.shared.lock().history.entries.iter().cloned().collect()
+    }
+
+    /// Registers a function called with every event (or removes it with `None`).
+    /// It runs after the allocator's lock is released, on the thread that caused the event.
+    pub fn set_observer(&self, observer: Option<Observer>) {
+        self.shared.lock().observer = observer;
+    }
+
+    /// Segments with their blocks and states, plus the recorded history.
+    pub fn snapshot(&self) -> Snapshot {
+        let state = self.shared.lock();
+        state.snapshot(self.shared.backend.device_name())
+    }
+
+    /// The largest free block, free bytes in the cache and how they are split.
+    pub fn fragmentation(&self) -> FragmentationReport {
+        self.shared.lock().fragmentation()
+    }
+
+    /// The statistics as a table, like `torch.cuda.memory_summary()`.
+    pub fn summary(&self) -> String {
+        crate::summary::memory_summary(&self.device_name(), &self.stats(), false)
+    }
+}
+
+impl<B: Backend> Shared<B> {
+    fn lock(&self) -> MutexGuard<'_, State<B::Event>> {
+        // A panic while the lock was held cannot leave the cache half-updated in a
+        // way that matters more than losing the whole allocator, so carry on.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn with_state<R>(&self, f: impl FnOnce(&mut State<B::Event>, &B) -> R) -> R {
+        let (result, notifications, observer) = {
+            let mut state = self.lock();
+            let result = f(&mut state, &self.backend);
+            let (notifications, observer) = state.take_notifications();
+            (result, notifications, observer)
+        };
+        notify(observer, notifications);
+        result
+    }
+
+    fn free(&self, block: BlockId) {
+        self.with_state(|state, backend| state.free(backend, block));
+    }
+}
+
+fn notify(observer: Option<Observer>, notifications: Vec<TraceEntry>) {
+    if let Some(observer) = observer {
+        for entry in &notifications {
+            observer(entry);
+        }
+    }
+}
+
+impl<E> State<E> {
+    fn take_notifications(&mut self) -> (Vec<TraceEntry>, Option<Observer>) {
+        if self.notifications.is_empty() {
+            (Vec::new(), None)
+        } else {
+            (
+                std::mem::take(&mut self.notifications),
+                self.observer.clone(),
+            )
+        }
+    }
+
+    #[inline]
+    fn recording(&self) -> bool {
+        self.history.max_entries > 0 || self.observer.is_some()
+    }
+
+    fn record(
+        &mut self,
+        action: TraceAction,
+        addr: usize,
+        size: usize,
+        requested_size: usize,
+        stream: StreamId,
+    ) {
+        if !self.recording() {
+            return;
+        }
+        self.record_with_free(action, addr, size, requested_size, stream, 0);
+    }
+
+    fn record_with_free(
+        &mut self,
+        action: TraceAction,
+        addr: usize,
+        size: usize,
+        requested_size: usize,
+        stream: StreamId,
+        device_free: usize,
+    ) {
+        let entry = TraceEntry {
+            action,
+            addr,
+            size,
+            requested_size,
+            stream,
+            time_us: self.created.elapsed().as_micros() as u64,
+            device_free,
+            total_allocated: self.stats.allocated_bytes.all.current as usize,
+            total_reserved: self.stats.reserved_bytes.all.current as usize,
+        };
+        if self.observer.is_some() {
+            self.notifications.push(entry.clone());
+        }
+        self.history.push(entry);
+    }
+
+    #[inline]
+    fn free_list(&mut self, pool: PoolKind) -> &mut FreeList {
+        match pool {
+            PoolKind::Small => &mut self.free_small,
+            PoolKind::Large => &mut self.free_large,
+        }
+    }
+
+    #[inline]
+    fn is_oversize(&self, size: usize) -> bool {
+        size >= self.config.max_split_size
+    }
+
+    fn malloc<B: Backend<Event = E>>(
+        &mut self,
+        backend: &B,
+        size: usize,
+        stream: StreamId,
+    ) -> Result<(BlockId, usize, usize), AllocError> {
+        self.process_events(backend);
+        let rounded = round_size(size, &self.config);
+        let pool = PoolKind::for_size(rounded);
+        let block = match self.take_free_block(pool, stream, rounded) {
+            Some(block) => block,
+            None => self.obtain_segment(backend, pool, stream, size, rounded)?,
+        };
+        Ok(self.hand_out(block, rounded, size))
+    }
+
+    /// Best fit on `stream` within the oversize rules, removed from its free list.
+    #[inline]
+    fn take_free_block(
+        &mut self,
+        pool: PoolKind,
+        stream: StreamId,
+        rounded: usize,
+    ) -> Option<BlockId> {
+        self.lookups[pool as usize] += 1;
+        let list = match pool {
+            PoolKind::Small => &self.free_small,
+            PoolKind::Large => &self.free_large,
+        };
+        let (&key, &block) = list.range((stream, rounded, 0)..).next()?;
+        if key.0 != stream || !oversize_rule_allows(key.1, rounded, &self.config) {
+            return None;
+        }
+        self.free_list(pool).remove(&key);
+        Some(block)
+    }
+
+    /// A new segment for the request, running the out-of-memory ladder if needed.
+    fn obtain_segment<B: Backend<Event = E>>(
+        &mut self,
+        backend: &B,
+        pool: PoolKind,
+        stream: StreamId,
+        requested: usize,
+        rounded: usize,
+    ) -> Result<BlockId, AllocError> {
+        let bytes = segment_size(rounded);
+        if self.config.garbage_collection_threshold > 0.0 && self.config.memory_fraction < 1.0 {
+            self.garbage_collect(backend);
+        }
+        match self.new_segment(backend, pool, stream, bytes) {
+            Ok(block) => return Ok(block),
+            Err(BackendError::Device(message)) => {
+                return Err(AllocError::Backend {
+                    device: backend.device_name(),
+                    message,
+                })
+            }
+            Err(BackendError::OutOfMemory { .. }) => {}
+        }
+        if self.config.max_split_size != usize::MAX
+            && self.release_available_cached_blocks(backend, stream, rounded)
+        {
+            if let Ok(block) = self.new_segment(backend, pool, stream, bytes) {
+                return Ok(block);
+            }
+        }
+        if self.cache_release_could_cover(backend, bytes) {
+            self.release_cached_blocks(backend);
+            self.stats.num_alloc_retries += 1;
+            if let Ok(block) = self.new_segment(backend, pool, stream, bytes) {
+                return Ok(block);
+            }
+        }
+        Err(self.out_of_memory(backend, stream, requested, rounded, bytes))
+    }
+
+    fn out_of_memory<B: Backend<Event = E>>(
+        &mut self,
+        backend: &B,
+        stream: StreamId,
+        requested: usize,
+        rounded: usize,
+        segment_bytes: usize,
+    ) -> AllocError {
+        let device_free = backend.free_bytes();
+        self.stats.num_ooms += 1;
+        self.record_with_free(TraceAction::Oom, 0, rounded, requested, stream, device_free);
+        let fragmentation = self.fragmentation();
+        let report = OutOfMemory {
+            device: backend.device_name(),
+            stream,
+            requested_bytes: requested,
+            rounded_bytes: rounded,
+            segment_bytes,
+            capacity_bytes: self.capacity,
+            device_free_bytes: device_free,
+            allowed_bytes: (self.config.memory_fraction < 1.0)
+                .then(|| self.config.allowed_bytes(self.capacity)),
+            allocated_bytes: self.stats.allocated_bytes.all.current as usize,
+            reserved_bytes: self.stats.reserved_bytes.all.current as usize,
+            largest_free_block: fragmentation.largest_free_block,
+            inactive_split_bytes: fragmentation.inactive_split_bytes,
+        };
+        AllocError::OutOfMemory(Box::new(report))
+    }
+
+    /// Whether releasing the cache could make room for a segment of `bytes`.
+    fn cache_release_could_cover<B: Backend<Event = E>>(&self, backend: &B, bytes: usize) -> bool {
+        if self.pending_event_count > 0 {
+            // Blocks waiting on events may merge into whole segments once synchronized.
+            return true;
+        }
+        let releasable = self.releasable_bytes();
+        if releasable == 0 {
+            return false;
+        }
+        let reserved_after = self.stats.reserved_bytes.all.current as usize - releasable;
+        let allowed = self.config.allowed_bytes(self.capacity);
+        let fits_fraction = reserved_after + bytes <= allowed;
+        let fits_device = backend.free_bytes().saturating_add(releasable) >= bytes;
+        fits_fraction && fits_device
+    }
+
+    /// Bytes in cached segments that hold no block in use.
+    fn releasable_bytes(&self) -> usize {
+        self.free_small
+            .values()
+            .chain(self.free_large.values())
+            .map(|id| self.blocks.get(*id))
+            .filter(|block| !block.is_split())
+            .map(|block| block.size)
+            .sum()
+    }
+
+    fn new_segment<B: Backend<Event = E>>(
+        &mut self,
+        backend: &B,
+        pool: PoolKind,
+        stream: StreamId,
+        bytes: usize,
+    ) -> Result<BlockId, BackendError> {
+        if self.config.memory_fraction < 1.0 {
+            let allowed = self.config.allowed_bytes(self.capacity);
+            if self.stats.reserved_bytes.all.current as usize + bytes > allowed {
+                return Err(BackendError::OutOfMemory { requested: bytes });
+            }
+        }
+        let addr = backend.allocate(bytes)?;
+        let block = self.blocks.insert(Block {
+            addr,
+            size: bytes,
+            requested: 0,
+            stream,
+            pool,
+            segment: addr,
+            prev: None,
+            next: None,
+            allocated: false,
+            stream_uses: Vec::new(),
+            event_count: 0,
+            freed_at_lookup: self.lookups[pool as usize],
+        });
+        self.segments.insert(
+            addr,
+            Segment {
+                size: bytes,
+                pool,
+                stream,
+                head: block,
+            },
+        );
+        self.stats.segment.increase(pool, 1);
+        self.stats.reserved_bytes.increase(pool, bytes as u64);
+        self.stats.num_device_alloc += 1;
+        if self.is_oversize(bytes) {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.record(TraceAction::SegmentAlloc, addr, bytes, bytes, stream);
+        Ok(block)
+    }
+
+    /// Marks a free block allocated, splitting off the remainder when the rules say so.
+    fn hand_out(
+        &mut self,
+        id: BlockId,
+        rounded: usize,
+        requested: usize,
+    ) -> (BlockId, usize, usize) {
+        let max_split = self.config.max_split_size;
+        let block = self.blocks.get(id);
+        let (pool, stream, addr, size, next, segment) = (
+            block.pool,
+            block.stream,
+            block.addr,
+            block.size,
+            block.next,
+            block.segment,
+        );
+        let now = self.lookups[pool as usize];
+        if block.is_split() {
+            self.stats.inactive_split.decrease(pool, 1);
+            self.stats.inactive_split_bytes.decrease(pool, size as u64);
+        }
+        let mut block_size = size;
+        if should_split(pool, size, rounded, max_split) {
+            let remainder_size = size - rounded;
+            let remainder = self.blocks.insert(Block {
+                addr: addr + rounded,
+                size: remainder_size,
+                requested: 0,
+                stream,
+                pool,
+                segment,
+                prev: Some(id),
+                next,
+                allocated: false,
+                stream_uses: Vec::new(),
+                event_count: 0,
+                freed_at_lookup: now,
+            });
+            if let Some(next) = next {
+                self.blocks.get_mut(next).prev = Some(remainder);
+            }
+            self.free_list(pool)
+                .insert((stream, remainder_size, addr + rounded), remainder);
+            self.stats.inactive_split.increase(pool, 1);
+            self.stats
+                .inactive_split_bytes
+                .increase(pool, remainder_size as u64);
+            let block = self.blocks.get_mut(id);
+            block.next = Some(remainder);
+            block.size = rounded;
+            block_size = rounded;
+        }
+        let block = self.blocks.get_mut(id);
+        block.allocated = true;
+        block.requested = requested;
+        let stats = &mut self.stats;
+        stats.allocation.increase(pool, 1);
+        stats.allocated_bytes.increase(pool, block_size as u64);
+        stats.active.increase(pool, 1);
+        stats.active_bytes.increase(pool, block_size as u64);
+        stats.requested_bytes.increase(pool, requested as u64);
+        if block_size >= max_split {
+            stats.oversize_allocations.increase(1);
+        }
+        self.record(TraceAction::Alloc, addr, block_size, requested, stream);
+        (id, addr, block_size)
+    }
+
+    fn record_stream(&mut self, id: BlockId, stream: StreamId) {
+        let block = self.blocks.get_mut(id);
+        if stream != block.stream && !block.stream_uses.contains(&stream) {
+            block.stream_uses.push(stream);
+        }
+    }
+
+    /// The caller dropped an allocation.
+    fn free<B: Backend<Event = E>>(&mut self, backend: &B, id: BlockId) {
+        let max_split = self.config.max_split_size;
+        let block = self.blocks.get_mut(id);
+        block.allocated = false;
+        let (pool, size, requested, addr, stream) = (
+            block.pool,
+            block.size,
+            block.requested,
+            block.addr,
+            block.stream,
+        );
+        let stream_uses = std::mem::take(&mut block.stream_uses);
+        self.stats.allocation.decrease(pool, 1);
+        self.stats.allocated_bytes.decrease(pool, size as u64);
+        self.stats.requested_bytes.decrease(pool, requested as u64);
+        if size >= max_split {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        self.record(TraceAction::FreeRequested, addr, size, requested, stream);
+        for use_stream in stream_uses {
+            match backend.record_event(use_stream) {
+                Ok(event) => {
+                    self.pending_events
+                        .entry(use_stream)
+                        .or_default()
+                        .push_back((event, id));
+                    self.pending_event_count += 1;
+                    self.blocks.get_mut(id).event_count += 1;
+                }
+                // Without an event, only waiting for the whole device makes reuse safe.
+                Err(_) => {
+                    let _ = backend.synchronize_device();
+                }
+            }
+        }
+        if self.blocks.get(id).event_count == 0 {
+            self.free_block(id);
+        }
+    }
+
+    /// Returns a block to its free list, merging it with free neighbours.
+    fn free_block(&mut self, id: BlockId) {
+        let block = self.blocks.get_mut(id);
+        block.requested = 0;
+        let (pool, addr, size, stream, prev, next) = (
+            block.pool,
+            block.addr,
+            block.size,
+            block.stream,
+            block.prev,
+            block.next,
+        );
+        self.stats.active.decrease(pool, 1);
+        self.stats.active_bytes.decrease(pool, size as u64);
+
+        let mut survivor = id;
+        if let Some(prev) = prev.filter(|p| self.is_mergeable(*p)) {
+            self.absorb(prev, id);
+            survivor = prev;
+        }
+        if let Some(next) = next.filter(|n| self.is_mergeable(*n)) {
+            self.absorb(survivor, next);
+        }
+        let lookups = self.lookups[pool as usize];
+        let block = self.blocks.get_mut(survivor);
+        block.freed_at_lookup = lookups;
+        let (key, split, merged_size) = (
+            (stream, block.size, block.addr),
+            block.is_split(),
+            block.size,
+        );
+        self.free_list(pool).insert(key, survivor);
+        if split {
+            self.stats.inactive_split.increase(pool, 1);
+            self.stats
+                .inactive_split_bytes
+                .increase(pool, merged_size as u64);
+        }
+        self.record(TraceAction::FreeCompleted, addr, size, size, stream);
+    }
+
+    /// A free block with no pending events (so it is in its free list).
+    fn is_mergeable(&self, id: BlockId) -> bool {
+        let block = self.blocks.get(id);
+        !block.allocated && block.event_count == 0
+    }
+
+    /// Merges `upper` (the next block) into `lower`. Exactly one of them is in a
+    /// free list (the one not being freed), and it was an inactive split block.
+    fn absorb(&mut self, lower: BlockId, upper: BlockId) {
+        for id in [lower, upper] {
+            let block = self.blocks.get(id);
+            let (pool, key, size) = (
+                block.pool,
+                (block.stream, block.size, block.addr),
+                block.size,
+            );
+            if self.free_list(pool).remove(&key).is_some() {
+                self.stats.inactive_split.decrease(pool, 1);
+                self.stats.inactive_split_bytes.decrease(pool, size as u64);
+            }
+        }
+        let Some(upper_block) = self.blocks.remove(upper) else {
+            return;
+        };
+        if let Some(next) = upper_block.next {
+            self.blocks.get_mut(next).prev = Some(lower);
+        }
+        let lower_block = self.blocks.get_mut(lower);
+        lower_block.size += upper_block.size;
+        lower_block.next = upper_block.next;
+    }
+
+    /// Frees blocks whose stream events have all completed.
+    fn process_events<B: Backend<Event = E>>(&mut self, backend: &B) {
+        if self.pending_event_count == 0 {
+            return;
+        }
+        let mut queues = std::mem::take(&mut self.pending_events);
+        for queue in queues.values_mut() {
+            // Per-stream queues: a slow stream does not hold back the others.
+            while let Some((event, _)) = queue.front() {
+                if !backend.event_completed(event) {
+                    break;
+                }
+                if let Some((_, id)) = queue.pop_front() {
+                    self.event_done(id);
+                }
+            }
+        }
+        queues.retain(|_, queue| !queue.is_empty());
+        self.pending_events = queues;
+    }
+
+    fn event_done(&mut self, id: BlockId) {
+        self.pending_event_count -= 1;
+        let block = self.blocks.get_mut(id);
+        block.event_count -= 1;
+        if block.event_count == 0 {
+            self.free_block(id);
+        }
+    }
+
+    /// Waits for every outstanding event and frees the blocks they held.
+    fn synchronize_and_free_events<B: Backend<Event = E>>(&mut self, backend: &B) {
+        if self.pending_event_count == 0 {
+            return;
+        }
+        self.stats.num_sync_all_streams += 1;
+        let queues = std::mem::take(&mut self.pending_events);
+        for (event, id) in queues.into_values().flatten() {
+            if backend.synchronize_event(&event).is_err() {
+                let _ = backend.synchronize_device();
+            }
+            self.event_done(id);
+        }
+    }
+
+    /// `empty_cache`: wait for events, then release every unsplit free segment.
+    fn release_cached_blocks<B: Backend<Event = E>>(&mut self, backend: &B) {
+        self.synchronize_and_free_events(backend);
+        let whole: Vec<BlockId> = self
+            .free_small
+            .values()
+            .chain(self.free_large.values())
+            .copied()
+            .filter(|id| !self.blocks.get(*id).is_split())
+            .collect();
+        for id in whole {
+            self.release_segment(backend, id);
+        }
+    }
+
+    /// Returns the segment of an unsplit free block to the backend.
+    fn release_segment<B: Backend<Event = E>>(&mut self, backend: &B, id: BlockId) {
+        let Some(block) = self.blocks.remove(id) else {
+            return;
+        };
+        debug_assert!(!block.is_split() && !block.allocated);
+        self.free_list(block.pool)
+            .remove(&(block.stream, block.size, block.addr));
+        self.segments.remove(&block.addr);
+        // SAFETY: an unsplit block spans exactly one segment that `new_segment`
+        // obtained from this backend with this size; it is free and now forgotten.
+        unsafe { backend.free(block.addr, block.size) };
+        self.stats.segment.decrease(block.pool, 1);
+        self.stats
+            .reserved_bytes
+            .decrease(block.pool, block.size as u64);
+        self.stats.num_device_free += 1;
+        if self.is_oversize(block.size) {
+            self.stats.oversize_segments.decrease(1);
+        }
+        self.record(
+            TraceAction::SegmentFree,
+            block.addr,
+            block.size,
+            block.size,
+            block.stream,
+        );
+    }
+
+    /// With `max_split_size` set: release one unsplit oversize block of the
+    /// stream large enough for the request, or else the largest ones until
+    /// their sizes add up to it.
+    fn release_available_cached_blocks<B: Backend<Event = E>>(
+        &mut self,
+        backend: &B,
+        stream: StreamId,
+        rounded: usize,
+    ) -> bool {
+        let max_split = self.config.max_split_size;
+        let target = rounded.max(max_split);
+        let fitting = self
+            .free_large
+            .range((stream, target, 0)..=(stream, usize::MAX, usize::MAX))
+            .map(|(_, id)| *id)
+            .find(|id| !self.blocks.get(*id).is_split());
+        if let Some(id) = fitting {
+            self.release_segment(backend, id);
+            return true;
+        }
+        let oversize: Vec<(usize, BlockId)> = self
+            .free_large
+            .range((stream, max_split, 0)..=(stream, usize::MAX, usize::MAX))
+            .rev()
+            .filter(|(_, id)| !self.blocks.get(**id).is_split())
+            .map(|(key, id)| (key.1, *id))
+            .collect();
+        let mut released = 0;
+        for (size, id) in oversize {
+            if released >= target {
+                break;
+            }
+            self.release_segment(backend, id);
+            released += size;
+        }
+        released >= target
+    }
+
+    /// Frees old unsplit large blocks once reserved memory passes the
+    /// threshold share of the allowed memory (PyTorch's garbage collection,
+    /// with ages kept as lookup timestamps so pooling costs nothing extra).
+    fn garbage_collect<B: Backend<Event = E>>(&mut self, backend: &B) {
+        let allowed = self.config.allowed_bytes(self.capacity);
+        let threshold = (self.config.garbage_collection_threshold * allowed as f64) as usize;
+        let reserved = self.stats.reserved_bytes.all.current as usize;
+        if reserved <= threshold {
+            return;
+        }
+        let target = reserved - threshold;
+        let now = self.lookups[PoolKind::Large as usize];
+        let mut candidates: Vec<(u64, BlockId, usize)> = self
+            .free_large
+            .values()
+            .map(|id| (*id, self.blocks.get(*id)))
+            .filter(|(_, block)| !block.is_split())
+            .map(|(id, block)| (now - block.freed_at_lookup, id, block.size))
+            .collect();
+        let mut reclaimed = 0;
+        while reclaimed < target && !candidates.is_empty() {
+            let average_age = candidates.iter().map(|c| c.0).sum::<u64>() / candidates.len() as u64;
+            let (old, young): (Vec<_>, Vec<_>) =
+                candidates.into_iter().partition(|c| c.0 >= average_age);
+            for (_, id, size) in old {
+                if reclaimed >= target {
+                    break;
+                }
+                self.release_segment(backend, id);
+                reclaimed += size;
+            }
+            candidates = young;
+        }
+    }
+
+    fn snapshot(&self, device: String) -> Snapshot {
+        let segments = self
+            .segments
+            .iter()
+            .map(|(&address, segment)| {
+                let mut blocks = Vec::new();
+                let mut cursor = Some(segment.head);
+                while let Some(id) = cursor {
+                    let block = self.blocks.get(id);
+                    let state = if block.allocated {
+                        BlockState::ActiveAllocated
+                    } else if block.event_count > 0 {
+                        BlockState::ActiveAwaitingFree
+                    } else {
+                        BlockState::Inactive
+                    };
+                    blocks.push(BlockSnapshot {
+                        address: block.addr,
+                        size: block.size,
+                        requested_size: block.requested,
+                        state,
+                    });
+                    cursor = block.next;
+                }
+                SegmentSnapshot::new(address, segment.size, segment.stream, segment.pool, blocks)
+            })
+            .collect();
+        Snapshot {
+            device,
+            segments,
+            device_traces: self.history.entries.iter().cloned().collect(),
+        }
+    }
+
+    fn fragmentation(&self) -> FragmentationReport {
+        let mut report = FragmentationReport::default();
+        for id in self.free_small.values().chain(self.free_large.values()) {
+            let block = self.blocks.get(*id);
+            report.free_cached_bytes += block.size;
+            report.largest_free_block = report.largest_free_block.max(block.size);
+            if block.is_split() {
+                report.inactive_split_bytes += block.size;
+            } else {
+                report.releasable_bytes += block.size;
+            }
+        }
+        report
+    }
+}

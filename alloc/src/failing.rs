@@ -1,0 +1,179 @@
+//! A backend for tests: host memory with a capacity, failures on command, and
+//! events that complete only when the test says so.
+//!
+//! ```
+//! use brasa_alloc::{CachingAllocator, FailingBackend, StreamId};
+//! let backend = FailingBackend::new(64 << 20);
+//! let alloc = CachingAllocator::new(backend.clone());
+//! backend.fail_all_allocations(true);
+//! let error = alloc.allocate(4 << 20, StreamId::DEFAULT).unwrap_err();
+//! assert!(error.to_string().contains("out of memory on test:0"));
+//! backend.fail_all_allocations(false);
+//! assert!(alloc.allocate(4 << 20, StreamId::DEFAULT).is_ok());
+//! ```
+
+use crate::backend::{Backend, BackendError, StreamId};
+use crate::host::HostBackend;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// An event of the [`FailingBackend`]: complete once the test calls
+/// [`FailingBackend::complete_events`] (or at once when auto-completion is on).
+#[derive(Debug, Clone)]
+pub struct TestEvent {
+    done: Arc<AtomicBool>,
+    stream: StreamId,
+}
+
+impl TestEvent {
+    /// The stream the event was recorded on.
+    pub fn stream(&self) -> StreamId {
+        self.stream
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    memory: HostBackend,
+    fail_next: AtomicUsize,
+    fail_all: AtomicBool,
+    auto_complete: AtomicBool,
+    allocations: AtomicU64,
+    frees: AtomicU64,
+    events: Mutex<Vec<TestEvent>>,
+}
+
+/// Host memory with a capacity that fails allocations on command; clones share state.
+#[derive(Debug, Clone)]
+pub struct FailingBackend {
+    inner: Arc<Inner>,
+}
+
+impl FailingBackend {
+    /// A device of `capacity` bytes named `test:0`.
+    pub fn new(capacity: usize) -> Self {
+        FailingBackend {
+            inner: Arc::new(Inner {
+                memory: HostBackend::named("test:0", Some(capacity)),
+                fail_next: AtomicUsize::new(0),
+                fail_all: AtomicBool::new(false),
+                auto_complete: AtomicBool::new(false),
+                allocations: AtomicU64::new(0),
+                frees: AtomicU64::new(0),
+                events: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// The next `count` allocations fail with out-of-memory, whatever the capacity.
+    pub fn fail_next_allocations(&self, count: usize) {
+        self.inner.fail_next.store(count, Ordering::SeqCst);
+    }
+
+    /// Every allocation fails while `fail` is true.
+    pub fn fail_all_allocations(&self, fail: bool) {
+        self.inner.fail_all.store(fail, Ordering::SeqCst);
+    }
+
+    /// When true, events are complete as soon as they are recorded.
+    pub fn auto_complete_events(&self, auto: bool) {
+        self.inner.auto_complete.store(auto, Ordering::SeqCst);
+    }
+
+    /// Completes every event recorded so far.
+    pub fn complete_events(&self) {
+        let mut events = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
+        for event in events.drain(..) {
+            event.done.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Events recorded and not yet completed.
+    pub fn pending_events(&self) -> usize {
+        let events = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
+        events
+            .iter()
+            .filter(|e| !e.done.load(Ordering::SeqCst))
+            .count()
+    }
+
+    /// Successful backend allocations so far.
+    pub fn allocation_count(&self) -> u64 {
+        self.inner.allocations.load(Ordering::SeqCst)
+    }
+
+    /// Backend frees so far.
+    pub fn free_count(&self) -> u64 {
+        self.inner.frees.load(Ordering::SeqCst)
+    }
+
+    /// Bytes currently held from this backend.
+    pub fn bytes_in_use(&self) -> usize {
+        self.inner.memory.bytes_in_use()
+    }
+}
+
+impl Backend for FailingBackend {
+    type Event = TestEvent;
+
+    fn device_name(&self) -> String {
+        self.inner.memory.device_name()
+    }
+
+    fn allocate(&self, bytes: usize) -> Result<usize, BackendError> {
+        let injected = self.inner.fail_all.load(Ordering::SeqCst)
+            || self
+                .inner
+                .fail_next
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if injected {
+            return Err(BackendError::OutOfMemory { requested: bytes });
+        }
+        let addr = self.inner.memory.allocate(bytes)?;
+        self.inner.allocations.fetch_add(1, Ordering::SeqCst);
+        Ok(addr)
+    }
+
+    unsafe fn free(&self, addr: usize, bytes: usize) {
+        // SAFETY: forwarded under the caller's guarantee.
+        unsafe { self.inner.memory.free(addr, bytes) };
+        self.inner.frees.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn total_bytes(&self) -> usize {
+        self.inner.memory.total_bytes()
+    }
+
+    fn free_bytes(&self) -> usize {
+        self.inner.memory.free_bytes()
+    }
+
+    fn record_event(&self, stream: StreamId) -> Result<TestEvent, BackendError> {
+        let done = self.inner.auto_complete.load(Ordering::SeqCst);
+        let event = TestEvent {
+            done: Arc::new(AtomicBool::new(done)),
+            stream,
+        };
+        if !done {
+            let mut events = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
+            events.push(event.clone());
+        }
+        Ok(event)
+    }
+
+    fn event_completed(&self, event: &TestEvent) -> bool {
+        event.done.load(Ordering::SeqCst)
+    }
+
+    fn synchronize_event(&self, event: &TestEvent) -> Result<(), BackendError> {
+        // Waiting for the stream means its work, and so the event, is done.
+        event.done.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn synchronize_device(&self) -> Result<(), BackendError> {
+        self.complete_events();
+        Ok(())
+    }
+}

@@ -1,0 +1,251 @@
+//! Host memory as a device: aligned allocations with an optional byte limit.
+//!
+//! Segments of 1 MiB and more are mapped straight from the operating system
+//! (`mmap` on Unix), so releasing a segment really returns its pages; smaller
+//! requests go through the global allocator.
+
+use crate::backend::{Backend, BackendError, StreamId};
+use std::alloc::{self, Layout};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Alignment of every host allocation: a cache line, and enough for any SIMD load.
+pub const HOST_ALIGNMENT: usize = 64;
+
+/// Requests at least this large are mapped from the OS directly.
+const MAP_THRESHOLD: usize = 1 << 20;
+
+/// Host memory, optionally limited to a number of bytes.
+#[derive(Debug)]
+pub struct HostBackend {
+    name: String,
+    limit: Option<usize>,
+    in_use: AtomicUsize,
+}
+
+impl HostBackend {
+    /// Unlimited host memory named `cpu:0`.
+    pub fn new() -> Self {
+        Self::named("cpu:0", None)
+    }
+
+    /// Host memory that refuses to hand out more than `limit` bytes in all.
+    pub fn with_limit(limit: usize) -> Self {
+        Self::named("cpu:0", Some(limit))
+    }
+
+    /// A host backend with its own name (e.g. a logical device `cpu:3`) and limit.
+    pub fn named(name: impl Into<String>, limit: Option<usize>) -> Self {
+        HostBackend {
+            name: name.into(),
+            limit,
+            in_use: AtomicUsize::new(0),
+        }
+    }
+
+    /// The byte limit, if any.
+    pub fn limit(&self) -> Option<usize> {
+        self.limit
+    }
+
+    /// Bytes currently handed out by this backend.
+    pub fn bytes_in_use(&self) -> usize {
+        self.in_use.load(Ordering::Relaxed)
+    }
+
+    fn reserve(&self, bytes: usize) -> Result<(), BackendError> {
+        match self.limit {
+            None => {
+                self.in_use.fetch_add(bytes, Ordering::Relaxed);
+                Ok(())
+            }
+            Some(limit) => self
+                .in_use
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                    used.checked_add(bytes).filter(|total| *total <= limit)
+                })
+                .map(|_| ())
+                .map_err(|_| BackendError::OutOfMemory { requested: bytes }),
+        }
+    }
+}
+
+impl Default for HostBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Backend for HostBackend {
+    type Event = ();
+
+    fn device_name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn allocate(&self, bytes: usize) -> Result<usize, BackendError> {
+        if bytes == 0 {
+            return Err(BackendError::Device(
+                "host backend asked for 0 bytes".into(),
+            ));
+        }
+        self.reserve(bytes)?;
+        let result = if bytes >= MAP_THRESHOLD {
+            map_pages(bytes)
+        } else {
+            heap_alloc(bytes)
+        };
+        if result.is_err() {
+            self.in_use.fetch_sub(bytes, Ordering::Relaxed);
+        }
+        result
+    }
+
+    unsafe fn free(&self, addr: usize, bytes: usize) {
+        if bytes >= MAP_THRESHOLD {
+            // SAFETY: the caller guarantees `addr`/`bytes` came from `map_pages`.
+            unsafe { unmap_pages(addr, bytes) };
+        } else {
+            // SAFETY: the caller guarantees `addr`/`bytes` came from `heap_alloc`.
+            unsafe { alloc::dealloc(addr as *mut u8, heap_layout(bytes)) };
+        }
+        self.in_use.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    fn total_bytes(&self) -> usize {
+        self.limit
+            .unwrap_or_else(|| system_memory().map(|m| m.total).unwrap_or(usize::MAX))
+    }
+
+    fn free_bytes(&self) -> usize {
+        let system_free = system_memory().map(|m| m.available).unwrap_or(usize::MAX);
+        match self.limit {
+            Some(limit) => limit.saturating_sub(self.bytes_in_use()).min(system_free),
+            None => system_free,
+        }
+    }
+
+    // The host runs synchronously: an event is complete when recorded.
+    fn record_event(&self, _stream: StreamId) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn event_completed(&self, _event: &()) -> bool {
+        true
+    }
+
+    fn synchronize_event(&self, _event: &()) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn synchronize_device(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+}
+
+fn heap_layout(bytes: usize) -> Layout {
+    // `bytes` > 0 and the alignment is a power of two; sizes this small never overflow.
+    Layout::from_size_align(bytes, HOST_ALIGNMENT).unwrap_or(Layout::new::<u8>())
+}
+
+fn heap_alloc(bytes: usize) -> Result<usize, BackendError> {
+    // SAFETY: the layout has a non-zero size.
+    let ptr = unsafe { alloc::alloc(heap_layout(bytes)) };
+    if ptr.is_null() {
+        Err(BackendError::OutOfMemory { requested: bytes })
+    } else {
+        Ok(ptr as usize)
+    }
+}
+
+#[cfg(unix)]
+fn map_pages(bytes: usize) -> Result<usize, BackendError> {
+    // SAFETY: an anonymous private mapping with no address hint has no preconditions.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        Err(BackendError::OutOfMemory { requested: bytes })
+    } else {
+        Ok(ptr as usize)
+    }
+}
+
+#[cfg(unix)]
+unsafe fn unmap_pages(addr: usize, bytes: usize) {
+    // SAFETY: the caller passes a mapping made by `map_pages` with the same length.
+    unsafe { libc::munmap(addr as *mut libc::c_void, bytes) };
+}
+
+#[cfg(not(unix))]
+fn map_pages(bytes: usize) -> Result<usize, BackendError> {
+    heap_alloc(bytes)
+}
+
+#[cfg(not(unix))]
+unsafe fn unmap_pages(addr: usize, bytes: usize) {
+    // SAFETY: on this platform `map_pages` is `heap_alloc`.
+    unsafe { alloc::dealloc(addr as *mut u8, heap_layout(bytes)) };
+}
+
+struct SystemMemory {
+    total: usize,
+    available: usize,
+}
+
+/// Total and available memory from `/proc/meminfo` (Linux only).
+fn system_memory() -> Option<SystemMemory> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| -> Option<usize> {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    };
+    Some(SystemMemory {
+        total: field("MemTotal:")?,
+        available: field("MemAvailable:")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocations_are_aligned_and_writable() {
+        let backend = HostBackend::new();
+        for bytes in [1, 100, 4096, MAP_THRESHOLD, 3 * MAP_THRESHOLD + 7] {
+            let addr = backend.allocate(bytes).unwrap();
+            assert_eq!(addr % HOST_ALIGNMENT, 0);
+            // SAFETY: `addr` points at `bytes` writable bytes we own.
+            unsafe {
+                std::ptr::write_bytes(addr as *mut u8, 0xAB, bytes);
+                backend.free(addr, bytes);
+            }
+        }
+        assert_eq!(backend.bytes_in_use(), 0);
+    }
+
+    #[test]
+    fn limit_is_enforced_and_released() {
+        let backend = HostBackend::with_limit(3 << 20);
+        let a = backend.allocate(2 << 20).unwrap();
+        assert_eq!(
+            backend.allocate(2 << 20),
+            Err(BackendError::OutOfMemory { requested: 2 << 20 })
+        );
+        assert_eq!(backend.free_bytes(), 1 << 20);
+        // SAFETY: `a` was allocated above with this size.
+        unsafe { backend.free(a, 2 << 20) };
+        let b = backend.allocate(2 << 20).unwrap();
+        // SAFETY: `b` was allocated above with this size.
+        unsafe { backend.free(b, 2 << 20) };
+        assert_eq!(backend.total_bytes(), 3 << 20);
+    }
+}

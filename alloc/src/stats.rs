@@ -1,0 +1,210 @@
+//! Allocator statistics, as `torch.cuda.memory_stats()` keeps them: each stat
+//! has `{current, peak, allocated, freed}` for all blocks, the large pool and
+//! the small pool.
+
+use crate::policy::PoolKind;
+use serde::Serialize;
+
+/// One statistic: its current value, its peak, and the cumulative increases
+/// (`allocated`) and decreases (`freed`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Stat {
+    /// The value now.
+    pub current: i64,
+    /// The highest value since creation or the last `reset_peak`.
+    pub peak: i64,
+    /// Sum of all increases since creation or the last `reset_accumulated`.
+    pub allocated: u64,
+    /// Sum of all decreases since creation or the last `reset_accumulated`.
+    pub freed: u64,
+}
+
+impl Stat {
+    #[inline]
+    pub(crate) fn increase(&mut self, amount: u64) {
+        self.current += amount as i64;
+        self.allocated += amount;
+        self.peak = self.peak.max(self.current);
+    }
+
+    #[inline]
+    pub(crate) fn decrease(&mut self, amount: u64) {
+        self.current -= amount as i64;
+        self.freed += amount;
+    }
+
+    fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+
+    fn reset_accumulated(&mut self) {
+        self.allocated = 0;
+        self.freed = 0;
+    }
+}
+
+/// A statistic split by pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StatArray {
+    /// Both pools.
+    pub all: Stat,
+    /// Blocks larger than 1 MiB.
+    pub large_pool: Stat,
+    /// Blocks of at most 1 MiB.
+    pub small_pool: Stat,
+}
+
+impl StatArray {
+    #[inline]
+    pub(crate) fn increase(&mut self, pool: PoolKind, amount: u64) {
+        self.all.increase(amount);
+        self.pool_mut(pool).increase(amount);
+    }
+
+    #[inline]
+    pub(crate) fn decrease(&mut self, pool: PoolKind, amount: u64) {
+        self.all.decrease(amount);
+        self.pool_mut(pool).decrease(amount);
+    }
+
+    #[inline]
+    fn pool_mut(&mut self, pool: PoolKind) -> &mut Stat {
+        match pool {
+            PoolKind::Large => &mut self.large_pool,
+            PoolKind::Small => &mut self.small_pool,
+        }
+    }
+
+    /// The stat for one pool.
+    pub fn pool(&self, pool: PoolKind) -> &Stat {
+        match pool {
+            PoolKind::Large => &self.large_pool,
+            PoolKind::Small => &self.small_pool,
+        }
+    }
+
+    fn for_each(&mut self, f: impl Fn(&mut Stat)) {
+        f(&mut self.all);
+        f(&mut self.large_pool);
+        f(&mut self.small_pool);
+    }
+}
+
+/// Everything the allocator counts for one device (PyTorch's `memory_stats`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct MemoryStats {
+    /// Allocation requests being served (blocks handed out).
+    pub allocation: StatArray,
+    /// Segments obtained from the backend.
+    pub segment: StatArray,
+    /// Allocated blocks plus freed blocks still waiting on stream events.
+    pub active: StatArray,
+    /// Free pieces of split segments: cached but not releasable.
+    pub inactive_split: StatArray,
+    /// Bytes of allocated blocks (rounded sizes).
+    pub allocated_bytes: StatArray,
+    /// Bytes of segments obtained from the backend.
+    pub reserved_bytes: StatArray,
+    /// Bytes of active blocks.
+    pub active_bytes: StatArray,
+    /// Bytes of inactive split blocks.
+    pub inactive_split_bytes: StatArray,
+    /// Bytes the callers asked for (compare with `allocated_bytes` for rounding overhead).
+    pub requested_bytes: StatArray,
+    /// Allocations of at least `max_split_size`.
+    pub oversize_allocations: Stat,
+    /// Segments of at least `max_split_size`.
+    pub oversize_segments: Stat,
+    /// Allocations that succeeded only after releasing the cache and retrying.
+    pub num_alloc_retries: u64,
+    /// Allocations that failed with out-of-memory.
+    pub num_ooms: u64,
+    /// Times every outstanding stream event was waited for (a slow path).
+    pub num_sync_all_streams: u64,
+    /// Segments obtained from the backend.
+    pub num_device_alloc: u64,
+    /// Segments returned to the backend.
+    pub num_device_free: u64,
+    /// The configured `max_split_size` in bytes (`usize::MAX` when off).
+    pub max_split_size: usize,
+}
+
+impl MemoryStats {
+    fn stat_arrays_mut(&mut self) -> [&mut StatArray; 9] {
+        [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ]
+    }
+
+    /// Sets every peak to its current value (`reset_peak_memory_stats`).
+    pub fn reset_peak(&mut self) {
+        for array in self.stat_arrays_mut() {
+            array.for_each(Stat::reset_peak);
+        }
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+    }
+
+    /// Zeroes the cumulative counts and counters (`reset_accumulated_memory_stats`).
+    pub fn reset_accumulated(&mut self) {
+        for array in self.stat_arrays_mut() {
+            array.for_each(Stat::reset_accumulated);
+        }
+        self.oversize_allocations.reset_accumulated();
+        self.oversize_segments.reset_accumulated();
+        self.num_alloc_retries = 0;
+        self.num_ooms = 0;
+        self.num_sync_all_streams = 0;
+        self.num_device_alloc = 0;
+        self.num_device_free = 0;
+    }
+
+    /// Serializes as JSON (the field names above, nested by pool).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peak_follows_current_and_resets_to_it() {
+        let mut stat = Stat::default();
+        stat.increase(10);
+        stat.decrease(4);
+        stat.increase(1);
+        assert_eq!(
+            stat,
+            Stat {
+                current: 7,
+                peak: 10,
+                allocated: 11,
+                freed: 4
+            }
+        );
+        stat.reset_peak();
+        assert_eq!(stat.peak, 7);
+        stat.reset_accumulated();
+        assert_eq!((stat.allocated, stat.freed, stat.current), (0, 0, 7));
+    }
+
+    #[test]
+    fn arrays_update_all_and_one_pool() {
+        let mut array = StatArray::default();
+        array.increase(PoolKind::Small, 3);
+        array.increase(PoolKind::Large, 5);
+        assert_eq!(array.all.current, 8);
+        assert_eq!(array.small_pool.current, 3);
+        assert_eq!(array.large_pool.current, 5);
+    }
+}
