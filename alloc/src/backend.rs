@@ -6,19 +6,7 @@ use std::fmt;
 /// A device queue. Blocks are cached per stream: a block freed on one stream is
 /// reused only on that stream, unless it has been handed to others with
 /// `record_stream`, in which case it waits for an event on each.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    serde::Serialize,
-    serde::Deserialize,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub struct StreamId(pub u64);
 
 impl StreamId {

@@ -19,6 +19,8 @@ pub(crate) struct Block {
     /// Bytes the caller asked for (0 while free).
     pub requested: usize,
     pub stream: StreamId,
+    /// The stream's slot in the free lists' keys.
+    pub stream_slot: u16,
     pub pool: PoolKind,
     /// Address of the segment this block belongs to.
     pub segment: usize,

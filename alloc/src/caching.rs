@@ -19,16 +19,13 @@ use crate::block::{Block, BlockArena, BlockId};
 use crate::config::AllocatorConfig;
 use crate::error::{AllocError, OutOfMemory};
 use crate::policy::{oversize_rule_allows, round_size, segment_size, should_split, PoolKind};
+use crate::pool::{FreeList, StreamSlots};
 use crate::snapshot::{BlockSnapshot, BlockState, FragmentationReport, SegmentSnapshot, Snapshot};
 use crate::stats::MemoryStats;
 use crate::trace::{History, Observer, TraceAction, TraceEntry};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
-
-/// Free blocks of one pool, ordered by (stream, size, address): a range query
-/// from (stream, size, 0) finds the best fit on that stream.
-type FreeList = BTreeMap<(StreamId, usize, usize), BlockId>;
 
 #[derive(Debug, Clone, Copy)]
 struct Segment {
@@ -46,9 +43,7 @@ pub struct CachingAllocator<B: Backend> {
 
 impl<B: Backend> Clone for CachingAllocator<B> {
     fn clone(&self) -> Self {
-        CachingAllocator {
-            shared: Arc::clone(&self.shared),
-        }
+        CachingAllocator { shared: Arc::clone(&self.shared) }
     }
 }
 
@@ -63,6 +58,7 @@ struct State<E> {
     free_small: FreeList,
     free_large: FreeList,
     segments: BTreeMap<usize, Segment>,
+    stream_slots: StreamSlots,
     stats: MemoryStats,
     /// Events per stream, oldest first, with the block each one holds back.
     pending_events: BTreeMap<StreamId, VecDeque<(E, BlockId)>>,
@@ -157,16 +153,14 @@ impl<B: Backend> CachingAllocator<B> {
     /// A caching allocator over `backend` with `config`.
     pub fn with_config(backend: B, config: AllocatorConfig) -> Self {
         let capacity = backend.total_bytes();
-        let stats = MemoryStats {
-            max_split_size: config.max_split_size,
-            ..MemoryStats::default()
-        };
+        let stats = MemoryStats { max_split_size: config.max_split_size, ..MemoryStats::default() };
         let state = State {
             config,
             blocks: BlockArena::default(),
-            free_small: FreeList::new(),
-            free_large: FreeList::new(),
+            free_small: FreeList::default(),
+            free_large: FreeList::default(),
             segments: BTreeMap::new(),
+            stream_slots: StreamSlots::default(),
             stats,
             pending_events: BTreeMap::new(),
             pending_event_count: 0,
@@ -177,12 +171,7 @@ impl<B: Backend> CachingAllocator<B> {
             notifications: Vec::new(),
             created: Instant::now(),
         };
-        CachingAllocator {
-            shared: Arc::new(Shared {
-                backend,
-                state: Mutex::new(state),
-            }),
-        }
+        CachingAllocator { shared: Arc::new(Shared { backend, state: Mutex::new(state) }) }
     }
 
     /// The backend under the cache.
@@ -198,14 +187,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// Allocates `size` bytes for use on `stream`.
     pub fn allocate(&self, size: usize, stream: StreamId) -> Result<Allocation<B>, AllocError> {
         if size == 0 {
-            return Ok(Allocation {
-                owner: None,
-                block: BlockId(0),
-                addr: 0,
-                requested: 0,
-                block_size: 0,
-                stream,
-            });
+            return Ok(Allocation { owner: None, block: BlockId(0), addr: 0, requested: 0, block_size: 0, stream });
         }
         let (result, notifications, observer) = {
             let mut state = self.shared.lock();
@@ -215,21 +197,13 @@ impl<B: Backend> CachingAllocator<B> {
         };
         notify(observer, notifications);
         let (block, addr, block_size) = result?;
-        Ok(Allocation {
-            owner: Some(Arc::clone(&self.shared)),
-            block,
-            addr,
-            requested: size,
-            block_size,
-            stream,
-        })
+        Ok(Allocation { owner: Some(Arc::clone(&self.shared)), block, addr, requested: size, block_size, stream })
     }
 
     /// Returns every cached segment that holds no allocation to the backend,
     /// after waiting for outstanding stream events.
     pub fn empty_cache(&self) {
-        self.shared
-            .with_state(|state, backend| state.release_cached_blocks(backend));
+        self.shared.with_state(|state, backend| state.release_cached_blocks(backend));
     }
 
     /// A copy of the statistics.
@@ -265,9 +239,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// Limits the bytes this allocator may reserve to `fraction` of the
     /// device's capacity (`set_per_process_memory_fraction`).
     pub fn set_memory_fraction(&self, fraction: f64) -> Result<(), AllocError> {
-        let checked = AllocatorConfig::builder()
-            .memory_fraction(fraction)
-            .build()?;
+        let checked = AllocatorConfig::builder().memory_fraction(fraction).build()?;
         self.shared.lock().config.memory_fraction = checked.memory_fraction;
         Ok(())
     }
@@ -316,9 +288,7 @@ impl<B: Backend> Shared<B> {
     fn lock(&self) -> MutexGuard<'_, State<B::Event>> {
         // A panic while the lock was held cannot leave the cache half-updated in a
         // way that matters more than losing the whole allocator, so carry on.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn with_state<R>(&self, f: impl FnOnce(&mut State<B::Event>, &B) -> R) -> R {
@@ -350,10 +320,7 @@ impl<E> State<E> {
         if self.notifications.is_empty() {
             (Vec::new(), None)
         } else {
-            (
-                std::mem::take(&mut self.notifications),
-                self.observer.clone(),
-            )
+            (std::mem::take(&mut self.notifications), self.observer.clone())
         }
     }
 
@@ -362,14 +329,7 @@ impl<E> State<E> {
         self.history.max_entries > 0 || self.observer.is_some()
     }
 
-    fn record(
-        &mut self,
-        action: TraceAction,
-        addr: usize,
-        size: usize,
-        requested_size: usize,
-        stream: StreamId,
-    ) {
+    fn record(&mut self, action: TraceAction, addr: usize, size: usize, requested_size: usize, stream: StreamId) {
         if !self.recording() {
             return;
         }
@@ -433,23 +393,16 @@ impl<E> State<E> {
 
     /// Best fit on `stream` within the oversize rules, removed from its free list.
     #[inline]
-    fn take_free_block(
-        &mut self,
-        pool: PoolKind,
-        stream: StreamId,
-        rounded: usize,
-    ) -> Option<BlockId> {
+    fn take_free_block(&mut self, pool: PoolKind, stream: StreamId, rounded: usize) -> Option<BlockId> {
         self.lookups[pool as usize] += 1;
-        let list = match pool {
-            PoolKind::Small => &self.free_small,
-            PoolKind::Large => &self.free_large,
-        };
-        let (&key, &block) = list.range((stream, rounded, 0)..).next()?;
-        if key.0 != stream || !oversize_rule_allows(key.1, rounded, &self.config) {
+        let slot = self.stream_slots.slot(stream);
+        let (size, id) = self.free_list(pool).best_fit(slot, rounded)?;
+        if !oversize_rule_allows(size, rounded, &self.config) {
             return None;
         }
-        self.free_list(pool).remove(&key);
-        Some(block)
+        let addr = self.blocks.get(id).addr;
+        self.free_list(pool).remove(slot, size, addr);
+        Some(id)
     }
 
     /// A new segment for the request, running the out-of-memory ladder if needed.
@@ -468,16 +421,11 @@ impl<E> State<E> {
         match self.new_segment(backend, pool, stream, bytes) {
             Ok(block) => return Ok(block),
             Err(BackendError::Device(message)) => {
-                return Err(AllocError::Backend {
-                    device: backend.device_name(),
-                    message,
-                })
+                return Err(AllocError::Backend { device: backend.device_name(), message })
             }
             Err(BackendError::OutOfMemory { .. }) => {}
         }
-        if self.config.max_split_size != usize::MAX
-            && self.release_available_cached_blocks(backend, stream, rounded)
-        {
+        if self.config.max_split_size != usize::MAX && self.release_available_cached_blocks(backend, stream, rounded) {
             if let Ok(block) = self.new_segment(backend, pool, stream, bytes) {
                 return Ok(block);
             }
@@ -512,8 +460,7 @@ impl<E> State<E> {
             segment_bytes,
             capacity_bytes: self.capacity,
             device_free_bytes: device_free,
-            allowed_bytes: (self.config.memory_fraction < 1.0)
-                .then(|| self.config.allowed_bytes(self.capacity)),
+            allowed_bytes: (self.config.memory_fraction < 1.0).then(|| self.config.allowed_bytes(self.capacity)),
             allocated_bytes: self.stats.allocated_bytes.all.current as usize,
             reserved_bytes: self.stats.reserved_bytes.all.current as usize,
             largest_free_block: fragmentation.largest_free_block,
@@ -528,10 +475,9 @@ impl<E> State<E> {
             // Blocks waiting on events may merge into whole segments once synchronized.
             return true;
         }
+        // Even with nothing releasable, a retry is worth it when the device has
+        // room now (an oversize release just before may have made it).
         let releasable = self.releasable_bytes();
-        if releasable == 0 {
-            return false;
-        }
         let reserved_after = self.stats.reserved_bytes.all.current as usize - releasable;
         let allowed = self.config.allowed_bytes(self.capacity);
         let fits_fraction = reserved_after + bytes <= allowed;
@@ -542,9 +488,9 @@ impl<E> State<E> {
     /// Bytes in cached segments that hold no block in use.
     fn releasable_bytes(&self) -> usize {
         self.free_small
-            .values()
-            .chain(self.free_large.values())
-            .map(|id| self.blocks.get(*id))
+            .ids()
+            .chain(self.free_large.ids())
+            .map(|id| self.blocks.get(id))
             .filter(|block| !block.is_split())
             .map(|block| block.size)
             .sum()
@@ -564,11 +510,13 @@ impl<E> State<E> {
             }
         }
         let addr = backend.allocate(bytes)?;
+        let stream_slot = self.stream_slots.slot(stream);
         let block = self.blocks.insert(Block {
             addr,
             size: bytes,
             requested: 0,
             stream,
+            stream_slot,
             pool,
             segment: addr,
             prev: None,
@@ -578,15 +526,7 @@ impl<E> State<E> {
             event_count: 0,
             freed_at_lookup: self.lookups[pool as usize],
         });
-        self.segments.insert(
-            addr,
-            Segment {
-                size: bytes,
-                pool,
-                stream,
-                head: block,
-            },
-        );
+        self.segments.insert(addr, Segment { size: bytes, pool, stream, head: block });
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, bytes as u64);
         self.stats.num_device_alloc += 1;
@@ -598,22 +538,11 @@ impl<E> State<E> {
     }
 
     /// Marks a free block allocated, splitting off the remainder when the rules say so.
-    fn hand_out(
-        &mut self,
-        id: BlockId,
-        rounded: usize,
-        requested: usize,
-    ) -> (BlockId, usize, usize) {
+    fn hand_out(&mut self, id: BlockId, rounded: usize, requested: usize) -> (BlockId, usize, usize) {
         let max_split = self.config.max_split_size;
         let block = self.blocks.get(id);
-        let (pool, stream, addr, size, next, segment) = (
-            block.pool,
-            block.stream,
-            block.addr,
-            block.size,
-            block.next,
-            block.segment,
-        );
+        let (pool, stream, stream_slot, addr, size, next, segment) =
+            (block.pool, block.stream, block.stream_slot, block.addr, block.size, block.next, block.segment);
         let now = self.lookups[pool as usize];
         if block.is_split() {
             self.stats.inactive_split.decrease(pool, 1);
@@ -627,6 +556,7 @@ impl<E> State<E> {
                 size: remainder_size,
                 requested: 0,
                 stream,
+                stream_slot,
                 pool,
                 segment,
                 prev: Some(id),
@@ -639,12 +569,9 @@ impl<E> State<E> {
             if let Some(next) = next {
                 self.blocks.get_mut(next).prev = Some(remainder);
             }
-            self.free_list(pool)
-                .insert((stream, remainder_size, addr + rounded), remainder);
+            self.free_list(pool).insert(stream_slot, remainder_size, addr + rounded, remainder);
             self.stats.inactive_split.increase(pool, 1);
-            self.stats
-                .inactive_split_bytes
-                .increase(pool, remainder_size as u64);
+            self.stats.inactive_split_bytes.increase(pool, remainder_size as u64);
             let block = self.blocks.get_mut(id);
             block.next = Some(remainder);
             block.size = rounded;
@@ -678,13 +605,7 @@ impl<E> State<E> {
         let max_split = self.config.max_split_size;
         let block = self.blocks.get_mut(id);
         block.allocated = false;
-        let (pool, size, requested, addr, stream) = (
-            block.pool,
-            block.size,
-            block.requested,
-            block.addr,
-            block.stream,
-        );
+        let (pool, size, requested, addr, stream) = (block.pool, block.size, block.requested, block.addr, block.stream);
         let stream_uses = std::mem::take(&mut block.stream_uses);
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size as u64);
@@ -696,10 +617,7 @@ impl<E> State<E> {
         for use_stream in stream_uses {
             match backend.record_event(use_stream) {
                 Ok(event) => {
-                    self.pending_events
-                        .entry(use_stream)
-                        .or_default()
-                        .push_back((event, id));
+                    self.pending_events.entry(use_stream).or_default().push_back((event, id));
                     self.pending_event_count += 1;
                     self.blocks.get_mut(id).event_count += 1;
                 }
@@ -718,14 +636,8 @@ impl<E> State<E> {
     fn free_block(&mut self, id: BlockId) {
         let block = self.blocks.get_mut(id);
         block.requested = 0;
-        let (pool, addr, size, stream, prev, next) = (
-            block.pool,
-            block.addr,
-            block.size,
-            block.stream,
-            block.prev,
-            block.next,
-        );
+        let (pool, addr, size, stream, prev, next) =
+            (block.pool, block.addr, block.size, block.stream, block.prev, block.next);
         self.stats.active.decrease(pool, 1);
         self.stats.active_bytes.decrease(pool, size as u64);
 
@@ -740,17 +652,11 @@ impl<E> State<E> {
         let lookups = self.lookups[pool as usize];
         let block = self.blocks.get_mut(survivor);
         block.freed_at_lookup = lookups;
-        let (key, split, merged_size) = (
-            (stream, block.size, block.addr),
-            block.is_split(),
-            block.size,
-        );
-        self.free_list(pool).insert(key, survivor);
+        let (slot, merged_addr, split, merged_size) = (block.stream_slot, block.addr, block.is_split(), block.size);
+        self.free_list(pool).insert(slot, merged_size, merged_addr, survivor);
         if split {
             self.stats.inactive_split.increase(pool, 1);
-            self.stats
-                .inactive_split_bytes
-                .increase(pool, merged_size as u64);
+            self.stats.inactive_split_bytes.increase(pool, merged_size as u64);
         }
         self.record(TraceAction::FreeCompleted, addr, size, size, stream);
     }
@@ -766,12 +672,8 @@ impl<E> State<E> {
     fn absorb(&mut self, lower: BlockId, upper: BlockId) {
         for id in [lower, upper] {
             let block = self.blocks.get(id);
-            let (pool, key, size) = (
-                block.pool,
-                (block.stream, block.size, block.addr),
-                block.size,
-            );
-            if self.free_list(pool).remove(&key).is_some() {
+            let (pool, slot, size, addr) = (block.pool, block.stream_slot, block.size, block.addr);
+            if self.free_list(pool).remove(slot, size, addr) {
                 self.stats.inactive_split.decrease(pool, 1);
                 self.stats.inactive_split_bytes.decrease(pool, size as u64);
             }
@@ -835,13 +737,8 @@ impl<E> State<E> {
     /// `empty_cache`: wait for events, then release every unsplit free segment.
     fn release_cached_blocks<B: Backend<Event = E>>(&mut self, backend: &B) {
         self.synchronize_and_free_events(backend);
-        let whole: Vec<BlockId> = self
-            .free_small
-            .values()
-            .chain(self.free_large.values())
-            .copied()
-            .filter(|id| !self.blocks.get(*id).is_split())
-            .collect();
+        let whole: Vec<BlockId> =
+            self.free_small.ids().chain(self.free_large.ids()).filter(|id| !self.blocks.get(*id).is_split()).collect();
         for id in whole {
             self.release_segment(backend, id);
         }
@@ -853,27 +750,18 @@ impl<E> State<E> {
             return;
         };
         debug_assert!(!block.is_split() && !block.allocated);
-        self.free_list(block.pool)
-            .remove(&(block.stream, block.size, block.addr));
+        self.free_list(block.pool).remove(block.stream_slot, block.size, block.addr);
         self.segments.remove(&block.addr);
         // SAFETY: an unsplit block spans exactly one segment that `new_segment`
         // obtained from this backend with this size; it is free and now forgotten.
         unsafe { backend.free(block.addr, block.size) };
         self.stats.segment.decrease(block.pool, 1);
-        self.stats
-            .reserved_bytes
-            .decrease(block.pool, block.size as u64);
+        self.stats.reserved_bytes.decrease(block.pool, block.size as u64);
         self.stats.num_device_free += 1;
         if self.is_oversize(block.size) {
             self.stats.oversize_segments.decrease(1);
         }
-        self.record(
-            TraceAction::SegmentFree,
-            block.addr,
-            block.size,
-            block.size,
-            block.stream,
-        );
+        self.record(TraceAction::SegmentFree, block.addr, block.size, block.size, block.stream);
     }
 
     /// With `max_split_size` set: release one unsplit oversize block of the
@@ -887,21 +775,18 @@ impl<E> State<E> {
     ) -> bool {
         let max_split = self.config.max_split_size;
         let target = rounded.max(max_split);
-        let fitting = self
-            .free_large
-            .range((stream, target, 0)..=(stream, usize::MAX, usize::MAX))
-            .map(|(_, id)| *id)
-            .find(|id| !self.blocks.get(*id).is_split());
+        let slot = self.stream_slots.slot(stream);
+        let fitting =
+            self.free_large.at_least(slot, target).map(|(_, id)| id).find(|id| !self.blocks.get(*id).is_split());
         if let Some(id) = fitting {
             self.release_segment(backend, id);
             return true;
         }
         let oversize: Vec<(usize, BlockId)> = self
             .free_large
-            .range((stream, max_split, 0)..=(stream, usize::MAX, usize::MAX))
+            .at_least(slot, max_split)
             .rev()
-            .filter(|(_, id)| !self.blocks.get(**id).is_split())
-            .map(|(key, id)| (key.1, *id))
+            .filter(|(_, id)| !self.blocks.get(*id).is_split())
             .collect();
         let mut released = 0;
         for (size, id) in oversize {
@@ -928,16 +813,15 @@ impl<E> State<E> {
         let now = self.lookups[PoolKind::Large as usize];
         let mut candidates: Vec<(u64, BlockId, usize)> = self
             .free_large
-            .values()
-            .map(|id| (*id, self.blocks.get(*id)))
+            .ids()
+            .map(|id| (id, self.blocks.get(id)))
             .filter(|(_, block)| !block.is_split())
             .map(|(id, block)| (now - block.freed_at_lookup, id, block.size))
             .collect();
         let mut reclaimed = 0;
         while reclaimed < target && !candidates.is_empty() {
             let average_age = candidates.iter().map(|c| c.0).sum::<u64>() / candidates.len() as u64;
-            let (old, young): (Vec<_>, Vec<_>) =
-                candidates.into_iter().partition(|c| c.0 >= average_age);
+            let (old, young): (Vec<_>, Vec<_>) = candidates.into_iter().partition(|c| c.0 >= average_age);
             for (_, id, size) in old {
                 if reclaimed >= target {
                     break;
@@ -976,17 +860,13 @@ impl<E> State<E> {
                 SegmentSnapshot::new(address, segment.size, segment.stream, segment.pool, blocks)
             })
             .collect();
-        Snapshot {
-            device,
-            segments,
-            device_traces: self.history.entries.iter().cloned().collect(),
-        }
+        Snapshot { device, segments, device_traces: self.history.entries.iter().cloned().collect() }
     }
 
     fn fragmentation(&self) -> FragmentationReport {
         let mut report = FragmentationReport::default();
-        for id in self.free_small.values().chain(self.free_large.values()) {
-            let block = self.blocks.get(*id);
+        for id in self.free_small.ids().chain(self.free_large.ids()) {
+            let block = self.blocks.get(id);
             report.free_cached_bytes += block.size;
             report.largest_free_block = report.largest_free_block.max(block.size);
             if block.is_split() {

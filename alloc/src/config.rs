@@ -66,22 +66,15 @@ impl Default for AllocatorConfig {
 impl AllocatorConfig {
     /// A builder starting from the defaults.
     pub fn builder() -> AllocatorConfigBuilder {
-        AllocatorConfigBuilder {
-            config: AllocatorConfig::default(),
-            error: None,
-        }
+        AllocatorConfigBuilder { config: AllocatorConfig::default(), error: None }
     }
 
     /// The defaults, overridden by `BRASA_ALLOC_CONF` when it is set.
     pub fn from_env() -> Result<Self, ConfigError> {
         match std::env::var(ENV_VAR) {
-            Ok(text) => {
-                Self::from_conf_str(&text).map_err(|e| ConfigError(format!("{ENV_VAR}: {}", e.0)))
-            }
+            Ok(text) => Self::from_conf_str(&text).map_err(|e| ConfigError(format!("{ENV_VAR}: {}", e.0))),
             Err(std::env::VarError::NotPresent) => Ok(Self::default()),
-            Err(std::env::VarError::NotUnicode(_)) => {
-                Err(ConfigError(format!("{ENV_VAR} is not valid UTF-8")))
-            }
+            Err(std::env::VarError::NotUnicode(_)) => Err(ConfigError(format!("{ENV_VAR} is not valid UTF-8"))),
         }
     }
 
@@ -104,12 +97,7 @@ impl AllocatorConfig {
                         VALID_KEYS.join(", ")
                     )))
                 }
-                _ => {
-                    return Err(ConfigError(format!(
-                        "unknown key `{key}`; valid keys: {}",
-                        VALID_KEYS.join(", ")
-                    )))
-                }
+                _ => return Err(ConfigError(format!("unknown key `{key}`; valid keys: {}", VALID_KEYS.join(", ")))),
             };
         }
         builder.build()
@@ -119,9 +107,7 @@ impl AllocatorConfig {
     #[inline]
     pub fn roundup_power2_divisions_for(&self, size: usize) -> usize {
         let log_size = (usize::BITS - 1 - size.max(1).leading_zeros()) as usize;
-        let index = log_size
-            .saturating_sub(20)
-            .min(ROUNDUP_POWER2_INTERVALS - 1);
+        let index = log_size.saturating_sub(20).min(ROUNDUP_POWER2_INTERVALS - 1);
         self.roundup_power2_divisions[index]
     }
 
@@ -151,10 +137,7 @@ impl AllocatorConfigBuilder {
     /// Never split blocks of at least `mb` MiB (must be ≥ 20).
     pub fn max_split_size_mb(mut self, mb: usize) -> Self {
         if mb < LARGE_BUFFER / MIB {
-            return self.fail(format!(
-                "max_split_size_mb must be at least {}, got {mb}",
-                LARGE_BUFFER / MIB
-            ));
+            return self.fail(format!("max_split_size_mb must be at least {}, got {mb}", LARGE_BUFFER / MIB));
         }
         self.config.max_split_size = mb.saturating_mul(MIB);
         self
@@ -172,14 +155,9 @@ impl AllocatorConfigBuilder {
     }
 
     /// Divisions per size interval (interval `i` holds sizes in [2^i MiB, 2^(i+1) MiB)).
-    pub fn roundup_power2_divisions_per_interval(
-        mut self,
-        table: [usize; ROUNDUP_POWER2_INTERVALS],
-    ) -> Self {
+    pub fn roundup_power2_divisions_per_interval(mut self, table: [usize; ROUNDUP_POWER2_INTERVALS]) -> Self {
         if let Some(bad) = table.iter().find(|d| **d != 0 && !d.is_power_of_two()) {
-            return self.fail(format!(
-                "roundup_power2_divisions must be powers of two (or 0 for off), got {bad}"
-            ));
+            return self.fail(format!("roundup_power2_divisions must be powers of two (or 0 for off), got {bad}"));
         }
         self.config.roundup_power2_divisions = table;
         self
@@ -188,9 +166,7 @@ impl AllocatorConfigBuilder {
     /// Garbage-collection threshold in (0, 1); only active with a memory fraction below 1.
     pub fn garbage_collection_threshold(mut self, threshold: f64) -> Self {
         if !(threshold > 0.0 && threshold < 1.0) {
-            return self.fail(format!(
-                "garbage_collection_threshold must lie in (0.0, 1.0), got {threshold}"
-            ));
+            return self.fail(format!("garbage_collection_threshold must lie in (0.0, 1.0), got {threshold}"));
         }
         self.config.garbage_collection_threshold = threshold;
         self
@@ -199,9 +175,7 @@ impl AllocatorConfigBuilder {
     /// Share of the device capacity the allocator may reserve, in (0, 1].
     pub fn memory_fraction(mut self, fraction: f64) -> Self {
         if !(fraction > 0.0 && fraction <= 1.0) {
-            return self.fail(format!(
-                "per_process_memory_fraction must lie in (0.0, 1.0], got {fraction}"
-            ));
+            return self.fail(format!("per_process_memory_fraction must lie in (0.0, 1.0], got {fraction}"));
         }
         self.config.memory_fraction = fraction;
         self
@@ -224,11 +198,7 @@ fn split_options(text: &str) -> Result<Vec<(&str, &str)>, ConfigError> {
     for (i, c) in text.char_indices() {
         match c {
             '[' => depth += 1,
-            ']' => {
-                depth = depth
-                    .checked_sub(1)
-                    .ok_or_else(|| ConfigError(format!("unbalanced `]` in `{text}`")))?
-            }
+            ']' => depth = depth.checked_sub(1).ok_or_else(|| ConfigError(format!("unbalanced `]` in `{text}`")))?,
             ',' if depth == 0 => {
                 items.push(&text[start..i]);
                 start = i + 1;
@@ -245,24 +215,19 @@ fn split_options(text: &str) -> Result<Vec<(&str, &str)>, ConfigError> {
         .map(str::trim)
         .filter(|item| !item.is_empty())
         .map(|item| {
-            let (key, value) = item
-                .split_once(':')
-                .ok_or_else(|| ConfigError(format!("expected `key:value`, got `{item}`")))?;
+            let (key, value) =
+                item.split_once(':').ok_or_else(|| ConfigError(format!("expected `key:value`, got `{item}`")))?;
             Ok((key.trim(), value.trim()))
         })
         .collect()
 }
 
 fn parse_number(key: &str, value: &str) -> Result<usize, ConfigError> {
-    value
-        .parse()
-        .map_err(|_| ConfigError(format!("`{key}` expects a whole number, got `{value}`")))
+    value.parse().map_err(|_| ConfigError(format!("`{key}` expects a whole number, got `{value}`")))
 }
 
 fn parse_float(key: &str, value: &str) -> Result<f64, ConfigError> {
-    value
-        .parse()
-        .map_err(|_| ConfigError(format!("`{key}` expects a number, got `{value}`")))
+    value.parse().map_err(|_| ConfigError(format!("`{key}` expects a number, got `{value}`")))
 }
 
 /// `4` (every interval) or `[256:1,512:2,>:8]`: entry `K:v` applies to sizes
@@ -274,46 +239,35 @@ fn parse_divisions(value: &str) -> Result<[usize; ROUNDUP_POWER2_INTERVALS], Con
         let divisions = parse_number(KEY, value)?;
         return Ok([divisions; ROUNDUP_POWER2_INTERVALS]);
     };
-    let list = list
-        .strip_suffix(']')
-        .ok_or_else(|| ConfigError(format!("`{KEY}` list must end with `]`, got `{value}`")))?;
+    let list =
+        list.strip_suffix(']').ok_or_else(|| ConfigError(format!("`{KEY}` list must end with `]`, got `{value}`")))?;
     let mut table = [0; ROUNDUP_POWER2_INTERVALS];
     let mut next_interval = 0;
     for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let (bound, divisions) = entry.split_once(':').ok_or_else(|| {
-            ConfigError(format!(
-                "`{KEY}` entries are `size_mb:divisions`, got `{entry}`"
-            ))
-        })?;
+        let (bound, divisions) = entry
+            .split_once(':')
+            .ok_or_else(|| ConfigError(format!("`{KEY}` entries are `size_mb:divisions`, got `{entry}`")))?;
         let divisions = parse_number(KEY, divisions.trim())?;
         let end = if bound.trim() == ">" {
             ROUNDUP_POWER2_INTERVALS
         } else {
             let mb = parse_number(KEY, bound.trim())?;
             if !mb.is_power_of_two() {
-                return Err(ConfigError(format!(
-                    "`{KEY}` sizes must be powers of two (in MB), got {mb}"
-                )));
+                return Err(ConfigError(format!("`{KEY}` sizes must be powers of two (in MB), got {mb}")));
             }
             let end = mb.trailing_zeros() as usize;
             if end >= ROUNDUP_POWER2_INTERVALS {
-                return Err(ConfigError(format!(
-                    "`{KEY}` sizes must be below 64 GB, got {mb} MB"
-                )));
+                return Err(ConfigError(format!("`{KEY}` sizes must be below 64 GB, got {mb} MB")));
             }
             end
         };
         if end < next_interval {
-            return Err(ConfigError(format!(
-                "`{KEY}` sizes must increase, got `{value}`"
-            )));
+            return Err(ConfigError(format!("`{KEY}` sizes must increase, got `{value}`")));
         }
         table[next_interval..end].fill(divisions);
         next_interval = end;
     }
-    AllocatorConfig::builder()
-        .roundup_power2_divisions_per_interval(table)
-        .build()?;
+    AllocatorConfig::builder().roundup_power2_divisions_per_interval(table).build()?;
     Ok(table)
 }
 
@@ -334,17 +288,12 @@ mod tests {
 
     #[test]
     fn empty_string_is_the_default() {
-        assert_eq!(
-            AllocatorConfig::from_conf_str("").unwrap(),
-            AllocatorConfig::default()
-        );
+        assert_eq!(AllocatorConfig::from_conf_str("").unwrap(), AllocatorConfig::default());
     }
 
     #[test]
     fn unknown_key_lists_the_valid_ones() {
-        let error = AllocatorConfig::from_conf_str("max_split_size:128")
-            .unwrap_err()
-            .to_string();
+        let error = AllocatorConfig::from_conf_str("max_split_size:128").unwrap_err().to_string();
         assert!(error.contains("unknown key `max_split_size`"), "{error}");
         for key in VALID_KEYS {
             assert!(error.contains(key), "{error}");
@@ -353,9 +302,7 @@ mod tests {
 
     #[test]
     fn unsupported_pytorch_key_says_so() {
-        let error = AllocatorConfig::from_conf_str("expandable_segments:True")
-            .unwrap_err()
-            .to_string();
+        let error = AllocatorConfig::from_conf_str("expandable_segments:True").unwrap_err().to_string();
         assert!(error.contains("does not implement"), "{error}");
     }
 
@@ -372,18 +319,13 @@ mod tests {
             "roundup_power2_divisions:[4:2",
             "max_split_size_mb",
         ] {
-            assert!(
-                AllocatorConfig::from_conf_str(text).is_err(),
-                "{text} was accepted"
-            );
+            assert!(AllocatorConfig::from_conf_str(text).is_err(), "{text} was accepted");
         }
     }
 
     #[test]
     fn divisions_list_follows_documented_intervals() {
-        let config =
-            AllocatorConfig::from_conf_str("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]")
-                .unwrap();
+        let config = AllocatorConfig::from_conf_str("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]").unwrap();
         assert_eq!(config.roundup_power2_divisions_for(100 * MIB), 1);
         assert_eq!(config.roundup_power2_divisions_for(300 * MIB), 2);
         assert_eq!(config.roundup_power2_divisions_for(600 * MIB), 4);

@@ -40,11 +40,7 @@ pub struct CudaEvent {
 impl Drop for CudaEvent {
     fn drop(&mut self) {
         if let Some(raw) = self.raw.take() {
-            self.pool
-                .free
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(raw);
+            self.pool.free.lock().unwrap_or_else(|e| e.into_inner()).push(raw);
         }
     }
 }
@@ -63,19 +59,12 @@ impl CudaBackend {
     pub fn new(ordinal: usize) -> Result<Self, BackendError> {
         // SAFETY: only probes whether the driver library can be loaded.
         if !unsafe { sys::is_culib_present() } {
-            return Err(BackendError::Device(
-                "no CUDA driver found (libcuda could not be loaded)".into(),
-            ));
+            return Err(BackendError::Device("no CUDA driver found (libcuda could not be loaded)".into()));
         }
-        let context = CudaContext::new(ordinal)
-            .map_err(|e| device_error(&format!("no CUDA device {ordinal}"), e))?;
+        let context = CudaContext::new(ordinal).map_err(|e| device_error(&format!("no CUDA device {ordinal}"), e))?;
         let default = RegisteredStream(context.default_stream());
         let streams = Mutex::new(HashMap::from([(StreamId::DEFAULT, default)]));
-        Ok(CudaBackend {
-            context,
-            streams,
-            events: Arc::default(),
-        })
+        Ok(CudaBackend { context, streams, events: Arc::default() })
     }
 
     /// The device's context.
@@ -85,26 +74,15 @@ impl CudaBackend {
 
     /// Makes `stream` known to the allocator under `id` (0 is the default stream).
     pub fn register_stream(&self, id: StreamId, stream: Arc<CudaStream>) {
-        self.streams
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, RegisteredStream(stream));
+        self.streams.lock().unwrap_or_else(|e| e.into_inner()).insert(id, RegisteredStream(stream));
     }
 
     fn bind(&self) -> Result<(), BackendError> {
-        self.context
-            .bind_to_thread()
-            .map_err(|e| device_error("binding the CUDA context", e))
+        self.context.bind_to_thread().map_err(|e| device_error("binding the CUDA context", e))
     }
 
     fn take_event(&self) -> Result<RawEvent, BackendError> {
-        if let Some(raw) = self
-            .events
-            .free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-        {
+        if let Some(raw) = self.events.free.lock().unwrap_or_else(|e| e.into_inner()).pop() {
             return Ok(raw);
         }
         result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
@@ -140,63 +118,45 @@ impl Backend for CudaBackend {
     }
 
     fn total_bytes(&self) -> usize {
-        self.bind()
-            .ok()
-            .and_then(|_| result::mem_get_info().ok())
-            .map(|(_, total)| total)
-            .unwrap_or(0)
+        self.bind().ok().and_then(|_| result::mem_get_info().ok()).map(|(_, total)| total).unwrap_or(0)
     }
 
     fn free_bytes(&self) -> usize {
-        self.bind()
-            .ok()
-            .and_then(|_| result::mem_get_info().ok())
-            .map(|(free, _)| free)
-            .unwrap_or(0)
+        self.bind().ok().and_then(|_| result::mem_get_info().ok()).map(|(free, _)| free).unwrap_or(0)
     }
 
     fn record_event(&self, stream: StreamId) -> Result<CudaEvent, BackendError> {
         self.bind()?;
         let cu_stream = {
             let streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
-            let registered = streams.get(&stream).ok_or_else(|| {
-                BackendError::Device(format!(
-                    "{stream} was never registered with the CUDA backend"
-                ))
-            })?;
+            let registered = streams
+                .get(&stream)
+                .ok_or_else(|| BackendError::Device(format!("{stream} was never registered with the CUDA backend")))?;
             registered.0.cu_stream()
         };
         let raw = self.take_event()?;
         // SAFETY: both handles are live; the context is current.
-        unsafe { result::event::record(raw.0, cu_stream) }
-            .map_err(|e| device_error("cuEventRecord", e))?;
-        Ok(CudaEvent {
-            raw: Some(raw),
-            pool: Arc::clone(&self.events),
-        })
+        unsafe { result::event::record(raw.0, cu_stream) }.map_err(|e| device_error("cuEventRecord", e))?;
+        Ok(CudaEvent { raw: Some(raw), pool: Arc::clone(&self.events) })
     }
 
     fn event_completed(&self, event: &CudaEvent) -> bool {
         // SAFETY: the event handle is live while `event` is.
-        event
-            .raw
-            .as_ref()
-            .is_none_or(|raw| unsafe { result::event::query(raw.0) }.is_ok())
+        event.raw.as_ref().is_none_or(|raw| unsafe { result::event::query(raw.0) }.is_ok())
     }
 
     fn synchronize_event(&self, event: &CudaEvent) -> Result<(), BackendError> {
         match &event.raw {
             // SAFETY: the event handle is live while `event` is.
-            Some(raw) => unsafe { result::event::synchronize(raw.0) }
-                .map_err(|e| device_error("cuEventSynchronize", e)),
+            Some(raw) => {
+                unsafe { result::event::synchronize(raw.0) }.map_err(|e| device_error("cuEventSynchronize", e))
+            }
             None => Ok(()),
         }
     }
 
     fn synchronize_device(&self) -> Result<(), BackendError> {
-        self.context
-            .synchronize()
-            .map_err(|e| device_error("cuCtxSynchronize", e))
+        self.context.synchronize().map_err(|e| device_error("cuCtxSynchronize", e))
     }
 }
 

@@ -70,8 +70,7 @@ impl OutOfMemory {
 
     /// Whether free cache memory would have covered the request had it been in one piece.
     pub fn is_fragmentation(&self) -> bool {
-        self.reserved_unallocated_bytes() >= self.rounded_bytes
-            && self.largest_free_block < self.rounded_bytes
+        self.reserved_unallocated_bytes() >= self.rounded_bytes && self.largest_free_block < self.rounded_bytes
     }
 
     fn hint(&self) -> String {
@@ -83,10 +82,7 @@ impl OutOfMemory {
                  memory between phases with empty_cache(), a smaller batch, or checkpointing",
                 format_size(self.reserved_unallocated_bytes())
             )
-        } else if let Some(allowed) = self
-            .allowed_bytes
-            .filter(|a| self.reserved_bytes + self.segment_bytes > *a)
-        {
+        } else if let Some(allowed) = self.allowed_bytes.filter(|a| self.reserved_bytes + self.segment_bytes > *a) {
             format!(
                 "the memory fraction allows {} — raise per_process_memory_fraction, or try a smaller \
                  batch, checkpointing or mixed precision",
@@ -113,11 +109,7 @@ impl fmt::Display for OutOfMemory {
             format_size(self.device_free_bytes),
         )?;
         if let Some(allowed) = self.allowed_bytes {
-            write!(
-                f,
-                ", {} allowed by the memory fraction",
-                format_size(allowed)
-            )?;
+            write!(f, ", {} allowed by the memory fraction", format_size(allowed))?;
         }
         write!(
             f,
@@ -180,14 +172,8 @@ mod tests {
     #[test]
     fn fragmentation_gets_the_split_size_hint() {
         let text = report().to_string();
-        assert!(
-            text.starts_with("out of memory on cpu:1: tried to allocate 96.00 MiB"),
-            "{text}"
-        );
-        assert!(
-            text.contains("200.00 MiB reserved but unallocated"),
-            "{text}"
-        );
+        assert!(text.starts_with("out of memory on cpu:1: tried to allocate 96.00 MiB"), "{text}");
+        assert!(text.contains("200.00 MiB reserved but unallocated"), "{text}");
         assert!(text.contains("largest free block 18.00 MiB"), "{text}");
         assert!(text.contains("max_split_size_mb:96"), "{text}");
     }

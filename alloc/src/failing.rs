@@ -91,10 +91,7 @@ impl FailingBackend {
     /// Events recorded and not yet completed.
     pub fn pending_events(&self) -> usize {
         let events = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
-        events
-            .iter()
-            .filter(|e| !e.done.load(Ordering::SeqCst))
-            .count()
+        events.iter().filter(|e| !e.done.load(Ordering::SeqCst)).count()
     }
 
     /// Successful backend allocations so far.
@@ -122,11 +119,7 @@ impl Backend for FailingBackend {
 
     fn allocate(&self, bytes: usize) -> Result<usize, BackendError> {
         let injected = self.inner.fail_all.load(Ordering::SeqCst)
-            || self
-                .inner
-                .fail_next
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok();
+            || self.inner.fail_next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
         if injected {
             return Err(BackendError::OutOfMemory { requested: bytes });
         }
@@ -151,10 +144,7 @@ impl Backend for FailingBackend {
 
     fn record_event(&self, stream: StreamId) -> Result<TestEvent, BackendError> {
         let done = self.inner.auto_complete.load(Ordering::SeqCst);
-        let event = TestEvent {
-            done: Arc::new(AtomicBool::new(done)),
-            stream,
-        };
+        let event = TestEvent { done: Arc::new(AtomicBool::new(done)), stream };
         if !done {
             let mut events = self.inner.events.lock().unwrap_or_else(|e| e.into_inner());
             events.push(event.clone());

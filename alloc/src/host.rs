@@ -35,11 +35,7 @@ impl HostBackend {
 
     /// A host backend with its own name (e.g. a logical device `cpu:3`) and limit.
     pub fn named(name: impl Into<String>, limit: Option<usize>) -> Self {
-        HostBackend {
-            name: name.into(),
-            limit,
-            in_use: AtomicUsize::new(0),
-        }
+        HostBackend { name: name.into(), limit, in_use: AtomicUsize::new(0) }
     }
 
     /// The byte limit, if any.
@@ -84,16 +80,10 @@ impl Backend for HostBackend {
 
     fn allocate(&self, bytes: usize) -> Result<usize, BackendError> {
         if bytes == 0 {
-            return Err(BackendError::Device(
-                "host backend asked for 0 bytes".into(),
-            ));
+            return Err(BackendError::Device("host backend asked for 0 bytes".into()));
         }
         self.reserve(bytes)?;
-        let result = if bytes >= MAP_THRESHOLD {
-            map_pages(bytes)
-        } else {
-            heap_alloc(bytes)
-        };
+        let result = if bytes >= MAP_THRESHOLD { map_pages(bytes) } else { heap_alloc(bytes) };
         if result.is_err() {
             self.in_use.fetch_sub(bytes, Ordering::Relaxed);
         }
@@ -112,8 +102,7 @@ impl Backend for HostBackend {
     }
 
     fn total_bytes(&self) -> usize {
-        self.limit
-            .unwrap_or_else(|| system_memory().map(|m| m.total).unwrap_or(usize::MAX))
+        self.limit.unwrap_or_else(|| system_memory().map(|m| m.total).unwrap_or(usize::MAX))
     }
 
     fn free_bytes(&self) -> usize {
@@ -207,10 +196,7 @@ fn system_memory() -> Option<SystemMemory> {
         let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
         Some(kib * 1024)
     };
-    Some(SystemMemory {
-        total: field("MemTotal:")?,
-        available: field("MemAvailable:")?,
-    })
+    Some(SystemMemory { total: field("MemTotal:")?, available: field("MemAvailable:")? })
 }
 
 #[cfg(test)]
@@ -236,10 +222,7 @@ mod tests {
     fn limit_is_enforced_and_released() {
         let backend = HostBackend::with_limit(3 << 20);
         let a = backend.allocate(2 << 20).unwrap();
-        assert_eq!(
-            backend.allocate(2 << 20),
-            Err(BackendError::OutOfMemory { requested: 2 << 20 })
-        );
+        assert_eq!(backend.allocate(2 << 20), Err(BackendError::OutOfMemory { requested: 2 << 20 }));
         assert_eq!(backend.free_bytes(), 1 << 20);
         // SAFETY: `a` was allocated above with this size.
         unsafe { backend.free(a, 2 << 20) };

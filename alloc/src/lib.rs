@@ -47,6 +47,7 @@ mod error;
 mod failing;
 mod host;
 pub mod policy;
+mod pool;
 mod snapshot;
 mod stats;
 mod summary;

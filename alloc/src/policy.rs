@@ -95,12 +95,7 @@ pub fn segment_size(rounded: usize) -> usize {
 /// request is below `max_split_size` and more than 1 MiB remains — so a large
 /// allocation may hold up to 1 MiB more than it asked for.
 #[inline]
-pub fn should_split(
-    pool: PoolKind,
-    block_size: usize,
-    rounded: usize,
-    max_split_size: usize,
-) -> bool {
+pub fn should_split(pool: PoolKind, block_size: usize, rounded: usize, max_split_size: usize) -> bool {
     let remaining = block_size - rounded;
     match pool {
         PoolKind::Small => remaining >= MIN_BLOCK_SIZE,
@@ -169,44 +164,26 @@ mod tests {
 
     #[test]
     fn small_pool_splits_when_512_bytes_remain() {
-        assert!(should_split(
-            PoolKind::Small,
-            2 * MIB,
-            2 * MIB - 512,
-            usize::MAX
-        ));
+        assert!(should_split(PoolKind::Small, 2 * MIB, 2 * MIB - 512, usize::MAX));
         assert!(!should_split(PoolKind::Small, 1024, 1024, usize::MAX));
     }
 
     #[test]
     fn large_pool_keeps_remainders_of_at_most_one_mib() {
         assert!(!should_split(PoolKind::Large, 4 * MIB, 3 * MIB, usize::MAX));
-        assert!(should_split(
-            PoolKind::Large,
-            4 * MIB + 512,
-            3 * MIB,
-            usize::MAX
-        ));
+        assert!(should_split(PoolKind::Large, 4 * MIB + 512, 3 * MIB, usize::MAX));
         assert!(should_split(PoolKind::Large, 20 * MIB, 3 * MIB, usize::MAX));
     }
 
     #[test]
     fn oversize_blocks_are_not_split() {
-        assert!(!should_split(
-            PoolKind::Large,
-            100 * MIB,
-            60 * MIB,
-            40 * MIB
-        ));
+        assert!(!should_split(PoolKind::Large, 100 * MIB, 60 * MIB, 40 * MIB));
         assert!(should_split(PoolKind::Large, 100 * MIB, 30 * MIB, 40 * MIB));
     }
 
     #[test]
     fn oversize_blocks_serve_only_close_oversize_requests() {
-        let config = AllocatorConfig {
-            max_split_size: 40 * MIB,
-            ..AllocatorConfig::default()
-        };
+        let config = AllocatorConfig { max_split_size: 40 * MIB, ..AllocatorConfig::default() };
         // A normal request never takes an oversize block.
         assert!(!oversize_rule_allows(50 * MIB, 30 * MIB, &config));
         // An oversize request takes a block wasting less than 20 MiB...
@@ -214,19 +191,12 @@ mod tests {
         // ...but not one wasting 20 MiB or more.
         assert!(!oversize_rule_allows(70 * MIB, 50 * MIB, &config));
         // Without max_split_size every block is allowed.
-        assert!(oversize_rule_allows(
-            500 * MIB,
-            30 * MIB,
-            &AllocatorConfig::default()
-        ));
+        assert!(oversize_rule_allows(500 * MIB, 30 * MIB, &AllocatorConfig::default()));
     }
 
     #[test]
     fn power2_divisions_round_between_powers_of_two() {
-        let config = AllocatorConfig::builder()
-            .roundup_power2_divisions(4)
-            .build()
-            .unwrap();
+        let config = AllocatorConfig::builder().roundup_power2_divisions(4).build().unwrap();
         // 1200 KiB lies between 1 MiB and 2 MiB: steps of 256 KiB.
         assert_eq!(round_size(1200 << 10, &config), 1280 << 10);
         // Powers of two are unchanged.
@@ -239,8 +209,7 @@ mod tests {
 
     #[test]
     fn power2_divisions_per_interval() {
-        let config =
-            AllocatorConfig::from_conf_str("roundup_power2_divisions:[2:1,4:2,>:8]").unwrap();
+        let config = AllocatorConfig::from_conf_str("roundup_power2_divisions:[2:1,4:2,>:8]").unwrap();
         // Below 2 MiB: one division, so the 512 B rule.
         assert_eq!(round_size(MIB + 1000, &config), MIB + 1024);
         // [2 MiB, 4 MiB): two divisions of 1 MiB.

@@ -183,15 +183,7 @@ mod tests {
         stat.increase(10);
         stat.decrease(4);
         stat.increase(1);
-        assert_eq!(
-            stat,
-            Stat {
-                current: 7,
-                peak: 10,
-                allocated: 11,
-                freed: 4
-            }
-        );
+        assert_eq!(stat, Stat { current: 7, peak: 10, allocated: 11, freed: 4 });
         stat.reset_peak();
         assert_eq!(stat.peak, 7);
         stat.reset_accumulated();

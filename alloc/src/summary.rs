@@ -12,10 +12,7 @@ pub fn memory_summary(device: &str, stats: &MemoryStats, abbreviated: bool) -> S
         "=".repeat(WIDTH),
         centre(&format!("brasa memory summary, device {device}")),
         "-".repeat(WIDTH),
-        centre(&format!(
-            "OOMs: {:<12} | allocation retries: {:<8}",
-            stats.num_ooms, stats.num_alloc_retries
-        )),
+        centre(&format!("OOMs: {:<12} | allocation retries: {:<8}", stats.num_ooms, stats.num_alloc_retries)),
         "=".repeat(WIDTH),
         "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ".to_string(),
     ];
@@ -38,10 +35,9 @@ pub fn memory_summary(device: &str, stats: &MemoryStats, abbreviated: bool) -> S
     for (array, name) in count_groups {
         group_rows(&mut lines, array, name, abbreviated, format_count);
     }
-    for (stat, name) in [
-        (&stats.oversize_allocations, "Oversize allocations"),
-        (&stats.oversize_segments, "Oversize segments"),
-    ] {
+    for (stat, name) in
+        [(&stats.oversize_allocations, "Oversize allocations"), (&stats.oversize_segments, "Oversize segments")]
+    {
         lines.push("-".repeat(WIDTH));
         lines.push(row(name, stat, stat, format_count));
     }
@@ -67,18 +63,8 @@ fn group_rows(
     lines.push("-".repeat(WIDTH));
     lines.push(row(name, &array.all, &array.all, formatter));
     if !abbreviated {
-        lines.push(row(
-            "      from large pool",
-            &array.large_pool,
-            &array.all,
-            formatter,
-        ));
-        lines.push(row(
-            "      from small pool",
-            &array.small_pool,
-            &array.all,
-            formatter,
-        ));
+        lines.push(row("      from large pool", &array.large_pool, &array.all, formatter));
+        lines.push(row("      from small pool", &array.small_pool, &array.all, formatter));
     }
 }
 

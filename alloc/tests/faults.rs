@@ -1,9 +1,7 @@
 //! Fault injection with the failing backend, the out-of-memory report, and
 //! several threads at once.
 
-use brasa_alloc::{
-    AllocError, CachingAllocator, FailingBackend, MemoryStats, StreamId, TraceAction,
-};
+use brasa_alloc::{AllocError, CachingAllocator, FailingBackend, MemoryStats, StreamId, TraceAction};
 use std::sync::{Arc, Mutex};
 
 const MIB: usize = 1 << 20;
@@ -73,16 +71,10 @@ fn when_every_allocation_fails_the_error_carries_the_figures() {
     backend.fail_all_allocations(true);
     let error = alloc.allocate(16 * MIB, S0).unwrap_err();
     let text = error.to_string();
-    assert!(
-        text.starts_with("out of memory on test:0: tried to allocate 16.00 MiB"),
-        "{text}"
-    );
+    assert!(text.starts_with("out of memory on test:0: tried to allocate 16.00 MiB"), "{text}");
     assert!(text.contains("capacity 64.00 MiB"), "{text}");
     assert!(text.contains("5.00 MiB allocated"), "{text}");
-    assert!(
-        text.contains("15.00 MiB reserved but unallocated"),
-        "{text}"
-    );
+    assert!(text.contains("15.00 MiB reserved but unallocated"), "{text}");
     assert!(matches!(error, AllocError::OutOfMemory(_)));
     backend.fail_all_allocations(false);
     drop(held);
@@ -161,10 +153,7 @@ fn threads_allocating_at_once_end_with_exact_accounting() {
     assert_eq!(stats.allocated_bytes.all.current, 0);
     assert_eq!(stats.allocation.all.allocated, 16_000);
     assert_eq!(stats.allocation.all.freed, 16_000);
-    assert_eq!(
-        stats.reserved_bytes.all.current as usize,
-        backend.bytes_in_use()
-    );
+    assert_eq!(stats.reserved_bytes.all.current as usize, backend.bytes_in_use());
     alloc.empty_cache();
     assert_eq!(backend.bytes_in_use(), 0);
 }

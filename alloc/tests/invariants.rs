@@ -2,8 +2,8 @@
 //! sequences keep the allocator's accounting exact.
 
 use brasa_alloc::{
-    Allocation, AllocatorConfig, Backend, BlockState, CachingAllocator, FailingBackend,
-    MemoryStats, Snapshot, Stat, StatArray, StreamId,
+    Allocation, AllocatorConfig, Backend, BlockState, CachingAllocator, FailingBackend, MemoryStats, Snapshot, Stat,
+    StatArray, StreamId,
 };
 use proptest::prelude::*;
 
@@ -20,8 +20,7 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     // Sizes log-uniform from 1 B to 64 MiB so both pools and all three segment classes appear.
-    let size = (0u32..=26, 0.0f64..1.0)
-        .prop_map(|(exp, frac)| ((1u64 << exp) as f64 * (1.0 + frac)) as usize);
+    let size = (0u32..=26, 0.0f64..1.0).prop_map(|(exp, frac)| ((1u64 << exp) as f64 * (1.0 + frac)) as usize);
     prop_oneof![
         6 => (size, 0u64..3).prop_map(|(size, stream)| Op::Alloc { size, stream }),
         4 => any::<usize>().prop_map(|index| Op::Free { index }),
@@ -34,86 +33,36 @@ fn op() -> impl Strategy<Value = Op> {
 fn config() -> impl Strategy<Value = AllocatorConfig> {
     prop_oneof![
         Just(AllocatorConfig::default()),
-        Just(
-            AllocatorConfig::builder()
-                .max_split_size_mb(24)
-                .build()
-                .unwrap()
-        ),
-        Just(
-            AllocatorConfig::builder()
-                .roundup_power2_divisions(4)
-                .build()
-                .unwrap()
-        ),
-        Just(
-            AllocatorConfig::builder()
-                .memory_fraction(0.6)
-                .garbage_collection_threshold(0.5)
-                .build()
-                .unwrap()
-        ),
+        Just(AllocatorConfig::builder().max_split_size_mb(24).build().unwrap()),
+        Just(AllocatorConfig::builder().roundup_power2_divisions(4).build().unwrap()),
+        Just(AllocatorConfig::builder().memory_fraction(0.6).garbage_collection_threshold(0.5).build().unwrap()),
     ]
 }
 
 fn check_pools_add_up(array: &StatArray, name: &str) {
     let sum = |f: fn(&Stat) -> i64| f(&array.large_pool) + f(&array.small_pool);
-    assert_eq!(
-        array.all.current,
-        sum(|s| s.current),
-        "{name}: pools add up"
-    );
-    assert_eq!(
-        array.all.allocated as i64,
-        sum(|s| s.allocated as i64),
-        "{name}: pools add up"
-    );
-    assert_eq!(
-        array.all.freed as i64,
-        sum(|s| s.freed as i64),
-        "{name}: pools add up"
-    );
+    assert_eq!(array.all.current, sum(|s| s.current), "{name}: pools add up");
+    assert_eq!(array.all.allocated as i64, sum(|s| s.allocated as i64), "{name}: pools add up");
+    assert_eq!(array.all.freed as i64, sum(|s| s.freed as i64), "{name}: pools add up");
     for stat in [&array.all, &array.large_pool, &array.small_pool] {
-        assert!(
-            stat.peak >= stat.current,
-            "{name}: peak {} < current {}",
-            stat.peak,
-            stat.current
-        );
+        assert!(stat.peak >= stat.current, "{name}: peak {} < current {}", stat.peak, stat.current);
         assert!(stat.current >= 0, "{name}: negative");
-        assert_eq!(
-            stat.current,
-            stat.allocated as i64 - stat.freed as i64,
-            "{name}: current = allocated - freed"
-        );
+        assert_eq!(stat.current, stat.allocated as i64 - stat.freed as i64, "{name}: current = allocated - freed");
     }
 }
 
 /// Every invariant that the snapshot, the statistics and the backend must agree on.
-fn check(
-    snapshot: &Snapshot,
-    stats: &MemoryStats,
-    backend: &FailingBackend,
-    live: &[Allocation<FailingBackend>],
-) {
+fn check(snapshot: &Snapshot, stats: &MemoryStats, backend: &FailingBackend, live: &[Allocation<FailingBackend>]) {
     let mut segment_end = 0;
-    let (mut allocated, mut active, mut inactive_split, mut reserved, mut allocations) =
-        (0, 0, 0, 0, 0);
+    let (mut allocated, mut active, mut inactive_split, mut reserved, mut allocations) = (0, 0, 0, 0, 0);
     for segment in &snapshot.segments {
         assert!(segment.address >= segment_end, "segments overlap");
         segment_end = segment.address + segment.total_size;
         reserved += segment.total_size;
         let mut cursor = segment.address;
         for (i, block) in segment.blocks.iter().enumerate() {
-            assert_eq!(
-                block.address, cursor,
-                "blocks tile their segment with no gap or overlap"
-            );
-            assert!(
-                block.size > 0 && block.size % 512 == 0,
-                "block size {}",
-                block.size
-            );
+            assert_eq!(block.address, cursor, "blocks tile their segment with no gap or overlap");
+            assert!(block.size > 0 && block.size % 512 == 0, "block size {}", block.size);
             cursor += block.size;
             match block.state {
                 BlockState::ActiveAllocated => {
@@ -127,11 +76,7 @@ fn check(
                         inactive_split += block.size;
                     }
                     if let Some(next) = segment.blocks.get(i + 1) {
-                        assert_ne!(
-                            next.state,
-                            BlockState::Inactive,
-                            "free neighbours were not merged"
-                        );
+                        assert_ne!(next.state, BlockState::Inactive, "free neighbours were not merged");
                     }
                 }
             }
@@ -139,32 +84,15 @@ fn check(
         assert_eq!(cursor, segment_end, "blocks cover their segment");
     }
     assert_eq!(stats.allocated_bytes.all.current as usize, allocated);
-    assert_eq!(
-        live.iter().map(|a| a.block_size()).sum::<usize>(),
-        allocated,
-        "allocated = live blocks"
-    );
-    assert_eq!(
-        stats.requested_bytes.all.current as usize,
-        live.iter().map(|a| a.size()).sum::<usize>()
-    );
+    assert_eq!(live.iter().map(|a| a.block_size()).sum::<usize>(), allocated, "allocated = live blocks");
+    assert_eq!(stats.requested_bytes.all.current as usize, live.iter().map(|a| a.size()).sum::<usize>());
     assert_eq!(stats.allocation.all.current as usize, allocations);
     assert_eq!(allocations, live.len());
     assert_eq!(stats.active_bytes.all.current as usize, active);
-    assert_eq!(
-        stats.inactive_split_bytes.all.current as usize,
-        inactive_split
-    );
-    assert_eq!(
-        stats.reserved_bytes.all.current as usize, reserved,
-        "reserved = segments"
-    );
+    assert_eq!(stats.inactive_split_bytes.all.current as usize, inactive_split);
+    assert_eq!(stats.reserved_bytes.all.current as usize, reserved, "reserved = segments");
     assert_eq!(stats.segment.all.current as usize, snapshot.segments.len());
-    assert_eq!(
-        backend.bytes_in_use(),
-        reserved,
-        "reserved = what the backend handed out"
-    );
+    assert_eq!(backend.bytes_in_use(), reserved, "reserved = what the backend handed out");
     for (array, name) in [
         (&stats.allocation, "allocation"),
         (&stats.segment, "segment"),

@@ -1,8 +1,6 @@
 //! One test per rule of the caching policy, observed through the allocator.
 
-use brasa_alloc::{
-    AllocatorConfig, BlockState, CachingAllocator, FailingBackend, HostBackend, PoolKind, StreamId,
-};
+use brasa_alloc::{AllocatorConfig, BlockState, CachingAllocator, FailingBackend, HostBackend, PoolKind, StreamId};
 
 const MIB: usize = 1 << 20;
 const S0: StreamId = StreamId::DEFAULT;
@@ -40,19 +38,9 @@ fn a_3_mib_request_takes_a_20_mib_segment_and_leaves_17_free() {
     let segment = &snapshot.segments[0];
     assert_eq!(segment.total_size, 20 * MIB);
     assert_eq!(segment.segment_type, PoolKind::Large);
-    let sizes: Vec<(usize, BlockState)> =
-        segment.blocks.iter().map(|b| (b.size, b.state)).collect();
-    assert_eq!(
-        sizes,
-        vec![
-            (3 * MIB, BlockState::ActiveAllocated),
-            (17 * MIB, BlockState::Inactive)
-        ]
-    );
-    assert_eq!(
-        alloc.stats().inactive_split_bytes.large_pool.current,
-        17 * MIB as i64
-    );
+    let sizes: Vec<(usize, BlockState)> = segment.blocks.iter().map(|b| (b.size, b.state)).collect();
+    assert_eq!(sizes, vec![(3 * MIB, BlockState::ActiveAllocated), (17 * MIB, BlockState::Inactive)]);
+    assert_eq!(alloc.stats().inactive_split_bytes.large_pool.current, 17 * MIB as i64);
 }
 
 #[test]
@@ -135,10 +123,7 @@ fn blocks_are_reused_only_on_their_stream() {
 
 #[test]
 fn oversize_blocks_are_not_split_and_serve_only_close_requests() {
-    let config = AllocatorConfig::builder()
-        .max_split_size_mb(40)
-        .build()
-        .unwrap();
+    let config = AllocatorConfig::builder().max_split_size_mb(40).build().unwrap();
     let alloc = CachingAllocator::with_config(HostBackend::with_limit(1 << 30), config);
     let big = alloc.allocate(60 * MIB, S0).unwrap();
     let big_addr = big.addr();
@@ -162,10 +147,7 @@ fn oversize_blocks_are_not_split_and_serve_only_close_requests() {
 #[test]
 fn oversize_ladder_releases_cached_oversize_blocks_first() {
     let backend = FailingBackend::new(150 * MIB);
-    let config = AllocatorConfig::builder()
-        .max_split_size_mb(40)
-        .build()
-        .unwrap();
+    let config = AllocatorConfig::builder().max_split_size_mb(40).build().unwrap();
     let alloc = CachingAllocator::with_config(backend.clone(), config);
     let keep = alloc.allocate(4 * MIB, S0).unwrap(); // a split 20 MiB segment stays
     drop(alloc.allocate(100 * MIB, S0).unwrap()); // cached oversize block
@@ -173,16 +155,9 @@ fn oversize_ladder_releases_cached_oversize_blocks_first() {
                                                   // would waste 25 MiB ≥ 20 MiB) and does not fit until that block goes.
     let block = alloc.allocate(75 * MIB, S0).unwrap();
     let stats = alloc.stats();
-    assert_eq!(
-        stats.num_alloc_retries, 0,
-        "released without the full retry"
-    );
+    assert_eq!(stats.num_alloc_retries, 0, "released without the full retry");
     assert_eq!(stats.num_device_free, 1);
-    assert_eq!(
-        stats.reserved_bytes.all.current,
-        96 * MIB as i64,
-        "20 MiB + 75 MiB rounded to 76"
-    );
+    assert_eq!(stats.reserved_bytes.all.current, 96 * MIB as i64, "20 MiB + 75 MiB rounded to 76");
     drop((keep, block));
 }
 
@@ -197,21 +172,13 @@ fn roundup_power2_divisions_round_between_powers_of_two() {
 #[test]
 fn garbage_collection_frees_old_blocks_past_the_threshold() {
     let backend = FailingBackend::new(200 * MIB);
-    let config = AllocatorConfig::builder()
-        .memory_fraction(0.5)
-        .garbage_collection_threshold(0.5)
-        .build()
-        .unwrap();
+    let config = AllocatorConfig::builder().memory_fraction(0.5).garbage_collection_threshold(0.5).build().unwrap();
     let alloc = CachingAllocator::with_config(backend, config);
     // Allowed: 100 MiB; threshold 50 MiB. Cache five 12 MiB segments.
-    let blocks: Vec<_> = (0..5)
-        .map(|_| alloc.allocate(12 * MIB, S0).unwrap())
-        .collect();
+    let blocks: Vec<_> = (0..5).map(|_| alloc.allocate(12 * MIB, S0).unwrap()).collect();
     drop(blocks);
     assert_eq!(alloc.reserved_bytes(), 60 * MIB);
-    let keep: Vec<_> = (0..2)
-        .map(|_| alloc.allocate(12 * MIB, S0).unwrap())
-        .collect();
+    let keep: Vec<_> = (0..2).map(|_| alloc.allocate(12 * MIB, S0).unwrap()).collect();
     assert_eq!(alloc.stats().num_device_free, 0, "served from the cache");
     // A 20 MiB request needs a new segment. Reserved (60 MiB) is over the
     // threshold by 10 MiB, so collection frees one idle 12 MiB segment first.
@@ -230,10 +197,7 @@ fn memory_fraction_caps_reserved_memory() {
     let error = alloc.allocate(20 * MIB, S0).unwrap_err();
     let oom = error.as_out_of_memory().expect("an OOM");
     assert_eq!(oom.allowed_bytes, Some(30 * MIB));
-    assert!(
-        error.to_string().contains("allowed by the memory fraction"),
-        "{error}"
-    );
+    assert!(error.to_string().contains("allowed by the memory fraction"), "{error}");
     assert!(alloc.set_memory_fraction(1.5).is_err());
 }
 
@@ -248,14 +212,8 @@ fn record_stream_defers_reuse_until_the_event_completes() {
     assert_eq!(backend.pending_events(), 1);
     let stats = alloc.stats();
     assert_eq!(stats.allocated_bytes.all.current, 0);
-    assert_eq!(
-        stats.active_bytes.all.current, 1024,
-        "still active until the other stream is done"
-    );
-    assert_eq!(
-        alloc.snapshot().segments[0].blocks[0].state,
-        BlockState::ActiveAwaitingFree
-    );
+    assert_eq!(stats.active_bytes.all.current, 1024, "still active until the other stream is done");
+    assert_eq!(alloc.snapshot().segments[0].blocks[0].state, BlockState::ActiveAwaitingFree);
     let while_pending = alloc.allocate(1000, S0).unwrap();
     assert_ne!(while_pending.addr(), addr);
     backend.complete_events();
@@ -277,11 +235,7 @@ fn empty_cache_waits_for_events_and_releases_whole_segments_only() {
     alloc.empty_cache();
     let stats = alloc.stats();
     assert_eq!(stats.num_sync_all_streams, 1);
-    assert_eq!(
-        stats.reserved_bytes.all.current,
-        2 * MIB as i64,
-        "only the segment with a live block stays"
-    );
+    assert_eq!(stats.reserved_bytes.all.current, 2 * MIB as i64, "only the segment with a live block stays");
     drop(held);
     alloc.empty_cache();
     assert_eq!(alloc.reserved_bytes(), 0);

@@ -14,10 +14,7 @@ fn reset_peak_sets_peak_to_current() {
     alloc.reset_peak();
     let stats = alloc.stats();
     assert_eq!(stats.allocated_bytes.all.peak, 5 * MIB as i64);
-    assert_eq!(
-        stats.reserved_bytes.all.peak,
-        stats.reserved_bytes.all.current
-    );
+    assert_eq!(stats.reserved_bytes.all.peak, stats.reserved_bytes.all.current);
     alloc.reset_accumulated();
     let stats = alloc.stats();
     assert_eq!(stats.allocation.all.allocated, 0);
@@ -31,19 +28,10 @@ fn summary_shows_the_current_figures() {
     let alloc = CachingAllocator::new(HostBackend::new());
     let _a = alloc.allocate(3 * MIB, S0).unwrap();
     let text = alloc.summary();
-    assert!(
-        text.contains("brasa memory summary, device cpu:0"),
-        "{text}"
-    );
-    let allocated_row = text
-        .lines()
-        .find(|l| l.contains("Allocated memory"))
-        .unwrap();
+    assert!(text.contains("brasa memory summary, device cpu:0"), "{text}");
+    let allocated_row = text.lines().find(|l| l.contains("Allocated memory")).unwrap();
     assert!(allocated_row.contains("3072 KiB"), "{allocated_row}");
-    let reserved_row = text
-        .lines()
-        .find(|l| l.contains("Device reserved memory"))
-        .unwrap();
+    let reserved_row = text.lines().find(|l| l.contains("Device reserved memory")).unwrap();
     assert!(reserved_row.contains("20480 KiB"), "{reserved_row}");
 }
 
@@ -61,20 +49,12 @@ fn snapshot_and_history_serialize_to_documented_json() {
     assert_eq!(segment["segment_type"], "small");
     assert_eq!(segment["allocated_size"], 2048);
     assert_eq!(segment["requested_size"], 2000);
-    let states: Vec<&str> = segment["blocks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["state"].as_str().unwrap())
-        .collect();
+    let states: Vec<&str> =
+        segment["blocks"].as_array().unwrap().iter().map(|b| b["state"].as_str().unwrap()).collect();
     assert_eq!(states, ["inactive", "active_allocated", "inactive"]);
     // The ring buffer keeps the last three events.
-    let actions: Vec<&str> = json["device_traces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["action"].as_str().unwrap())
-        .collect();
+    let actions: Vec<&str> =
+        json["device_traces"].as_array().unwrap().iter().map(|e| e["action"].as_str().unwrap()).collect();
     assert_eq!(actions, ["alloc", "free_requested", "free_completed"]);
     let history = alloc.history();
     assert_eq!(history[0].action, TraceAction::Alloc);
@@ -102,13 +82,7 @@ fn config_comes_from_the_environment_variable() {
     let alloc = CachingAllocator::from_env(HostBackend::new()).unwrap();
     assert_eq!(alloc.config().max_split_size, 64 * MIB);
     std::env::set_var("BRASA_ALLOC_CONF", "max_split:64");
-    let error = CachingAllocator::from_env(HostBackend::new())
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(
-        error.contains("BRASA_ALLOC_CONF") && error.contains("valid keys"),
-        "{error}"
-    );
+    let error = CachingAllocator::from_env(HostBackend::new()).err().unwrap().to_string();
+    assert!(error.contains("BRASA_ALLOC_CONF") && error.contains("valid keys"), "{error}");
     std::env::remove_var("BRASA_ALLOC_CONF");
 }

@@ -1,0 +1,96 @@
+//! Figures and the small timing helpers every group uses.
+
+use std::time::Instant;
+
+/// How the figures are run.
+pub struct Options {
+    /// Shorter measurements for a smoke run.
+    pub quick: bool,
+    /// Only figures whose names start with this.
+    pub filter: String,
+}
+
+impl Options {
+    /// `full` repetitions normally, `quick` with `--quick`.
+    pub fn reps(&self, full: usize, quick: usize) -> usize {
+        if self.quick {
+            quick
+        } else {
+            full
+        }
+    }
+
+    /// Whether a figure with this name will be printed.
+    pub fn wants(&self, name: &str) -> bool {
+        name.starts_with(&self.filter) || self.filter.starts_with(name)
+    }
+}
+
+/// Whether a larger or a smaller value is better.
+#[derive(Clone, Copy)]
+pub enum Better {
+    Higher,
+    Lower,
+}
+
+/// One published figure.
+pub struct Figure {
+    pub name: &'static str,
+    pub value: f64,
+    pub unit: &'static str,
+    pub better: Better,
+}
+
+impl Figure {
+    pub fn new(name: &'static str, value: f64, unit: &'static str, better: Better) -> Self {
+        eprintln!("  {name} = {value:.3} {unit}");
+        Figure { name, value, unit, better }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::json!({
+            "name": self.name,
+            "value": self.value,
+            "unit": self.unit,
+            "better": match self.better { Better::Higher => "higher", Better::Lower => "lower" },
+        })
+        .to_string()
+    }
+}
+
+/// Seconds taken by `f`.
+pub fn time(f: impl FnOnce()) -> f64 {
+    let start = Instant::now();
+    f();
+    start.elapsed().as_secs_f64()
+}
+
+/// The median of some samples (they are sorted in place).
+pub fn median(samples: &mut [f64]) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    let n = samples.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        samples[n / 2]
+    } else {
+        (samples[n / 2 - 1] + samples[n / 2]) / 2.0
+    }
+}
+
+/// A small deterministic generator (xorshift64*) for benchmark inputs.
+pub struct Xorshift(pub u64);
+
+impl Xorshift {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}

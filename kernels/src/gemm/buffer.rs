@@ -1,0 +1,122 @@
+//! Packing buffers: 64-byte aligned, zero-initialised, cached per thread.
+//!
+//! Each thread that runs part of a product keeps its two packing buffers
+//! between calls, so a training loop that multiplies the same shapes every
+//! step allocates nothing after the first step. A buffer is taken out of the
+//! thread-local slot while in use, which keeps nested or re-entrant calls
+//! (a rayon worker stealing another product's task) correct: they simply
+//! allocate their own.
+
+use super::element::Compute;
+use std::alloc::{self, Layout};
+use std::cell::Cell;
+use std::ptr::NonNull;
+
+const ALIGN: usize = 64;
+
+/// An owned, aligned, zero-initialised byte buffer.
+pub(crate) struct AlignedBuf {
+    ptr: NonNull<u8>,
+    bytes: usize,
+}
+
+// SAFETY: the buffer is plain owned memory with no thread affinity.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    fn zeroed(bytes: usize) -> AlignedBuf {
+        let bytes = bytes.max(ALIGN).next_multiple_of(ALIGN);
+        let layout = layout(bytes);
+        // SAFETY: `layout` has a non-zero size.
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, bytes }
+    }
+
+    /// The first `len` elements as a slice of `T`.
+    fn as_mut_slice<T: Compute>(&mut self, len: usize) -> &mut [T] {
+        assert!(len * size_of::<T>() <= self.bytes);
+        // SAFETY: the allocation holds at least `len * size_of::<T>()` bytes,
+        // is aligned to 64 >= align_of::<T>(), and was zero-initialised; any
+        // bit pattern is a valid f32/f64, so the memory is always valid `T`s.
+        // `&mut self` makes the slice unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().cast::<T>(), len) }
+    }
+}
+
+fn layout(bytes: usize) -> Layout {
+    Layout::from_size_align(bytes, ALIGN).unwrap_or_else(|_| alloc::handle_alloc_error(Layout::new::<u8>()))
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with exactly this layout.
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), layout(self.bytes)) }
+    }
+}
+
+thread_local! {
+    static PACK_A: Cell<Option<AlignedBuf>> = const { Cell::new(None) };
+    static PACK_B: Cell<Option<AlignedBuf>> = const { Cell::new(None) };
+}
+
+/// Which of a thread's two cached buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// Packed blocks of A.
+    A,
+    /// Packed panels of B.
+    B,
+}
+
+/// Runs `f` with this thread's cached buffer `slot`, grown to `len`
+/// elements if needed.
+pub(crate) fn with_buffer<T: Compute, R>(slot: Slot, len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    let key = match slot {
+        Slot::A => &PACK_A,
+        Slot::B => &PACK_B,
+    };
+    let bytes = len * size_of::<T>();
+    let mut buf = match key.with(Cell::take) {
+        Some(buf) if buf.bytes >= bytes => buf,
+        _ => AlignedBuf::zeroed(bytes),
+    };
+    let r = f(buf.as_mut_slice(len));
+    key.with(|s| s.set(Some(buf)));
+    r
+}
+
+/// Runs `f` with this thread's packing buffers for A (`a_len` elements) and
+/// B (`b_len` elements).
+pub(crate) fn with_pack_buffers<T: Compute, R>(
+    a_len: usize,
+    b_len: usize,
+    f: impl FnOnce(&mut [T], &mut [T]) -> R,
+) -> R {
+    with_buffer(Slot::A, a_len, |a| with_buffer(Slot::B, b_len, |b| f(a, b)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_and_reused() {
+        let first = with_pack_buffers::<f32, _>(100, 50, |a, b| {
+            assert_eq!(a.as_ptr() as usize % ALIGN, 0);
+            assert_eq!(b.as_ptr() as usize % ALIGN, 0);
+            assert_eq!((a.len(), b.len()), (100, 50));
+            a.fill(1.0);
+            a.as_ptr() as usize
+        });
+        let second = with_pack_buffers::<f64, _>(10, 5, |a, _| a.as_ptr() as usize);
+        assert_eq!(first, second, "a smaller request reuses the cached buffer");
+        // Nested use allocates a fresh pair instead of aliasing.
+        with_pack_buffers::<f32, _>(8, 8, |outer, _| {
+            let outer_ptr = outer.as_ptr() as usize;
+            with_pack_buffers::<f32, _>(8, 8, |inner, _| {
+                assert_ne!(outer_ptr, inner.as_ptr() as usize);
+            });
+        });
+    }
+}

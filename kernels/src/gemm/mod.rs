@@ -1,0 +1,391 @@
+//! Matrix products: `C = alpha * A * B + beta * C` for f32, f64, f16 and bf16,
+//! single or batched, on any strided views.
+//!
+//! The operands are [`MatRef`] / [`MatMut`] views (a slice, an offset, a
+//! shape and strides), so a transposed or strided operand is passed as a view
+//! and never copied by the caller: packing reads it in whatever order it is
+//! stored. f16 and bf16 operands are widened to f32 while they are packed and
+//! accumulate in f32; their C is rounded once, at the end.
+//!
+//! `beta == 0` follows BLAS: C is overwritten without being read, so NaN or
+//! infinity already in C does not reach the result.
+//!
+//! The work is BLIS's: packed panels sized for the caches ([`Blocking`]),
+//! a register-blocked micro-kernel picked at run time for the CPU
+//! ([`KernelChoice`]), and rayon threads over disjoint parts of C for
+//! products large enough to pay for them ([`Parallelism`]).
+
+mod blocking;
+mod buffer;
+mod driver;
+mod element;
+mod matrix;
+mod microkernel;
+#[cfg(target_arch = "x86_64")]
+mod microkernel_avx2;
+#[cfg(target_arch = "x86_64")]
+mod microkernel_avx512;
+mod microkernel_portable;
+#[cfg(target_arch = "x86_64")]
+mod microkernel_x86;
+mod pack;
+#[cfg(target_arch = "x86_64")]
+mod pack_avx512;
+mod parallel;
+
+pub use blocking::Blocking;
+pub use matrix::{BatchMut, BatchRef, MatMut, MatRef};
+pub use microkernel::KernelChoice;
+
+use crate::error::{KernelError, Result};
+use driver::Plan;
+use element::{Compute, PackSource};
+use half::{bf16, f16};
+use matrix::RawMut;
+use microkernel::{select, HasMicroKernels};
+use rayon::prelude::*;
+
+/// Products below this many floating-point operations (`2 m n k`) run on one
+/// thread: a fork-join costs a few microseconds, more than they gain.
+/// Measured with the `gemm_tune` example.
+pub const PARALLEL_THRESHOLD_FLOPS: usize = 8_000_000;
+
+/// How many threads a product may use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Parallelism {
+    /// All threads of the current rayon pool, for products of at least
+    /// [`PARALLEL_THRESHOLD_FLOPS`]; one thread below that.
+    #[default]
+    Auto,
+    /// The calling thread only.
+    Sequential,
+    /// Up to this many parts on the current rayon pool, whatever the size.
+    Threads(usize),
+}
+
+/// Knobs of a product; `GemmOptions::default()` is what [`gemm_f32`] and
+/// friends use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GemmOptions {
+    /// Threading.
+    pub parallelism: Parallelism,
+    /// Which micro-kernel runs; forcing one the CPU lacks is an error.
+    pub kernel: KernelChoice,
+    /// Cache blocking; `None` takes the kernel's measured default.
+    pub blocking: Option<Blocking>,
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// An element type the products support: f32, f64, f16, bf16.
+pub trait GemmElement: Copy + Send + Sync + 'static + sealed::Sealed {
+    /// Type of `alpha`, `beta` and of the accumulation: f64 for f64, f32
+    /// otherwise.
+    type Scalar: Copy + Send + Sync + 'static;
+
+    #[doc(hidden)]
+    fn batched_impl(
+        options: &GemmOptions,
+        alpha: Self::Scalar,
+        a: BatchRef<'_, Self>,
+        b: BatchRef<'_, Self>,
+        beta: Self::Scalar,
+        c: BatchMut<'_, Self>,
+    ) -> Result<()>;
+}
+
+impl GemmElement for f32 {
+    type Scalar = f32;
+    fn batched_impl(
+        options: &GemmOptions,
+        alpha: f32,
+        a: BatchRef<'_, f32>,
+        b: BatchRef<'_, f32>,
+        beta: f32,
+        c: BatchMut<'_, f32>,
+    ) -> Result<()> {
+        run_batched(options, alpha, a, b, beta, c, Direct)
+    }
+}
+
+impl GemmElement for f64 {
+    type Scalar = f64;
+    fn batched_impl(
+        options: &GemmOptions,
+        alpha: f64,
+        a: BatchRef<'_, f64>,
+        b: BatchRef<'_, f64>,
+        beta: f64,
+        c: BatchMut<'_, f64>,
+    ) -> Result<()> {
+        run_batched(options, alpha, a, b, beta, c, Direct)
+    }
+}
+
+impl GemmElement for f16 {
+    type Scalar = f32;
+    fn batched_impl(
+        options: &GemmOptions,
+        alpha: f32,
+        a: BatchRef<'_, f16>,
+        b: BatchRef<'_, f16>,
+        beta: f32,
+        c: BatchMut<'_, f16>,
+    ) -> Result<()> {
+        run_batched(options, alpha, a, b, beta, c, Widened(f16::from_f32))
+    }
+}
+
+impl GemmElement for bf16 {
+    type Scalar = f32;
+    fn batched_impl(
+        options: &GemmOptions,
+        alpha: f32,
+        a: BatchRef<'_, bf16>,
+        b: BatchRef<'_, bf16>,
+        beta: f32,
+        c: BatchMut<'_, bf16>,
+    ) -> Result<()> {
+        run_batched(options, alpha, a, b, beta, c, Widened(bf16::from_f32))
+    }
+}
+
+/// `C = alpha * A * B + beta * C` with the given options.
+///
+/// `A` is `m x k`, `B` is `k x n`, `C` is `m x n`; any other shapes are an
+/// error, as is a forced kernel this CPU cannot run.
+pub fn gemm_with<T: GemmElement>(
+    options: &GemmOptions,
+    alpha: T::Scalar,
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    beta: T::Scalar,
+    c: MatMut<'_, T>,
+) -> Result<()> {
+    T::batched_impl(options, alpha, a.into(), b.into(), beta, c.into())
+}
+
+/// `C = alpha * A * B + beta * C` with default options.
+pub fn gemm<T: GemmElement>(
+    alpha: T::Scalar,
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    beta: T::Scalar,
+    c: MatMut<'_, T>,
+) -> Result<()> {
+    gemm_with(&GemmOptions::default(), alpha, a, b, beta, c)
+}
+
+/// For every batch index `i`: `C[i] = alpha * A[i] * B[i] + beta * C[i]`.
+///
+/// `A` and `B` either have as many matrices as `C` or one, which is then used
+/// for every index (as is any matrix repeated with batch stride 0).
+pub fn batched_gemm_with<T: GemmElement>(
+    options: &GemmOptions,
+    alpha: T::Scalar,
+    a: BatchRef<'_, T>,
+    b: BatchRef<'_, T>,
+    beta: T::Scalar,
+    c: BatchMut<'_, T>,
+) -> Result<()> {
+    T::batched_impl(options, alpha, a, b, beta, c)
+}
+
+/// [`batched_gemm_with`] with default options.
+pub fn batched_gemm<T: GemmElement>(
+    alpha: T::Scalar,
+    a: BatchRef<'_, T>,
+    b: BatchRef<'_, T>,
+    beta: T::Scalar,
+    c: BatchMut<'_, T>,
+) -> Result<()> {
+    batched_gemm_with(&GemmOptions::default(), alpha, a, b, beta, c)
+}
+
+/// f32 `C = alpha * A * B + beta * C`.
+pub fn gemm_f32(alpha: f32, a: MatRef<'_, f32>, b: MatRef<'_, f32>, beta: f32, c: MatMut<'_, f32>) -> Result<()> {
+    gemm(alpha, a, b, beta, c)
+}
+
+/// f64 `C = alpha * A * B + beta * C`.
+pub fn gemm_f64(alpha: f64, a: MatRef<'_, f64>, b: MatRef<'_, f64>, beta: f64, c: MatMut<'_, f64>) -> Result<()> {
+    gemm(alpha, a, b, beta, c)
+}
+
+/// f16 `C = alpha * A * B + beta * C`, accumulated in f32.
+pub fn gemm_f16(alpha: f32, a: MatRef<'_, f16>, b: MatRef<'_, f16>, beta: f32, c: MatMut<'_, f16>) -> Result<()> {
+    gemm(alpha, a, b, beta, c)
+}
+
+/// bf16 `C = alpha * A * B + beta * C`, accumulated in f32.
+pub fn gemm_bf16(alpha: f32, a: MatRef<'_, bf16>, b: MatRef<'_, bf16>, beta: f32, c: MatMut<'_, bf16>) -> Result<()> {
+    gemm(alpha, a, b, beta, c)
+}
+
+/// Batched f32 product; see [`batched_gemm_with`].
+pub fn batched_gemm_f32(
+    alpha: f32,
+    a: BatchRef<'_, f32>,
+    b: BatchRef<'_, f32>,
+    beta: f32,
+    c: BatchMut<'_, f32>,
+) -> Result<()> {
+    batched_gemm(alpha, a, b, beta, c)
+}
+
+/// Batched f64 product; see [`batched_gemm_with`].
+pub fn batched_gemm_f64(
+    alpha: f64,
+    a: BatchRef<'_, f64>,
+    b: BatchRef<'_, f64>,
+    beta: f64,
+    c: BatchMut<'_, f64>,
+) -> Result<()> {
+    batched_gemm(alpha, a, b, beta, c)
+}
+
+/// Batched f16 product, accumulated in f32; see [`batched_gemm_with`].
+pub fn batched_gemm_f16(
+    alpha: f32,
+    a: BatchRef<'_, f16>,
+    b: BatchRef<'_, f16>,
+    beta: f32,
+    c: BatchMut<'_, f16>,
+) -> Result<()> {
+    batched_gemm(alpha, a, b, beta, c)
+}
+
+/// Batched bf16 product, accumulated in f32; see [`batched_gemm_with`].
+pub fn batched_gemm_bf16(
+    alpha: f32,
+    a: BatchRef<'_, bf16>,
+    b: BatchRef<'_, bf16>,
+    beta: f32,
+    c: BatchMut<'_, bf16>,
+) -> Result<()> {
+    batched_gemm(alpha, a, b, beta, c)
+}
+
+/// C of the compute type itself: the kernels write it in place.
+struct Direct;
+
+/// C of a narrow type: accumulate in an f32 workspace, round at the end.
+struct Widened<S>(fn(f32) -> S);
+
+/// How one product's C is reached from the compute type `T`.
+trait OutputPath<T: Compute, S>: Sync {
+    fn run(&self, plan: &Plan<T>, alpha: T, a: MatRef<'_, S>, b: MatRef<'_, S>, beta: T, c: RawMut<S>);
+}
+
+impl<T: Compute + PackSource<T>> OutputPath<T, T> for Direct {
+    fn run(&self, plan: &Plan<T>, alpha: T, a: MatRef<'_, T>, b: MatRef<'_, T>, beta: T, c: RawMut<T>) {
+        driver::gemm(plan, alpha, a, b, beta, c);
+    }
+}
+
+impl<S: PackSource<f32> + Into<f32>> OutputPath<f32, S> for Widened<S> {
+    fn run(&self, plan: &Plan<f32>, alpha: f32, a: MatRef<'_, S>, b: MatRef<'_, S>, beta: f32, c: RawMut<S>) {
+        let (m, n) = (c.rows, c.cols);
+        if m == 0 || n == 0 {
+            return;
+        }
+        let at = |i: usize, j: usize| i * c.row_stride + j * c.col_stride;
+        // Column-major f32 copy of C; with beta = 0 its contents are unused.
+        let mut work = vec![0.0f32; m * n];
+        if beta != 0.0 {
+            for j in 0..n {
+                for i in 0..m {
+                    // SAFETY: (i, j) is inside the checked output view.
+                    work[i + j * m] = unsafe { *c.ptr.add(at(i, j)) }.into();
+                }
+            }
+        }
+        let work_view = RawMut { ptr: work.as_mut_ptr(), rows: m, cols: n, row_stride: 1, col_stride: m };
+        driver::gemm(plan, alpha, a, b, beta, work_view);
+        for j in 0..n {
+            for i in 0..m {
+                // SAFETY: (i, j) is inside the checked output view.
+                unsafe { *c.ptr.add(at(i, j)) = (self.0)(work[i + j * m]) };
+            }
+        }
+    }
+}
+
+fn shape_error(a: (usize, usize), b: (usize, usize), c: (usize, usize)) -> KernelError {
+    KernelError::ShapeMismatch {
+        detail: format!(
+            "a is {}x{}, b is {}x{}, c is {}x{}: need a {m}xk, b kx{n}, c {m}x{n}",
+            a.0,
+            a.1,
+            b.0,
+            b.1,
+            c.0,
+            c.1,
+            m = c.0,
+            n = c.1
+        ),
+    }
+}
+
+fn run_batched<T, S, P>(
+    options: &GemmOptions,
+    alpha: T,
+    a: BatchRef<'_, S>,
+    b: BatchRef<'_, S>,
+    beta: T,
+    mut c: BatchMut<'_, S>,
+    path: P,
+) -> Result<()>
+where
+    T: HasMicroKernels,
+    S: Send + Sync,
+    P: OutputPath<T, S>,
+{
+    let (m, n, k) = (c.rows(), c.cols(), a.cols());
+    if a.rows() != m || b.cols() != n || b.rows() != k {
+        return Err(shape_error((a.rows(), a.cols()), (b.rows(), b.cols()), (m, n)));
+    }
+    let batch = c.batch();
+    for (name, count) in [("a", a.batch()), ("b", b.batch())] {
+        if count != batch && count != 1 {
+            return Err(KernelError::ShapeMismatch {
+                detail: format!("{name} has {count} matrices, c has {batch}: need {batch} or 1"),
+            });
+        }
+    }
+    let kernel = select::<T>(options.kernel)?;
+    let blocking = options.blocking.unwrap_or(kernel.blocking);
+    blocking.validate()?;
+    if batch == 0 || m == 0 || n == 0 {
+        return Ok(());
+    }
+    let flops = 2usize.saturating_mul(m).saturating_mul(n).saturating_mul(k);
+    let pool = rayon::current_num_threads();
+    let (item_threads, across_batch) = match options.parallelism {
+        Parallelism::Sequential => (1, false),
+        Parallelism::Threads(t) => (t.max(1), false),
+        Parallelism::Auto if flops >= PARALLEL_THRESHOLD_FLOPS => (pool, false),
+        // Small matrices, many of them: one thread per matrix.
+        Parallelism::Auto => (1, pool > 1 && flops.saturating_mul(batch) >= PARALLEL_THRESHOLD_FLOPS),
+    };
+    let plan = Plan { kernel, blocking, threads: item_threads };
+    let (c_raw, c_stride) = c.raw();
+    let one = |i: usize| {
+        // SAFETY: matrix i of the checked batch view starts i * c_stride
+        // elements after matrix 0, and the matrices are disjoint.
+        let ci = unsafe { c_raw.offset(i * c_stride) };
+        path.run(&plan, alpha, a.item(i), b.item(i), beta, ci);
+    };
+    if across_batch {
+        (0..batch).into_par_iter().for_each(one);
+    } else {
+        (0..batch).for_each(one);
+    }
+    Ok(())
+}

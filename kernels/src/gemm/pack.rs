@@ -1,0 +1,178 @@
+//! Packing: copying a block of A or B into the order the micro-kernel reads.
+//!
+//! A block of A (`mc x kc`) becomes `ceil(mc / mr)` micro-panels; panel `q`
+//! holds, for each `p` in `0..kc`, the `mr` elements `A[q*mr .. q*mr+mr, p]`
+//! side by side. B (`kc x nc`) is packed the same way as `B^T` with width
+//! `nr`. Rows past the edge of the matrix are filled with zeros so that the
+//! micro-kernel always runs on whole tiles. Strides are resolved here, and
+//! narrow element types (f16, bf16) are widened here, once per element.
+
+use super::element::{Compute, PackSource};
+use super::matrix::MatRef;
+
+/// Packs `src` (`rows x depth`) into panels of `width` rows; see the module
+/// doc. `dst` must hold `rows.div_ceil(width) * width * depth` elements.
+/// With `simd`, f32 and f64 operands are packed with AVX-512 (the caller
+/// has checked that the CPU has it).
+pub(crate) fn pack_panels<T: Compute, S: PackSource<T>>(dst: &mut [T], src: MatRef<'_, S>, width: usize, simd: bool) {
+    let (rows, depth) = (src.rows(), src.cols());
+    let (rs, cs) = (src.row_stride(), src.col_stride());
+    let data = src.data();
+    let panel_len = width * depth;
+    if rows == 0 || depth == 0 {
+        return;
+    }
+    assert!(dst.len() >= rows.div_ceil(width) * panel_len, "pack buffer too small");
+    #[cfg(target_arch = "x86_64")]
+    if simd && pack_simd(dst, src, width) {
+        return;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = simd;
+    for (q, panel) in dst.chunks_exact_mut(panel_len).take(rows.div_ceil(width)).enumerate() {
+        let r0 = q * width;
+        let live = width.min(rows - r0);
+        let base = src.offset() + r0 * rs;
+        if rs == 1 || live == 1 {
+            // Each column of the panel is contiguous in the source.
+            for (p, out) in panel.chunks_exact_mut(width).enumerate() {
+                let start = base + p * cs;
+                if live == 1 {
+                    out[0] = data[start].to_compute();
+                } else {
+                    S::convert_slice(&data[start..start + live], &mut out[..live]);
+                }
+                out[live..].fill(T::ZERO);
+            }
+        } else if cs == 1 {
+            // Each row of the panel is contiguous: a transposing copy, done
+            // a row at a time so that every read streams.
+            for i in 0..live {
+                let row = &data[base + i * rs..base + i * rs + depth];
+                for (out, &x) in panel.chunks_exact_mut(width).zip(row) {
+                    out[i] = x.to_compute();
+                }
+            }
+            if live < width {
+                for out in panel.chunks_exact_mut(width) {
+                    out[live..].fill(T::ZERO);
+                }
+            }
+        } else {
+            for (p, out) in panel.chunks_exact_mut(width).enumerate() {
+                for (i, o) in out[..live].iter_mut().enumerate() {
+                    *o = data[base + i * rs + p * cs].to_compute();
+                }
+                out[live..].fill(T::ZERO);
+            }
+        }
+    }
+}
+
+/// The AVX-512 packers, for f32 from f32 and f64 from f64; returns whether
+/// it packed (false for other type pairs).
+#[cfg(target_arch = "x86_64")]
+fn pack_simd<T: Compute, S: PackSource<T>>(dst: &mut [T], src: MatRef<'_, S>, width: usize) -> bool {
+    use super::pack_avx512::{pack_f32, pack_f64};
+    use std::any::TypeId;
+    let args = (src.rows(), src.cols(), src.row_stride(), src.col_stride());
+    // Non-empty view (checked by the caller): element (0, 0) is in bounds.
+    let origin = src.data()[src.offset()..].as_ptr();
+    let same = TypeId::of::<S>() == TypeId::of::<T>();
+    if same && TypeId::of::<T>() == TypeId::of::<f32>() {
+        // SAFETY: T and S are both f32 (same TypeId), so the casts are
+        // identities; the view was bounds-checked when made, `dst` is large
+        // enough (asserted by the caller), and the caller checked AVX-512F.
+        unsafe { pack_f32(dst.as_mut_ptr().cast(), origin.cast(), args.0, args.1, args.2, args.3, width) };
+        true
+    } else if same && TypeId::of::<T>() == TypeId::of::<f64>() {
+        // SAFETY: as above, with f64.
+        unsafe { pack_f64(dst.as_mut_ptr().cast(), origin.cast(), args.0, args.1, args.2, args.3, width) };
+        true
+    } else {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packed(src: MatRef<'_, f32>, width: usize) -> Vec<f32> {
+        let mut dst = vec![f32::NAN; src.rows().div_ceil(width) * width * src.cols()];
+        pack_panels(&mut dst, src, width, false);
+        if crate::cpu_features::cpu_features().avx512f {
+            let mut simd = vec![f32::NAN; dst.len()];
+            pack_panels(&mut simd, src, width, true);
+            assert_eq!(dst, simd, "AVX-512 packing differs");
+        }
+        dst
+    }
+
+    #[test]
+    fn all_stride_paths_agree() {
+        // 5x3 matrix, element (i, p) = 10 i + p.
+        let rm: Vec<f32> = (0..5).flat_map(|i| (0..3).map(move |p| (10 * i + p) as f32)).collect();
+        let row_major = MatRef::row_major(&rm, 5, 3).unwrap();
+        let cm: Vec<f32> = (0..3).flat_map(|p| (0..5).map(move |i| (10 * i + p) as f32)).collect();
+        let col_major = MatRef::col_major(&cm, 5, 3).unwrap();
+        let mut wide = vec![0.0f32; 5 * 7];
+        for i in 0..5 {
+            for p in 0..3 {
+                wide[i * 7 + p * 2] = (10 * i + p) as f32;
+            }
+        }
+        let strided = MatRef::new(&wide, 0, [5, 3], [7, 2]).unwrap();
+        let expect = vec![
+            0., 10., 20., 30., 1., 11., 21., 31., 2., 12., 22., 32., // panel 0
+            40., 0., 0., 0., 41., 0., 0., 0., 42., 0., 0., 0., // panel 1, padded
+        ];
+        assert_eq!(packed(row_major, 4), expect);
+        assert_eq!(packed(col_major, 4), expect);
+        assert_eq!(packed(strided, 4), expect);
+    }
+
+    /// Element-wise reference of the packed layout.
+    fn reference<T: Copy + Default>(src: MatRef<'_, T>, width: usize) -> Vec<T> {
+        let (rows, depth) = (src.rows(), src.cols());
+        let mut out = vec![T::default(); rows.div_ceil(width) * width * depth];
+        for q in 0..rows.div_ceil(width) {
+            for p in 0..depth {
+                for i in 0..width {
+                    if let Some(&x) = src.get(q * width + i, p) {
+                        out[q * width * depth + p * width + i] = x;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn simd_and_scalar_packing_match_reference_on_many_shapes() {
+        let simd_too = crate::cpu_features::cpu_features().avx512f;
+        let data32: Vec<f32> = (0..12000).map(|i| i as f32 + 0.5).collect();
+        let data64: Vec<f64> = (0..12000).map(|i| i as f64 + 0.25).collect();
+        for width in [4, 6, 8, 12, 16, 32] {
+            for (rows, depth) in [(1, 1), (3, 17), (31, 5), (33, 16), (40, 37), (12, 40), (300, 9)] {
+                // Row-major, column-major and doubly strided storage.
+                for strides in [[depth, 1], [1, rows], [2 * depth + 1, 2]] {
+                    let a32 = MatRef::new(&data32, 3, [rows, depth], strides).unwrap();
+                    let want = reference(a32, width);
+                    for simd in [false, simd_too] {
+                        let mut got = vec![f32::NAN; want.len()];
+                        pack_panels(&mut got, a32, width, simd);
+                        assert_eq!(got, want, "f32 {rows}x{depth} {strides:?} w{width} simd {simd}");
+                    }
+                    let a64 = MatRef::new(&data64, 3, [rows, depth], strides).unwrap();
+                    let want = reference(a64, width);
+                    for simd in [false, simd_too] {
+                        let mut got = vec![f64::NAN; want.len()];
+                        pack_panels(&mut got, a64, width, simd);
+                        assert_eq!(got, want, "f64 {rows}x{depth} {strides:?} w{width} simd {simd}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! CUDA devices (feature `cuda`): one caching allocator per device, created on
+//! first use, and copies between host and device memory. Ops on CUDA tensors
+//! are not implemented yet: they return an error that says so.
+
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Result, TensorError};
+use crate::storage::{lock_storages, Buffer, Storage};
+use crate::tensor::Tensor;
+use brasa_alloc::{AllocatorConfig, CachingAllocator, CudaBackend};
+use cudarc::driver::{result, sys};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+static ALLOCATORS: Mutex<BTreeMap<usize, &'static CachingAllocator<CudaBackend>>> = Mutex::new(BTreeMap::new());
+
+/// The caching allocator of CUDA device `index`, or why there is none.
+pub(crate) fn allocator(index: usize) -> Result<&'static CachingAllocator<CudaBackend>> {
+    let mut allocators = ALLOCATORS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(allocator) = allocators.get(&index) {
+        return Ok(allocator);
+    }
+    let backend = CudaBackend::new(index).map_err(|e| TensorError::Device(format!("cuda:{index}: {e}")))?;
+    let config = AllocatorConfig::from_env().map_err(brasa_alloc::AllocError::from)?;
+    // Allocators live as long as the process, as CUDA contexts do.
+    let allocator: &'static CachingAllocator<CudaBackend> =
+        Box::leak(Box::new(CachingAllocator::with_config(backend, config)));
+    allocators.insert(index, allocator);
+    Ok(allocator)
+}
+
+/// The error for an operation that has no CUDA implementation yet.
+pub(crate) fn unsupported(op: &'static str) -> TensorError {
+    TensorError::Invalid { op, message: "not implemented for CUDA tensors yet; move the tensor to the host".into() }
+}
+
+/// A contiguous copy of `tensor` on `device` with `dtype`, through host memory.
+pub(crate) fn copy_between(tensor: &Tensor, device: Device, dtype: DType) -> Result<Tensor> {
+    // Bring the data to the host, contiguous and converted.
+    let host = match tensor.device() {
+        Device::Cpu(_) => tensor.copy_to(tensor.device(), dtype)?,
+        Device::Cuda(_) => {
+            if !tensor.is_contiguous() || tensor.layout().offset() != 0 || tensor.numel() != tensor.storage().len() {
+                return Err(unsupported("strided copy from a CUDA tensor"));
+            }
+            let out = Storage::uninit(Device::CPU, tensor.dtype(), tensor.numel())?;
+            {
+                let _guard = lock_storages(&[tensor.storage()], &[]);
+                let Buffer::Cuda(block) = tensor.storage().buffer() else { unreachable!("a CUDA tensor's buffer") };
+                // SAFETY: `out` is new and ours alone.
+                let dst = unsafe { out.host_bytes_mut("copy")? };
+                if !dst.is_empty() {
+                    bind(tensor.device().index())?;
+                    // SAFETY: the device block holds at least `dst.len()` bytes; the copy is synchronous.
+                    unsafe { result::memcpy_dtoh_sync(dst, block.addr() as sys::CUdeviceptr) }
+                        .map_err(|e| TensorError::Device(format!("{}: copy to host failed: {e:?}", tensor.device())))?;
+                }
+            }
+            Tensor::from_storage(out, tensor.shape().clone()).to_dtype(dtype)?
+        }
+    };
+    match device {
+        Device::Cpu(_) => host.to(device),
+        Device::Cuda(index) => {
+            let out = Storage::uninit(device, dtype, host.numel())?;
+            {
+                let _guard = lock_storages(&[host.storage()], &[]);
+                // SAFETY: the read lock on the host tensor is held.
+                let src = unsafe { host.storage().host_bytes("copy")? };
+                if !src.is_empty() {
+                    let Buffer::Cuda(block) = out.buffer() else { unreachable!("a CUDA storage's buffer") };
+                    bind(index)?;
+                    // SAFETY: the new device block holds `src.len()` bytes; the copy is synchronous.
+                    unsafe { result::memcpy_htod_sync(block.addr() as sys::CUdeviceptr, src) }
+                        .map_err(|e| TensorError::Device(format!("{device}: copy from host failed: {e:?}")))?;
+                }
+            }
+            Ok(Tensor::from_storage(out, host.shape().clone()))
+        }
+    }
+}
+
+fn bind(index: usize) -> Result<()> {
+    allocator(index)?
+        .backend()
+        .context()
+        .bind_to_thread()
+        .map_err(|e| TensorError::Device(format!("cuda:{index}: {e:?}")))
+}

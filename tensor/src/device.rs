@@ -1,0 +1,105 @@
+//! Devices: the host, logical host devices, and CUDA devices; the default device.
+//!
+//! `Device::cpu(n)` are *logical* host devices: each has its own caching
+//! allocator and optional byte limit, so multi-device code and out-of-memory
+//! handling can be developed and tested on any machine (JAX's forced host
+//! device count is the precedent). Their number comes from
+//! `BRASA_HOST_DEVICES` or [`crate::set_host_device_count`], fixed at first use.
+
+use crate::error::{Result, TensorError};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Mutex;
+
+/// Where a tensor's memory lives and its ops run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Device {
+    /// Host memory; `Cpu(0)` is the host itself, `Cpu(n)` a logical host device.
+    Cpu(usize),
+    /// A CUDA device (feature `cuda`).
+    Cuda(usize),
+}
+
+impl Device {
+    /// The host (`cpu:0`).
+    pub const CPU: Device = Device::Cpu(0);
+
+    /// Logical host device `index` (`cpu:0` is the host itself).
+    pub const fn cpu(index: usize) -> Device {
+        Device::Cpu(index)
+    }
+
+    /// CUDA device `index`.
+    pub const fn cuda(index: usize) -> Device {
+        Device::Cuda(index)
+    }
+
+    /// Whether this is host memory.
+    pub const fn is_cpu(&self) -> bool {
+        matches!(self, Device::Cpu(_))
+    }
+
+    /// The device's ordinal.
+    pub const fn index(&self) -> usize {
+        match self {
+            Device::Cpu(i) | Device::Cuda(i) => *i,
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu(i) => write!(f, "cpu:{i}"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+impl FromStr for Device {
+    type Err = TensorError;
+
+    /// Parses `cpu`, `cpu:3`, `cuda`, `cuda:1`.
+    fn from_str(text: &str) -> Result<Self> {
+        let (kind, index) = match text.split_once(':') {
+            Some((kind, index)) => {
+                let index = index
+                    .parse()
+                    .map_err(|_| TensorError::Device(format!("bad device `{text}`: the index must be a number")))?;
+                (kind, index)
+            }
+            None => (text, 0),
+        };
+        match kind {
+            "cpu" => Ok(Device::Cpu(index)),
+            "cuda" => Ok(Device::Cuda(index)),
+            _ => Err(TensorError::Device(format!("bad device `{text}`: expected cpu, cpu:N, cuda or cuda:N"))),
+        }
+    }
+}
+
+static DEFAULT_DEVICE: Mutex<Device> = Mutex::new(Device::CPU);
+
+/// The device constructors use when none is named.
+pub fn default_device() -> Device {
+    *DEFAULT_DEVICE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sets the device constructors use when none is named (process-wide).
+pub fn set_default_device(device: Device) {
+    *DEFAULT_DEVICE.lock().unwrap_or_else(|e| e.into_inner()) = device;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_print_and_parse() {
+        assert_eq!(Device::cpu(3).to_string(), "cpu:3");
+        assert_eq!("cuda:1".parse::<Device>().unwrap(), Device::cuda(1));
+        assert_eq!("cpu".parse::<Device>().unwrap(), Device::CPU);
+        assert!("tpu:0".parse::<Device>().is_err());
+        assert!("cpu:x".parse::<Device>().is_err());
+    }
+}

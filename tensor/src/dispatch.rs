@@ -1,0 +1,42 @@
+//! `dispatch_dtype!`: runs a generic body with `$T` bound to the Rust type of a
+//! runtime [`DType`](crate::DType) — the one place where runtime dtypes meet
+//! monomorphized kernels.
+
+/// `dispatch_dtype!(dtype, T => body)` evaluates `body` with the type alias `T`
+/// set to the Rust element type of `dtype`.
+macro_rules! dispatch_dtype {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            $crate::DType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            $crate::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            $crate::DType::Bool => {
+                type $T = bool;
+                $body
+            }
+        }
+    };
+}
+
+pub(crate) use dispatch_dtype;

@@ -1,0 +1,152 @@
+//! The registry of logical host devices and their caching allocators.
+//!
+//! The number of devices is fixed at first use: from
+//! [`set_host_device_count`], else `BRASA_HOST_DEVICES`, else 1. Each device's
+//! allocator is created on first use with its byte limit: from
+//! [`set_host_memory_limit`], else `BRASA_HOST_MEMORY_LIMIT` (e.g. `512MiB`,
+//! `2GiB`, or plain bytes), else none. Allocator policy comes from
+//! `BRASA_ALLOC_CONF`.
+
+use crate::error::{Result, TensorError};
+use brasa_alloc::{AllocatorConfig, CachingAllocator, HostBackend};
+use std::collections::BTreeMap;
+use std::sync::{Mutex, OnceLock};
+
+/// Environment variable with the number of logical host devices.
+pub const HOST_DEVICES_ENV: &str = "BRASA_HOST_DEVICES";
+/// Environment variable with a byte limit for every logical host device.
+pub const HOST_MEMORY_LIMIT_ENV: &str = "BRASA_HOST_MEMORY_LIMIT";
+
+struct HostDevices {
+    allocators: Vec<OnceLock<CachingAllocator<HostBackend>>>,
+}
+
+#[derive(Default)]
+struct HostConfig {
+    count: Option<usize>,
+    limits: BTreeMap<usize, Option<usize>>,
+}
+
+static HOST_DEVICES: OnceLock<HostDevices> = OnceLock::new();
+static HOST_CONFIG: Mutex<HostConfig> = Mutex::new(HostConfig { count: None, limits: BTreeMap::new() });
+
+fn config() -> std::sync::MutexGuard<'static, HostConfig> {
+    HOST_CONFIG.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Sets the number of logical host devices. Must come before the first host
+/// tensor is created (later it is an error unless the count is unchanged).
+pub fn set_host_device_count(count: usize) -> Result<()> {
+    if count == 0 {
+        return Err(TensorError::Device("set_host_device_count: at least one host device is needed".into()));
+    }
+    if let Some(devices) = HOST_DEVICES.get() {
+        if devices.allocators.len() != count {
+            return Err(TensorError::Device(format!(
+                "set_host_device_count({count}): host devices were already initialized with {} device(s); \
+                 set the count before the first host tensor is created",
+                devices.allocators.len()
+            )));
+        }
+        return Ok(());
+    }
+    config().count = Some(count);
+    Ok(())
+}
+
+/// Sets (or with `None` removes) the byte limit of logical host device `index`.
+/// Must come before that device's first allocation.
+pub fn set_host_memory_limit(index: usize, limit: Option<usize>) -> Result<()> {
+    if let Some(devices) = HOST_DEVICES.get() {
+        if devices.allocators.get(index).is_some_and(|a| a.get().is_some()) {
+            return Err(TensorError::Device(format!(
+                "set_host_memory_limit: cpu:{index} has already allocated memory; set its limit before first use"
+            )));
+        }
+    }
+    config().limits.insert(index, limit);
+    Ok(())
+}
+
+/// The number of logical host devices (initializing the registry if needed).
+pub fn host_device_count() -> Result<usize> {
+    Ok(host_devices()?.allocators.len())
+}
+
+fn host_devices() -> Result<&'static HostDevices> {
+    if let Some(devices) = HOST_DEVICES.get() {
+        return Ok(devices);
+    }
+    let count = match config().count {
+        Some(count) => count,
+        None => match std::env::var(HOST_DEVICES_ENV) {
+            Ok(text) => text.trim().parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                TensorError::Device(format!("{HOST_DEVICES_ENV}={text:?}: expected a positive whole number"))
+            })?,
+            Err(_) => 1,
+        },
+    };
+    Ok(HOST_DEVICES.get_or_init(|| HostDevices { allocators: (0..count).map(|_| OnceLock::new()).collect() }))
+}
+
+/// The caching allocator of logical host device `index`.
+pub(crate) fn host_allocator(index: usize) -> Result<&'static CachingAllocator<HostBackend>> {
+    let devices = host_devices()?;
+    let slot = devices.allocators.get(index).ok_or_else(|| {
+        TensorError::Device(format!(
+            "cpu:{index} does not exist: {} host device(s) are configured (set {HOST_DEVICES_ENV} or call \
+             set_host_device_count before the first tensor is created)",
+            devices.allocators.len()
+        ))
+    })?;
+    if let Some(allocator) = slot.get() {
+        return Ok(allocator);
+    }
+    let limit = match config().limits.get(&index) {
+        Some(limit) => *limit,
+        None => match std::env::var(HOST_MEMORY_LIMIT_ENV) {
+            Ok(text) => Some(parse_byte_size(&text).ok_or_else(|| {
+                TensorError::Device(format!(
+                    "{HOST_MEMORY_LIMIT_ENV}={text:?}: expected a size such as 536870912, 512MiB or 2GiB"
+                ))
+            })?),
+            Err(_) => None,
+        },
+    };
+    let alloc_config = AllocatorConfig::from_env().map_err(brasa_alloc::AllocError::from)?;
+    Ok(slot
+        .get_or_init(|| CachingAllocator::with_config(HostBackend::named(format!("cpu:{index}"), limit), alloc_config)))
+}
+
+/// Parses `1024`, `64KiB`, `512MiB`, `2GiB` (also `K`/`KB`, `M`/`MB`, `G`/`GB`, all binary).
+pub fn parse_byte_size(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" | "kib" => 1024.0,
+        "m" | "mb" | "mib" => 1024.0 * 1024.0,
+        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" | "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    let bytes = number * scale;
+    (bytes.is_finite() && bytes >= 0.0).then_some(bytes as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_parse() {
+        assert_eq!(parse_byte_size("1024"), Some(1024));
+        assert_eq!(parse_byte_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_byte_size("2GiB"), Some(2 << 30));
+        assert_eq!(parse_byte_size("1.5 G"), Some(3 << 29));
+        assert_eq!(parse_byte_size("lots"), None);
+        assert_eq!(parse_byte_size("12 parsecs"), None);
+    }
+}

@@ -1,0 +1,98 @@
+//! In-place writes: `fill_`, `zero_`, `copy_`. Each bumps the storage's
+//! version, which autograd uses to catch a tensor changed after it was saved.
+
+use crate::dispatch::dispatch_dtype;
+use crate::dtype::WithDType;
+use crate::error::{Result, TensorError};
+use crate::storage::lock_storages;
+use crate::tensor::Tensor;
+
+impl Tensor {
+    /// Sets every element (of this view) to `value`.
+    pub fn fill_(&self, value: f64) -> Result<()> {
+        let _guard = lock_storages(&[], &[self.storage()]);
+        dispatch_dtype!(self.dtype(), T => {
+            // SAFETY: the write lock is held; this is the only slice of the storage.
+            let data = unsafe { self.storage().host_slice_mut::<T>("fill_")? };
+            let value = T::from_f64(value);
+            for run in self.layout().contiguous_runs() {
+                data[run].fill(value);
+            }
+        });
+        self.storage().bump_version();
+        Ok(())
+    }
+
+    /// Sets every element (of this view) to zero.
+    pub fn zero_(&self) -> Result<()> {
+        self.fill_(0.0)
+    }
+
+    /// Copies `src` into this tensor, broadcasting it to this shape and
+    /// converting its dtype; across devices too.
+    pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        let src = src.broadcast_as(self.shape().clone()).map_err(|_| {
+            TensorError::shape(
+                "copy_",
+                format!("source of shape {:?} cannot be broadcast to destination shape {:?}", src.dims(), self.dims()),
+            )
+        })?;
+        // A source on another device, of another dtype, or overlapping this
+        // storage is first made into a contiguous host copy of our dtype.
+        let src = if src.device() != self.device() || src.dtype() != self.dtype() || src.shares_storage_with(self) {
+            src.copy_to(self.device(), self.dtype())?
+        } else {
+            src
+        };
+        let _guard = lock_storages(&[src.storage()], &[self.storage()]);
+        dispatch_dtype!(self.dtype(), T => {
+            // SAFETY: the locks are held and the storages differ (checked above).
+            let (from, to) = unsafe { (src.storage().host_slice::<T>("copy_")?, self.storage().host_slice_mut::<T>("copy_")?) };
+            copy_runs::<T>(from, &src, to, self);
+        });
+        self.storage().bump_version();
+        Ok(())
+    }
+}
+
+/// Element-by-element copy between two layouts of the same shape, a
+/// contiguous run at a time where both sides allow.
+fn copy_runs<T: WithDType>(from: &[T], src: &Tensor, to: &mut [T], dst: &Tensor) {
+    let dst_runs = dst.layout().contiguous_runs();
+    let src_runs = src.layout().contiguous_runs();
+    if dst_runs.run_len() == src_runs.run_len() {
+        for (d, s) in dst_runs.zip(src_runs) {
+            to[d].copy_from_slice(&from[s]);
+        }
+    } else {
+        for (d, s) in dst.layout().offsets().zip(src.layout().offsets()) {
+            to[d] = from[s];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{DType, Device, Tensor};
+
+    #[test]
+    fn fill_writes_through_views() {
+        let t = Tensor::zeros_on([2, 3], DType::F32, Device::CPU).unwrap();
+        t.narrow(1, 1, 2).unwrap().fill_(5.0).unwrap();
+        assert_eq!(t.to_vec::<f32>().unwrap(), [0.0, 5.0, 5.0, 0.0, 5.0, 5.0]);
+        assert_eq!(t.version(), 1);
+    }
+
+    #[test]
+    fn copy_broadcasts_converts_and_handles_overlap() {
+        let t = Tensor::zeros_on([2, 3], DType::F64, Device::CPU).unwrap();
+        t.copy_(&Tensor::from_vec_on(vec![1i64, 2, 3], [3], Device::CPU).unwrap()).unwrap();
+        assert_eq!(t.to_vec::<f64>().unwrap(), [1.0, 2.0, 3.0, 1.0, 2.0, 3.0]);
+        // Copy a tensor's transpose into itself: overlapping storage is handled.
+        let m = Tensor::from_vec_on(vec![1f32, 2.0, 3.0, 4.0], [2, 2], Device::CPU).unwrap();
+        m.copy_(&m.t().unwrap()).unwrap();
+        assert_eq!(m.to_vec::<f32>().unwrap(), [1.0, 3.0, 2.0, 4.0]);
+        let bad = Tensor::zeros_on([4], DType::F32, Device::CPU).unwrap();
+        assert!(m.copy_(&bad).unwrap_err().to_string().contains("cannot be broadcast"));
+    }
+}

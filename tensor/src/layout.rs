@@ -1,0 +1,571 @@
+//! [`Layout`]: how a tensor's logical elements map onto its storage (shape,
+//! strides and offset, all in elements), and the views that only change that
+//! mapping: transpose, permute, narrow, select, squeeze/unsqueeze,
+//! broadcasting and reshape-as-view.
+//!
+//! Nothing here knows about devices or memory; a layout only computes element
+//! offsets. [`Layout::offsets`] and [`Layout::contiguous_runs`] walk them in
+//! row-major logical order for kernels.
+
+use std::iter::FusedIterator;
+use std::ops::Range;
+
+use crate::shape::{resolve_dim, DimIndex, Shape};
+
+/// Why a shape or layout operation failed. Each message names the operation
+/// and the numbers that make it impossible.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayoutError {
+    #[error("{op}: dim {dim} is out of range for a tensor of rank {rank} ({})", dim_range(*rank))]
+    DimOutOfRange { op: &'static str, dim: isize, rank: usize },
+    #[error(
+        "narrow: dim {dim} has size {size} but start {start} + length {len} = {} exceeds it",
+        *start as u128 + *len as u128
+    )]
+    NarrowOutOfRange { dim: usize, size: usize, start: usize, len: usize },
+    #[error("{op}: index {index} is out of range for dim {dim} of size {size}")]
+    IndexOutOfRange { op: &'static str, dim: usize, index: usize, size: usize },
+    #[error("{op}: expected an index of {rank} coordinates, got {got}")]
+    IndexRankMismatch { op: &'static str, rank: usize, got: usize },
+    #[error("permute: expected a permutation of 0..{rank}, got {got:?}")]
+    NotAPermutation { rank: usize, got: Vec<usize> },
+    #[error("squeeze: dim {dim} has size {size}, not 1")]
+    SqueezeNonUnit { dim: usize, size: usize },
+    #[error("cannot broadcast shape {from} to {to}")]
+    BroadcastTo { from: Shape, to: Shape },
+    #[error(
+        "cannot broadcast shapes {a} and {b} together: at dim {dim} the sizes are {size_a} and {size_b} (they must match or one must be 1)"
+    )]
+    IncompatibleShapes { a: Shape, b: Shape, dim: isize, size_a: usize, size_b: usize },
+    #[error(
+        "reshape: cannot reshape {from} ({} elements) to {to} ({} elements)",
+        from.numel(),
+        to.numel()
+    )]
+    ReshapeElementCount { from: Shape, to: Shape },
+    #[error("reshape: cannot reshape {from} to {spec:?}: {reason}")]
+    InvalidReshape { spec: Vec<isize>, from: Shape, reason: &'static str },
+    #[error("layout: {strides} strides given for shape {shape} of rank {}", shape.rank())]
+    StrideCountMismatch { shape: Shape, strides: usize },
+    #[error(
+        "layout: shape {shape} with strides {strides:?} and offset {offset} addresses storage element {lowest}, before the start of storage"
+    )]
+    BeforeStorageStart { shape: Shape, strides: Vec<isize>, offset: usize, lowest: i128 },
+    #[error("layout: shape {shape} with strides {strides:?} and offset {offset} addresses storage elements beyond isize::MAX")]
+    OffsetOverflow { shape: Shape, strides: Vec<isize>, offset: usize },
+}
+
+fn dim_range(rank: usize) -> String {
+    if rank == 0 {
+        "it has no dims".to_string()
+    } else {
+        format!("expected -{rank}..={}", rank - 1)
+    }
+}
+
+/// A strided view of storage: logical element `[i0, i1, ..]` lives at storage
+/// element `offset + i0 * strides[0] + i1 * strides[1] + ..`.
+///
+/// Invariants: one stride per dim, and every element the layout addresses
+/// lies in `0..=isize::MAX`. [`Layout::new`] checks them; every view keeps
+/// them; [`Layout::contiguous`] assumes `offset + numel <= isize::MAX`, which
+/// holds for anything that fits in memory. Strides may be zero (broadcast
+/// dims) or negative (only through [`Layout::new`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Layout {
+    shape: Shape,
+    strides: Vec<isize>,
+    offset: usize,
+}
+
+impl Layout {
+    /// A row-major layout of `shape` starting at storage element 0.
+    pub fn contiguous(shape: impl Into<Shape>) -> Self {
+        Self::contiguous_with_offset(shape, 0)
+    }
+
+    /// A row-major layout of `shape` starting at storage element `offset`.
+    pub fn contiguous_with_offset(shape: impl Into<Shape>, offset: usize) -> Self {
+        let shape = shape.into();
+        let strides = shape.contiguous_strides();
+        Layout { shape, strides, offset }
+    }
+
+    /// A layout with explicit strides, checked against the invariants.
+    pub fn new(shape: impl Into<Shape>, strides: Vec<isize>, offset: usize) -> Result<Self, LayoutError> {
+        let shape = shape.into();
+        if strides.len() != shape.rank() {
+            return Err(LayoutError::StrideCountMismatch { shape, strides: strides.len() });
+        }
+        let layout = Layout { shape, strides, offset };
+        if let Some((lowest, highest)) = layout.offset_bounds() {
+            if lowest < 0 {
+                return Err(LayoutError::BeforeStorageStart {
+                    shape: layout.shape,
+                    strides: layout.strides,
+                    offset,
+                    lowest,
+                });
+            }
+            if highest > isize::MAX as i128 {
+                return Err(LayoutError::OffsetOverflow { shape: layout.shape, strides: layout.strides, offset });
+            }
+        }
+        Ok(layout)
+    }
+
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    pub fn dims(&self) -> &[usize] {
+        self.shape.dims()
+    }
+
+    /// Strides in elements, one per dim.
+    pub fn strides(&self) -> &[isize] {
+        &self.strides
+    }
+
+    /// The storage element of logical element `[0, 0, ..]`.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shape.rank()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.numel()
+    }
+
+    /// Lowest and highest storage element addressed, or `None` when the
+    /// layout has no elements. Computed in i128 so that it cannot overflow.
+    fn offset_bounds(&self) -> Option<(i128, i128)> {
+        if self.numel() == 0 {
+            return None;
+        }
+        let mut lowest = self.offset as i128;
+        let mut highest = lowest;
+        for (&size, &stride) in self.dims().iter().zip(&self.strides) {
+            // |reach| < 2^127; only the sum can overflow, and saturating keeps
+            // it on the side that fails the bounds check.
+            let reach = (size as i128 - 1) * stride as i128;
+            if reach < 0 {
+                lowest = lowest.saturating_add(reach);
+            } else {
+                highest = highest.saturating_add(reach);
+            }
+        }
+        Some((lowest, highest))
+    }
+
+    /// How many storage elements a buffer needs for this layout to stay in
+    /// bounds: one past the highest element addressed (0 when empty).
+    pub fn required_storage_len(&self) -> usize {
+        self.offset_bounds().map_or(0, |(_, highest)| highest as usize + 1)
+    }
+
+    /// True when the elements lie in row-major order one after another
+    /// (PyTorch's `is_contiguous`): size-1 dims may have any stride, and an
+    /// empty layout is contiguous. The offset does not matter.
+    pub fn is_contiguous(&self) -> bool {
+        if self.numel() == 0 {
+            return true;
+        }
+        let mut expected = 1isize;
+        for (&size, &stride) in self.dims().iter().zip(&self.strides).rev() {
+            if size != 1 {
+                if stride != expected {
+                    return false;
+                }
+                expected = expected.saturating_mul(size as isize);
+            }
+        }
+        true
+    }
+
+    /// The storage element of logical element `index`.
+    pub fn offset_of(&self, index: &[usize]) -> Result<usize, LayoutError> {
+        if index.len() != self.rank() {
+            return Err(LayoutError::IndexRankMismatch { op: "offset_of", rank: self.rank(), got: index.len() });
+        }
+        let mut position = self.offset as isize;
+        for (dim, ((&i, &size), &stride)) in index.iter().zip(self.dims()).zip(&self.strides).enumerate() {
+            if i >= size {
+                return Err(LayoutError::IndexOutOfRange { op: "offset_of", dim, index: i, size });
+            }
+            // In range, so within the invariant's bounds: no overflow.
+            position += i as isize * stride;
+        }
+        Ok(position as usize)
+    }
+
+    /// Swaps two dims.
+    pub fn transpose(&self, dim0: impl DimIndex, dim1: impl DimIndex) -> Result<Self, LayoutError> {
+        let a = resolve_dim(dim0, self.rank(), "transpose")?;
+        let b = resolve_dim(dim1, self.rank(), "transpose")?;
+        let mut dims = self.dims().to_vec();
+        let mut strides = self.strides.clone();
+        dims.swap(a, b);
+        strides.swap(a, b);
+        Ok(self.with(dims, strides, self.offset))
+    }
+
+    /// Reorders the dims: dim `i` of the result is dim `order[i]` of `self`.
+    pub fn permute(&self, order: &[usize]) -> Result<Self, LayoutError> {
+        let rank = self.rank();
+        let mut seen = vec![false; rank];
+        let is_permutation =
+            order.len() == rank && order.iter().all(|&d| d < rank && !std::mem::replace(&mut seen[d], true));
+        if !is_permutation {
+            return Err(LayoutError::NotAPermutation { rank, got: order.to_vec() });
+        }
+        let dims = order.iter().map(|&d| self.dims()[d]).collect::<Vec<_>>();
+        let strides = order.iter().map(|&d| self.strides[d]).collect();
+        Ok(self.with(dims, strides, self.offset))
+    }
+
+    /// Keeps elements `start..start + len` of dim `dim`.
+    pub fn narrow(&self, dim: impl DimIndex, start: usize, len: usize) -> Result<Self, LayoutError> {
+        let d = resolve_dim(dim, self.rank(), "narrow")?;
+        let size = self.dims()[d];
+        if start.checked_add(len).is_none_or(|end| end > size) {
+            return Err(LayoutError::NarrowOutOfRange { dim: d, size, start, len });
+        }
+        let mut dims = self.dims().to_vec();
+        dims[d] = len;
+        // An empty view addresses nothing; keeping the offset avoids moving it
+        // out of storage when start == size.
+        let offset =
+            if len == 0 { self.offset } else { (self.offset as isize + start as isize * self.strides[d]) as usize };
+        Ok(self.with(dims, self.strides.clone(), offset))
+    }
+
+    /// Picks element `index` of dim `dim`, removing that dim.
+    pub fn select(&self, dim: impl DimIndex, index: usize) -> Result<Self, LayoutError> {
+        let d = resolve_dim(dim, self.rank(), "select")?;
+        let size = self.dims()[d];
+        if index >= size {
+            return Err(LayoutError::IndexOutOfRange { op: "select", dim: d, index, size });
+        }
+        let offset = (self.offset as isize + index as isize * self.strides[d]) as usize;
+        let mut dims = self.dims().to_vec();
+        let mut strides = self.strides.clone();
+        dims.remove(d);
+        strides.remove(d);
+        Ok(self.with(dims, strides, offset))
+    }
+
+    /// Removes dim `dim`, which must have size 1. (PyTorch silently returns
+    /// the input when the size is not 1; here that is an error, because it is
+    /// almost always a bug in the caller's idea of the shape.)
+    pub fn squeeze(&self, dim: impl DimIndex) -> Result<Self, LayoutError> {
+        let d = resolve_dim(dim, self.rank(), "squeeze")?;
+        let size = self.dims()[d];
+        if size != 1 {
+            return Err(LayoutError::SqueezeNonUnit { dim: d, size });
+        }
+        let mut dims = self.dims().to_vec();
+        let mut strides = self.strides.clone();
+        dims.remove(d);
+        strides.remove(d);
+        Ok(self.with(dims, strides, self.offset))
+    }
+
+    /// Removes every dim of size 1.
+    pub fn squeeze_all(&self) -> Self {
+        let (dims, strides) = self
+            .dims()
+            .iter()
+            .zip(&self.strides)
+            .filter(|(&size, _)| size != 1)
+            .map(|(&size, &stride)| (size, stride))
+            .unzip::<_, _, Vec<_>, Vec<_>>();
+        self.with(dims, strides, self.offset)
+    }
+
+    /// Inserts a dim of size 1 at position `dim` of the result (so `dim` may
+    /// be `rank`, or `-1` for a new last dim).
+    pub fn unsqueeze(&self, dim: impl DimIndex) -> Result<Self, LayoutError> {
+        let d = resolve_dim(dim, self.rank() + 1, "unsqueeze")?;
+        // Any stride works for a size-1 dim; PyTorch's choice keeps a
+        // contiguous layout's strides row-major.
+        let stride = if d < self.rank() { (self.dims()[d] as isize).saturating_mul(self.strides[d]) } else { 1 };
+        let mut dims = self.dims().to_vec();
+        let mut strides = self.strides.clone();
+        dims.insert(d, 1);
+        strides.insert(d, stride);
+        Ok(self.with(dims, strides, self.offset))
+    }
+
+    /// Views this layout as `target` by NumPy broadcasting (PyTorch's
+    /// `expand`): dims are aligned at the end, new leading dims and dims of
+    /// size 1 stretched to the target size get stride 0, and every other dim
+    /// must already have the target size.
+    #[doc(alias = "expand")]
+    pub fn broadcast_as(&self, target: impl Into<Shape>) -> Result<Self, LayoutError> {
+        let target = target.into();
+        let fail = || LayoutError::BroadcastTo { from: self.shape.clone(), to: target.clone() };
+        let lead = target.rank().checked_sub(self.rank()).ok_or_else(fail)?;
+        let mut strides = vec![0isize; target.rank()];
+        for (i, (&size, &stride)) in self.dims().iter().zip(&self.strides).enumerate() {
+            let wanted = target.dims()[lead + i];
+            strides[lead + i] = if size == wanted {
+                stride
+            } else if size == 1 {
+                0
+            } else {
+                return Err(fail());
+            };
+        }
+        Ok(Layout { shape: target, strides, offset: self.offset })
+    }
+
+    /// The same elements in the same row-major order, seen as `shape`, without
+    /// copying — or `Ok(None)` when the strides make that impossible and the
+    /// caller must copy (PyTorch's `view` vs `reshape`). Fails only when the
+    /// element counts differ.
+    ///
+    /// Follows PyTorch's `computeStride`: the old dims are cut into chunks that
+    /// are each contiguous in memory, and every new dim must fall inside one
+    /// chunk.
+    pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Option<Self>, LayoutError> {
+        let shape = shape.into();
+        // Exact counts: saturated ones could compare equal by accident.
+        let counts_match = matches!(
+            (self.shape.checked_numel(), shape.checked_numel()),
+            (Some(old), Some(new)) if old == new
+        );
+        if !counts_match {
+            return Err(LayoutError::ReshapeElementCount { from: self.shape.clone(), to: shape });
+        }
+        Ok(view_strides(self.dims(), &self.strides, shape.dims()).map(|strides| Layout {
+            shape,
+            strides,
+            offset: self.offset,
+        }))
+    }
+
+    /// An equivalent layout with as few dims as possible: size-1 dims dropped,
+    /// and neighbouring dims merged where the outer one steps exactly over the
+    /// inner one. It addresses the same elements in the same order, so loops
+    /// over it are shallower. An empty layout becomes shape `[0]`.
+    pub fn coalesced(&self) -> Self {
+        if self.numel() == 0 {
+            return Layout { shape: Shape::from([0]), strides: vec![1], offset: self.offset };
+        }
+        let mut dims: Vec<usize> = Vec::with_capacity(self.rank());
+        let mut strides: Vec<isize> = Vec::with_capacity(self.rank());
+        for (&size, &stride) in self.dims().iter().zip(&self.strides) {
+            if size == 1 {
+                continue;
+            }
+            match (dims.last_mut(), strides.last_mut()) {
+                // Broadcast dims (stride 0) can be huge, so the merged size
+                // must be checked too.
+                (Some(outer_size), Some(outer_stride))
+                    if Some(*outer_stride) == stride.checked_mul(size as isize)
+                        && outer_size.checked_mul(size).is_some() =>
+                {
+                    *outer_size *= size;
+                    *outer_stride = stride;
+                }
+                _ => {
+                    dims.push(size);
+                    strides.push(stride);
+                }
+            }
+        }
+        self.with(dims, strides, self.offset)
+    }
+
+    /// Length of the runs of consecutive storage elements that the row-major
+    /// walk is made of: the kernel's inner loop can take slices of this length.
+    /// 1 when the innermost (coalesced) dim is not unit-stride, 0 when empty.
+    pub fn inner_contiguous_run(&self) -> usize {
+        if self.numel() == 0 {
+            return 0;
+        }
+        let coalesced = self.coalesced();
+        match (coalesced.dims().last(), coalesced.strides.last()) {
+            (Some(&size), Some(&1)) => size,
+            _ => 1,
+        }
+    }
+
+    /// Storage offsets of every element in row-major logical order.
+    pub fn offsets(&self) -> StridedOffsets {
+        StridedOffsets::new(&self.coalesced())
+    }
+
+    /// The row-major walk as ranges of consecutive storage elements, each
+    /// [`Layout::inner_contiguous_run`] long, so a kernel can work on slices
+    /// `&data[range]`.
+    pub fn contiguous_runs(&self) -> ContiguousRuns {
+        let coalesced = self.coalesced();
+        let run_len = self.inner_contiguous_run();
+        let outer = if run_len > 1 {
+            let rank = coalesced.rank();
+            coalesced.with(
+                coalesced.dims()[..rank - 1].to_vec(),
+                coalesced.strides[..rank - 1].to_vec(),
+                coalesced.offset,
+            )
+        } else {
+            coalesced
+        };
+        ContiguousRuns { starts: StridedOffsets::new(&outer), run_len }
+    }
+
+    /// A layout over the same storage with new dims and strides. Callers
+    /// derive them from `self` so the invariants still hold.
+    fn with(&self, dims: Vec<usize>, strides: Vec<isize>, offset: usize) -> Self {
+        Layout { shape: Shape::from(dims), strides, offset }
+    }
+}
+
+/// PyTorch's `computeStride`: strides that make `new_dims` address the same
+/// elements as (`old_dims`, `old_strides`) in the same row-major order, if any.
+fn view_strides(old_dims: &[usize], old_strides: &[isize], new_dims: &[usize]) -> Option<Vec<isize>> {
+    if old_dims.is_empty() {
+        return Some(vec![1; new_dims.len()]);
+    }
+    let numel: usize = old_dims.iter().product();
+    if numel == 0 {
+        // Nothing is addressed, so any strides do; keep them as a contiguous
+        // tensor would have them.
+        if old_dims == new_dims {
+            return Some(old_strides.to_vec());
+        }
+        return Some(Shape::from(new_dims).contiguous_strides());
+    }
+    let mut new_strides = vec![0isize; new_dims.len()];
+    // Walk both shapes from the innermost dim, one contiguous chunk of old
+    // dims at a time.
+    let mut view_d = new_dims.len();
+    let mut chunk_base_stride = *old_strides.last()?;
+    let mut tensor_numel = 1usize;
+    let mut view_numel = 1usize;
+    for tensor_d in (0..old_dims.len()).rev() {
+        tensor_numel *= old_dims[tensor_d];
+        let chunk_ends = tensor_d == 0
+            || (old_dims[tensor_d - 1] != 1
+                && Some(old_strides[tensor_d - 1]) != (tensor_numel as isize).checked_mul(chunk_base_stride));
+        if chunk_ends {
+            while view_d > 0 && (view_numel < tensor_numel || new_dims[view_d - 1] == 1) {
+                new_strides[view_d - 1] = (view_numel as isize).saturating_mul(chunk_base_stride);
+                view_numel *= new_dims[view_d - 1];
+                view_d -= 1;
+            }
+            if view_numel != tensor_numel {
+                return None;
+            }
+            if tensor_d > 0 {
+                chunk_base_stride = old_strides[tensor_d - 1];
+                tensor_numel = 1;
+                view_numel = 1;
+            }
+        }
+    }
+    if view_d != 0 {
+        return None;
+    }
+    Some(new_strides)
+}
+
+/// Iterator over a layout's storage offsets in row-major logical order
+/// (from [`Layout::offsets`]). It walks the coalesced dims like an odometer,
+/// so for most layouts a step is one add and one compare.
+#[derive(Clone, Debug)]
+pub struct StridedOffsets {
+    dims: Vec<usize>,
+    strides: Vec<isize>,
+    index: Vec<usize>,
+    next_offset: isize,
+    remaining: usize,
+}
+
+impl StridedOffsets {
+    fn new(layout: &Layout) -> Self {
+        StridedOffsets {
+            dims: layout.dims().to_vec(),
+            strides: layout.strides.clone(),
+            index: vec![0; layout.rank()],
+            next_offset: layout.offset as isize,
+            remaining: layout.numel(),
+        }
+    }
+}
+
+impl Iterator for StridedOffsets {
+    type Item = usize;
+
+    #[inline]
+    fn next(&mut self) -> Option<usize> {
+        if self.remaining == 0 {
+            return None;
+        }
+        let current = self.next_offset;
+        self.remaining -= 1;
+        // Step only when another element follows, so the odometer never
+        // rolls past the last one.
+        if self.remaining > 0 {
+            for d in (0..self.dims.len()).rev() {
+                if self.index[d] + 1 < self.dims[d] {
+                    self.index[d] += 1;
+                    self.next_offset += self.strides[d];
+                    break;
+                }
+                // Roll this digit back to 0; (size - 1) * stride stays within
+                // the layout's bounds, so this cannot overflow.
+                self.next_offset -= self.strides[d] * (self.dims[d] - 1) as isize;
+                self.index[d] = 0;
+            }
+        }
+        Some(current as usize)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.remaining, Some(self.remaining))
+    }
+}
+
+impl ExactSizeIterator for StridedOffsets {}
+impl FusedIterator for StridedOffsets {}
+
+/// Iterator over the ranges of consecutive storage elements that make up a
+/// layout's row-major walk (from [`Layout::contiguous_runs`]).
+#[derive(Clone, Debug)]
+pub struct ContiguousRuns {
+    starts: StridedOffsets,
+    run_len: usize,
+}
+
+impl ContiguousRuns {
+    /// The length of every range this iterator yields.
+    pub fn run_len(&self) -> usize {
+        self.run_len
+    }
+}
+
+impl Iterator for ContiguousRuns {
+    type Item = Range<usize>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Range<usize>> {
+        let start = self.starts.next()?;
+        Some(start..start + self.run_len)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.starts.size_hint()
+    }
+}
+
+impl ExactSizeIterator for ContiguousRuns {}
+impl FusedIterator for ContiguousRuns {}
+
+#[cfg(test)]
+mod tests;

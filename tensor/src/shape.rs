@@ -1,0 +1,357 @@
+//! [`Shape`]: the extents of a tensor's dimensions, negative dim indexing
+//! ([`DimIndex`]) and NumPy broadcasting of two shapes ([`broadcast_shapes`]).
+
+use std::fmt;
+
+use crate::layout::LayoutError;
+
+/// The size of each dimension, outermost first. A rank-0 shape (`[]`) is a
+/// scalar and holds one element.
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
+pub struct Shape(Vec<usize>);
+
+impl Shape {
+    /// A shape with these dimension sizes.
+    pub fn new(dims: impl Into<Vec<usize>>) -> Self {
+        Shape(dims.into())
+    }
+
+    /// The rank-0 shape of a single value.
+    pub fn scalar() -> Self {
+        Shape(Vec::new())
+    }
+
+    /// The dimension sizes, outermost first.
+    pub fn dims(&self) -> &[usize] {
+        &self.0
+    }
+
+    /// The number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The number of elements: the product of the sizes (1 for a scalar).
+    /// Saturates at `usize::MAX` for shapes too large to exist in memory; use
+    /// [`Shape::checked_numel`] where that must be told apart.
+    pub fn numel(&self) -> usize {
+        if self.0.contains(&0) {
+            return 0;
+        }
+        self.0.iter().fold(1usize, |acc, &d| acc.saturating_mul(d))
+    }
+
+    /// The number of elements, or `None` when it does not fit a `usize`.
+    pub fn checked_numel(&self) -> Option<usize> {
+        self.0.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+    }
+
+    /// True for the rank-0 shape.
+    pub fn is_scalar(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The size of dimension `dim`; negative values count from the end
+    /// (`dim(-1)` is the last dimension's size).
+    pub fn dim(&self, dim: impl DimIndex) -> Result<usize, LayoutError> {
+        let axis = self.axis(dim, "dim")?;
+        Ok(self.0[axis])
+    }
+
+    /// Resolves a possibly negative dim to an index in `0..rank`, naming `op`
+    /// in the error.
+    pub fn axis(&self, dim: impl DimIndex, op: &'static str) -> Result<usize, LayoutError> {
+        resolve_dim(dim, self.rank(), op)
+    }
+
+    /// Row-major (C-order) strides for this shape, in elements.
+    pub fn contiguous_strides(&self) -> Vec<isize> {
+        let mut strides = vec![0isize; self.rank()];
+        let mut next = 1isize;
+        for (stride, &size) in strides.iter_mut().zip(&self.0).rev() {
+            *stride = next;
+            // Size-0 dims would zero every outer stride; PyTorch keeps them
+            // at least 1 so that strides stay distinct.
+            next = next.saturating_mul(size.max(1) as isize);
+        }
+        strides
+    }
+
+    /// Resolves a reshape request that may contain one `-1`, which stands for
+    /// whatever size makes the element count match this shape's.
+    pub fn infer_reshape(&self, spec: &[isize]) -> Result<Shape, LayoutError> {
+        let invalid =
+            |reason: &'static str| LayoutError::InvalidReshape { spec: spec.to_vec(), from: self.clone(), reason };
+        let mut inferred_at = None;
+        let mut known_product = 1usize;
+        for (i, &size) in spec.iter().enumerate() {
+            match size {
+                -1 if inferred_at.is_some() => return Err(invalid("only one size may be -1")),
+                -1 => inferred_at = Some(i),
+                size if size < 0 => return Err(invalid("sizes must be non-negative or -1")),
+                size => {
+                    known_product = known_product
+                        .checked_mul(size as usize)
+                        .ok_or_else(|| invalid("the element count overflows usize"))?;
+                }
+            }
+        }
+        let numel = self.numel();
+        let mut dims: Vec<usize> = spec.iter().map(|&s| s.max(0) as usize).collect();
+        if let Some(i) = inferred_at {
+            if known_product == 0 || numel % known_product != 0 {
+                return Err(invalid("no size for -1 makes the element counts match"));
+            }
+            dims[i] = numel / known_product;
+        } else if known_product != numel {
+            return Err(LayoutError::ReshapeElementCount { from: self.clone(), to: Shape(dims) });
+        }
+        Ok(Shape(dims))
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+impl fmt::Debug for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+impl From<Vec<usize>> for Shape {
+    fn from(dims: Vec<usize>) -> Self {
+        Shape(dims)
+    }
+}
+
+impl From<&[usize]> for Shape {
+    fn from(dims: &[usize]) -> Self {
+        Shape(dims.to_vec())
+    }
+}
+
+impl<const N: usize> From<[usize; N]> for Shape {
+    fn from(dims: [usize; N]) -> Self {
+        Shape(dims.to_vec())
+    }
+}
+
+impl<const N: usize> From<&[usize; N]> for Shape {
+    fn from(dims: &[usize; N]) -> Self {
+        Shape(dims.to_vec())
+    }
+}
+
+impl From<&Shape> for Shape {
+    fn from(shape: &Shape) -> Self {
+        shape.clone()
+    }
+}
+
+impl From<()> for Shape {
+    fn from((): ()) -> Self {
+        Shape::scalar()
+    }
+}
+
+impl AsRef<[usize]> for Shape {
+    fn as_ref(&self) -> &[usize] {
+        &self.0
+    }
+}
+
+/// A dimension index that may count from the end: `-1` is the last dim.
+///
+/// Implemented for the integer types a caller is likely to hold, so that
+/// `layout.transpose(0, -1)` and `layout.transpose(i, j)` with `usize`s both
+/// read naturally.
+pub trait DimIndex: Copy {
+    /// The index as a signed number, for error messages.
+    fn as_signed(self) -> isize;
+}
+
+impl DimIndex for usize {
+    fn as_signed(self) -> isize {
+        isize::try_from(self).unwrap_or(isize::MAX)
+    }
+}
+
+impl DimIndex for isize {
+    fn as_signed(self) -> isize {
+        self
+    }
+}
+
+impl DimIndex for i32 {
+    fn as_signed(self) -> isize {
+        self as isize
+    }
+}
+
+impl DimIndex for i64 {
+    fn as_signed(self) -> isize {
+        isize::try_from(self).unwrap_or(if self < 0 { isize::MIN } else { isize::MAX })
+    }
+}
+
+/// Resolves `dim` against `rank` (negative counts from the end), naming `op`
+/// in the error when it is out of range.
+pub fn resolve_dim(dim: impl DimIndex, rank: usize, op: &'static str) -> Result<usize, LayoutError> {
+    let signed = dim.as_signed();
+    let rank_signed = rank as isize;
+    let resolved = if signed < 0 { signed + rank_signed } else { signed };
+    if (0..rank_signed).contains(&resolved) {
+        Ok(resolved as usize)
+    } else {
+        Err(LayoutError::DimOutOfRange { op, dim: signed, rank })
+    }
+}
+
+/// The shape two operands broadcast to, by NumPy's rules: align the shapes at
+/// their last dims, pad the shorter with leading 1s, and in each dim the sizes
+/// must match or one of them must be 1 (which stretches to the other).
+pub fn broadcast_shapes(a: &Shape, b: &Shape) -> Result<Shape, LayoutError> {
+    let rank = a.rank().max(b.rank());
+    let mut dims = vec![0usize; rank];
+    for (from_end, out) in dims.iter_mut().rev().enumerate() {
+        let size_a = size_from_end(a, from_end);
+        let size_b = size_from_end(b, from_end);
+        *out = match (size_a, size_b) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            (x, y) => {
+                return Err(LayoutError::IncompatibleShapes {
+                    a: a.clone(),
+                    b: b.clone(),
+                    dim: -(from_end as isize) - 1,
+                    size_a: x,
+                    size_b: y,
+                })
+            }
+        };
+    }
+    Ok(Shape(dims))
+}
+
+/// The size `from_end` dims before the last, or 1 past the front.
+fn size_from_end(shape: &Shape, from_end: usize) -> usize {
+    shape.rank().checked_sub(from_end + 1).map_or(1, |i| shape.dims()[i])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn numel_rank_and_strides() {
+        let shape = Shape::from([2, 3, 4]);
+        assert_eq!(shape.numel(), 24);
+        assert_eq!(shape.rank(), 3);
+        assert_eq!(shape.contiguous_strides(), vec![12, 4, 1]);
+        assert_eq!(Shape::scalar().numel(), 1);
+        assert!(Shape::from(()).is_scalar());
+        assert_eq!(Shape::from([2, 0, 3]).numel(), 0);
+        assert_eq!(Shape::from([2, 0, 3]).contiguous_strides(), vec![3, 3, 1]);
+        assert_eq!(Shape::from([usize::MAX, 2]).checked_numel(), None);
+        assert_eq!(Shape::from([usize::MAX, 2]).numel(), usize::MAX);
+        assert_eq!(Shape::from([usize::MAX, 2, 0]).numel(), 0);
+        assert_eq!(shape.to_string(), "[2, 3, 4]");
+    }
+
+    #[test]
+    fn negative_dims_count_from_the_end() {
+        let shape = Shape::from([2, 3, 4]);
+        assert_eq!(shape.dim(-1).unwrap(), 4);
+        assert_eq!(shape.dim(0).unwrap(), 2);
+        assert_eq!(shape.dim(-3).unwrap(), 2);
+        assert_eq!(shape.dim(2usize).unwrap(), 4);
+        assert_eq!(shape.axis(-2isize, "sum").unwrap(), 1);
+        let err = shape.dim(3).unwrap_err();
+        assert_eq!(err.to_string(), "dim: dim 3 is out of range for a tensor of rank 3 (expected -3..=2)");
+        assert!(shape.dim(-4).is_err());
+        assert_eq!(
+            Shape::scalar().dim(0).unwrap_err().to_string(),
+            "dim: dim 0 is out of range for a tensor of rank 0 (it has no dims)"
+        );
+    }
+
+    #[test]
+    fn infer_reshape_fills_in_minus_one() {
+        let shape = Shape::from([2, 3, 4]);
+        assert_eq!(shape.infer_reshape(&[-1, 4]).unwrap(), Shape::from([6, 4]));
+        assert_eq!(shape.infer_reshape(&[24]).unwrap(), Shape::from([24]));
+        assert_eq!(
+            shape.infer_reshape(&[5, -1]).unwrap_err().to_string(),
+            "reshape: cannot reshape [2, 3, 4] to [5, -1]: no size for -1 makes the element counts match"
+        );
+        assert!(shape.infer_reshape(&[-1, -1]).is_err());
+        assert!(shape.infer_reshape(&[-2, 12]).is_err());
+        assert_eq!(
+            shape.infer_reshape(&[5, 5]).unwrap_err().to_string(),
+            "reshape: cannot reshape [2, 3, 4] (24 elements) to [5, 5] (25 elements)"
+        );
+        assert_eq!(Shape::from([0, 3]).infer_reshape(&[3, 0]).unwrap(), Shape::from([3, 0]));
+    }
+
+    #[test]
+    fn broadcasting_examples() {
+        let b = |x: &[usize], y: &[usize]| broadcast_shapes(&Shape::from(x), &Shape::from(y));
+        assert_eq!(b(&[2, 1, 4], &[3, 1]).unwrap(), Shape::from([2, 3, 4]));
+        assert_eq!(b(&[], &[3]).unwrap(), Shape::from([3]));
+        assert_eq!(b(&[0], &[1]).unwrap(), Shape::from([0]));
+        assert_eq!(
+            b(&[2, 3], &[4, 2]).unwrap_err().to_string(),
+            "cannot broadcast shapes [2, 3] and [4, 2] together: at dim -1 the sizes are 3 and 2 (they must match or one must be 1)"
+        );
+    }
+
+    fn small_shape() -> impl Strategy<Value = Vec<usize>> {
+        proptest::collection::vec(0usize..4, 0..5)
+    }
+
+    /// Broadcasting written the slow, obvious way.
+    fn broadcast_reference(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+        let rank = a.len().max(b.len());
+        let pad = |s: &[usize]| {
+            let mut padded = vec![1; rank - s.len()];
+            padded.extend_from_slice(s);
+            padded
+        };
+        let (a, b) = (pad(a), pad(b));
+        (0..rank)
+            .map(|i| {
+                if a[i] == b[i] || b[i] == 1 {
+                    Some(a[i])
+                } else if a[i] == 1 {
+                    Some(b[i])
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn broadcasting_is_commutative_and_matches_reference(a in small_shape(), b in small_shape()) {
+            let (sa, sb) = (Shape::from(a.clone()), Shape::from(b.clone()));
+            let ab = broadcast_shapes(&sa, &sb).ok();
+            let ba = broadcast_shapes(&sb, &sa).ok();
+            prop_assert_eq!(&ab, &ba);
+            prop_assert_eq!(ab.map(|s| s.dims().to_vec()), broadcast_reference(&a, &b));
+        }
+
+        #[test]
+        fn broadcasting_with_self_and_scalar_is_identity(a in small_shape()) {
+            let shape = Shape::from(a);
+            prop_assert_eq!(broadcast_shapes(&shape, &shape).unwrap(), shape.clone());
+            prop_assert_eq!(broadcast_shapes(&shape, &Shape::scalar()).unwrap(), shape);
+        }
+    }
+}

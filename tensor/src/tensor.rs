@@ -1,0 +1,294 @@
+//! [`Tensor`]: storage from a device's caching allocator plus a layout (shape,
+//! strides, offset). Views share the storage; the memory goes back to the
+//! cache when the last tensor using it is dropped.
+
+use crate::device::Device;
+use crate::dispatch::dispatch_dtype;
+use crate::dtype::{DType, WithDType};
+use crate::error::{Result, TensorError};
+use crate::layout::Layout;
+use crate::shape::{DimIndex, Shape};
+use crate::storage::{lock_storages, Storage};
+use std::sync::Arc;
+
+/// An n-dimensional array on a device.
+#[derive(Clone)]
+pub struct Tensor {
+    storage: Arc<Storage>,
+    layout: Layout,
+}
+
+impl Tensor {
+    /// A contiguous tensor over fresh storage.
+    pub(crate) fn from_storage(storage: Storage, shape: Shape) -> Tensor {
+        Tensor { storage: Arc::new(storage), layout: Layout::contiguous(shape) }
+    }
+
+    /// The same storage seen through another layout.
+    pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
+        Tensor { storage: Arc::clone(&self.storage), layout }
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &Shape {
+        self.layout.shape()
+    }
+
+    /// The sizes of the dimensions.
+    pub fn dims(&self) -> &[usize] {
+        self.layout.dims()
+    }
+
+    /// The size of one dimension (negative indices count from the end).
+    pub fn dim(&self, dim: impl DimIndex) -> Result<usize> {
+        Ok(self.layout.shape().dim(dim)?)
+    }
+
+    /// The number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.layout.rank()
+    }
+
+    /// The number of elements.
+    pub fn numel(&self) -> usize {
+        self.layout.numel()
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.storage.dtype()
+    }
+
+    /// The device holding the data.
+    pub fn device(&self) -> Device {
+        self.storage.device()
+    }
+
+    /// Shape, strides and offset into the storage.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Strides in elements.
+    pub fn strides(&self) -> &[isize] {
+        self.layout.strides()
+    }
+
+    /// Whether the elements are laid out densely in row-major order.
+    pub fn is_contiguous(&self) -> bool {
+        self.layout.is_contiguous()
+    }
+
+    /// The storage (shared with every view of it).
+    pub fn storage(&self) -> &Arc<Storage> {
+        &self.storage
+    }
+
+    /// Whether the two tensors share storage (one is a view of the other's memory).
+    pub fn shares_storage_with(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+    }
+
+    /// How many times the storage was modified in place.
+    pub fn version(&self) -> u64 {
+        self.storage.version()
+    }
+
+    // ----- views -----------------------------------------------------------
+
+    /// Swaps two dimensions (a view).
+    pub fn transpose(&self, dim0: impl DimIndex, dim1: impl DimIndex) -> Result<Tensor> {
+        Ok(self.with_layout(self.layout.transpose(dim0, dim1)?))
+    }
+
+    /// The transpose of a matrix (a view); rank must be 2.
+    pub fn t(&self) -> Result<Tensor> {
+        if self.rank() != 2 {
+            return Err(TensorError::shape("t", format!("expected a 2-d tensor, got shape {:?}", self.dims())));
+        }
+        self.transpose(0, 1)
+    }
+
+    /// Reorders the dimensions (a view).
+    pub fn permute(&self, order: &[usize]) -> Result<Tensor> {
+        Ok(self.with_layout(self.layout.permute(order)?))
+    }
+
+    /// `len` elements of `dim` from `start` (a view).
+    pub fn narrow(&self, dim: impl DimIndex, start: usize, len: usize) -> Result<Tensor> {
+        Ok(self.with_layout(self.layout.narrow(dim, start, len)?))
+    }
+
+    /// Index `index` of `dim`, removing that dimension (a view).
+    pub fn select(&self, dim: impl DimIndex, index: usize) -> Result<Tensor> {
+        Ok(self.with_layout(self.layout.select(dim, index)?))
+    }
+
+    /// Removes a dimension of size 1 (a view).
+    pub fn squeeze(&self, dim: impl DimIndex) -> Result<Tensor> {
+        Ok(self.with_layout(self.layout.squeeze(dim)?))
+    }
+
+    /// Inserts a dimension of size 1 (a view).
+    pub fn unsqueeze(&self, dim: impl DimIndex) -> Result<Tensor> {
+        Ok(self.with_layout(self.layout.unsqueeze(dim)?))
+    }
+
+    /// Broadcasts to `shape` with NumPy rules (a view with stride-0 dimensions).
+    pub fn broadcast_as(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        Ok(self.with_layout(self.layout.broadcast_as(shape)?))
+    }
+
+    /// Alias of [`Tensor::broadcast_as`], PyTorch's name.
+    pub fn expand(&self, shape: impl Into<Shape>) -> Result<Tensor> {
+        self.broadcast_as(shape)
+    }
+
+    /// The same elements in another shape; one dimension may be `-1`. A view
+    /// when the strides allow, otherwise a contiguous copy (PyTorch's rule).
+    pub fn reshape(&self, shape: &[isize]) -> Result<Tensor> {
+        let target = self.shape().infer_reshape(shape)?;
+        match self.layout.reshape(target.clone())? {
+            Some(layout) => Ok(self.with_layout(layout)),
+            None => Ok(self.contiguous()?.with_layout(Layout::contiguous(target))),
+        }
+    }
+
+    /// Like [`Tensor::reshape`], but an error when a view is impossible.
+    pub fn view(&self, shape: &[isize]) -> Result<Tensor> {
+        let target = self.shape().infer_reshape(shape)?;
+        match self.layout.reshape(target)? {
+            Some(layout) => Ok(self.with_layout(layout)),
+            None => Err(TensorError::shape(
+                "view",
+                format!(
+                    "a tensor of shape {:?} and strides {:?} cannot be viewed as {shape:?}; use reshape (which copies)",
+                    self.dims(),
+                    self.strides()
+                ),
+            )),
+        }
+    }
+
+    /// Flattens dimensions `start..=end` into one.
+    pub fn flatten(&self, start: impl DimIndex, end: impl DimIndex) -> Result<Tensor> {
+        let rank = self.rank().max(1);
+        let start = crate::shape::resolve_dim(start, rank, "flatten")?;
+        let end = crate::shape::resolve_dim(end, rank, "flatten")?;
+        if start > end {
+            return Err(TensorError::invalid("flatten", format!("start dim {start} is after end dim {end}")));
+        }
+        let dims = self.dims();
+        let mut shape: Vec<isize> = dims[..start].iter().map(|d| *d as isize).collect();
+        shape.push(dims[start..=end.min(dims.len().saturating_sub(1))].iter().product::<usize>() as isize);
+        shape.extend(dims[(end + 1).min(dims.len())..].iter().map(|d| *d as isize));
+        self.reshape(&shape)
+    }
+
+    /// This tensor if it is contiguous, else a contiguous copy.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        self.copy_to(self.device(), self.dtype())
+    }
+
+    // ----- data out ----------------------------------------------------------
+
+    /// The elements in row-major order; `T` must be the tensor's dtype.
+    pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype() {
+            return Err(TensorError::DTypeMismatch { op: "to_vec", expected: self.dtype(), got: T::DTYPE });
+        }
+        if !self.device().is_cpu() {
+            return self.to(Device::CPU)?.to_vec();
+        }
+        let _guard = lock_storages(&[&self.storage], &[]);
+        // SAFETY: the read lock is held for the slice's life.
+        let data = unsafe { self.storage.host_slice::<T>("to_vec")? };
+        let mut out = Vec::with_capacity(self.numel());
+        for run in self.layout.contiguous_runs() {
+            out.extend_from_slice(&data[run]);
+        }
+        Ok(out)
+    }
+
+    /// The only element of a one-element tensor, converted to `T`.
+    pub fn item<T: WithDType>(&self) -> Result<T> {
+        if self.numel() != 1 {
+            return Err(TensorError::shape(
+                "item",
+                format!("expected a tensor with one element, got shape {:?} ({} elements)", self.dims(), self.numel()),
+            ));
+        }
+        let value = dispatch_dtype!(self.dtype(), E => self.to_vec::<E>()?[0].cast::<T>());
+        Ok(value)
+    }
+
+    // ----- copies ------------------------------------------------------------
+
+    /// A copy with another dtype (this tensor when the dtype is the same).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        self.copy_to(self.device(), dtype)
+    }
+
+    /// A copy on another device (this tensor when it is already there).
+    pub fn to(&self, device: Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        self.copy_to(device, self.dtype())
+    }
+
+    /// A contiguous copy on `device` with `dtype`.
+    pub(crate) fn copy_to(&self, device: Device, dtype: DType) -> Result<Tensor> {
+        if !self.device().is_cpu() || !device.is_cpu() {
+            #[cfg(feature = "cuda")]
+            return crate::cuda::copy_between(self, device, dtype);
+            #[cfg(not(feature = "cuda"))]
+            return Err(TensorError::Device(format!(
+                "copy from {} to {device}: brasa-tensor was built without the `cuda` feature",
+                self.device()
+            )));
+        }
+        let out = Storage::uninit(device, dtype, self.numel())?;
+        {
+            let _guard = lock_storages(&[&self.storage], &[]);
+            dispatch_dtype!(self.dtype(), S => dispatch_dtype!(dtype, D => {
+                // SAFETY: the source's read lock is held; `out` is new and ours alone.
+                let (src, dst) = unsafe { (self.storage.host_slice::<S>("copy")?, out.host_slice_mut::<D>("copy")?) };
+                copy_strided(src, &self.layout, dst);
+            }));
+        }
+        Ok(Tensor::from_storage(out, self.shape().clone()))
+    }
+}
+
+/// Copies the elements of `src` seen through `layout` into `dst` in row-major
+/// order, converting their type.
+pub(crate) fn copy_strided<S: WithDType, D: WithDType>(src: &[S], layout: &Layout, dst: &mut [D]) {
+    let mut written = 0;
+    for run in layout.contiguous_runs() {
+        let len = run.len();
+        let out = &mut dst[written..written + len];
+        if S::DTYPE == D::DTYPE {
+            // SAFETY: S and D are the same type when their dtypes are equal.
+            let same: &[D] = unsafe { std::slice::from_raw_parts(src[run].as_ptr() as *const D, len) };
+            out.copy_from_slice(same);
+        } else {
+            for (o, i) in out.iter_mut().zip(&src[run]) {
+                *o = i.cast::<D>();
+            }
+        }
+        written += len;
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor[dims {:?}, {}, {}]", self.dims(), self.dtype(), self.device())
+    }
+}
