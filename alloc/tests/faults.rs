@@ -183,3 +183,16 @@ fn the_observer_sees_every_event_outside_the_lock() {
         ]
     );
 }
+
+#[test]
+fn handles_and_allocators_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<brasa_alloc::Allocation<FailingBackend>>();
+    send_sync::<brasa_alloc::Allocation<brasa_alloc::HostBackend>>();
+    send_sync::<CachingAllocator<brasa_alloc::HostBackend>>();
+    // A block allocated on one thread may be dropped on another.
+    let alloc = CachingAllocator::new(FailingBackend::new(16 * MIB));
+    let block = alloc.allocate(1000, S0).unwrap();
+    std::thread::spawn(move || drop(block)).join().unwrap();
+    assert_eq!(alloc.allocated_bytes(), 0);
+}

@@ -7,16 +7,22 @@
 
 mod alloc_figures;
 mod measure;
+mod tensor_elementwise_figures;
+mod tensor_matmul_figures;
 
 use measure::{Figure, Options};
 
-/// A group of figures sharing a name prefix and a setup.
+/// A group of figures sharing a setup; `prefixes` covers every name it produces.
 struct Group {
-    prefix: &'static str,
+    prefixes: &'static [&'static str],
     run: fn(&Options) -> Vec<Figure>,
 }
 
-const GROUPS: &[Group] = &[Group { prefix: "alloc.", run: alloc_figures::run }];
+const GROUPS: &[Group] = &[
+    Group { prefixes: &["alloc."], run: alloc_figures::run },
+    Group { prefixes: &["kernels.fma_peak", "tensor.matmul", "tensor.conv2d"], run: tensor_matmul_figures::run },
+    Group { prefixes: &["tensor.add_", "tensor.small_op"], run: tensor_elementwise_figures::run },
+];
 
 fn main() {
     let mut options = Options { quick: false, filter: String::new() };
@@ -32,7 +38,10 @@ fn main() {
         }
     }
     for group in GROUPS {
-        let wanted = group.prefix.starts_with(&options.filter) || options.filter.starts_with(group.prefix);
+        let wanted = group
+            .prefixes
+            .iter()
+            .any(|prefix| prefix.starts_with(&options.filter) || options.filter.starts_with(prefix));
         if !wanted {
             continue;
         }

@@ -32,8 +32,10 @@ const SHAPES: [Shape; 6] = [
     square("256", 256),
     square("512", 512),
     square("1024", 1024),
-    // MLP 784-512, batch 128: forward X W, weight gradient X^T dY, input
-    // gradient dY W^T.
+    // MLP 784-512, batch 128: the forward X W (128x784 . 784x512), and the
+    // backward products with a transposed operand: 512x128 . 128x784 (A
+    // stored as its 128x512 transpose) and 128x512 . 512x784 (B stored as
+    // its 784x512 transpose).
     Shape { name: "mlp_fwd_128x784x512", m: 128, n: 512, k: 784, a_transposed: false, b_transposed: false },
     Shape { name: "mlp_dw_784x128x512_At", m: 784, n: 512, k: 128, a_transposed: true, b_transposed: false },
     Shape { name: "mlp_dx_128x512x784_Bt", m: 128, n: 784, k: 512, a_transposed: false, b_transposed: true },

@@ -33,9 +33,14 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+pub mod conv;
 pub mod cpu_features;
+pub mod elementwise;
 mod error;
 pub mod gemm;
+pub mod index;
 pub mod peak;
+pub mod pool;
+pub mod reduce;
 
 pub use error::{KernelError, Result};

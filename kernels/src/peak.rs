@@ -74,25 +74,18 @@ mod x86 {
 
     macro_rules! chunk {
         ($name:ident, $feature:literal, $set1:ident, $fmadd:ident) => {
-            /// # Safety
-            /// The CPU supports the target features.
+            /// Callers check that the CPU supports the target features.
             #[target_feature(enable = $feature)]
-            pub(super) unsafe fn $name() {
-                // SAFETY: only register intrinsics; the features are enabled.
-                // (They are safe to call here from Rust 1.87 on; the block
-                // keeps the crate building with its MSRV of 1.85.)
-                #[allow(unused_unsafe)]
-                unsafe {
-                    let x = $set1(black_box(0.999));
-                    let y = $set1(black_box(1e-7));
-                    let mut acc = [$set1(black_box(1.0)); CHAINS];
-                    for _ in 0..STEPS {
-                        for a in acc.iter_mut() {
-                            *a = $fmadd(*a, x, y);
-                        }
+            pub(super) fn $name() {
+                let x = $set1(black_box(0.999));
+                let y = $set1(black_box(1e-7));
+                let mut acc = [$set1(black_box(1.0)); CHAINS];
+                for _ in 0..STEPS {
+                    for a in acc.iter_mut() {
+                        *a = $fmadd(*a, x, y);
                     }
-                    black_box(acc);
                 }
+                black_box(acc);
             }
         };
     }

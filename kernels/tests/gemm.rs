@@ -373,6 +373,69 @@ fn batched_with_broadcast_matches_single_products() {
 }
 
 #[test]
+fn many_small_matrices_run_across_the_batch() {
+    // 300 products of 24^3: each below the threshold for threads, together
+    // above it, so `Auto` spreads the batch over the pool.
+    let (batch, m, n, k) = (300, 24, 24, 24);
+    let a: Vec<f64> = (0..batch * m * k).map(|x| value(5, x, 0)).collect();
+    let b: Vec<f64> = (0..batch * k * n).map(|x| value(6, x, 0)).collect();
+    let mut c = vec![f64::NAN; batch * m * n];
+    let av = BatchRef::new(&a, 0, [batch, m, k], [m * k, k, 1]).unwrap();
+    let bv = BatchRef::new(&b, 0, [batch, k, n], [k * n, 1, k]).unwrap(); // column-major B
+    batched_gemm_with(
+        &GemmOptions::default(),
+        2.0,
+        av,
+        bv,
+        0.0,
+        BatchMut::new(&mut c, 0, [batch, m, n], [m * n, n, 1]).unwrap(),
+    )
+    .unwrap();
+    for t in (0..batch).step_by(37) {
+        for i in 0..m {
+            for j in 0..n {
+                let want: f64 = 2.0 * (0..k).map(|p| a[t * m * k + i * k + p] * b[t * k * n + j * k + p]).sum::<f64>();
+                assert!((c[t * m * n + i * n + j] - want).abs() < 1e-12, "{t} ({i},{j})");
+            }
+        }
+    }
+}
+
+#[test]
+fn half_types_on_every_path() {
+    // Several depth blocks (k = 41 > kc = 8) and threads, for the f32
+    // workspace path of f16 and bf16.
+    let (m, n, k) = (37, 29, 41);
+    for options in option_sets() {
+        let a = Stored::new(m, k, Storage::RowMajor, bf16::NAN, |i, j| bf16::from_f64(value(7, i, j)));
+        let b = Stored::new(k, n, Storage::ColMajor, bf16::NAN, |i, j| bf16::from_f64(value(8, i, j)));
+        let mut c = Stored::new(m, n, Storage::Strided, bf16::ZERO, |i, j| bf16::from_f64(value(9, i, j)));
+        let want = naive(
+            1.0,
+            |i, j| a.at(i, j).to_f64(),
+            |i, j| b.at(i, j).to_f64(),
+            0.5,
+            |i, j| c.at(i, j).to_f64(),
+            (m, n, k),
+        );
+        gemm_with(&options, 1.0, a.view(), b.view(), 0.5, c.view_mut()).unwrap();
+        let a16 = Stored::new(m, k, Storage::ColMajor, f16::NAN, |i, j| f16::from_f64(value(7, i, j)));
+        let b16 = Stored::new(k, n, Storage::RowMajor, f16::NAN, |i, j| f16::from_f64(value(8, i, j)));
+        let mut c16 = Stored::new(m, n, Storage::RowMajor, f16::NAN, |_, _| f16::NAN);
+        let want16 = naive(1.0, |i, j| a16.at(i, j).to_f64(), |i, j| b16.at(i, j).to_f64(), 0.0, |_, _| 0.0, (m, n, k));
+        gemm_with(&options, 1.0, a16.view(), b16.view(), 0.0, c16.view_mut()).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let (got, w) = (c.at(i, j).to_f64(), want[i * n + j]);
+                assert!((got - w).abs() <= w.abs() * 8e-3 + 1e-3, "bf16 ({i},{j}) {got} vs {w} {options:?}");
+                let (got, w) = (c16.at(i, j).to_f64(), want16[i * n + j]);
+                assert!((got - w).abs() <= w.abs() * 1e-3 + 1e-3, "f16 ({i},{j}) {got} vs {w} {options:?}");
+            }
+        }
+    }
+}
+
+#[test]
 fn batched_transposed_bf16() {
     // C[t] = A[t] * B[t]^T with B stored row-major n x k: the backward shape.
     let (batch, m, n, k) = (3, 8, 6, 20);

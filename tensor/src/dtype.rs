@@ -556,8 +556,11 @@ mod tests {
             above.to_f64()
         };
         let midpoint = (below.to_f64() + above_value) / 2.0;
-        let nearest =
-            if magnitude < midpoint || (magnitude == midpoint && to_bits(below) % 2 == 0) { below } else { above };
+        let nearest = if magnitude < midpoint || (magnitude == midpoint && to_bits(below).is_multiple_of(2)) {
+            below
+        } else {
+            above
+        };
         if x < 0.0 {
             H::from_f64(-nearest.to_f64())
         } else {

@@ -63,6 +63,7 @@ mod host_devices;
 mod inplace;
 pub mod layout;
 pub mod memory;
+mod ops;
 pub mod rng;
 pub mod shape;
 mod storage;
@@ -77,6 +78,7 @@ pub use host_devices::{
     HOST_MEMORY_LIMIT_ENV,
 };
 pub use layout::{ContiguousRuns, Layout, LayoutError, StridedOffsets};
+pub use ops::Conv2dParams;
 pub use rng::{philox4x32_10, Generator, GeneratorState, RngError};
 pub use shape::{broadcast_shapes, resolve_dim, DimIndex, Shape};
 pub use storage::Storage;

@@ -99,7 +99,7 @@ impl Shape {
         let numel = self.numel();
         let mut dims: Vec<usize> = spec.iter().map(|&s| s.max(0) as usize).collect();
         if let Some(i) = inferred_at {
-            if known_product == 0 || numel % known_product != 0 {
+            if known_product == 0 || !numel.is_multiple_of(known_product) {
                 return Err(invalid("no size for -1 makes the element counts match"));
             }
             dims[i] = numel / known_product;

@@ -144,14 +144,21 @@ unsafe fn transpose_rows_f32(panel: *mut f32, base: *const f32, live: usize, dep
             let load_mask = mask16(cols);
             let mut g = 0;
             while g < width {
+                // Fixed trip counts keep the block in registers; rows past
+                // `live` and columns past `depth` are masked off (a masked-off
+                // lane is never read or written, so its address may be
+                // outside the view: hence `wrapping_add`).
+                let rows_here = live.saturating_sub(g);
                 let mut r = [_mm512_setzero_ps(); 16];
-                for (i, v) in r.iter_mut().enumerate().take(live.saturating_sub(g).min(16)) {
-                    *v = _mm512_maskz_loadu_ps(load_mask, base.add((g + i) * rs + p));
+                for (i, v) in r.iter_mut().enumerate() {
+                    let m = if i < rows_here { load_mask } else { 0 };
+                    *v = _mm512_maskz_loadu_ps(m, base.wrapping_add((g + i) * rs + p));
                 }
                 let t = transpose16(r);
                 let store_mask = mask16(width - g);
-                for (j, &v) in t.iter().enumerate().take(cols) {
-                    _mm512_mask_storeu_ps(panel.add((p + j) * width + g), store_mask, v);
+                for (j, &v) in t.iter().enumerate() {
+                    let m = if j < cols { store_mask } else { 0 };
+                    _mm512_mask_storeu_ps(panel.wrapping_add((p + j) * width + g), m, v);
                 }
                 g += 16;
             }
@@ -161,49 +168,41 @@ unsafe fn transpose_rows_f32(panel: *mut f32, base: *const f32, live: usize, dep
 }
 
 /// Transposes a 16 x 16 f32 block held as 16 rows.
-///
-/// # Safety
-/// AVX-512F is available.
 #[target_feature(enable = "avx512f")]
-unsafe fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
-    // SAFETY: register-only intrinsics; AVX-512F is enabled. (Safe to call
-    // from Rust 1.87 on; the block keeps the crate building on 1.85.)
-    #[allow(unused_unsafe)]
-    unsafe {
-        // 32-bit interleave within 128-bit lanes.
-        let mut t = [_mm512_setzero_ps(); 16];
-        for k in 0..8 {
-            t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-            t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-        }
-        // 64-bit interleave: u[4k + c], lane L = rows 4k..4k+4 of column 4L + c.
-        let mut u = [_mm512_setzero_ps(); 16];
-        for k in 0..4 {
-            let (a, b, c, d) = (
-                _mm512_castps_pd(t[4 * k]),
-                _mm512_castps_pd(t[4 * k + 1]),
-                _mm512_castps_pd(t[4 * k + 2]),
-                _mm512_castps_pd(t[4 * k + 3]),
-            );
-            u[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-            u[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-            u[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-            u[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-        }
-        // Gather the 128-bit lanes: out[4L + c] = lane L of u[c], u[4+c], u[8+c], u[12+c].
-        let mut out = [_mm512_setzero_ps(); 16];
-        for c in 0..4 {
-            let v1 = _mm512_shuffle_f32x4::<0x88>(u[c], u[4 + c]);
-            let v2 = _mm512_shuffle_f32x4::<0xdd>(u[c], u[4 + c]);
-            let w1 = _mm512_shuffle_f32x4::<0x88>(u[8 + c], u[12 + c]);
-            let w2 = _mm512_shuffle_f32x4::<0xdd>(u[8 + c], u[12 + c]);
-            out[c] = _mm512_shuffle_f32x4::<0x88>(v1, w1);
-            out[8 + c] = _mm512_shuffle_f32x4::<0xdd>(v1, w1);
-            out[4 + c] = _mm512_shuffle_f32x4::<0x88>(v2, w2);
-            out[12 + c] = _mm512_shuffle_f32x4::<0xdd>(v2, w2);
-        }
-        out
+fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
+    // 32-bit interleave within 128-bit lanes.
+    let mut t = [_mm512_setzero_ps(); 16];
+    for k in 0..8 {
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
     }
+    // 64-bit interleave: u[4k + c], lane L = rows 4k..4k+4 of column 4L + c.
+    let mut u = [_mm512_setzero_ps(); 16];
+    for k in 0..4 {
+        let (a, b, c, d) = (
+            _mm512_castps_pd(t[4 * k]),
+            _mm512_castps_pd(t[4 * k + 1]),
+            _mm512_castps_pd(t[4 * k + 2]),
+            _mm512_castps_pd(t[4 * k + 3]),
+        );
+        u[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        u[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        u[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        u[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    // Gather the 128-bit lanes: out[4L + c] = lane L of u[c], u[4+c], u[8+c], u[12+c].
+    let mut out = [_mm512_setzero_ps(); 16];
+    for c in 0..4 {
+        let v1 = _mm512_shuffle_f32x4::<0x88>(u[c], u[4 + c]);
+        let v2 = _mm512_shuffle_f32x4::<0xdd>(u[c], u[4 + c]);
+        let w1 = _mm512_shuffle_f32x4::<0x88>(u[8 + c], u[12 + c]);
+        let w2 = _mm512_shuffle_f32x4::<0xdd>(u[8 + c], u[12 + c]);
+        out[c] = _mm512_shuffle_f32x4::<0x88>(v1, w1);
+        out[8 + c] = _mm512_shuffle_f32x4::<0xdd>(v1, w1);
+        out[4 + c] = _mm512_shuffle_f32x4::<0x88>(v2, w2);
+        out[12 + c] = _mm512_shuffle_f32x4::<0xdd>(v2, w2);
+    }
+    out
 }
 
 /// f64 version of [`pack_f32`].
@@ -265,13 +264,17 @@ pub(crate) unsafe fn pack_f64(
                     let cols = 8.min(depth - p);
                     let mut g = 0;
                     while g < width {
+                        // As in `transpose_rows_f32`: fixed trip counts, masks.
+                        let rows_here = live.saturating_sub(g);
                         let mut r = [_mm512_setzero_pd(); 8];
-                        for (i, v) in r.iter_mut().enumerate().take(live.saturating_sub(g).min(8)) {
-                            *v = _mm512_maskz_loadu_pd(mask8(cols), base.add((g + i) * rs + p));
+                        for (i, v) in r.iter_mut().enumerate() {
+                            let m = if i < rows_here { mask8(cols) } else { 0 };
+                            *v = _mm512_maskz_loadu_pd(m, base.wrapping_add((g + i) * rs + p));
                         }
                         let t = transpose8(r);
-                        for (j, &v) in t.iter().enumerate().take(cols) {
-                            _mm512_mask_storeu_pd(panel.add((p + j) * width + g), mask8(width - g), v);
+                        for (j, &v) in t.iter().enumerate() {
+                            let m = if j < cols { mask8(width - g) } else { 0 };
+                            _mm512_mask_storeu_pd(panel.wrapping_add((p + j) * width + g), m, v);
                         }
                         g += 8;
                     }
@@ -299,33 +302,26 @@ fn mask8(n: usize) -> __mmask8 {
 }
 
 /// Transposes an 8 x 8 f64 block held as 8 rows.
-///
-/// # Safety
-/// AVX-512F is available.
 #[target_feature(enable = "avx512f")]
-unsafe fn transpose8(r: [__m512d; 8]) -> [__m512d; 8] {
-    // SAFETY: register-only intrinsics; AVX-512F is enabled.
-    #[allow(unused_unsafe)]
-    unsafe {
-        // t[2k], t[2k+1]: rows 2k, 2k+1 interleaved (columns even / odd).
-        let mut t = [_mm512_setzero_pd(); 8];
-        for k in 0..4 {
-            t[2 * k] = _mm512_unpacklo_pd(r[2 * k], r[2 * k + 1]);
-            t[2 * k + 1] = _mm512_unpackhi_pd(r[2 * k], r[2 * k + 1]);
-        }
-        // Now lane L (2 doubles) of t[2k + c] = rows 2k..2k+2 of column 2L + c.
-        // out[2L + c] = lane L of t[c], t[2+c], t[4+c], t[6+c].
-        let mut out = [_mm512_setzero_pd(); 8];
-        for c in 0..2 {
-            let v1 = _mm512_shuffle_f64x2::<0x88>(t[c], t[2 + c]);
-            let v2 = _mm512_shuffle_f64x2::<0xdd>(t[c], t[2 + c]);
-            let w1 = _mm512_shuffle_f64x2::<0x88>(t[4 + c], t[6 + c]);
-            let w2 = _mm512_shuffle_f64x2::<0xdd>(t[4 + c], t[6 + c]);
-            out[c] = _mm512_shuffle_f64x2::<0x88>(v1, w1);
-            out[4 + c] = _mm512_shuffle_f64x2::<0xdd>(v1, w1);
-            out[2 + c] = _mm512_shuffle_f64x2::<0x88>(v2, w2);
-            out[6 + c] = _mm512_shuffle_f64x2::<0xdd>(v2, w2);
-        }
-        out
+fn transpose8(r: [__m512d; 8]) -> [__m512d; 8] {
+    // t[2k], t[2k+1]: rows 2k, 2k+1 interleaved (columns even / odd).
+    let mut t = [_mm512_setzero_pd(); 8];
+    for k in 0..4 {
+        t[2 * k] = _mm512_unpacklo_pd(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_pd(r[2 * k], r[2 * k + 1]);
     }
+    // Now lane L (2 doubles) of t[2k + c] = rows 2k..2k+2 of column 2L + c.
+    // out[2L + c] = lane L of t[c], t[2+c], t[4+c], t[6+c].
+    let mut out = [_mm512_setzero_pd(); 8];
+    for c in 0..2 {
+        let v1 = _mm512_shuffle_f64x2::<0x88>(t[c], t[2 + c]);
+        let v2 = _mm512_shuffle_f64x2::<0xdd>(t[c], t[2 + c]);
+        let w1 = _mm512_shuffle_f64x2::<0x88>(t[4 + c], t[6 + c]);
+        let w2 = _mm512_shuffle_f64x2::<0xdd>(t[4 + c], t[6 + c]);
+        out[c] = _mm512_shuffle_f64x2::<0x88>(v1, w1);
+        out[4 + c] = _mm512_shuffle_f64x2::<0xdd>(v1, w1);
+        out[2 + c] = _mm512_shuffle_f64x2::<0x88>(v2, w2);
+        out[6 + c] = _mm512_shuffle_f64x2::<0xdd>(v2, w2);
+    }
+    out
 }

@@ -135,7 +135,9 @@ pub(crate) fn gemm_shared_b<T, SA, SB>(
             block_done: (0..nsteps * nblocks).map(|_| AtomicBool::new(false)).collect(),
         };
         let shared = &shared;
-        rayon::scope(|s| {
+        // The calling thread works right away (even outside the pool); the
+        // spawned helpers join when a pool thread picks them up.
+        rayon::in_place_scope(|s| {
             for _ in 1..threads {
                 s.spawn(move |_| shared.work());
             }

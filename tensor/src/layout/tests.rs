@@ -378,7 +378,7 @@ fn factorize(numel: usize, picks: &[usize]) -> Vec<usize> {
             dims.push(p % 3);
             continue;
         }
-        let divisors: Vec<usize> = (1..=left).filter(|d| left % d == 0).collect();
+        let divisors: Vec<usize> = (1..=left).filter(|d| left.is_multiple_of(*d)).collect();
         let d = divisors[p % divisors.len()];
         dims.push(d);
         left /= d;

@@ -1,0 +1,34 @@
+//! Elementwise loops: one output element from the elements at the same index
+//! of one, two or three operands, or an in-place update of a destination.
+//!
+//! Two layers:
+//!
+//! - Generic loops over any element types with a closure: [`map1`],
+//!   [`map2`], [`map3`] write a contiguous output; [`update0`], [`update1`],
+//!   [`update2`] update a (possibly strided) destination in place. Operands
+//!   are [`Strided`] views of slices (start + stride; stride 0 broadcasts one
+//!   element), so a caller walking an n-d tensor hands over one row at a time
+//!   without copying. Each loop checks its bounds once and specialises on
+//!   the operands' form: contiguous slices are zipped (the compiler
+//!   vectorises the closure), a stride-0 operand is held in a register, any
+//!   other stride is indexed.
+//! - Named floating-point ops on top of them: [`unary`] ([`UnaryOp`]: exp,
+//!   log, tanh, sigmoid, GELU, ...), [`binary`] ([`BinaryOp`]), their
+//!   in-place forms, and the fused updates optimizers need ([`axpy`],
+//!   [`addcmul`], [`addcdiv`]). They work on every [`FloatElement`]: f32 and
+//!   f64 compute as themselves, f16 and bf16 in f32 with one rounding on store.
+//!
+//! The loops are sequential: callers split large outputs into chunks and run
+//! them on rayon's threads (`brasa-tensor` does), since only they know how
+//! their rows map to memory.
+
+mod math;
+mod ops;
+mod strided;
+
+pub use math::{erf, erfc, Float, FloatElement};
+pub use ops::{
+    addcdiv, addcmul, axpy, binary, binary_update, binary_update_self, gelu_tanh, maximum, minimum, sigmoid, unary,
+    unary_update, BinaryOp, UnaryOp,
+};
+pub use strided::{map1, map2, map3, same_len, update0, update1, update2, Strided, StridedMut};

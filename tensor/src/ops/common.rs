@@ -1,0 +1,51 @@
+//! Checks and helpers shared by the op families.
+
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Result, TensorError};
+use crate::shape::Shape;
+use crate::storage::Storage;
+use crate::tensor::Tensor;
+
+/// Errors unless every tensor is on the first one's device.
+pub(crate) fn same_device(op: &'static str, tensors: &[&Tensor]) -> Result<Device> {
+    let device = tensors.first().map(|t| t.device()).unwrap_or(Device::CPU);
+    for t in tensors.iter().skip(1) {
+        if t.device() != device {
+            return Err(TensorError::DeviceMismatch { op, lhs: device, rhs: t.device() });
+        }
+    }
+    Ok(device)
+}
+
+/// Errors unless `tensor` has `dtype`.
+pub(crate) fn expect_dtype(op: &'static str, tensor: &Tensor, dtype: DType) -> Result<()> {
+    if tensor.dtype() == dtype {
+        Ok(())
+    } else {
+        Err(TensorError::DTypeMismatch { op, expected: dtype, got: tensor.dtype() })
+    }
+}
+
+/// Errors unless `tensor` has a floating-point dtype.
+pub(crate) fn expect_float(op: &'static str, tensor: &Tensor) -> Result<()> {
+    if tensor.dtype().is_float() {
+        Ok(())
+    } else {
+        Err(TensorError::invalid(op, format!("needs a floating-point tensor, got {}", tensor.dtype())))
+    }
+}
+
+/// Errors unless `tensor` has `rank` dimensions.
+pub(crate) fn expect_rank(op: &'static str, tensor: &Tensor, rank: usize) -> Result<()> {
+    if tensor.rank() == rank {
+        Ok(())
+    } else {
+        Err(TensorError::shape(op, format!("expected a {rank}-d tensor, got shape {:?}", tensor.dims())))
+    }
+}
+
+/// Fresh, uninitialized output storage: the op must write every element.
+pub(crate) fn output(device: Device, dtype: DType, shape: &Shape) -> Result<Storage> {
+    Storage::uninit(device, dtype, shape.numel())
+}

@@ -1,0 +1,278 @@
+//! In-place arithmetic for optimizers and gradient accumulation: `add_`,
+//! `sub_`, `mul_`, `div_`, the scalar forms, `add_scaled_` (axpy),
+//! `addcmul_`, `addcdiv_`, `lerp_` and `clamp_`.
+//!
+//! Each writes through this tensor's view (any strides, except broadcast
+//! dims, which would write one element twice), bumps the storage's version,
+//! and allocates nothing from the device when the operands already have this
+//! tensor's dtype and do not share its storage: a training step in steady
+//! state allocates nothing new. An operand is broadcast to this tensor's
+//! shape; one of another dtype is converted to this dtype first (a copy), as
+//! is one that shares this tensor's storage (so `x.add_(&x.t()?)` reads the
+//! old values). As in PyTorch, the result must keep this tensor's dtype
+//! category: an integer tensor cannot take a float operand or a fractional
+//! scalar, and `div_` needs a float tensor.
+
+use crate::dtype::{DType, WithDType};
+use crate::error::{Result, TensorError};
+use crate::ops::elementwise::{
+    check_can_cast, dispatch_float, dispatch_int, prepare_in_place, scalar_result_dtype, update_in_place, Cost,
+};
+use crate::ops::unary::{clamp_bounds, int_bound};
+use crate::tensor::Tensor;
+use brasa_kernels::elementwise::Float;
+use brasa_kernels::elementwise::{
+    addcdiv, addcmul, axpy, binary_update, binary_update_self, unary_update, update0, update1, BinaryOp, FloatElement,
+    UnaryOp,
+};
+
+fn not_float(op: &'static str, dtype: DType) -> TensorError {
+    TensorError::invalid(op, format!("needs a floating-point tensor, got {dtype}"))
+}
+
+/// Whether `rhs` is `dst` itself (same storage, layout and dtype): then each
+/// element meets only itself and the op needs no copy of `rhs`.
+fn is_same_view(dst: &Tensor, rhs: &Tensor) -> bool {
+    rhs.shares_storage_with(dst) && rhs.layout() == dst.layout() && rhs.dtype() == dst.dtype()
+}
+
+/// `self = op(self, rhs)`.
+fn binary_in_place(op: BinaryOp, name: &'static str, dst: &Tensor, rhs: &Tensor) -> Result<()> {
+    let dtype = dst.dtype();
+    match op {
+        BinaryOp::Div if !dtype.is_float() => {
+            return Err(TensorError::invalid(
+                name,
+                format!("true division gives a float result, which cannot be stored in place in a {dtype} tensor"),
+            ))
+        }
+        BinaryOp::Sub if dtype.is_bool() => {
+            return Err(TensorError::invalid(name, "subtracting bool tensors is not supported"))
+        }
+        _ => {}
+    }
+    let itself = is_same_view(dst, rhs);
+    let rhs = if itself { rhs.clone() } else { prepare_in_place(name, dst, rhs)? };
+    dispatch_float!(dtype, T => {
+        if itself {
+            update_in_place::<T, 0>(name, dst, [], Cost::Cheap, |d, []| binary_update_self(op, d))
+        } else {
+            update_in_place::<T, 1>(name, dst, [&rhs], Cost::Cheap, |d, [x]| binary_update(op, d, x))
+        }
+    }, dispatch_int!(dtype, T => {
+        let f: fn(T, T) -> T = match op {
+            BinaryOp::Add => T::wrapping_add,
+            BinaryOp::Sub => T::wrapping_sub,
+            BinaryOp::Mul => T::wrapping_mul,
+            _ => return Err(TensorError::invalid(name, "internal error: unsupported integer in-place op")),
+        };
+        apply_with(name, dst, &rhs, itself, f)
+    }, {
+        let f: fn(bool, bool) -> bool = match op {
+            BinaryOp::Add => |p, q| p | q,
+            BinaryOp::Mul => |p, q| p & q,
+            _ => return Err(TensorError::invalid(name, "internal error: unsupported bool in-place op")),
+        };
+        apply_with(name, dst, &rhs, itself, f)
+    }))
+}
+
+/// `dst = f(dst, rhs)`, or `dst = f(dst, dst)` when `rhs` is `dst` itself.
+fn apply_with<T: WithDType>(
+    name: &'static str,
+    dst: &Tensor,
+    rhs: &Tensor,
+    itself: bool,
+    f: fn(T, T) -> T,
+) -> Result<()> {
+    if itself {
+        update_in_place::<T, 0>(name, dst, [], Cost::Cheap, |d, []| update0(d, |v| f(v, v)))
+    } else {
+        update_in_place::<T, 1>(name, dst, [rhs], Cost::Cheap, |d, [x]| update1(d, x, f))
+    }
+}
+
+/// Errors unless scalars combined with a `dtype` tensor keep its category.
+fn check_scalars(op: &'static str, dtype: DType, scalars: &[f64]) -> Result<()> {
+    check_can_cast(op, scalar_result_dtype(dtype, scalars), dtype)
+}
+
+/// `self = self * mul + add`.
+fn affine_in_place(name: &'static str, dst: &Tensor, mul: f64, add: f64) -> Result<()> {
+    let dtype = dst.dtype();
+    check_scalars(name, dtype, &[mul, add])?;
+    let op = UnaryOp::Affine { mul, add };
+    dispatch_float!(dtype, T => update_in_place::<T, 0>(name, dst, [], Cost::Cheap, |d, []| unary_update(op, d)),
+        dispatch_int!(dtype, T => {
+            let (m, a) = (T::from_i64(mul as i64), T::from_i64(add as i64));
+            update_in_place::<T, 0>(name, dst, [], Cost::Cheap, |d, []| update0(d, |v| v.wrapping_mul(m).wrapping_add(a)))
+        }, Err(TensorError::invalid(name, format!("is not supported for {dtype} tensors")))))
+}
+
+/// Runs a float-only fused update on `dst` with `operands` prepared for it.
+fn float_update<const N: usize>(
+    name: &'static str,
+    dst: &Tensor,
+    operands: [&Tensor; N],
+    run: impl FnOnce(&Tensor, [&Tensor; N]) -> Result<()>,
+) -> Result<()> {
+    if !dst.dtype().is_float() {
+        return Err(not_float(name, dst.dtype()));
+    }
+    let prepared: Vec<Tensor> = operands.iter().map(|t| prepare_in_place(name, dst, t)).collect::<Result<_>>()?;
+    let refs: [&Tensor; N] = std::array::from_fn(|k| &prepared[k]);
+    run(dst, refs)
+}
+
+impl Tensor {
+    /// `self += rhs` (rhs broadcast to this shape and converted to this dtype).
+    ///
+    /// ```
+    /// use brasa_tensor::{Device, DType, Tensor};
+    /// let grad = Tensor::zeros_on([2, 2], DType::F32, Device::CPU)?;
+    /// let micro = Tensor::ones_on([2, 2], DType::F32, Device::CPU)?;
+    /// grad.add_(&micro)?;                       // gradient accumulation, no allocation
+    /// grad.add_scaled_(0.5, &micro)?;           // grad += 0.5 * micro
+    /// assert_eq!(grad.to_vec::<f32>()?, [1.5; 4]);
+    /// assert_eq!(grad.version(), 2);
+    /// # Ok::<(), brasa_tensor::TensorError>(())
+    /// ```
+    pub fn add_(&self, rhs: &Tensor) -> Result<()> {
+        binary_in_place(BinaryOp::Add, "add_", self, rhs)
+    }
+
+    /// `self -= rhs`.
+    pub fn sub_(&self, rhs: &Tensor) -> Result<()> {
+        binary_in_place(BinaryOp::Sub, "sub_", self, rhs)
+    }
+
+    /// `self *= rhs`.
+    pub fn mul_(&self, rhs: &Tensor) -> Result<()> {
+        binary_in_place(BinaryOp::Mul, "mul_", self, rhs)
+    }
+
+    /// `self /= rhs` (float tensors only: true division).
+    pub fn div_(&self, rhs: &Tensor) -> Result<()> {
+        binary_in_place(BinaryOp::Div, "div_", self, rhs)
+    }
+
+    /// `self += value`.
+    pub fn add_scalar_(&self, value: f64) -> Result<()> {
+        affine_in_place("add_scalar_", self, 1.0, value)
+    }
+
+    /// `self *= value`.
+    pub fn mul_scalar_(&self, value: f64) -> Result<()> {
+        affine_in_place("mul_scalar_", self, value, 0.0)
+    }
+
+    /// `self = self * mul + add` in one pass.
+    pub fn affine_(&self, mul: f64, add: f64) -> Result<()> {
+        affine_in_place("affine_", self, mul, add)
+    }
+
+    /// `self += alpha * x` (BLAS axpy; PyTorch's `add_(x, alpha=...)`). Integer
+    /// tensors need an integral `alpha`.
+    pub fn add_scaled_(&self, alpha: f64, x: &Tensor) -> Result<()> {
+        let name = "add_scaled_";
+        let dtype = self.dtype();
+        check_scalars(name, dtype, &[alpha])?;
+        let x = prepare_in_place(name, self, x)?;
+        dispatch_float!(dtype, T => update_in_place::<T, 1>(name, self, [&x], Cost::Cheap, |d, [x]| axpy(alpha, x, d)),
+            dispatch_int!(dtype, T => {
+                let a = T::from_i64(alpha as i64);
+                update_in_place::<T, 1>(name, self, [&x], Cost::Cheap, |d, [x]| {
+                    update1(d, x, |v, w: T| v.wrapping_add(w.wrapping_mul(a)))
+                })
+            }, Err(TensorError::invalid(name, "is not supported for bool tensors"))))
+    }
+
+    /// `self += value * a * b` (Adam's second moment). Float tensors only.
+    pub fn addcmul_(&self, value: f64, a: &Tensor, b: &Tensor) -> Result<()> {
+        let name = "addcmul_";
+        float_update(name, self, [a, b], |dst, [a, b]| {
+            dispatch_float!(dst.dtype(), T => update_in_place::<T, 2>(name, dst, [a, b], Cost::Cheap,
+                |d, [x, y]| addcmul(value, x, y, d)), Err(not_float(name, dst.dtype())))
+        })
+    }
+
+    /// `self += value * a / b` (Adam's step). Float tensors only.
+    pub fn addcdiv_(&self, value: f64, a: &Tensor, b: &Tensor) -> Result<()> {
+        let name = "addcdiv_";
+        float_update(name, self, [a, b], |dst, [a, b]| {
+            dispatch_float!(dst.dtype(), T => update_in_place::<T, 2>(name, dst, [a, b], Cost::Cheap,
+                |d, [x, y]| addcdiv(value, x, y, d)), Err(not_float(name, dst.dtype())))
+        })
+    }
+
+    /// `self += weight * (end - self)` (an exponential moving average step).
+    /// Float tensors only.
+    pub fn lerp_(&self, end: &Tensor, weight: f64) -> Result<()> {
+        let name = "lerp_";
+        float_update(name, self, [end], |dst, [end]| {
+            dispatch_float!(dst.dtype(), T => {
+                let w = <<T as FloatElement>::Compute as Float>::from_f64(weight);
+                update_in_place::<T, 1>(name, dst, [end], Cost::Cheap, |d, [e]| {
+                    update1(d, e, |v: T, e: T| T::store(v.load() + w * (e.load() - v.load())))
+                })
+            }, Err(not_float(name, dst.dtype())))
+        })
+    }
+
+    /// Clamps in place to `[min, max]` (either optional, at least one given;
+    /// NaN stays NaN). Integer tensors need integral bounds.
+    pub fn clamp_(&self, min: Option<f64>, max: Option<f64>) -> Result<()> {
+        let name = "clamp_";
+        let (lo, hi) = clamp_bounds(name, self, min, max)?;
+        let dtype = self.dtype();
+        check_scalars(name, dtype, &[lo, hi].map(|b| if b.is_infinite() { 0.0 } else { b }))?;
+        let op = UnaryOp::Clamp { min: lo, max: hi };
+        dispatch_float!(dtype, T => update_in_place::<T, 0>(name, self, [], Cost::Cheap, |d, []| unary_update(op, d)),
+            dispatch_int!(dtype, T => {
+                let (lo, hi) = (int_bound::<T>(lo), int_bound::<T>(hi));
+                update_in_place::<T, 0>(name, self, [], Cost::Cheap, |d, []| update0(d, |v| v.max(lo).min(hi)))
+            }, Err(TensorError::invalid(name, format!("is not supported for {dtype} tensors")))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{DType, Device, Tensor};
+
+    #[test]
+    fn updates_write_through_views_and_bump_the_version() {
+        let x = Tensor::zeros_on([2, 3], DType::F32, Device::CPU).unwrap();
+        let column = x.narrow(1, 1, 1).unwrap();
+        column.add_scalar_(2.0).unwrap();
+        x.t().unwrap().add_(&Tensor::from_vec_on(vec![1.0f32, 2.0, 3.0], [3, 1], Device::CPU).unwrap()).unwrap();
+        assert_eq!(x.to_vec::<f32>().unwrap(), [1.0, 4.0, 3.0, 1.0, 4.0, 3.0]);
+        assert_eq!(x.version(), 2);
+        let expanded = Tensor::zeros_on([3], DType::F32, Device::CPU).unwrap().expand([2, 3]).unwrap();
+        assert!(expanded.add_scalar_(1.0).unwrap_err().to_string().contains("share memory"));
+    }
+
+    #[test]
+    fn aliasing_operands_read_old_values() {
+        let m = Tensor::from_vec_on(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2], Device::CPU).unwrap();
+        m.add_(&m.t().unwrap()).unwrap();
+        assert_eq!(m.to_vec::<f32>().unwrap(), [2.0, 5.0, 5.0, 8.0]);
+        m.mul_(&m).unwrap();
+        assert_eq!(m.to_vec::<f32>().unwrap(), [4.0, 25.0, 25.0, 64.0]);
+    }
+
+    #[test]
+    fn category_rules() {
+        let i = Tensor::from_vec_on(vec![1i64, 2], [2], Device::CPU).unwrap();
+        i.add_scaled_(3.0, &i.clone()).unwrap();
+        assert_eq!(i.to_vec::<i64>().unwrap(), [4, 8]);
+        let f = Tensor::ones_on([2], DType::F32, Device::CPU).unwrap();
+        let err = i.add_(&f).unwrap_err().to_string();
+        assert_eq!(err, "add_: the result has dtype f32, which cannot be stored in place in a tensor of dtype i64");
+        assert!(i.add_scalar_(0.5).unwrap_err().to_string().contains("dtype f32"));
+        assert!(i.div_(&i.clone()).unwrap_err().to_string().starts_with("div_: true division"));
+        assert!(i.addcmul_(1.0, &i, &i).unwrap_err().to_string().contains("needs a floating-point tensor, got i64"));
+        let h = Tensor::ones_on([2], DType::F16, Device::CPU).unwrap();
+        h.add_(&Tensor::from_vec_on(vec![0.5f64, 1.5], [2], Device::CPU).unwrap()).unwrap();
+        assert_eq!(h.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(), [1.5, 2.5]);
+    }
+}

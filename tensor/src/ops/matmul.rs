@@ -1,0 +1,340 @@
+//! Matrix products: [`Tensor::matmul`] with PyTorch's rules (dot products,
+//! matrix-vector, matrix-matrix and batched products with broadcast batch
+//! dimensions), computed by `brasa_kernels::gemm` straight on the operands'
+//! strided views: a transposed or narrowed operand is not copied.
+
+use crate::dtype::DType;
+use crate::error::{Result, TensorError};
+use crate::layout::Layout;
+use crate::ops::common::{output, same_device};
+use crate::shape::{broadcast_shapes, Shape};
+use crate::storage::lock_storages;
+use crate::tensor::Tensor;
+use brasa_kernels::gemm::{batched_gemm, gemm, BatchMut, BatchRef, GemmElement, MatMut, MatRef};
+use brasa_kernels::KernelError;
+use half::{bf16, f16};
+
+const OP: &str = "matmul";
+
+/// A kernel error in a product whose operands were already checked: a bug
+/// somewhere, reported rather than panicked on.
+pub(crate) fn gemm_error(op: &'static str, error: KernelError) -> TensorError {
+    TensorError::invalid(op, format!("matrix product failed: {error}"))
+}
+
+impl Tensor {
+    /// The matrix product of `self` and `rhs`, with PyTorch's rules:
+    ///
+    /// - 1-d · 1-d: the dot product, a 0-d tensor;
+    /// - 2-d · 2-d: the matrix product `[m, k] · [k, n] → [m, n]`;
+    /// - a 1-d operand is taken as a matrix (`[k]` on the left as `[1, k]`,
+    ///   on the right as `[k, 1]`) and that dimension is removed from the
+    ///   result;
+    /// - otherwise a batched product: the last two dims are the matrices,
+    ///   the others are batch dims broadcast against each other
+    ///   (`[j, 1, m, k] · [l, k, n] → [j, l, m, n]`).
+    ///
+    /// Both operands must have the same floating-point dtype (f32, f64, f16
+    /// or bf16; f16 and bf16 accumulate in f32) and live on the same device.
+    /// Transposed, narrowed and broadcast operands are read in place.
+    ///
+    /// ```
+    /// # use brasa_tensor::{Device, Tensor};
+    /// let a = Tensor::from_vec(vec![1f32, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3])?;
+    /// let b = Tensor::from_vec(vec![1f32, 0.0, -1.0], [3])?;
+    /// assert_eq!(a.matmul(&b)?.to_vec::<f32>()?, [-2.0, -2.0]);
+    /// assert_eq!(a.matmul(&a.t()?)?.dims(), &[2, 2]);
+    /// # Ok::<(), brasa_tensor::TensorError>(())
+    /// ```
+    pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        let device = same_device(OP, &[self, rhs])?;
+        if self.dtype() != rhs.dtype() {
+            // PyTorch does not promote here either: the caller converts.
+            return Err(TensorError::DTypeMismatch { op: OP, expected: self.dtype(), got: rhs.dtype() });
+        }
+        let dtype = self.dtype();
+        if !dtype.is_float() {
+            return Err(TensorError::invalid(
+                OP,
+                format!("needs floating-point operands (f32, f64, f16 or bf16), got {dtype}"),
+            ));
+        }
+        if self.rank() == 0 || rhs.rank() == 0 {
+            return Err(TensorError::shape(
+                OP,
+                format!("both operands need at least one dimension, got shapes {:?} and {:?}", self.dims(), rhs.dims()),
+            ));
+        }
+        let a = if self.rank() == 1 { self.unsqueeze(0)? } else { self.clone() };
+        let b = if rhs.rank() == 1 { rhs.unsqueeze(1)? } else { rhs.clone() };
+        let (ra, rb) = (a.rank(), b.rank());
+        let (m, k) = (a.dims()[ra - 2], a.dims()[ra - 1]);
+        let (k_rhs, n) = (b.dims()[rb - 2], b.dims()[rb - 1]);
+        if k != k_rhs {
+            return Err(TensorError::shape(
+                OP,
+                format!(
+                    "cannot multiply {:?} by {:?}: inner dimensions {k} and {k_rhs} differ",
+                    self.dims(),
+                    rhs.dims()
+                ),
+            ));
+        }
+        let batch =
+            broadcast_shapes(&Shape::from(&a.dims()[..ra - 2]), &Shape::from(&b.dims()[..rb - 2])).map_err(|_| {
+                TensorError::shape(
+                    OP,
+                    format!(
+                        "cannot multiply {:?} by {:?}: batch dimensions {:?} and {:?} do not broadcast",
+                        self.dims(),
+                        rhs.dims(),
+                        &a.dims()[..ra - 2],
+                        &b.dims()[..rb - 2]
+                    ),
+                )
+            })?;
+        let mut full = batch.dims().to_vec();
+        full.extend([m, n]);
+        let full = Shape::from(full);
+        let a_layout = broadcast_matrices(&a, &batch, [m, k])?;
+        let b_layout = broadcast_matrices(&b, &batch, [k, n])?;
+        // gemm reads non-negative strides only; negative ones are rare enough to copy.
+        let (a, a_layout) = non_negative(&a, a_layout)?;
+        let (b, b_layout) = non_negative(&b, b_layout)?;
+
+        let storage = output(device, dtype, &full)?;
+        if full.numel() > 0 {
+            let _guard = lock_storages(&[a.storage(), b.storage()], &[]);
+            let problem = Problem { a: &a_layout, b: &b_layout, batch: batch.dims(), m, n, k };
+            macro_rules! run {
+                ($t:ty, $one:expr, $zero:expr) => {{
+                    // SAFETY: the read locks of both operands are held for the
+                    // slices' lives; the output storage is new and ours alone.
+                    let (x, y, out) = unsafe {
+                        (
+                            a.storage().host_slice::<$t>(OP)?,
+                            b.storage().host_slice::<$t>(OP)?,
+                            storage.host_slice_mut::<$t>(OP)?,
+                        )
+                    };
+                    problem.run::<$t>($one, $zero, x, y, out)
+                }};
+            }
+            match dtype {
+                DType::F32 => run!(f32, 1.0, 0.0),
+                DType::F64 => run!(f64, 1.0, 0.0),
+                DType::F16 => run!(f16, 1.0, 0.0),
+                DType::BF16 => run!(bf16, 1.0, 0.0),
+                // Excluded above.
+                other => Err(TensorError::invalid(OP, format!("unsupported dtype {other}"))),
+            }?;
+        }
+        // Drop the dims a 1-d operand stood for; the memory is the same.
+        let mut dims = batch.dims().to_vec();
+        if self.rank() > 1 {
+            dims.push(m);
+        }
+        if rhs.rank() > 1 {
+            dims.push(n);
+        }
+        Ok(Tensor::from_storage(storage, Shape::from(dims)))
+    }
+}
+
+/// `t`'s layout broadcast to `batch + matrix`, with the matrix dims unchanged.
+fn broadcast_matrices(t: &Tensor, batch: &Shape, matrix: [usize; 2]) -> Result<Layout> {
+    let mut dims = batch.dims().to_vec();
+    dims.extend(matrix);
+    Ok(t.layout().broadcast_as(dims)?)
+}
+
+/// The tensor and layout, or a contiguous copy when a stride is negative.
+fn non_negative(t: &Tensor, layout: Layout) -> Result<(Tensor, Layout)> {
+    if layout.strides().iter().all(|&s| s >= 0) {
+        return Ok((t.clone(), layout));
+    }
+    let copy = t.with_layout(layout).contiguous()?;
+    let layout = copy.layout().clone();
+    Ok((copy, layout))
+}
+
+/// One matmul after broadcasting: `a` is `[batch.., m, k]`, `b` is
+/// `[batch.., k, n]`, both with non-negative strides; the output is dense.
+struct Problem<'a> {
+    a: &'a Layout,
+    b: &'a Layout,
+    batch: &'a [usize],
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
+/// A group of batch dims that steps with one stride in each operand.
+#[derive(Clone, Copy, Debug)]
+struct BatchGroup {
+    count: usize,
+    a_stride: usize,
+    b_stride: usize,
+}
+
+impl Problem<'_> {
+    fn strides(layout: &Layout) -> Vec<usize> {
+        // Non-negative: checked by `non_negative`.
+        layout.strides().iter().map(|&s| s as usize).collect()
+    }
+
+    fn run<T: GemmElement>(&self, one: T::Scalar, zero: T::Scalar, x: &[T], y: &[T], out: &mut [T]) -> Result<()> {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let rank = self.batch.len();
+        let sa = Self::strides(self.a);
+        let sb = Self::strides(self.b);
+        let (a_rs, a_cs) = (sa[rank], sa[rank + 1]);
+        let (b_rs, b_cs) = (sb[rank], sb[rank + 1]);
+        let batch_count: usize = self.batch.iter().product();
+        let err = |e| gemm_error(OP, e);
+
+        // `[batch.., m, k] · [k, n]` with rows of A evenly spaced across the
+        // batch: one tall product (better packing and threading than many
+        // small ones), as for a linear layer on a 3-d input.
+        let b_broadcast = (0..rank).all(|d| self.batch[d] == 1 || sb[d] == 0);
+        let mut row_dims = self.batch.to_vec();
+        row_dims.push(m);
+        let mut row_strides = sa[..rank].to_vec();
+        row_strides.push(a_rs);
+        if let Some(rs) = merged_stride(&row_dims, &row_strides).filter(|_| b_broadcast) {
+            let rows = batch_count * m;
+            let a = MatRef::new(x, self.a.offset(), [rows, k], [rs, a_cs]).map_err(err)?;
+            let b = MatRef::new(y, self.b.offset(), [k, n], [b_rs, b_cs]).map_err(err)?;
+            let c = MatMut::row_major(out, rows, n).map_err(err)?;
+            return gemm(one, a, b, zero, c).map_err(err);
+        }
+
+        // Otherwise: the innermost batch dims that step evenly in both
+        // operands make one batched call; the outer ones are looped over.
+        let mut group = BatchGroup { count: 1, a_stride: 0, b_stride: 0 };
+        let mut outer = rank;
+        while outer > 0 {
+            let d = outer - 1;
+            let size = self.batch[d];
+            if size != 1 {
+                let fits = |stride: usize, inner: usize| group.count == 1 || stride == group.count * inner;
+                if !(fits(sa[d], group.a_stride) && fits(sb[d], group.b_stride)) {
+                    break;
+                }
+                if group.count == 1 {
+                    group.a_stride = sa[d];
+                    group.b_stride = sb[d];
+                }
+                group.count *= size;
+            }
+            outer = d;
+        }
+        let outer_layout_a = Layout::new(self.batch[..outer].to_vec(), self.a.strides()[..outer].to_vec(), 0)?;
+        let outer_layout_b = Layout::new(self.batch[..outer].to_vec(), self.b.strides()[..outer].to_vec(), 0)?;
+        let per_call = group.count * m * n;
+        for ((a_off, b_off), chunk) in
+            outer_layout_a.offsets().zip(outer_layout_b.offsets()).zip(out.chunks_exact_mut(per_call.max(1)))
+        {
+            let a = BatchRef::new(x, self.a.offset() + a_off, [group.count, m, k], [group.a_stride, a_rs, a_cs])
+                .map_err(err)?;
+            let b = BatchRef::new(y, self.b.offset() + b_off, [group.count, k, n], [group.b_stride, b_rs, b_cs])
+                .map_err(err)?;
+            let c = BatchMut::new(chunk, 0, [group.count, m, n], [m * n, n, 1]).map_err(err)?;
+            batched_gemm(one, a, b, zero, c).map_err(err)?;
+        }
+        Ok(())
+    }
+}
+
+/// The stride of the one dim that `dims` (with `strides`) merge into, when
+/// they step evenly through memory in row-major order; `None` otherwise.
+/// Dims of size 1 do not matter.
+pub(crate) fn merged_stride(dims: &[usize], strides: &[usize]) -> Option<usize> {
+    let mut merged: Option<(usize, usize)> = None; // (stride, elements spanned)
+    for (&size, &stride) in dims.iter().zip(strides).rev() {
+        if size == 1 {
+            continue;
+        }
+        merged = match merged {
+            None => Some((stride, size)),
+            Some((inner, count)) if stride == count * inner => Some((inner, count * size)),
+            Some(_) => return None,
+        };
+    }
+    Some(merged.map_or(strides.last().copied().unwrap_or(1), |(stride, _)| stride))
+}
+
+/// Dense row-major `[m, k] · [k, n]` written the obvious way, for tests.
+#[cfg(test)]
+pub(crate) fn naive_matmul<T: crate::WithDType>(a: &[T], b: &[T], m: usize, k: usize, n: usize) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k).map(|p| a[i * k + p].to_f64() * b[p * n + j].to_f64()).sum();
+        }
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Device;
+
+    fn t(values: &[f32], shape: &[usize]) -> Tensor {
+        Tensor::from_slice_on(values, shape, Device::CPU).unwrap()
+    }
+
+    #[test]
+    fn vector_and_matrix_rules() {
+        let a = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+        let v = t(&[1.0, 0.0, -1.0], &[3]);
+        let dot = v.matmul(&v).unwrap();
+        assert_eq!(dot.dims(), &[] as &[usize]);
+        assert_eq!(dot.item::<f32>().unwrap(), 2.0);
+        assert_eq!(a.matmul(&v).unwrap().to_vec::<f32>().unwrap(), [-2.0, -2.0]);
+        let w = t(&[1.0, 1.0], &[2]);
+        let wa = w.matmul(&a).unwrap();
+        assert_eq!(wa.dims(), &[3]);
+        assert_eq!(wa.to_vec::<f32>().unwrap(), [5.0, 7.0, 9.0]);
+        let aat = a.matmul(&a.t().unwrap()).unwrap();
+        assert_eq!(aat.to_vec::<f32>().unwrap(), [14.0, 32.0, 32.0, 77.0]);
+        let ata = a.t().unwrap().matmul(&a).unwrap();
+        let expected = naive_matmul(&[1.0f32, 4.0, 2.0, 5.0, 3.0, 6.0], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 3, 2, 3);
+        let got: Vec<f64> = ata.to_vec::<f32>().unwrap().into_iter().map(f64::from).collect();
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn batched_with_vector_and_folding() {
+        // [2, 2, 3] · [3] → [2, 2]; [2, 2, 3] · [3, 1] folds the batch into rows.
+        let x: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let a = t(&x, &[2, 2, 3]);
+        let v = t(&[1.0, 1.0, 1.0], &[3]);
+        assert_eq!(a.matmul(&v).unwrap().to_vec::<f32>().unwrap(), [3.0, 12.0, 21.0, 30.0]);
+        let col = t(&[1.0, 1.0, 1.0], &[3, 1]);
+        let r = a.matmul(&col).unwrap();
+        assert_eq!(r.dims(), &[2, 2, 1]);
+        // [3] · [2, 3, 2]: vector on the left of a batch.
+        let b = t(&x, &[2, 3, 2]);
+        let r = v.matmul(&b).unwrap();
+        assert_eq!(r.dims(), &[2, 2]);
+        assert_eq!(r.to_vec::<f32>().unwrap(), [6.0, 9.0, 24.0, 27.0]);
+    }
+
+    #[test]
+    fn errors_name_the_shapes_and_dtypes() {
+        let a = t(&[0.0; 6], &[2, 3]);
+        let b = t(&[0.0; 20], &[4, 5]);
+        assert_eq!(
+            a.matmul(&b).unwrap_err().to_string(),
+            "matmul: cannot multiply [2, 3] by [4, 5]: inner dimensions 3 and 4 differ"
+        );
+        let s = Tensor::scalar_on(1.0f32, Device::CPU).unwrap();
+        assert!(s.matmul(&a).unwrap_err().to_string().contains("at least one dimension"));
+        let d = a.to_dtype(DType::F64).unwrap();
+        assert_eq!(a.matmul(&d.t().unwrap()).unwrap_err().to_string(), "matmul: expected dtype f32, got f64");
+        let i = a.to_dtype(DType::I64).unwrap();
+        assert!(i.matmul(&i.t().unwrap()).unwrap_err().to_string().contains("got i64"));
+    }
+}

@@ -1,0 +1,19 @@
+//! Tensor operations, a file per family. Every op checks its operands (dtype,
+//! device, shape) and returns an error naming the problem; the loops
+//! themselves live in `brasa-kernels` and know nothing about tensors.
+
+mod binary;
+mod common;
+mod compare;
+mod concat;
+mod conv;
+mod elementwise;
+mod index;
+mod inplace_arith;
+mod matmul;
+mod pool;
+mod reduce;
+mod softmax;
+mod unary;
+
+pub use conv::Conv2dParams;

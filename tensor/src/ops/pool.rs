@@ -1,0 +1,382 @@
+//! 2-d pooling: [`Tensor::max_pool2d`] (values and PyTorch's flat indices)
+//! and [`Tensor::avg_pool2d`], with their backward passes. Inputs are
+//! `[N, C, H, W]` or unbatched `[C, H, W]`; the `H x W` planes are split over
+//! threads and pooled by the loops in `brasa_kernels::pool`, read in place
+//! whatever their strides.
+
+use crate::dispatch::dispatch_dtype;
+use crate::dtype::{DType, WithDType};
+use crate::error::{Result, TensorError};
+use crate::layout::Layout;
+use crate::ops::common::{expect_dtype, expect_float, output, same_device};
+use crate::ops::conv::dense_elements;
+use crate::shape::Shape;
+use crate::storage::lock_storages;
+use crate::tensor::Tensor;
+use brasa_kernels::pool::{
+    avg_pool2d_backward_plane, avg_pool2d_plane, max_pool2d_backward_plane, max_pool2d_plane, AvgPoolElement,
+    Pool2dGeometry,
+};
+use brasa_kernels::KernelError;
+use rayon::prelude::*;
+
+/// Work (in window elements) below which a thread gets more than one plane.
+const PLANES_TASK_WORK: usize = 1 << 14;
+
+/// The pooling of one tensor: its planes, their geometry, the output shape.
+struct PoolPlan {
+    /// The leading (batch and channel) dims.
+    lead: Vec<usize>,
+    geometry: Pool2dGeometry,
+    /// Window elements per output element, for task sizing.
+    window: usize,
+}
+
+impl PoolPlan {
+    fn new(
+        op: &'static str,
+        input: &[usize],
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+    ) -> Result<Self> {
+        if !(3..=4).contains(&input.len()) {
+            return Err(TensorError::shape(
+                op,
+                format!("expected a 4-d input [N, C, H, W] or a 3-d input [C, H, W], got shape {input:?}"),
+            ));
+        }
+        let (lead, plane) = input.split_at(input.len() - 2);
+        let geometry = Pool2dGeometry::new((plane[0], plane[1]), kernel, stride, padding).map_err(|e| {
+            let detail = match e {
+                KernelError::ShapeMismatch { detail } => detail,
+                other => other.to_string(),
+            };
+            TensorError::invalid(
+                op,
+                format!("input {input:?} with kernel {kernel:?}, stride {stride:?}, padding {padding:?}: {detail}"),
+            )
+        })?;
+        Ok(PoolPlan { lead: lead.to_vec(), geometry, window: kernel.0 * kernel.1 })
+    }
+
+    fn output_shape(&self) -> Shape {
+        let (h, w) = self.geometry.output();
+        Shape::from([self.lead.as_slice(), &[h, w]].concat())
+    }
+
+    fn input_shape(&self) -> Shape {
+        let (h, w) = self.geometry.input();
+        Shape::from([self.lead.as_slice(), &[h, w]].concat())
+    }
+
+    /// Planes per parallel task: enough to pay for the task.
+    fn planes_per_task(&self, per_plane: usize) -> usize {
+        (PLANES_TASK_WORK / per_plane.max(1)).max(1)
+    }
+
+    /// Storage offset of every plane of `layout`, and the plane strides.
+    fn plane_offsets(&self, layout: &Layout) -> Result<(Vec<usize>, [usize; 2])> {
+        let rank = layout.rank();
+        let strides = layout.strides();
+        let lead = Layout::new(self.lead.clone(), strides[..rank - 2].to_vec(), layout.offset())?;
+        // Non-negative: the callers copy tensors with negative strides.
+        Ok((lead.offsets().collect(), [strides[rank - 2] as usize, strides[rank - 1] as usize]))
+    }
+}
+
+/// `t` itself when all strides are non-negative, else a contiguous copy.
+fn non_negative(t: &Tensor) -> Result<Tensor> {
+    if t.strides().iter().all(|&s| s >= 0) {
+        Ok(t.clone())
+    } else {
+        t.contiguous()
+    }
+}
+
+fn pool_error(op: &'static str) -> impl Fn(KernelError) -> TensorError {
+    move |e| TensorError::invalid(op, e.to_string())
+}
+
+/// Errors unless a gradient has the pooled shape of `input_shape`.
+fn expect_pooled_shape(op: &'static str, grad: &Tensor, plan: &PoolPlan) -> Result<()> {
+    let expected = plan.output_shape();
+    if grad.dims() != expected.dims() {
+        return Err(TensorError::shape(
+            op,
+            format!(
+                "grad_output has shape {:?} but pooling an input of shape {:?} gives {:?}",
+                grad.dims(),
+                plan.input_shape().dims(),
+                expected.dims()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+impl Tensor {
+    /// Max pooling over `kernel` windows moved by `stride` over this
+    /// `[N, C, H, W]` (or `[C, H, W]`) input padded by `padding` (padded
+    /// positions never win); pairs are (height, width).
+    ///
+    /// Returns the maxima and, as i64, the flat index `h·W + w` of each
+    /// maximum in its input plane (PyTorch's `return_indices=True`). Ties go
+    /// to the first maximum in row-major order; NaN wins over any number.
+    /// Kernel and stride must be positive and padding at most half the
+    /// kernel. Supports the float dtypes, i64 and u8.
+    ///
+    /// ```
+    /// # use brasa_tensor::Tensor;
+    /// let x = Tensor::from_vec(vec![1f32, 5.0, 2.0, 0.0, 3.0, 4.0, 9.0, 8.0], [1, 2, 4])?;
+    /// let (values, indices) = x.max_pool2d((2, 2), (2, 2), (0, 0))?;
+    /// assert_eq!(values.to_vec::<f32>()?, [5.0, 9.0]);
+    /// assert_eq!(indices.to_vec::<i64>()?, [1, 6]);
+    /// # Ok::<(), brasa_tensor::TensorError>(())
+    /// ```
+    pub fn max_pool2d(
+        &self,
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+    ) -> Result<(Tensor, Tensor)> {
+        const OP: &str = "max_pool2d";
+        if self.dtype() == DType::Bool {
+            return Err(TensorError::invalid(OP, "needs a numeric tensor (float, i64 or u8), got bool"));
+        }
+        let plan = PoolPlan::new(OP, self.dims(), kernel, stride, padding)?;
+        let input = non_negative(self)?;
+        let shape = plan.output_shape();
+        let values = output(self.device(), self.dtype(), &shape)?;
+        let indices = output(self.device(), DType::I64, &shape)?;
+        let (offsets, strides) = plan.plane_offsets(input.layout())?;
+        let geometry = plan.geometry;
+        let olen = geometry.output_len();
+        let per_task = plan.planes_per_task(olen * plan.window);
+        {
+            let _guard = lock_storages(&[input.storage()], &[]);
+            dispatch_dtype!(self.dtype(), T => {
+                // SAFETY: the read lock is held; both outputs are new and ours alone.
+                let (x, out, idx) = unsafe {
+                    (
+                        input.storage().host_slice::<T>(OP)?,
+                        values.host_slice_mut::<T>(OP)?,
+                        indices.host_slice_mut::<i64>(OP)?,
+                    )
+                };
+                out.par_chunks_mut(olen)
+                    .zip(idx.par_chunks_mut(olen))
+                    .zip(offsets.par_iter())
+                    .with_min_len(per_task)
+                    .try_for_each(|((o, i), &offset)| max_pool2d_plane(&geometry, x, offset, strides, o, i))
+                    .map_err(pool_error(OP))?;
+            });
+        }
+        Ok((Tensor::from_storage(values, shape.clone()), Tensor::from_storage(indices, shape)))
+    }
+
+    /// The gradient of [`Tensor::max_pool2d`] with respect to its input: this
+    /// output gradient is routed to the positions `indices` (as returned by
+    /// the forward pass) name in each plane of an input of `input_shape`;
+    /// every other position gets zero, and a position that was the maximum
+    /// of several windows gets the sum of their gradients.
+    pub fn max_pool2d_backward(&self, indices: &Tensor, input_shape: impl Into<Shape>) -> Result<Tensor> {
+        const OP: &str = "max_pool2d_backward";
+        let input_shape = input_shape.into();
+        same_device(OP, &[self, indices])?;
+        expect_float(OP, self)?;
+        expect_dtype(OP, indices, DType::I64)?;
+        if indices.dims() != self.dims() {
+            return Err(TensorError::shape(
+                OP,
+                format!("indices have shape {:?} but grad_output has shape {:?}", indices.dims(), self.dims()),
+            ));
+        }
+        let input = input_shape.dims();
+        let compatible = input.len() == self.rank()
+            && (3..=4).contains(&input.len())
+            && input[..input.len() - 2] == self.dims()[..self.rank() - 2];
+        if !compatible || input[input.len() - 2..].contains(&0) {
+            return Err(TensorError::shape(
+                OP,
+                format!(
+                    "input shape {input:?} does not fit grad_output {:?}: expected [N, C, H, W] or [C, H, W] with \
+                     the gradient's leading dims and H, W > 0",
+                    self.dims()
+                ),
+            ));
+        }
+        let grad = self.contiguous()?;
+        let indices = indices.contiguous()?;
+        let olen = self.dims()[self.rank() - 2] * self.dims()[self.rank() - 1];
+        let ilen = input[input.len() - 2] * input[input.len() - 1];
+        let storage = output(self.device(), self.dtype(), &input_shape)?;
+        let planes = (&grad, &indices, olen, ilen);
+        match self.dtype() {
+            DType::F32 => max_backward::<f32>(planes, &storage),
+            DType::F64 => max_backward::<f64>(planes, &storage),
+            DType::F16 => max_backward::<half::f16>(planes, &storage),
+            DType::BF16 => max_backward::<half::bf16>(planes, &storage),
+            other => Err(TensorError::invalid(OP, format!("needs a floating-point tensor, got {other}"))),
+        }?;
+        Ok(Tensor::from_storage(storage, input_shape))
+    }
+
+    /// Average pooling over `kernel` windows moved by `stride` over this
+    /// `[N, C, H, W]` (or `[C, H, W]`) float input padded with zeros by
+    /// `padding`; pairs are (height, width). With `count_include_pad` (the
+    /// PyTorch default) every window divides by `kH·kW`; without it, by the
+    /// number of input elements it covers. f16 and bf16 are computed in f32.
+    pub fn avg_pool2d(
+        &self,
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+        count_include_pad: bool,
+    ) -> Result<Tensor> {
+        const OP: &str = "avg_pool2d";
+        expect_float(OP, self)?;
+        let plan = PoolPlan::new(OP, self.dims(), kernel, stride, padding)?;
+        match self.dtype() {
+            DType::F64 => avg_forward::<f64>(self, &plan, count_include_pad),
+            DType::F32 => avg_forward::<f32>(self, &plan, count_include_pad),
+            other => avg_forward::<f32>(&self.to_dtype(DType::F32)?, &plan, count_include_pad)?.to_dtype(other),
+        }
+    }
+
+    /// The gradient of [`Tensor::avg_pool2d`] with respect to its input of
+    /// `input_shape`, given this output gradient and the forward pass's
+    /// kernel, stride, padding and `count_include_pad`.
+    pub fn avg_pool2d_backward(
+        &self,
+        input_shape: impl Into<Shape>,
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+        count_include_pad: bool,
+    ) -> Result<Tensor> {
+        const OP: &str = "avg_pool2d_backward";
+        let input_shape = input_shape.into();
+        expect_float(OP, self)?;
+        let plan = PoolPlan::new(OP, input_shape.dims(), kernel, stride, padding)?;
+        expect_pooled_shape(OP, self, &plan)?;
+        match self.dtype() {
+            DType::F64 => avg_backward::<f64>(self, &plan, count_include_pad),
+            DType::F32 => avg_backward::<f32>(self, &plan, count_include_pad),
+            other => avg_backward::<f32>(&self.to_dtype(DType::F32)?, &plan, count_include_pad)?.to_dtype(other),
+        }
+    }
+}
+
+/// Scatters `grad` (contiguous, planes of `olen`) to the positions `indices`
+/// name in the `ilen`-element planes of `out`.
+fn max_backward<T: WithDType + std::ops::AddAssign>(
+    (grad, indices, olen, ilen): (&Tensor, &Tensor, usize, usize),
+    out: &crate::storage::Storage,
+) -> Result<()> {
+    const OP: &str = "max_pool2d_backward";
+    let per_task = (PLANES_TASK_WORK / (olen + ilen).max(1)).max(1);
+    let _guard = lock_storages(&[grad.storage(), indices.storage()], &[]);
+    // SAFETY: the read locks are held; the output is new and ours alone.
+    let (g, idx, out) = unsafe {
+        (grad.storage().host_slice::<T>(OP)?, indices.storage().host_slice::<i64>(OP)?, out.host_slice_mut::<T>(OP)?)
+    };
+    let g = dense_elements(OP, g, grad)?;
+    let idx = dense_elements(OP, idx, indices)?;
+    if olen == 0 {
+        out.fill(T::ZERO);
+        return Ok(());
+    }
+    out.par_chunks_mut(ilen)
+        .zip(g.par_chunks(olen).zip(idx.par_chunks(olen)))
+        .with_min_len(per_task)
+        .try_for_each(|(o, (g, i))| max_pool2d_backward_plane(g, i, o))
+        .map_err(pool_error(OP))
+}
+
+fn avg_forward<T: AvgPoolElement + WithDType>(
+    input: &Tensor,
+    plan: &PoolPlan,
+    count_include_pad: bool,
+) -> Result<Tensor> {
+    const OP: &str = "avg_pool2d";
+    let input = non_negative(input)?;
+    let shape = plan.output_shape();
+    let storage = output(input.device(), input.dtype(), &shape)?;
+    let (offsets, strides) = plan.plane_offsets(input.layout())?;
+    let geometry = plan.geometry;
+    let olen = geometry.output_len();
+    let per_task = plan.planes_per_task(olen * plan.window);
+    {
+        let _guard = lock_storages(&[input.storage()], &[]);
+        // SAFETY: the read lock is held; the output is new and ours alone.
+        let (x, out) = unsafe { (input.storage().host_slice::<T>(OP)?, storage.host_slice_mut::<T>(OP)?) };
+        out.par_chunks_mut(olen)
+            .zip(offsets.par_iter())
+            .with_min_len(per_task)
+            .try_for_each(|(o, &offset)| avg_pool2d_plane(&geometry, x, offset, strides, o, count_include_pad))
+            .map_err(pool_error(OP))?;
+    }
+    Ok(Tensor::from_storage(storage, shape))
+}
+
+fn avg_backward<T: AvgPoolElement + WithDType>(
+    grad: &Tensor,
+    plan: &PoolPlan,
+    count_include_pad: bool,
+) -> Result<Tensor> {
+    const OP: &str = "avg_pool2d_backward";
+    let grad = grad.contiguous()?;
+    let shape = plan.input_shape();
+    let storage = output(grad.device(), grad.dtype(), &shape)?;
+    let geometry = plan.geometry;
+    let (olen, ilen) = (geometry.output_len(), geometry.input_len());
+    let per_task = plan.planes_per_task(olen * plan.window);
+    {
+        let _guard = lock_storages(&[grad.storage()], &[]);
+        // SAFETY: the read lock is held; the output is new and ours alone.
+        let (g, out) = unsafe { (grad.storage().host_slice::<T>(OP)?, storage.host_slice_mut::<T>(OP)?) };
+        let g = dense_elements(OP, g, &grad)?;
+        out.par_chunks_mut(ilen)
+            .zip(g.par_chunks(olen))
+            .with_min_len(per_task)
+            .try_for_each(|(o, g)| avg_pool2d_backward_plane(&geometry, g, o, count_include_pad))
+            .map_err(pool_error(OP))?;
+    }
+    Ok(Tensor::from_storage(storage, shape))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{DType, Device, Tensor};
+
+    #[test]
+    fn pooling_by_hand() {
+        let x = Tensor::from_vec_on((0..16).map(|v| v as f32).collect(), [1, 1, 4, 4], Device::CPU).unwrap();
+        let (v, i) = x.max_pool2d((2, 2), (2, 2), (0, 0)).unwrap();
+        assert_eq!(v.to_vec::<f32>().unwrap(), [5.0, 7.0, 13.0, 15.0]);
+        assert_eq!(i.to_vec::<i64>().unwrap(), [5, 7, 13, 15]);
+        let g = Tensor::ones_on([1, 1, 2, 2], DType::F32, Device::CPU).unwrap();
+        let gx = g.max_pool2d_backward(&i, [1, 1, 4, 4]).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(gx.iter().sum::<f32>(), 4.0);
+        assert_eq!((gx[5], gx[7], gx[13], gx[15]), (1.0, 1.0, 1.0, 1.0));
+        let a = x.avg_pool2d((2, 2), (2, 2), (0, 0), true).unwrap();
+        assert_eq!(a.to_vec::<f32>().unwrap(), [2.5, 4.5, 10.5, 12.5]);
+        let ga = g.avg_pool2d_backward([1, 1, 4, 4], (2, 2), (2, 2), (0, 0), true).unwrap();
+        assert_eq!(ga.to_vec::<f32>().unwrap(), [0.25; 16]);
+    }
+
+    #[test]
+    fn bad_parameters_are_errors_naming_them() {
+        let x = Tensor::zeros_on([1, 1, 5, 5], DType::F32, Device::CPU).unwrap();
+        assert_eq!(
+            x.max_pool2d((3, 3), (1, 1), (2, 0)).unwrap_err().to_string(),
+            "max_pool2d: input [1, 1, 5, 5] with kernel (3, 3), stride (1, 1), padding (2, 0): height: padding 2 \
+             must be at most half the kernel size 3 (1)"
+        );
+        assert!(x.avg_pool2d((0, 3), (1, 1), (0, 0), true).unwrap_err().to_string().contains("kernel 0"));
+        assert!(x.avg_pool2d((3, 3), (1, 0), (0, 0), true).unwrap_err().to_string().contains("stride 0"));
+        let v = Tensor::zeros_on([5, 5], DType::F32, Device::CPU).unwrap();
+        assert!(v.max_pool2d((2, 2), (2, 2), (0, 0)).unwrap_err().to_string().contains("got shape [5, 5]"));
+    }
+}

@@ -1,0 +1,299 @@
+//! One-operand elementwise ops: `neg`, `abs`, `exp`, `log`, `sqrt`, `rsqrt`,
+//! `sin`, `cos`, `tanh`, `sigmoid`, `relu`, `gelu`, `gelu_tanh`, `silu`,
+//! `powf`, `clamp`, and arithmetic with a scalar (`affine`, `add_scalar`,
+//! `mul_scalar`, ...). Each returns a new contiguous tensor.
+//!
+//! Dtypes follow PyTorch:
+//! - f16 and bf16 are computed in f32 per element and rounded once.
+//! - The "float" functions (`exp`, `log`, `sqrt`, `rsqrt`, `sin`, `cos`,
+//!   `tanh`, `sigmoid`) promote integer and bool tensors to f32.
+//! - The activations `gelu`, `gelu_tanh` and `silu` need a float tensor.
+//! - `neg`, `abs`, `relu` and `clamp` keep integer dtypes (wrapping like
+//!   PyTorch: `neg` of u8 is `256 - x`) and refuse bool.
+//! - With a scalar operand, an integer tensor keeps its dtype when the scalar
+//!   has no fractional part (it stands for a Python `int`) and becomes f32
+//!   otherwise; bool becomes i64 or f32 likewise.
+
+use crate::dtype::{DType, WithDType};
+use crate::error::{Result, TensorError};
+use crate::ops::elementwise::{dispatch_float, dispatch_int, map_unary, scalar_result_dtype, Cost, IntElement};
+use crate::tensor::Tensor;
+use brasa_kernels::elementwise::{map1, unary, UnaryOp};
+
+/// What an op does with a non-float tensor.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum IntegerInput {
+    /// Compute in f32 (PyTorch's float functions).
+    PromoteToF32,
+    /// An error naming the dtype.
+    Refuse,
+}
+
+/// Applies a float op, promoting or refusing non-float inputs.
+fn float_op(x: &Tensor, op: UnaryOp, name: &'static str, integers: IntegerInput) -> Result<Tensor> {
+    let cost = if op.is_expensive() { Cost::Expensive } else { Cost::Cheap };
+    dispatch_float!(x.dtype(), T => map_unary::<T, T>(name, x, cost, |src, dst| unary(op, src, dst)), {
+        match integers {
+            IntegerInput::PromoteToF32 => float_op(&x.to_dtype(DType::F32)?, op, name, integers),
+            IntegerInput::Refuse => Err(TensorError::invalid(
+                name,
+                format!("needs a floating-point tensor, got {}; convert it with to_dtype first", x.dtype()),
+            )),
+        }
+    })
+}
+
+fn refuse_bool(x: &Tensor, name: &'static str) -> Result<()> {
+    if x.dtype().is_bool() {
+        return Err(TensorError::invalid(
+            name,
+            "is not defined for bool tensors; use logical ops or convert the dtype",
+        ));
+    }
+    Ok(())
+}
+
+/// `max(v, 0)` (the identity for unsigned types).
+fn relu_int<T: IntElement>(v: T) -> T {
+    v.max(T::ZERO)
+}
+
+/// Applies `f` to every element of an integer tensor, keeping its dtype.
+fn int_map<T: IntElement>(x: &Tensor, name: &'static str, f: impl Fn(T) -> T + Sync) -> Result<Tensor> {
+    map_unary::<T, T>(name, x, Cost::Cheap, |src, dst| map1(src, dst, &f))
+}
+
+impl Tensor {
+    /// `-x`. Wraps for integers; an error for bool.
+    pub fn neg(&self) -> Result<Tensor> {
+        refuse_bool(self, "neg")?;
+        dispatch_int!(self.dtype(), T => int_map::<T>(self, "neg", |v| v.wrapping_neg()),
+            float_op(self, UnaryOp::Neg, "neg", IntegerInput::Refuse))
+    }
+
+    /// `|x|`. Integers keep their dtype (`abs(i64::MIN)` wraps to itself); an error for bool.
+    pub fn abs(&self) -> Result<Tensor> {
+        refuse_bool(self, "abs")?;
+        dispatch_int!(self.dtype(), T => int_map::<T>(self, "abs", |v| v.wrapping_abs()),
+            float_op(self, UnaryOp::Abs, "abs", IntegerInput::Refuse))
+    }
+
+    /// `e^x` (integers and bool are computed in f32).
+    pub fn exp(&self) -> Result<Tensor> {
+        float_op(self, UnaryOp::Exp, "exp", IntegerInput::PromoteToF32)
+    }
+
+    /// Natural logarithm (integers and bool are computed in f32).
+    pub fn log(&self) -> Result<Tensor> {
+        float_op(self, UnaryOp::Log, "log", IntegerInput::PromoteToF32)
+    }
+
+    /// Square root (integers and bool are computed in f32).
+    pub fn sqrt(&self) -> Result<Tensor> {
+        float_op(self, UnaryOp::Sqrt, "sqrt", IntegerInput::PromoteToF32)
+    }
+
+    /// `1 / sqrt(x)` (integers and bool are computed in f32).
+    pub fn rsqrt(&self) -> Result<Tensor> {
+        float_op(self, UnaryOp::Rsqrt, "rsqrt", IntegerInput::PromoteToF32)
+    }
+
+    /// Sine (integers and bool are computed in f32).
+    pub fn sin(&self) -> Result<Tensor> {
+        float_op(self, UnaryOp::Sin, "sin", IntegerInput::PromoteToF32)
+    }
+
+    /// Cosine (integers and bool are computed in f32).
+    pub fn cos(&self) -> Result<Tensor> {
+        float_op(self, UnaryOp::Cos, "cos", IntegerInput::PromoteToF32)
+    }
+
+    /// Hyperbolic tangent (integers and bool are computed in f32).
+    pub fn tanh(&self) -> Result<Tensor> {
+        float_op(self, UnaryOp::Tanh, "tanh", IntegerInput::PromoteToF32)
+    }
+
+    /// `1 / (1 + e^-x)` (integers and bool are computed in f32).
+    pub fn sigmoid(&self) -> Result<Tensor> {
+        float_op(self, UnaryOp::Sigmoid, "sigmoid", IntegerInput::PromoteToF32)
+    }
+
+    /// `max(x, 0)`; NaN stays NaN. Integers keep their dtype; an error for bool.
+    pub fn relu(&self) -> Result<Tensor> {
+        refuse_bool(self, "relu")?;
+        dispatch_int!(self.dtype(), T => int_map::<T>(self, "relu", relu_int::<T>),
+            float_op(self, UnaryOp::Relu, "relu", IntegerInput::Refuse))
+    }
+
+    /// GELU, `x Φ(x)` with the exact normal CDF (PyTorch's default
+    /// `approximate='none'`), accurate to an ulp or two in f32 and f64, in the
+    /// far negative tail too. Float tensors only.
+    ///
+    /// ```
+    /// use brasa_tensor::{Device, Tensor};
+    /// let x = Tensor::from_vec_on(vec![-1.0f32, 0.0, 1.0], [3], Device::CPU)?;
+    /// let y = x.gelu()?.to_vec::<f32>()?;
+    /// assert!((y[2] - 0.841_344_7).abs() < 1e-6 && y[1] == 0.0);
+    /// # Ok::<(), brasa_tensor::TensorError>(())
+    /// ```
+    pub fn gelu(&self) -> Result<Tensor> {
+        float_op(self, UnaryOp::Gelu, "gelu", IntegerInput::Refuse)
+    }
+
+    /// GELU's tanh approximation (PyTorch's `approximate='tanh'`). Float tensors only.
+    pub fn gelu_tanh(&self) -> Result<Tensor> {
+        float_op(self, UnaryOp::GeluTanh, "gelu_tanh", IntegerInput::Refuse)
+    }
+
+    /// `x * sigmoid(x)` (SiLU, swish). Float tensors only.
+    pub fn silu(&self) -> Result<Tensor> {
+        float_op(self, UnaryOp::Silu, "silu", IntegerInput::Refuse)
+    }
+
+    /// `x^exponent`. Integer tensors stay integers (wrapping) for a
+    /// non-negative integral exponent and go to f32 otherwise; bool is
+    /// treated as an integer tensor (result i64) likewise.
+    pub fn powf(&self, exponent: f64) -> Result<Tensor> {
+        let dtype = scalar_result_dtype(self.dtype(), &[exponent]);
+        if dtype.is_float() {
+            return float_op(&self.to_dtype(dtype)?, UnaryOp::Powf(exponent), "powf", IntegerInput::Refuse);
+        }
+        if exponent < 0.0 {
+            return float_op(&self.to_dtype(DType::F32)?, UnaryOp::Powf(exponent), "powf", IntegerInput::Refuse);
+        }
+        let x = self.to_dtype(dtype)?;
+        dispatch_int!(dtype, T => {
+            let e = T::from_f64(exponent);
+            int_map::<T>(&x, "powf", move |v| v.int_pow(e))
+        }, Err(TensorError::invalid("powf", format!("unsupported dtype {dtype}"))))
+    }
+
+    /// `min(max(x, min), max)` with either bound optional (at least one is
+    /// needed); NaN stays NaN; with `min > max` every element becomes `max`
+    /// (as in PyTorch). Integer tensors with integral bounds keep their dtype,
+    /// fractional bounds make the result f32; an error for bool.
+    pub fn clamp(&self, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
+        let (lo, hi) = clamp_bounds("clamp", self, min, max)?;
+        let dtype = scalar_result_dtype(self.dtype(), &[lo, hi].map(|b| if b.is_infinite() { 0.0 } else { b }));
+        let x = self.to_dtype(dtype)?;
+        dispatch_int!(dtype, T => {
+            let (lo, hi) = (int_bound::<T>(lo), int_bound::<T>(hi));
+            int_map::<T>(&x, "clamp", move |v| v.max(lo).min(hi))
+        }, float_op(&x, UnaryOp::Clamp { min: lo, max: hi }, "clamp", IntegerInput::Refuse))
+    }
+
+    /// `self * mul + add` in one pass (optimizers and autograd use it; see
+    /// the module doc for the dtype of integer tensors).
+    pub fn affine(&self, mul: f64, add: f64) -> Result<Tensor> {
+        scalar_arith(self, "affine", mul, add)
+    }
+
+    /// `self + value`.
+    pub fn add_scalar(&self, value: f64) -> Result<Tensor> {
+        scalar_arith(self, "add_scalar", 1.0, value)
+    }
+
+    /// `self - value`.
+    pub fn sub_scalar(&self, value: f64) -> Result<Tensor> {
+        scalar_arith(self, "sub_scalar", 1.0, -value)
+    }
+
+    /// `self * value`.
+    pub fn mul_scalar(&self, value: f64) -> Result<Tensor> {
+        scalar_arith(self, "mul_scalar", value, 0.0)
+    }
+
+    /// `self / value` (true division: integers and bool give f32).
+    pub fn div_scalar(&self, value: f64) -> Result<Tensor> {
+        let dtype = if self.dtype().is_float() { self.dtype() } else { DType::F32 };
+        let x = self.to_dtype(dtype)?;
+        x.div(&crate::ops::elementwise::scalar_like(value, dtype, &x)?)
+    }
+}
+
+/// The bounds of a clamp as f64, ±infinity where absent; errors for bool
+/// tensors, for no bound at all, and for NaN bounds.
+pub(crate) fn clamp_bounds(op: &'static str, x: &Tensor, min: Option<f64>, max: Option<f64>) -> Result<(f64, f64)> {
+    refuse_bool(x, op)?;
+    if min.is_none() && max.is_none() {
+        return Err(TensorError::invalid(op, "at least one of min and max must be given"));
+    }
+    let (lo, hi) = (min.unwrap_or(f64::NEG_INFINITY), max.unwrap_or(f64::INFINITY));
+    if lo.is_nan() || hi.is_nan() {
+        return Err(TensorError::invalid(op, format!("bounds must not be NaN, got min {min:?} and max {max:?}")));
+    }
+    Ok((lo, hi))
+}
+
+/// An f64 bound in an integer type, saturating (infinite bounds become the
+/// type's extremes).
+pub(crate) fn int_bound<T: WithDType>(bound: f64) -> T {
+    // `as` saturates float → integer, and ±inf lands on the extremes.
+    T::from_f64(bound)
+}
+
+/// `x * mul + add` with the scalar dtype rule.
+fn scalar_arith(x: &Tensor, name: &'static str, mul: f64, add: f64) -> Result<Tensor> {
+    let dtype = scalar_result_dtype(x.dtype(), &[mul, add]);
+    let x = x.to_dtype(dtype)?;
+    if dtype.is_float() {
+        return float_op(&x, UnaryOp::Affine { mul, add }, name, IntegerInput::Refuse);
+    }
+    dispatch_int!(dtype, T => {
+        // Integral scalars (checked by the dtype rule); `from_i64` wraps like PyTorch.
+        let (m, a) = (T::from_i64(mul as i64), T::from_i64(add as i64));
+        int_map::<T>(&x, name, move |v| v.wrapping_mul(m).wrapping_add(a))
+    }, Err(TensorError::invalid(name, format!("unsupported dtype {dtype}"))))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{DType, Device, Tensor};
+
+    fn t(values: &[f32]) -> Tensor {
+        Tensor::from_slice_on(values, [values.len()], Device::CPU).unwrap()
+    }
+
+    #[test]
+    fn float_functions_and_activations() {
+        let x = t(&[-2.0, -0.5, 0.0, 0.5, 2.0]);
+        let relu = x.relu().unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(relu, [0.0, 0.0, 0.0, 0.5, 2.0]);
+        let exp = x.exp().unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(exp[4], 2.0f32.exp());
+        let sig = x.sigmoid().unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(sig[2], 0.5);
+        let silu = x.silu().unwrap().to_vec::<f32>().unwrap();
+        assert!((silu[4] - 2.0 / (1.0 + (-2.0f32).exp())).abs() < 1e-7);
+        let clamped = x.clamp(Some(-1.0), None).unwrap().to_vec::<f32>().unwrap();
+        assert_eq!(clamped, [-1.0, -0.5, 0.0, 0.5, 2.0]);
+        assert_eq!(x.affine(2.0, 1.0).unwrap().to_vec::<f32>().unwrap(), [-3.0, 0.0, 1.0, 2.0, 5.0]);
+        assert_eq!(x.powf(2.0).unwrap().to_vec::<f32>().unwrap(), [4.0, 0.25, 0.0, 0.25, 4.0]);
+    }
+
+    #[test]
+    fn integer_inputs_follow_pytorch() {
+        let i = Tensor::from_vec_on(vec![-3i64, 0, 4], [3], Device::CPU).unwrap();
+        assert_eq!(i.exp().unwrap().dtype(), DType::F32);
+        assert_eq!(i.abs().unwrap().to_vec::<i64>().unwrap(), [3, 0, 4]);
+        assert_eq!(i.relu().unwrap().to_vec::<i64>().unwrap(), [0, 0, 4]);
+        assert_eq!(i.powf(2.0).unwrap().to_vec::<i64>().unwrap(), [9, 0, 16]);
+        assert_eq!(i.powf(0.5).unwrap().dtype(), DType::F32);
+        assert_eq!(i.mul_scalar(2.0).unwrap().to_vec::<i64>().unwrap(), [-6, 0, 8]);
+        assert_eq!(i.add_scalar(0.5).unwrap().to_vec::<f32>().unwrap(), [-2.5, 0.5, 4.5]);
+        assert_eq!(i.div_scalar(2.0).unwrap().to_vec::<f32>().unwrap(), [-1.5, 0.0, 2.0]);
+        assert_eq!(i.clamp(Some(-1.0), Some(2.0)).unwrap().to_vec::<i64>().unwrap(), [-1, 0, 2]);
+        let u = Tensor::from_vec_on(vec![1u8, 200], [2], Device::CPU).unwrap();
+        assert_eq!(u.neg().unwrap().to_vec::<u8>().unwrap(), [255, 56]);
+        let gelu = i.gelu().unwrap_err().to_string();
+        assert_eq!(gelu, "gelu: needs a floating-point tensor, got i64; convert it with to_dtype first");
+        let b = Tensor::from_vec_on(vec![true, false], [2], Device::CPU).unwrap();
+        assert!(b.neg().unwrap_err().to_string().starts_with("neg: is not defined for bool"));
+        assert_eq!(b.add_scalar(1.0).unwrap().to_vec::<i64>().unwrap(), [2, 1]);
+        assert!(x_clamp_needs_a_bound(&i).contains("at least one of min and max"));
+    }
+
+    fn x_clamp_needs_a_bound(x: &Tensor) -> String {
+        x.clamp(None, None).unwrap_err().to_string()
+    }
+}

@@ -1,0 +1,338 @@
+//! Reductions and softmax against naive references: random shapes (with
+//! size-0 and size-1 dims), views (transposed, narrowed, expanded,
+//! permuted), every dtype, negative dims, keepdim.
+
+use brasa_tensor::{DType, Device, Tensor};
+use proptest::prelude::*;
+
+const CPU: Device = Device::CPU;
+
+/// A tensor of `dims` from small values exact in every dtype, seen through
+/// one of several views.
+#[derive(Clone, Debug)]
+struct Case {
+    dims: Vec<usize>,
+    values: Vec<i32>,
+    dtype: DType,
+    view: usize,
+}
+
+fn case(max_rank: usize, max_dim: usize) -> impl Strategy<Value = Case> {
+    let dtypes =
+        prop::sample::select(vec![DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::U8, DType::Bool]);
+    (prop::collection::vec(0..=max_dim, 0..=max_rank), dtypes, 0usize..5).prop_flat_map(|(dims, dtype, view)| {
+        let numel = dims.iter().product::<usize>();
+        prop::collection::vec(-32i32..32, numel).prop_map(move |values| Case {
+            dims: dims.clone(),
+            values,
+            dtype,
+            view,
+        })
+    })
+}
+
+impl Case {
+    /// The tensor, viewed as the case says.
+    fn tensor(&self) -> Tensor {
+        self.shifted(0.0)
+    }
+
+    /// The tensor with `shift` added to every (float) value, viewed as the case says.
+    fn shifted(&self, shift: f64) -> Tensor {
+        let values: Vec<f64> = self
+            .values
+            .iter()
+            .map(|&v| match self.dtype {
+                DType::U8 => (v + 32) as f64,
+                DType::I64 => v as f64,
+                DType::Bool => (v > 0) as i32 as f64,
+                _ => v as f64 / 8.0 + shift,
+            })
+            .collect();
+        let base = Tensor::from_vec_on(values, self.dims.clone(), CPU).unwrap().to_dtype(self.dtype).unwrap();
+        let rank = base.rank();
+        match self.view {
+            1 if rank >= 2 => base.transpose(0, -1).unwrap(),
+            2 if rank >= 1 && base.dims()[0] > 1 => base.narrow(0, 1, base.dims()[0] - 1).unwrap(),
+            3 => {
+                let mut dims = vec![3];
+                dims.extend_from_slice(base.dims());
+                base.unsqueeze(0).unwrap().expand(dims).unwrap()
+            }
+            4 if rank >= 2 => base.permute(&(0..rank).rev().collect::<Vec<_>>()).unwrap(),
+            _ => base,
+        }
+    }
+}
+
+/// The elements of `t` as f64, row-major.
+fn values(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap()
+}
+
+/// Reference reduction: for each output (kept coordinates in row-major
+/// order), `f` of the reduced elements in row-major order of the reduced dims.
+fn naive(
+    data: &[f64],
+    dims: &[usize],
+    mask: &[bool],
+    keepdim: bool,
+    f: &dyn Fn(&[f64]) -> f64,
+) -> (Vec<usize>, Vec<f64>) {
+    let out_dims: Vec<usize> =
+        dims.iter().zip(mask).filter_map(|(&d, &m)| if m { keepdim.then_some(1) } else { Some(d) }).collect();
+    let kept: Vec<usize> = (0..dims.len()).filter(|&d| !mask[d]).collect();
+    let reduced: Vec<usize> = (0..dims.len()).filter(|&d| mask[d]).collect();
+    let strides: Vec<usize> = (0..dims.len()).map(|d| dims[d + 1..].iter().product()).collect();
+    let count = |axes: &[usize]| axes.iter().map(|&d| dims[d]).product::<usize>();
+    let coords = |axes: &[usize], mut flat: usize| {
+        let mut c = vec![0; axes.len()];
+        for (slot, &d) in c.iter_mut().zip(axes).rev() {
+            *slot = flat % dims[d];
+            flat /= dims[d];
+        }
+        c
+    };
+    let mut out = Vec::new();
+    for o in 0..count(&kept) {
+        let kc = coords(&kept, o);
+        let base: usize = kept.iter().zip(&kc).map(|(&d, &c)| c * strides[d]).sum();
+        let group: Vec<f64> = (0..count(&reduced))
+            .map(|r| {
+                let rc = coords(&reduced, r);
+                data[base + reduced.iter().zip(&rc).map(|(&d, &c)| c * strides[d]).sum::<usize>()]
+            })
+            .collect();
+        out.push(f(&group));
+    }
+    (out_dims, out)
+}
+
+/// A random dims list for rank `rank` (each dim maybe, maybe negative) and the mask it means.
+fn dims_list(rank: usize, picks: &[(bool, bool)]) -> (Vec<isize>, Vec<bool>) {
+    let mut list = Vec::new();
+    let mut mask = vec![false; rank];
+    for (d, &(take, negative)) in picks.iter().enumerate().take(rank) {
+        if take {
+            list.push(if negative { d as isize - rank as isize } else { d as isize });
+            mask[d] = true;
+        }
+    }
+    if list.is_empty() {
+        mask = vec![true; rank];
+    }
+    (list, mask)
+}
+
+/// The dtype's rounding of an exact value, as f64.
+fn round_to(dtype: DType, value: f64) -> f64 {
+    values(&Tensor::from_vec_on(vec![value], [1], CPU).unwrap().to_dtype(dtype).unwrap())[0]
+}
+
+fn epsilon(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 1e-3,
+        DType::BF16 => 8e-3,
+        DType::F32 => 1e-6,
+        _ => 1e-12,
+    }
+}
+
+fn first_arg(group: &[f64], max: bool) -> f64 {
+    let mut best = 0;
+    for (i, &v) in group.iter().enumerate() {
+        if (max && v > group[best]) || (!max && v < group[best]) {
+            best = i;
+        }
+    }
+    best as f64
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn reductions_match_naive(c in case(4, 5), picks in prop::collection::vec(any::<(bool, bool)>(), 4), keepdim: bool) {
+        let x = c.tensor();
+        let data = values(&x);
+        let (list, mask) = dims_list(x.rank(), &picks);
+        let dims = x.dims().to_vec();
+        let float = c.dtype.is_float();
+
+        let sum = x.sum(&list, keepdim).unwrap();
+        let (shape, expect) = naive(&data, &dims, &mask, keepdim, &|g| g.iter().sum());
+        prop_assert_eq!(sum.dims(), &shape[..]);
+        prop_assert_eq!(sum.dtype(), if float { c.dtype } else { DType::I64 });
+        let got = values(&sum);
+        for (g, e) in got.iter().zip(&expect) {
+            // The data is exact in every dtype and the sums are exact in f32: only the final rounding differs.
+            prop_assert_eq!(*g, if float { round_to(c.dtype, *e) } else { *e });
+        }
+
+        let reduced_any_empty = dims.iter().zip(&mask).any(|(&s, &m)| m && s == 0);
+        for (max, op) in [(true, "max"), (false, "min")] {
+            let values_result = if max { x.max(&list, keepdim) } else { x.min(&list, keepdim) };
+            let arg_result = if max { x.argmax(&list, keepdim) } else { x.argmin(&list, keepdim) };
+            if reduced_any_empty {
+                let message = values_result.unwrap_err().to_string();
+                prop_assert!(message.contains(op) && message.contains("of size 0"), "{}", message);
+                prop_assert!(arg_result.is_err());
+                continue;
+            }
+            let extreme = values_result.unwrap();
+            prop_assert_eq!(extreme.dtype(), c.dtype);
+            let (shape, expect) = naive(&data, &dims, &mask, keepdim, &|g| {
+                g.iter().copied().fold(if max { f64::MIN } else { f64::MAX }, if max { f64::max } else { f64::min })
+            });
+            prop_assert_eq!(extreme.dims(), &shape[..]);
+            prop_assert_eq!(values(&extreme), expect);
+            let arg = arg_result.unwrap();
+            prop_assert_eq!(arg.dtype(), DType::I64);
+            let (_, expect) = naive(&data, &dims, &mask, keepdim, &|g| first_arg(g, max));
+            prop_assert_eq!(values(&arg), expect);
+        }
+
+        if float {
+            let mean = x.mean(&list, keepdim).unwrap();
+            let (_, expect) = naive(&data, &dims, &mask, keepdim, &|g| g.iter().sum::<f64>() / g.len() as f64);
+            for (g, e) in values(&mean).iter().zip(&expect) {
+                prop_assert!(e.is_nan() && g.is_nan() || (g - e).abs() <= 2.0 * epsilon(c.dtype) * (1.0 + e.abs()), "{} vs {}", g, e);
+            }
+            for correction in [0usize, 1, 2] {
+                let var = x.var_with_correction(&list, correction, keepdim).unwrap();
+                let (_, expect) = naive(&data, &dims, &mask, keepdim, &|g| {
+                    let m = g.iter().sum::<f64>() / g.len() as f64;
+                    g.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (g.len().saturating_sub(correction)) as f64
+                });
+                for (g, e) in values(&var).iter().zip(&expect) {
+                    let same = (g.is_nan() && e.is_nan()) || g == e || (g - e).abs() <= 4.0 * epsilon(c.dtype) * (1.0 + e.abs());
+                    prop_assert!(same, "var correction {}: {} vs {}", correction, g, e);
+                }
+            }
+        } else {
+            prop_assert!(x.mean(&list, keepdim).is_err());
+            prop_assert!(x.var(&list, keepdim).is_err());
+        }
+    }
+
+    #[test]
+    fn softmax_matches_naive_f64(c in case(3, 6), dim_pick in 0usize..3, negative: bool, shift in prop::sample::select(vec![0.0, 1000.0, -1000.0])) {
+        prop_assume!(c.dtype.is_float() && !c.dims.is_empty());
+        let x = c.shifted(shift);
+        let rank = x.rank();
+        let d = dim_pick % rank;
+        let dim = if negative { d as isize - rank as isize } else { d as isize };
+        let soft = x.softmax(dim).unwrap();
+        let log = x.log_softmax(dim).unwrap();
+        prop_assert_eq!(soft.dtype(), c.dtype);
+        prop_assert_eq!(soft.dims(), x.dims());
+        // Reference in f64 from the same (rounded) inputs, slice by slice.
+        let moved = x.transpose(d, -1).unwrap();
+        let data = values(&moved);
+        let n = moved.dims()[rank - 1];
+        let soft_moved = values(&soft.transpose(d, -1).unwrap());
+        let log_moved = values(&log.transpose(d, -1).unwrap());
+        let tolerance = 4.0 * epsilon(c.dtype).max(1e-6);
+        for (i, row) in data.chunks(n.max(1)).enumerate().filter(|_| n > 0) {
+            let m = row.iter().copied().fold(f64::MIN, f64::max);
+            let total: f64 = row.iter().map(|v| (v - m).exp()).sum();
+            let mut row_sum = 0.0;
+            for (k, v) in row.iter().enumerate() {
+                let p = (v - m).exp() / total;
+                let got = soft_moved[i * n + k];
+                row_sum += got;
+                prop_assert!((got - p).abs() <= tolerance, "softmax {} vs {}", got, p);
+                let lp = (v - m) - total.ln();
+                let got_log = log_moved[i * n + k];
+                prop_assert!((got_log - lp).abs() <= tolerance * (1.0 + lp.abs()), "log_softmax {} vs {}", got_log, lp);
+                // log_softmax = log(softmax) where softmax is not tiny.
+                if got > 1e-3 {
+                    prop_assert!((got.ln() - got_log).abs() <= 2.0 * tolerance * (1.0 + lp.abs()) / got.min(1.0));
+                }
+            }
+            prop_assert!((row_sum - 1.0).abs() <= tolerance * n as f64, "row sums to {}", row_sum);
+        }
+    }
+}
+
+#[test]
+fn pairwise_sum_of_ten_million_tenths() {
+    // Pairwise (blocked) summation keeps the error near log2(n) roundings; a
+    // running f32 sum of these 10^7 values drifts to 1087937.
+    let x = Tensor::full_on([10_000_000], 0.1, DType::F32, CPU).unwrap();
+    let total = x.sum_all().unwrap().item::<f64>().unwrap();
+    assert!((total - 1e6).abs() < 1.0, "sum of 1e7 x 0.1f32 = {total}");
+    let mean = x.mean_all().unwrap().item::<f64>().unwrap();
+    assert!((mean - 0.1).abs() < 1e-7, "mean = {mean}");
+    // Reducing an outer dim is pairwise over rows too.
+    let columns = x.reshape(&[5_000_000, 2]).unwrap().sum(&[0], false).unwrap().to_vec::<f32>().unwrap();
+    for c in columns {
+        assert!((c as f64 - 5e5).abs() < 1.0, "column sum = {c}");
+    }
+}
+
+#[test]
+fn nan_propagates_and_is_found_first() {
+    let x = Tensor::from_vec_on(vec![1.0f32, f32::NAN, 3.0, 4.0, 2.0, f32::NAN], [2, 3], CPU).unwrap();
+    assert!(x.max(&[1], false).unwrap().to_vec::<f32>().unwrap().iter().all(|v| v.is_nan()));
+    assert_eq!(x.argmax(&[1], false).unwrap().to_vec::<i64>().unwrap(), [1, 2]);
+    assert_eq!(x.argmin(&[0], false).unwrap().to_vec::<i64>().unwrap(), [0, 0, 1]);
+    let sums = x.sum(&[0], false).unwrap().to_vec::<f32>().unwrap();
+    assert!(sums[0] == 5.0 && sums[1].is_nan() && sums[2].is_nan());
+}
+
+#[test]
+fn large_reductions_use_every_path() {
+    // Big enough for the parallel paths: rows, columns and the copied fallback.
+    let x = Tensor::randn_on([64, 300, 40], DType::F32, CPU).unwrap();
+    let data = values(&x);
+    let dims = x.dims().to_vec();
+    for (list, mask) in [
+        (vec![2], [false, false, true]),
+        (vec![0], [true, false, false]),
+        (vec![1], [false, true, false]),
+        (vec![0, 2], [true, false, true]),
+    ] {
+        let (_, expect) = naive(&data, &dims, &mask, false, &|g| g.iter().sum());
+        let got = values(&x.sum(&list, false).unwrap());
+        for (g, e) in got.iter().zip(&expect) {
+            assert!((g - e).abs() < 1e-3, "sum over {list:?}: {g} vs {e}");
+        }
+        let (_, expect) = naive(&data, &dims, &mask, false, &|g| first_arg(g, true));
+        assert_eq!(values(&x.argmax(&list, false).unwrap()), expect, "argmax over {list:?}");
+        let (_, expect) = naive(&data, &dims, &mask, false, &|g| {
+            let m = g.iter().sum::<f64>() / g.len() as f64;
+            g.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (g.len() - 1) as f64
+        });
+        for (g, e) in values(&x.var(&list, false).unwrap()).iter().zip(&expect) {
+            assert!((g - e).abs() < 1e-4 * (1.0 + e), "var over {list:?}: {g} vs {e}");
+        }
+    }
+    let soft = x.softmax(1).unwrap().sum(&[1], false).unwrap();
+    assert!(values(&soft).iter().all(|s| (s - 1.0).abs() < 1e-5));
+    let soft = x.to_dtype(DType::BF16).unwrap().softmax(-1).unwrap().sum(&[-1], false).unwrap();
+    assert!(values(&soft).iter().all(|s| (s - 1.0).abs() < 0.05));
+}
+
+#[test]
+fn errors_name_the_op_and_the_problem() {
+    let x = Tensor::zeros_on([2, 3], DType::F32, CPU).unwrap();
+    let message = x.sum(&[2], false).unwrap_err().to_string();
+    assert!(message.contains("sum") && message.contains("dim 2"), "{message}");
+    let message = x.sum(&[0, -2], false).unwrap_err().to_string();
+    assert!(message.contains("appears more than once"), "{message}");
+    let ints = Tensor::zeros_on([2], DType::U8, CPU).unwrap();
+    let message = ints.mean_all().unwrap_err().to_string();
+    assert!(message.contains("mean") && message.contains("u8"), "{message}");
+    let message = ints.softmax(0).unwrap_err().to_string();
+    assert!(message.contains("softmax") && message.contains("u8"), "{message}");
+    let message = ints.log_softmax(1).unwrap_err().to_string();
+    assert!(message.contains("log_softmax"), "{message}");
+    let empty = Tensor::zeros_on([0, 3], DType::F32, CPU).unwrap();
+    let message = empty.argmax(&[], false).unwrap_err().to_string();
+    assert!(message.contains("argmax") && message.contains("dim 0 of size 0"), "{message}");
+    let scalar = Tensor::scalar_on(2.5f64, CPU).unwrap();
+    assert_eq!(scalar.sum(&[0], true).unwrap().item::<f64>().unwrap(), 2.5);
+    assert_eq!(scalar.var_with_correction(&[], 0, false).unwrap().item::<f64>().unwrap(), 0.0);
+    assert!(scalar.var(&[], false).unwrap().item::<f64>().unwrap().is_nan());
+}
