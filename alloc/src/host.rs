@@ -20,6 +20,8 @@ pub struct HostBackend {
     name: String,
     limit: Option<usize>,
     in_use: AtomicUsize,
+    /// Page-locked ("pinned") memory: every allocation is mapped and `mlock`ed.
+    pinned: bool,
 }
 
 impl HostBackend {
@@ -35,7 +37,21 @@ impl HostBackend {
 
     /// A host backend with its own name (e.g. a logical device `cpu:3`) and limit.
     pub fn named(name: impl Into<String>, limit: Option<usize>) -> Self {
-        HostBackend { name: name.into(), limit, in_use: AtomicUsize::new(0) }
+        HostBackend { name: name.into(), limit, in_use: AtomicUsize::new(0), pinned: false }
+    }
+
+    /// Page-locked host memory (what CUDA calls pinned memory): every
+    /// allocation is mapped from the OS and locked in RAM with `mlock`, so the
+    /// OS never pages it out and a device can copy from it asynchronously.
+    /// Allocation fails with a message naming `RLIMIT_MEMLOCK` when the lock
+    /// limit is reached.
+    pub fn pinned(name: impl Into<String>, limit: Option<usize>) -> Self {
+        HostBackend { pinned: true, ..Self::named(name, limit) }
+    }
+
+    /// Whether this backend hands out page-locked memory.
+    pub fn is_pinned(&self) -> bool {
+        self.pinned
     }
 
     /// The byte limit, if any.
@@ -83,7 +99,13 @@ impl Backend for HostBackend {
             return Err(BackendError::Device("host backend asked for 0 bytes".into()));
         }
         self.reserve(bytes)?;
-        let result = if bytes >= MAP_THRESHOLD { map_pages(bytes) } else { heap_alloc(bytes) };
+        let result = if self.pinned {
+            map_pages(bytes).and_then(|addr| lock_pages(addr, bytes))
+        } else if bytes >= MAP_THRESHOLD {
+            map_pages(bytes)
+        } else {
+            heap_alloc(bytes)
+        };
         if result.is_err() {
             self.in_use.fetch_sub(bytes, Ordering::Relaxed);
         }
@@ -91,7 +113,8 @@ impl Backend for HostBackend {
     }
 
     unsafe fn free(&self, addr: usize, bytes: usize) {
-        if bytes >= MAP_THRESHOLD {
+        // Unmapping also unlocks pinned pages.
+        if self.pinned || bytes >= MAP_THRESHOLD {
             // SAFETY: the caller guarantees `addr`/`bytes` came from `map_pages`.
             unsafe { unmap_pages(addr, bytes) };
         } else {
@@ -172,6 +195,27 @@ unsafe fn unmap_pages(addr: usize, bytes: usize) {
     unsafe { libc::munmap(addr as *mut libc::c_void, bytes) };
 }
 
+/// Locks a fresh mapping in RAM, or unmaps it and says why not.
+#[cfg(unix)]
+fn lock_pages(addr: usize, bytes: usize) -> Result<usize, BackendError> {
+    // SAFETY: `addr..addr + bytes` is a mapping this backend just made.
+    if unsafe { libc::mlock(addr as *const libc::c_void, bytes) } == 0 {
+        return Ok(addr);
+    }
+    let error = std::io::Error::last_os_error();
+    // SAFETY: the mapping is ours and nothing else has seen it.
+    unsafe { unmap_pages(addr, bytes) };
+    Err(BackendError::Device(format!(
+        "cannot pin {bytes} bytes of host memory (mlock: {error}); raise the locked-memory limit \
+         (RLIMIT_MEMLOCK, `ulimit -l`) or pin less"
+    )))
+}
+
+#[cfg(not(unix))]
+fn lock_pages(addr: usize, _bytes: usize) -> Result<usize, BackendError> {
+    Ok(addr)
+}
+
 #[cfg(not(unix))]
 fn map_pages(bytes: usize) -> Result<usize, BackendError> {
     heap_alloc(bytes)
@@ -214,6 +258,21 @@ mod tests {
                 std::ptr::write_bytes(addr as *mut u8, 0xAB, bytes);
                 backend.free(addr, bytes);
             }
+        }
+        assert_eq!(backend.bytes_in_use(), 0);
+    }
+
+    #[test]
+    fn pinned_memory_is_mapped_and_locked_or_says_why_not() {
+        let backend = HostBackend::pinned("cpu:pinned", None);
+        assert!(backend.is_pinned());
+        match backend.allocate(64 << 10) {
+            Ok(addr) => {
+                assert_eq!(addr % 4096, 0, "pinned memory is whole pages");
+                // SAFETY: allocated just above with this size.
+                unsafe { backend.free(addr, 64 << 10) };
+            }
+            Err(error) => assert!(error.to_string().contains("RLIMIT_MEMLOCK"), "{error}"),
         }
         assert_eq!(backend.bytes_in_use(), 0);
     }

@@ -89,6 +89,18 @@ fn host_devices() -> Result<&'static HostDevices> {
     Ok(HOST_DEVICES.get_or_init(|| HostDevices { allocators: (0..count).map(|_| OnceLock::new()).collect() }))
 }
 
+static PINNED: OnceLock<CachingAllocator<HostBackend>> = OnceLock::new();
+
+/// The caching allocator of page-locked host memory, shared by all host
+/// devices (PyTorch's `CachingHostAllocator`).
+pub(crate) fn pinned_allocator() -> Result<&'static CachingAllocator<HostBackend>> {
+    if let Some(allocator) = PINNED.get() {
+        return Ok(allocator);
+    }
+    let config = AllocatorConfig::from_env().map_err(brasa_alloc::AllocError::from)?;
+    Ok(PINNED.get_or_init(|| CachingAllocator::with_config(HostBackend::pinned("cpu:pinned", None), config)))
+}
+
 /// The caching allocator of logical host device `index`.
 pub(crate) fn host_allocator(index: usize) -> Result<&'static CachingAllocator<HostBackend>> {
     let devices = host_devices()?;

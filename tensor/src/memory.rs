@@ -113,3 +113,15 @@ pub fn set_memory_fraction(device: Device, fraction: f64) -> Result<()> {
 pub fn set_observer(device: Device, observer: Option<Observer>) -> Result<()> {
     with_allocator!(device, a => a.set_observer(observer))
 }
+
+/// Statistics of the page-locked host memory pool behind [`crate::Tensor::pin_memory`]
+/// (`torch.cuda.host_memory_stats`).
+pub fn pinned_stats() -> Result<MemoryStats> {
+    Ok(crate::host_devices::pinned_allocator()?.stats())
+}
+
+/// Returns cached page-locked memory that no tensor uses to the OS.
+pub fn pinned_empty_cache() -> Result<()> {
+    crate::host_devices::pinned_allocator()?.empty_cache();
+    Ok(())
+}

@@ -26,6 +26,7 @@ pub struct Storage {
     dtype: DType,
     len: usize,
     device: Device,
+    pinned: bool,
     lock: RwLock<()>,
     version: AtomicU64,
 }
@@ -51,7 +52,39 @@ impl Storage {
             Device::Cpu(index) => Buffer::Host(host_allocator(index)?.allocate(bytes, StreamId::DEFAULT)?),
             Device::Cuda(index) => cuda_buffer(index, bytes)?,
         };
-        Ok(Storage { buffer, dtype, len, device, lock: RwLock::new(()), version: AtomicU64::new(0) })
+        Ok(Storage { buffer, dtype, len, device, pinned: false, lock: RwLock::new(()), version: AtomicU64::new(0) })
+    }
+
+    /// Like [`Storage::uninit`], in page-locked host memory.
+    pub(crate) fn uninit_pinned(dtype: DType, len: usize) -> Result<Storage> {
+        let bytes = len
+            .checked_mul(dtype.size_in_bytes())
+            .ok_or_else(|| TensorError::invalid("pin_memory", format!("{len} elements of {dtype} overflow usize")))?;
+        let buffer = Buffer::Host(crate::host_devices::pinned_allocator()?.allocate(bytes, StreamId::DEFAULT)?);
+        Ok(Storage {
+            buffer,
+            dtype,
+            len,
+            device: Device::CPU,
+            pinned: true,
+            lock: RwLock::new(()),
+            version: AtomicU64::new(0),
+        })
+    }
+
+    /// Whether the memory is page-locked host memory.
+    pub fn is_pinned(&self) -> bool {
+        self.pinned
+    }
+
+    /// Marks the memory as used by `stream` too, so the allocator reuses it
+    /// only after the work queued there so far has finished.
+    pub(crate) fn record_stream(&self, stream: StreamId) {
+        match &self.buffer {
+            Buffer::Host(block) => block.record_stream(stream),
+            #[cfg(feature = "cuda")]
+            Buffer::Cuda(block) => block.record_stream(stream),
+        }
     }
 
     /// Storage of `len` zeros.
