@@ -14,13 +14,19 @@
 //! Freed blocks merge with free neighbours; nothing goes back to the backend
 //! until [`CachingAllocator::empty_cache`], garbage collection or the ladder.
 
+mod allocation;
+mod inspect;
+mod release;
+
+pub use allocation::Allocation;
+
 use crate::backend::{Backend, BackendError, StreamId};
 use crate::block::{Block, BlockArena, BlockId};
 use crate::config::AllocatorConfig;
 use crate::error::{AllocError, OutOfMemory};
 use crate::policy::{oversize_rule_allows, round_size, segment_size, should_split, PoolKind};
 use crate::pool::{FreeList, StreamSlots};
-use crate::snapshot::{BlockSnapshot, BlockState, FragmentationReport, SegmentSnapshot, Snapshot};
+use crate::snapshot::{FragmentationReport, Snapshot};
 use crate::stats::MemoryStats;
 use crate::trace::{History, Observer, TraceAction, TraceEntry};
 use std::collections::{BTreeMap, VecDeque};
@@ -74,71 +80,6 @@ struct State<E> {
     created: Instant,
 }
 
-/// Memory handed out by a [`CachingAllocator`]; returned to the cache on drop.
-pub struct Allocation<B: Backend> {
-    owner: Option<Arc<Shared<B>>>,
-    block: BlockId,
-    addr: usize,
-    requested: usize,
-    block_size: usize,
-    stream: StreamId,
-}
-
-impl<B: Backend> Allocation<B> {
-    /// The address of the first byte (0 for a zero-byte allocation).
-    #[inline]
-    pub fn addr(&self) -> usize {
-        self.addr
-    }
-
-    /// Bytes asked for.
-    #[inline]
-    pub fn size(&self) -> usize {
-        self.requested
-    }
-
-    /// Bytes of the block actually held (the request rounded, possibly more).
-    #[inline]
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
-    /// The stream the memory was allocated on.
-    #[inline]
-    pub fn stream(&self) -> StreamId {
-        self.stream
-    }
-
-    /// Marks the memory as used by `stream` too: when dropped, the block is
-    /// reused only after the work queued on `stream` so far has finished.
-    pub fn record_stream(&self, stream: StreamId) {
-        if let Some(owner) = &self.owner {
-            if stream != self.stream {
-                owner.lock().record_stream(self.block, stream);
-            }
-        }
-    }
-}
-
-impl<B: Backend> Drop for Allocation<B> {
-    fn drop(&mut self) {
-        if let Some(owner) = self.owner.take() {
-            owner.free(self.block);
-        }
-    }
-}
-
-impl<B: Backend> std::fmt::Debug for Allocation<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Allocation")
-            .field("addr", &format_args!("{:#x}", self.addr))
-            .field("size", &self.requested)
-            .field("block_size", &self.block_size)
-            .field("stream", &self.stream)
-            .finish()
-    }
-}
-
 impl<B: Backend> CachingAllocator<B> {
     /// A caching allocator over `backend` with the default configuration.
     pub fn new(backend: B) -> Self {
@@ -187,7 +128,7 @@ impl<B: Backend> CachingAllocator<B> {
     /// Allocates `size` bytes for use on `stream`.
     pub fn allocate(&self, size: usize, stream: StreamId) -> Result<Allocation<B>, AllocError> {
         if size == 0 {
-            return Ok(Allocation { owner: None, block: BlockId(0), addr: 0, requested: 0, block_size: 0, stream });
+            return Ok(Allocation::new(None, BlockId(0), 0, 0, 0, stream));
         }
         let (result, notifications, observer) = {
             let mut state = self.shared.lock();
@@ -197,7 +138,7 @@ impl<B: Backend> CachingAllocator<B> {
         };
         notify(observer, notifications);
         let (block, addr, block_size) = result?;
-        Ok(Allocation { owner: Some(Arc::clone(&self.shared)), block, addr, requested: size, block_size, stream })
+        Ok(Allocation::new(Some(Arc::clone(&self.shared)), block, addr, size, block_size, stream))
     }
 
     /// Returns every cached segment that holds no allocation to the backend,
@@ -717,164 +658,5 @@ impl<E> State<E> {
         if block.event_count == 0 {
             self.free_block(id);
         }
-    }
-
-    /// Waits for every outstanding event and frees the blocks they held.
-    fn synchronize_and_free_events<B: Backend<Event = E>>(&mut self, backend: &B) {
-        if self.pending_event_count == 0 {
-            return;
-        }
-        self.stats.num_sync_all_streams += 1;
-        let queues = std::mem::take(&mut self.pending_events);
-        for (event, id) in queues.into_values().flatten() {
-            if backend.synchronize_event(&event).is_err() {
-                let _ = backend.synchronize_device();
-            }
-            self.event_done(id);
-        }
-    }
-
-    /// `empty_cache`: wait for events, then release every unsplit free segment.
-    fn release_cached_blocks<B: Backend<Event = E>>(&mut self, backend: &B) {
-        self.synchronize_and_free_events(backend);
-        let whole: Vec<BlockId> =
-            self.free_small.ids().chain(self.free_large.ids()).filter(|id| !self.blocks.get(*id).is_split()).collect();
-        for id in whole {
-            self.release_segment(backend, id);
-        }
-    }
-
-    /// Returns the segment of an unsplit free block to the backend.
-    fn release_segment<B: Backend<Event = E>>(&mut self, backend: &B, id: BlockId) {
-        let Some(block) = self.blocks.remove(id) else {
-            return;
-        };
-        debug_assert!(!block.is_split() && !block.allocated);
-        self.free_list(block.pool).remove(block.stream_slot, block.size, block.addr);
-        self.segments.remove(&block.addr);
-        // SAFETY: an unsplit block spans exactly one segment that `new_segment`
-        // obtained from this backend with this size; it is free and now forgotten.
-        unsafe { backend.free(block.addr, block.size) };
-        self.stats.segment.decrease(block.pool, 1);
-        self.stats.reserved_bytes.decrease(block.pool, block.size as u64);
-        self.stats.num_device_free += 1;
-        if self.is_oversize(block.size) {
-            self.stats.oversize_segments.decrease(1);
-        }
-        self.record(TraceAction::SegmentFree, block.addr, block.size, block.size, block.stream);
-    }
-
-    /// With `max_split_size` set: release one unsplit oversize block of the
-    /// stream large enough for the request, or else the largest ones until
-    /// their sizes add up to it.
-    fn release_available_cached_blocks<B: Backend<Event = E>>(
-        &mut self,
-        backend: &B,
-        stream: StreamId,
-        rounded: usize,
-    ) -> bool {
-        let max_split = self.config.max_split_size;
-        let target = rounded.max(max_split);
-        let slot = self.stream_slots.slot(stream);
-        let fitting =
-            self.free_large.at_least(slot, target).map(|(_, id)| id).find(|id| !self.blocks.get(*id).is_split());
-        if let Some(id) = fitting {
-            self.release_segment(backend, id);
-            return true;
-        }
-        let oversize: Vec<(usize, BlockId)> = self
-            .free_large
-            .at_least(slot, max_split)
-            .rev()
-            .filter(|(_, id)| !self.blocks.get(*id).is_split())
-            .collect();
-        let mut released = 0;
-        for (size, id) in oversize {
-            if released >= target {
-                break;
-            }
-            self.release_segment(backend, id);
-            released += size;
-        }
-        released >= target
-    }
-
-    /// Frees old unsplit large blocks once reserved memory passes the
-    /// threshold share of the allowed memory (PyTorch's garbage collection,
-    /// with ages kept as lookup timestamps so pooling costs nothing extra).
-    fn garbage_collect<B: Backend<Event = E>>(&mut self, backend: &B) {
-        let allowed = self.config.allowed_bytes(self.capacity);
-        let threshold = (self.config.garbage_collection_threshold * allowed as f64) as usize;
-        let reserved = self.stats.reserved_bytes.all.current as usize;
-        if reserved <= threshold {
-            return;
-        }
-        let target = reserved - threshold;
-        let now = self.lookups[PoolKind::Large as usize];
-        let mut candidates: Vec<(u64, BlockId, usize)> = self
-            .free_large
-            .ids()
-            .map(|id| (id, self.blocks.get(id)))
-            .filter(|(_, block)| !block.is_split())
-            .map(|(id, block)| (now - block.freed_at_lookup, id, block.size))
-            .collect();
-        let mut reclaimed = 0;
-        while reclaimed < target && !candidates.is_empty() {
-            let average_age = candidates.iter().map(|c| c.0).sum::<u64>() / candidates.len() as u64;
-            let (old, young): (Vec<_>, Vec<_>) = candidates.into_iter().partition(|c| c.0 >= average_age);
-            for (_, id, size) in old {
-                if reclaimed >= target {
-                    break;
-                }
-                self.release_segment(backend, id);
-                reclaimed += size;
-            }
-            candidates = young;
-        }
-    }
-
-    fn snapshot(&self, device: String) -> Snapshot {
-        let segments = self
-            .segments
-            .iter()
-            .map(|(&address, segment)| {
-                let mut blocks = Vec::new();
-                let mut cursor = Some(segment.head);
-                while let Some(id) = cursor {
-                    let block = self.blocks.get(id);
-                    let state = if block.allocated {
-                        BlockState::ActiveAllocated
-                    } else if block.event_count > 0 {
-                        BlockState::ActiveAwaitingFree
-                    } else {
-                        BlockState::Inactive
-                    };
-                    blocks.push(BlockSnapshot {
-                        address: block.addr,
-                        size: block.size,
-                        requested_size: block.requested,
-                        state,
-                    });
-                    cursor = block.next;
-                }
-                SegmentSnapshot::new(address, segment.size, segment.stream, segment.pool, blocks)
-            })
-            .collect();
-        Snapshot { device, segments, device_traces: self.history.entries.iter().cloned().collect() }
-    }
-
-    fn fragmentation(&self) -> FragmentationReport {
-        let mut report = FragmentationReport::default();
-        for id in self.free_small.ids().chain(self.free_large.ids()) {
-            let block = self.blocks.get(id);
-            report.free_cached_bytes += block.size;
-            report.largest_free_block = report.largest_free_block.max(block.size);
-            if block.is_split() {
-                report.inactive_split_bytes += block.size;
-            } else {
-                report.releasable_bytes += block.size;
-            }
-        }
-        report
     }
 }
