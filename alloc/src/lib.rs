@@ -65,4 +65,4 @@ pub use policy::PoolKind;
 pub use snapshot::{BlockSnapshot, BlockState, FragmentationReport, SegmentSnapshot, Snapshot};
 pub use stats::{MemoryStats, Stat, StatArray};
 pub use summary::memory_summary;
-pub use trace::{Observer, TraceAction, TraceEntry};
+pub use trace::{AllocObserver, Observer, TraceAction, TraceEntry};

@@ -46,9 +46,30 @@ pub struct TraceEntry {
     pub total_reserved: usize,
 }
 
-/// Called with every allocator event, after the allocator's lock is released.
-/// Upper crates (the profiler) register one to forward events.
-pub type Observer = Arc<dyn Fn(&TraceEntry) + Send + Sync>;
+/// Receives allocator events; upper crates (the profiler) register one to
+/// forward them. Any `Fn(&TraceEntry) + Send + Sync` closure is an observer
+/// that is always on.
+pub trait AllocObserver: Send + Sync {
+    /// Whether events are wanted now. Checked on every allocation and free
+    /// before an event is even built, so it must be cheap (an atomic load):
+    /// while it says no, an installed observer costs next to nothing.
+    fn enabled(&self) -> bool {
+        true
+    }
+
+    /// Called with each event after the allocator's lock is released, on the
+    /// thread that caused it.
+    fn on_event(&self, entry: &TraceEntry);
+}
+
+impl<F: Fn(&TraceEntry) + Send + Sync> AllocObserver for F {
+    fn on_event(&self, entry: &TraceEntry) {
+        self(entry)
+    }
+}
+
+/// A shared observer, as [`CachingAllocator::set_observer`](crate::CachingAllocator::set_observer) takes it.
+pub type Observer = Arc<dyn AllocObserver>;
 
 /// A ring buffer of the most recent events.
 #[derive(Debug, Default)]

@@ -164,7 +164,7 @@ fn the_observer_sees_every_event_outside_the_lock() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&seen);
     let inner = alloc.clone();
-    alloc.set_observer(Some(Arc::new(move |entry| {
+    alloc.set_observer(Some(Arc::new(move |entry: &brasa_alloc::TraceEntry| {
         // Calling back into the allocator would deadlock if the lock were held.
         let _ = inner.allocated_bytes();
         sink.lock().unwrap().push(entry.action);
@@ -195,4 +195,28 @@ fn handles_and_allocators_cross_threads() {
     let block = alloc.allocate(1000, S0).unwrap();
     std::thread::spawn(move || drop(block)).join().unwrap();
     assert_eq!(alloc.allocated_bytes(), 0);
+}
+
+#[test]
+fn a_disabled_observer_receives_nothing() {
+    struct Switch {
+        on: std::sync::atomic::AtomicBool,
+        seen: std::sync::atomic::AtomicUsize,
+    }
+    impl brasa_alloc::AllocObserver for Switch {
+        fn enabled(&self) -> bool {
+            self.on.load(std::sync::atomic::Ordering::Relaxed)
+        }
+        fn on_event(&self, _entry: &brasa_alloc::TraceEntry) {
+            self.seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let switch = Arc::new(Switch { on: false.into(), seen: 0.into() });
+    let alloc = CachingAllocator::new(FailingBackend::new(16 * MIB));
+    alloc.set_observer(Some(switch.clone()));
+    drop(alloc.allocate(1000, S0).unwrap());
+    assert_eq!(switch.seen.load(std::sync::atomic::Ordering::Relaxed), 0);
+    switch.on.store(true, std::sync::atomic::Ordering::Relaxed);
+    drop(alloc.allocate(1000, S0).unwrap());
+    assert_eq!(switch.seen.load(std::sync::atomic::Ordering::Relaxed), 3, "alloc, free requested, free completed");
 }

@@ -25,6 +25,7 @@ pub(crate) fn allocator(index: usize) -> Result<&'static CachingAllocator<CudaBa
     // Allocators live as long as the process, as CUDA contexts do.
     let allocator: &'static CachingAllocator<CudaBackend> =
         Box::leak(Box::new(CachingAllocator::with_config(backend, config)));
+    allocator.set_observer(Some(crate::profiling::allocator_observer(Device::Cuda(index))));
     allocators.insert(index, allocator);
     Ok(allocator)
 }

@@ -7,6 +7,7 @@
 //! `2GiB`, or plain bytes), else none. Allocator policy comes from
 //! `BRASA_ALLOC_CONF`.
 
+use crate::device::Device;
 use crate::error::{Result, TensorError};
 use brasa_alloc::{AllocatorConfig, CachingAllocator, HostBackend};
 use std::collections::BTreeMap;
@@ -98,7 +99,7 @@ pub(crate) fn pinned_allocator() -> Result<&'static CachingAllocator<HostBackend
         return Ok(allocator);
     }
     let config = AllocatorConfig::from_env().map_err(brasa_alloc::AllocError::from)?;
-    Ok(PINNED.get_or_init(|| CachingAllocator::with_config(HostBackend::pinned("cpu:pinned", None), config)))
+    Ok(PINNED.get_or_init(|| observed(HostBackend::pinned("cpu:pinned", None), config, Device::CPU)))
 }
 
 /// The caching allocator of logical host device `index`.
@@ -127,7 +128,14 @@ pub(crate) fn host_allocator(index: usize) -> Result<&'static CachingAllocator<H
     };
     let alloc_config = AllocatorConfig::from_env().map_err(brasa_alloc::AllocError::from)?;
     Ok(slot
-        .get_or_init(|| CachingAllocator::with_config(HostBackend::named(format!("cpu:{index}"), limit), alloc_config)))
+        .get_or_init(|| observed(HostBackend::named(format!("cpu:{index}"), limit), alloc_config, Device::Cpu(index))))
+}
+
+/// A caching allocator whose events reach the profiler while one records.
+fn observed(backend: HostBackend, config: AllocatorConfig, device: Device) -> CachingAllocator<HostBackend> {
+    let allocator = CachingAllocator::with_config(backend, config);
+    allocator.set_observer(Some(crate::profiling::allocator_observer(device)));
+    allocator
 }
 
 /// Parses `1024`, `64KiB`, `512MiB`, `2GiB` (also `K`/`KB`, `M`/`MB`, `G`/`GB`, all binary).

@@ -47,6 +47,7 @@ mod inplace;
 pub mod layout;
 pub mod memory;
 mod ops;
+mod profiling;
 pub mod rng;
 pub mod shape;
 mod storage;

@@ -245,6 +245,7 @@ impl Tensor {
 
     /// A contiguous copy on `device` with `dtype`.
     pub(crate) fn copy_to(&self, device: Device, dtype: DType) -> Result<Tensor> {
+        let _range = brasa_profile::record_op("copy", &[self.dims()]);
         if !self.device().is_cpu() || !device.is_cpu() {
             #[cfg(feature = "cuda")]
             return crate::cuda::copy_between(self, device, dtype);

@@ -251,7 +251,7 @@ impl<B: Backend> Shared<B> {
 fn notify(observer: Option<Observer>, notifications: Vec<TraceEntry>) {
     if let Some(observer) = observer {
         for entry in &notifications {
-            observer(entry);
+            observer.on_event(entry);
         }
     }
 }
@@ -267,7 +267,7 @@ impl<E> State<E> {
 
     #[inline]
     fn recording(&self) -> bool {
-        self.history.max_entries > 0 || self.observer.is_some()
+        self.history.max_entries > 0 || self.observer.as_ref().is_some_and(|o| o.enabled())
     }
 
     fn record(&mut self, action: TraceAction, addr: usize, size: usize, requested_size: usize, stream: StreamId) {
@@ -297,7 +297,7 @@ impl<E> State<E> {
             total_allocated: self.stats.allocated_bytes.all.current as usize,
             total_reserved: self.stats.reserved_bytes.all.current as usize,
         };
-        if self.observer.is_some() {
+        if self.observer.as_ref().is_some_and(|o| o.enabled()) {
             self.notifications.push(entry.clone());
         }
         self.history.push(entry);

@@ -57,6 +57,7 @@ impl Tensor {
     /// how. 0-d tensors cannot be concatenated.
     pub fn cat(tensors: &[&Tensor], dim: impl DimIndex) -> Result<Tensor> {
         const OP: &str = "cat";
+        let _range = brasa_profile::record_op(OP, &[]);
         check_alike(OP, tensors)?;
         let first = tensors[0];
         if first.rank() == 0 {
@@ -113,6 +114,7 @@ impl Tensor {
     /// whose shape, dtype or device differs.
     pub fn stack(tensors: &[&Tensor], dim: impl DimIndex) -> Result<Tensor> {
         const OP: &str = "stack";
+        let _range = brasa_profile::record_op(OP, &[]);
         check_alike(OP, tensors)?;
         let first = tensors[0];
         for (i, t) in tensors.iter().enumerate() {

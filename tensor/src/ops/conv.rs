@@ -245,6 +245,7 @@ impl Tensor {
     /// ```
     pub fn conv2d(&self, weight: &Tensor, bias: Option<&Tensor>, params: Conv2dParams) -> Result<Tensor> {
         const OP: &str = "conv2d";
+        let _range = brasa_profile::record_op(OP, &[self.dims(), weight.dims()]);
         if self.rank() == 3 {
             return self.unsqueeze(0)?.conv2d(weight, bias, params)?.squeeze(0);
         }
@@ -283,6 +284,7 @@ impl Tensor {
         params: Conv2dParams,
     ) -> Result<Tensor> {
         const OP: &str = "conv2d_backward_input";
+        let _range = brasa_profile::record_op(OP, &[self.dims(), weight.dims()]);
         let input_shape = input_shape.into();
         same_device(OP, &[self, weight])?;
         expect_float(OP, self)?;
@@ -306,6 +308,7 @@ impl Tensor {
         params: Conv2dParams,
     ) -> Result<Tensor> {
         const OP: &str = "conv2d_backward_weight";
+        let _range = brasa_profile::record_op(OP, &[self.dims(), grad_output.dims()]);
         let weight_shape = weight_shape.into();
         same_device(OP, &[self, grad_output])?;
         expect_float(OP, self)?;

@@ -352,6 +352,7 @@ pub(crate) fn map_unary<S: WithDType, D: WithDType>(
     cost: Cost,
     kernel: impl Fn(Strided<'_, S>, &mut [D]) -> std::result::Result<(), KernelError> + Sync,
 ) -> Result<Tensor> {
+    let _range = brasa_profile::record_op(op, &[x.dims()]);
     let _guard = lock_storages(&[x.storage()], &[]);
     // SAFETY: the read lock is held while the slice lives.
     let src = unsafe { x.storage().host_slice::<S>(op)? };
@@ -372,6 +373,7 @@ pub(crate) fn map_binary<A: WithDType, B: WithDType, D: WithDType>(
     cost: Cost,
     kernel: impl Fn(Strided<'_, A>, Strided<'_, B>, &mut [D]) -> std::result::Result<(), KernelError> + Sync,
 ) -> Result<Tensor> {
+    let _range = brasa_profile::record_op(op, &[a.dims(), b.dims()]);
     let _guard = lock_storages(&[a.storage(), b.storage()], &[]);
     // SAFETY: the read locks are held while the slices live.
     let (da, db) = unsafe { (a.storage().host_slice::<A>(op)?, b.storage().host_slice::<B>(op)?) };
@@ -393,6 +395,7 @@ pub(crate) fn map_ternary<A: WithDType, B: WithDType, C: WithDType, D: WithDType
     cost: Cost,
     kernel: impl Fn(Strided<'_, A>, Strided<'_, B>, Strided<'_, C>, &mut [D]) -> std::result::Result<(), KernelError> + Sync,
 ) -> Result<Tensor> {
+    let _range = brasa_profile::record_op(op, &[a.dims(), b.dims(), c.dims()]);
     let _guard = lock_storages(&[a.storage(), b.storage(), c.storage()], &[]);
     // SAFETY: the read locks are held while the slices live.
     let (da, db, dc) = unsafe {
@@ -424,6 +427,7 @@ pub(crate) fn update_in_place<T: WithDType, const N: usize>(
     cost: Cost,
     kernel: impl Fn(StridedMut<'_, T>, [Strided<'_, T>; N]) -> std::result::Result<(), KernelError> + Sync,
 ) -> Result<()> {
+    let _range = brasa_profile::record_op(op, &[dst.dims()]);
     check_writable(op, dst)?;
     let reads: Vec<&Storage> = operands.iter().map(|t| &**t.storage()).collect();
     let _guard = lock_storages(&reads, &[dst.storage()]);

@@ -130,6 +130,7 @@ impl Tensor {
     /// a 0-d or 1-d `i64` tensor; repeats are allowed.
     pub fn index_select(&self, dim: impl DimIndex, indices: &Tensor) -> Result<Tensor> {
         const OP: &str = "index_select";
+        let _range = brasa_profile::record_op(OP, &[self.dims(), indices.dims()]);
         same_device(OP, &[self, indices])?;
         if indices.rank() > 1 {
             return Err(TensorError::shape(OP, format!("indices must be 0-d or 1-d, got shape {:?}", indices.dims())));
@@ -188,6 +189,7 @@ impl Tensor {
     /// vocabulary is an error naming it.
     pub fn embedding(weight: &Tensor, ids: &Tensor) -> Result<Tensor> {
         const OP: &str = "embedding";
+        let _range = brasa_profile::record_op(OP, &[weight.dims(), ids.dims()]);
         same_device(OP, &[weight, ids])?;
         expect_rank(OP, weight, 2)?;
         let values = index_values(OP, ids)?;
@@ -220,6 +222,7 @@ impl Tensor {
     /// most its size in every other dim; the result has `index`'s shape.
     pub fn gather(&self, dim: impl DimIndex, index: &Tensor) -> Result<Tensor> {
         const OP: &str = "gather";
+        let _range = brasa_profile::record_op(OP, &[self.dims(), index.dims()]);
         same_device(OP, &[self, index])?;
         let out_shape = index.shape().clone();
         let (x, index) = (at_least_1d(self)?, at_least_1d(index)?);

@@ -47,6 +47,7 @@ impl Tensor {
     /// # Ok::<(), brasa_tensor::TensorError>(())
     /// ```
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        let _range = brasa_profile::record_op(OP, &[self.dims(), rhs.dims()]);
         let device = same_device(OP, &[self, rhs])?;
         if self.dtype() != rhs.dtype() {
             // PyTorch does not promote here either: the caller converts.

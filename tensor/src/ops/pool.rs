@@ -141,6 +141,7 @@ impl Tensor {
         padding: (usize, usize),
     ) -> Result<(Tensor, Tensor)> {
         const OP: &str = "max_pool2d";
+        let _range = brasa_profile::record_op(OP, &[self.dims()]);
         if self.dtype() == DType::Bool {
             return Err(TensorError::invalid(OP, "needs a numeric tensor (float, i64 or u8), got bool"));
         }
@@ -182,6 +183,7 @@ impl Tensor {
     /// of several windows gets the sum of their gradients.
     pub fn max_pool2d_backward(&self, indices: &Tensor, input_shape: impl Into<Shape>) -> Result<Tensor> {
         const OP: &str = "max_pool2d_backward";
+        let _range = brasa_profile::record_op(OP, &[self.dims()]);
         let input_shape = input_shape.into();
         same_device(OP, &[self, indices])?;
         expect_float(OP, self)?;
@@ -235,6 +237,7 @@ impl Tensor {
         count_include_pad: bool,
     ) -> Result<Tensor> {
         const OP: &str = "avg_pool2d";
+        let _range = brasa_profile::record_op(OP, &[self.dims()]);
         expect_float(OP, self)?;
         let plan = PoolPlan::new(OP, self.dims(), kernel, stride, padding)?;
         match self.dtype() {
@@ -256,6 +259,7 @@ impl Tensor {
         count_include_pad: bool,
     ) -> Result<Tensor> {
         const OP: &str = "avg_pool2d_backward";
+        let _range = brasa_profile::record_op(OP, &[self.dims()]);
         let input_shape = input_shape.into();
         expect_float(OP, self)?;
         let plan = PoolPlan::new(OP, input_shape.dims(), kernel, stride, padding)?;

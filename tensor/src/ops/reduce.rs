@@ -163,6 +163,7 @@ fn kernel_error(op: &'static str, error: brasa_kernels::KernelError) -> TensorEr
 
 /// Runs `reduction` over the plan into a fresh tensor of the output shape.
 fn execute<T: WithDType, R: Reduction<T>>(op: &'static str, plan: &Plan, reduction: &R) -> Result<Tensor> {
+    let _range = brasa_profile::record_op(op, &[]);
     let source = &plan.source;
     let storage = output(source.device(), R::Out::DTYPE, &plan.out_shape)?;
     {

@@ -130,6 +130,7 @@ fn within<'a, T>(op: &'static str, data: &'a [T], offset: usize, len: usize) -> 
 }
 
 fn softmax_impl(x: &Tensor, op: &'static str, dim: impl DimIndex, log: bool) -> Result<Tensor> {
+    let _range = brasa_profile::record_op(op, &[x.dims()]);
     expect_float(op, x)?;
     let rank = x.rank();
     // A 0-d tensor is a single slice of one element (dim 0 or -1), as in PyTorch.
