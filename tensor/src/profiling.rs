@@ -43,27 +43,3 @@ pub(crate) fn allocator_observer(device: Device) -> Observer {
     };
     Arc::new(ProfileForwarder { device })
 }
-
-#[cfg(test)]
-mod tests {
-    use crate::{memory, set_host_device_count, DType, Device, Tensor};
-    use brasa_profile::Profiler;
-
-    #[test]
-    fn a_profile_sees_ops_and_their_memory() {
-        set_host_device_count(8).unwrap();
-        let dev = Device::cpu(7);
-        let a = Tensor::ones_on([64, 64], DType::F32, dev).unwrap();
-        let profiler = Profiler::builder().profile_memory(true).record_shapes(true).start().unwrap();
-        let b = a.matmul(&a).unwrap().relu().unwrap();
-        let result = profiler.stop();
-        drop(b);
-        let table = result.key_averages();
-        // Other tests of this binary may run ops meanwhile: at least ours are there.
-        assert!(table.get("matmul").is_some_and(|row| row.count >= 1));
-        assert!(table.get("relu").is_some_and(|row| row.count >= 1));
-        let on_device: Vec<_> = result.memory.iter().filter(|m| m.event.device.index == 7).collect();
-        assert!(on_device.iter().any(|m| m.event.bytes == 64 * 64 * 4), "the matmul output's allocation is recorded");
-        assert!(memory::allocated(dev).unwrap() >= 64 * 64 * 4);
-    }
-}
