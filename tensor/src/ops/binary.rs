@@ -10,12 +10,11 @@
 //! `div` is true division (integers and bool give f32); bool `add`/`mul` are
 //! logical or/and; bool `sub` and `pow` are errors.
 
+use crate::dispatch::{dispatch_float, dispatch_int};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::ops::common::same_device;
-use crate::ops::elementwise::{
-    broadcast_all, dispatch_float, dispatch_int, map_binary, prepare, result_dtype, scalar_like, Cost, IntElement,
-};
+use crate::ops::elementwise::{broadcast_all, map_binary, prepare, result_dtype, scalar_like, Cost, IntElement};
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::{binary, map2, BinaryOp};
 

@@ -467,34 +467,6 @@ pub(crate) fn update_in_place<T: WithDType, const N: usize>(
 
 // ----- dtype dispatch ------------------------------------------------------------
 
-/// `dispatch_float!(dtype, T => body, otherwise)`: `body` with `T` the float
-/// element type of `dtype`, or `otherwise` for non-float dtypes.
-macro_rules! dispatch_float {
-    ($dtype:expr, $T:ident => $body:expr, $otherwise:expr) => {
-        match $dtype {
-            $crate::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            $crate::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            $crate::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            $crate::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            _ => $otherwise,
-        }
-    };
-}
-
-pub(crate) use dispatch_float;
-
 /// Integer arithmetic as PyTorch does it: two's-complement wrapping.
 pub(crate) trait IntElement: WithDType + Ord {
     fn wrapping_add(self, other: Self) -> Self;
@@ -556,26 +528,6 @@ macro_rules! impl_int_element {
 
 impl_int_element!(i64, |x| x < 0);
 impl_int_element!(u8, |_| false);
-
-/// Runs `$body` with `$T` bound to the integer type of `$dtype` (i64 or u8),
-/// else evaluates `$otherwise`.
-macro_rules! dispatch_int {
-    ($dtype:expr, $T:ident => $body:expr, $otherwise:expr) => {
-        match $dtype {
-            $crate::DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            $crate::DType::U8 => {
-                type $T = u8;
-                $body
-            }
-            _ => $otherwise,
-        }
-    };
-}
-
-pub(crate) use dispatch_int;
 
 /// A tensor of `shape` whose every element is `value` in `dtype`, as a
 /// stride-0 view of one element (for scalar operands of binary ops).

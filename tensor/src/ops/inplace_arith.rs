@@ -13,11 +13,10 @@
 //! category: an integer tensor cannot take a float operand or a fractional
 //! scalar, and `div_` needs a float tensor.
 
+use crate::dispatch::{dispatch_float, dispatch_int};
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
-use crate::ops::elementwise::{
-    check_can_cast, dispatch_float, dispatch_int, prepare_in_place, scalar_result_dtype, update_in_place, Cost,
-};
+use crate::ops::elementwise::{check_can_cast, prepare_in_place, scalar_result_dtype, update_in_place, Cost};
 use crate::ops::unary::{clamp_bounds, int_bound};
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::Float;

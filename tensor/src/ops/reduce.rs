@@ -24,7 +24,7 @@
 //! [`PARALLEL_MIN_WORK`] elements; single long rows are split inside the
 //! kernels.
 
-use crate::dispatch::dispatch_dtype;
+use crate::dispatch::{dispatch_dtype, dispatch_float};
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
@@ -155,6 +155,12 @@ trait Reduction<T>: Sync {
     fn row(&self, row: &[T]) -> Self::Out;
     /// `out[k]` reduces `src[base + row_offsets[r] + k]` over the rows.
     fn columns(&self, src: &[T], base: usize, row_offsets: &[usize], out: &mut [Self::Out]) -> Result<()>;
+}
+
+/// The error for a float-only reduction of another dtype (checked before, so
+/// this only guards against misuse).
+fn not_float(op: &'static str, dtype: DType) -> TensorError {
+    TensorError::invalid(op, format!("needs a floating-point tensor, got {dtype}"))
 }
 
 fn kernel_error(op: &'static str, error: brasa_kernels::KernelError) -> TensorError {
@@ -373,32 +379,6 @@ impl<T: ReduceElement, const MAX: bool> Reduction<T> for ArgExtreme<MAX> {
     }
 }
 
-/// `dispatch_dtype!` for the float dtypes; others are an error (checked
-/// before, so this arm only guards against misuse).
-macro_rules! dispatch_float {
-    ($op:expr, $dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            other => Err(TensorError::invalid($op, format!("needs a floating-point tensor, got {other}"))),
-        }
-    };
-}
-
 /// Errors when a reduced dim is empty: max, min and their positions have no
 /// value over nothing.
 fn refuse_empty(x: &Tensor, op: &'static str, dims: &[isize]) -> Result<()> {
@@ -442,7 +422,7 @@ impl Tensor {
         expect_float("mean", self)?;
         let plan = plan(self, "mean", dims, keepdim)?;
         let mean = Mean { count: plan.count };
-        dispatch_float!("mean", self.dtype(), T => execute::<T, _>("mean", &plan, &mean)?.to_dtype(self.dtype()))
+        dispatch_float!(self.dtype(), T => execute::<T, _>("mean", &plan, &mean)?.to_dtype(self.dtype()), Err(not_float("mean", self.dtype())))
     }
 
     /// The mean of every element as a 0-d tensor (see [`Tensor::mean`]).
@@ -487,7 +467,7 @@ impl Tensor {
         expect_float(op, self)?;
         let plan = plan(self, op, dims, keepdim)?;
         let var = Var { count: plan.count, correction, sqrt };
-        dispatch_float!(op, self.dtype(), T => execute::<T, _>(op, &plan, &var)?.to_dtype(self.dtype()))
+        dispatch_float!(self.dtype(), T => execute::<T, _>(op, &plan, &var)?.to_dtype(self.dtype()), Err(not_float(op, self.dtype())))
     }
 
     /// The largest value over `dims` (empty = all), in this tensor's dtype;

@@ -14,9 +14,10 @@
 //!   has no fractional part (it stands for a Python `int`) and becomes f32
 //!   otherwise; bool becomes i64 or f32 likewise.
 
+use crate::dispatch::{dispatch_float, dispatch_int};
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
-use crate::ops::elementwise::{dispatch_float, dispatch_int, map_unary, scalar_result_dtype, Cost, IntElement};
+use crate::ops::elementwise::{map_unary, scalar_result_dtype, Cost, IntElement};
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::{map1, unary, UnaryOp};
 
