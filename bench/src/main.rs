@@ -6,6 +6,7 @@
 //! names start with PREFIX; `--quick` shortens every measurement.
 
 mod alloc_figures;
+mod autograd_figures;
 mod measure;
 mod tensor_elementwise_figures;
 mod tensor_matmul_figures;
@@ -20,6 +21,7 @@ struct Group {
 
 const GROUPS: &[Group] = &[
     Group { prefixes: &["alloc."], run: alloc_figures::run },
+    Group { prefixes: &["autograd."], run: autograd_figures::run },
     Group { prefixes: &["kernels.fma_peak", "tensor.matmul", "tensor.conv2d"], run: tensor_matmul_figures::run },
     Group { prefixes: &["tensor.add_", "tensor.small_op"], run: tensor_elementwise_figures::run },
 ];

@@ -1,0 +1,347 @@
+//! The engine: from the roots, count how many consumers feed each reachable
+//! node, then run every node once all of them have contributed its gradient
+//! (a node's incoming gradients are summed). Each node's saved tensors are
+//! released right after its backward ran unless the graph is retained, so
+//! memory falls as backward goes. Iterative throughout: deep graphs do not
+//! overflow the stack.
+
+use crate::error::{AutogradError, Result};
+use crate::grad_mode::no_grad;
+use crate::graph::{lock, reachable, BackwardCtx, Node, NodeKind};
+use crate::var::{Var, VarInner};
+use brasa_tensor::Tensor;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// What a run of the engine does with gradients reaching leaves and the
+/// nodes it was asked about.
+pub(crate) struct RunOptions<'a> {
+    pub(crate) retain_graph: bool,
+    /// Accumulate into the `.grad` of leaves (false for [`grad`]).
+    pub(crate) accumulate_leaves: bool,
+    /// Nodes whose incoming gradient is returned; captured leaf
+    /// accumulators do not accumulate.
+    pub(crate) capture: &'a [Arc<Node>],
+}
+
+/// `g` as a gradient the caller may keep and update in place: contiguous
+/// and not sharing storage with anything else.
+fn owned(g: Tensor) -> Result<Tensor> {
+    let exclusive = Arc::strong_count(g.storage()) == 1 && g.storage().len() == g.numel();
+    if g.is_contiguous() && exclusive {
+        Ok(g)
+    } else {
+        Ok(g.affine(1.0, 0.0)?)
+    }
+}
+
+/// Adds `g` into `slot`: in place when a gradient is there (no allocation),
+/// else `g` itself (copied if it is shared or strided).
+pub(crate) fn accumulate_into(slot: &mut Option<Tensor>, g: Tensor, dims: &[usize]) -> Result<()> {
+    if g.dims() != dims {
+        return Err(AutogradError::invalid(
+            "backward",
+            format!("gradient of shape {:?} for a Var of shape {:?}", g.dims(), dims),
+        ));
+    }
+    match slot {
+        Some(existing) => existing.add_(&g)?,
+        None => *slot = Some(owned(g)?),
+    }
+    Ok(())
+}
+
+fn accumulate_leaf(var: &Arc<VarInner>, g: Tensor) -> Result<()> {
+    let g = if g.dtype() != var.tensor.dtype() { g.to_dtype(var.tensor.dtype())? } else { g };
+    accumulate_into(&mut lock(&var.grad), g, var.tensor.dims())?;
+    let hooks = lock(&var.post_accumulate_hooks).clone();
+    let handle = Var(Arc::clone(var));
+    for hook in hooks {
+        hook(&handle)?;
+    }
+    Ok(())
+}
+
+fn add_grad(pending: &mut HashMap<usize, Tensor>, key: usize, g: Tensor) -> Result<()> {
+    match pending.remove(&key) {
+        // Out of place: either gradient may alias another one still in use.
+        Some(existing) => pending.insert(key, existing.add(&g)?),
+        None => pending.insert(key, g),
+    };
+    Ok(())
+}
+
+/// Runs backward from `roots` (each with its output gradient) and returns
+/// the gradients reaching `options.capture`, in order.
+pub(crate) fn run_backward(roots: Vec<(Arc<Node>, Tensor)>, options: RunOptions) -> Result<Vec<Option<Tensor>>> {
+    let root_nodes: Vec<Arc<Node>> = roots.iter().map(|(n, _)| Arc::clone(n)).collect();
+    let nodes = reachable(&root_nodes);
+    let mut dependencies: HashMap<usize, usize> = nodes.iter().map(|n| (Node::key(n), 0)).collect();
+    for node in &nodes {
+        for child in node.next.iter().flatten() {
+            *dependencies.entry(Node::key(child)).or_insert(0) += 1;
+        }
+    }
+    drop(nodes);
+    let capture_index: HashMap<usize, usize> =
+        options.capture.iter().enumerate().map(|(i, n)| (Node::key(n), i)).collect();
+    let mut captured: Vec<Option<Tensor>> = vec![None; options.capture.len()];
+    let mut pending: HashMap<usize, Tensor> = HashMap::new();
+    let mut ready: Vec<Arc<Node>> = Vec::new();
+    for (node, g) in roots {
+        let key = Node::key(&node);
+        add_grad(&mut pending, key, g)?;
+        if dependencies.get(&key) == Some(&0) && !ready.iter().any(|n| Node::key(n) == key) {
+            ready.push(node);
+        }
+    }
+    let _no_grad = no_grad();
+    while let Some(node) = ready.pop() {
+        let key = Node::key(&node);
+        let mut grad = pending.remove(&key);
+        if let Some(g) = grad.take() {
+            grad = Some(run_pre_hooks(&node, g)?);
+        }
+        if let Some(i) = capture_index.get(&key) {
+            captured[*i] = grad.clone();
+        }
+        let outputs = match &node.kind {
+            NodeKind::Accumulate(var) => {
+                if let (Some(g), Some(var), true) = (grad, var.upgrade(), options.accumulate_leaves) {
+                    if !capture_index.contains_key(&key) {
+                        accumulate_leaf(&var, g)?;
+                    }
+                }
+                continue;
+            }
+            NodeKind::Op(slot) => match grad {
+                None => vec![None; node.next.len()],
+                Some(g) => run_op(&node, slot, g, options.retain_graph)?,
+            },
+        };
+        if outputs.len() != node.next.len() {
+            return Err(AutogradError::invalid(
+                node.name,
+                format!("backward returned {} gradients for {} inputs", outputs.len(), node.next.len()),
+            ));
+        }
+        for (child, g) in node.next.iter().zip(outputs) {
+            let Some(child) = child else { continue };
+            let child_key = Node::key(child);
+            if let Some(g) = g {
+                add_grad(&mut pending, child_key, g)?;
+            }
+            if let Some(count) = dependencies.get_mut(&child_key) {
+                *count -= 1;
+                if *count == 0 {
+                    ready.push(Arc::clone(child));
+                }
+            }
+        }
+    }
+    Ok(captured)
+}
+
+fn run_pre_hooks(node: &Node, mut g: Tensor) -> Result<Tensor> {
+    let hooks = lock(&node.pre_hooks).clone();
+    for hook in hooks {
+        if let Some(replaced) = hook(&g)? {
+            g = replaced;
+        }
+    }
+    let retained = lock(&node.retained).as_ref().and_then(std::sync::Weak::upgrade);
+    if let Some(var) = retained {
+        accumulate_into(&mut lock(&var.grad), g.clone(), var.tensor.dims())?;
+    }
+    Ok(g)
+}
+
+fn run_op(
+    node: &Node,
+    slot: &std::sync::Mutex<Option<crate::graph::OpBackward>>,
+    g: Tensor,
+    retain_graph: bool,
+) -> Result<Vec<Option<Tensor>>> {
+    // Taken out of the node while it runs, so a backward that runs the
+    // engine itself (checkpoint) holds no lock.
+    let mut backward = lock(slot).take().ok_or(AutogradError::GraphReleased { op: node.name })?;
+    let needs: Vec<bool> = node.next.iter().map(Option::is_some).collect();
+    let result = match backward.saved.checked(node.name) {
+        Ok(saved) => (backward.f)(&BackwardCtx { grad: &g, saved, needs: &needs }),
+        Err(e) => Err(e),
+    };
+    if retain_graph || result.is_err() {
+        *lock(slot) = Some(backward);
+    }
+    // Otherwise `backward` drops here: the saved tensors are released.
+    result
+}
+
+/// Gradients of `outputs` (with `grad_outputs`, ones for one-element
+/// outputs when `None`) with respect to `inputs`, without touching any
+/// `.grad` (`torch.autograd.grad`). `None` for an input the outputs do not
+/// depend on.
+pub fn grad(
+    outputs: &[&Var],
+    inputs: &[&Var],
+    grad_outputs: Option<&[&Tensor]>,
+    retain_graph: bool,
+) -> Result<Vec<Option<Tensor>>> {
+    let roots = roots_of(outputs, grad_outputs)?;
+    let capture: Vec<Arc<Node>> = inputs
+        .iter()
+        .map(|v| v.grad_node().ok_or_else(|| AutogradError::invalid("grad", "an input does not require grad")))
+        .collect::<Result<_>>()?;
+    run_backward(roots, RunOptions { retain_graph, accumulate_leaves: false, capture: &capture })
+}
+
+fn roots_of(outputs: &[&Var], grad_outputs: Option<&[&Tensor]>) -> Result<Vec<(Arc<Node>, Tensor)>> {
+    if let Some(g) = grad_outputs {
+        if g.len() != outputs.len() {
+            return Err(AutogradError::invalid(
+                "backward",
+                format!("{} gradients given for {} outputs", g.len(), outputs.len()),
+            ));
+        }
+    }
+    let mut roots = Vec::with_capacity(outputs.len());
+    for (i, out) in outputs.iter().enumerate() {
+        let node = out.grad_node().ok_or_else(|| {
+            AutogradError::NoGraph(
+                "backward: this Var does not require grad and has no graph (was it computed under no_grad, or \
+                 from inputs that do not require grad?)"
+                    .into(),
+            )
+        })?;
+        let g = match grad_outputs {
+            Some(g) => {
+                if g[i].dims() != out.dims() {
+                    return Err(AutogradError::invalid(
+                        "backward",
+                        format!("gradient of shape {:?} for an output of shape {:?}", g[i].dims(), out.dims()),
+                    ));
+                }
+                g[i].clone()
+            }
+            None if out.numel() == 1 => out.tensor().ones_like()?,
+            None => {
+                return Err(AutogradError::invalid(
+                    "backward",
+                    format!(
+                        "an implicit gradient needs a one-element output, got shape {:?}; pass the output's \
+                         gradient with backward_with",
+                        out.dims()
+                    ),
+                ))
+            }
+        };
+        roots.push((node, g));
+    }
+    Ok(roots)
+}
+
+impl Var {
+    /// Backpropagates from this one-element `Var` (gradient 1), accumulating
+    /// into the `.grad` of every leaf that requires grad, and releases the
+    /// graph's saved tensors as it goes.
+    pub fn backward(&self) -> Result<()> {
+        self.backward_opts(None, false)
+    }
+
+    /// [`Var::backward`] with the gradient of this `Var` given.
+    pub fn backward_with(&self, grad: &Tensor) -> Result<()> {
+        self.backward_opts(Some(grad), false)
+    }
+
+    /// Backward with an optional output gradient; `retain_graph` keeps the
+    /// saved tensors so backward can run through the graph again.
+    pub fn backward_opts(&self, grad: Option<&Tensor>, retain_graph: bool) -> Result<()> {
+        let grads = grad.map(|g| [g]);
+        let roots = roots_of(&[self], grads.as_ref().map(|g| g.as_slice()))?;
+        run_backward(roots, RunOptions { retain_graph, accumulate_leaves: true, capture: &[] })?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use brasa_tensor::DType;
+
+    fn vec(t: &Tensor) -> Vec<f64> {
+        t.to_dtype(DType::F64).and_then(|t| t.to_vec::<f64>()).unwrap_or_default()
+    }
+
+    #[test]
+    fn diamond_sums_gradients() -> Result<()> {
+        let x = Var::param(Tensor::from_vec(vec![1.0f64, 2.0], [2])?);
+        let a = x.mul_scalar(2.0)?;
+        let b = x.mul(&x)?;
+        let y = a.add(&b)?.sum_all()?;
+        y.backward()?;
+        assert_eq!(vec(&x.grad().unwrap_or(x.tensor().zeros_like()?)), [4.0, 6.0]);
+        Ok(())
+    }
+
+    #[test]
+    fn accumulates_across_calls_and_second_backward_errors() -> Result<()> {
+        let x = Var::param(Tensor::from_vec(vec![3.0f64], [1])?);
+        let y = x.mul(&x)?.sum_all()?;
+        y.backward_opts(None, true)?;
+        y.backward()?;
+        assert_eq!(vec(&x.grad().unwrap_or(x.tensor().zeros_like()?)), [12.0]);
+        let err = y.backward().unwrap_err().to_string();
+        assert!(err.contains("second time") && err.contains("retain_graph"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn backward_needs_scalar_or_grad() -> Result<()> {
+        let x = Var::param(Tensor::ones([2], DType::F64)?);
+        let y = x.mul_scalar(2.0)?;
+        assert!(y.backward().is_err());
+        y.backward_with(&Tensor::from_vec(vec![1.0f64, 10.0], [2])?)?;
+        assert_eq!(vec(&x.grad().unwrap_or(x.tensor().zeros_like()?)), [2.0, 20.0]);
+        let c = Var::new(Tensor::ones([1], DType::F64)?);
+        assert!(matches!(c.backward(), Err(AutogradError::NoGraph(_))));
+        Ok(())
+    }
+
+    #[test]
+    fn grad_does_not_touch_dot_grad() -> Result<()> {
+        let x = Var::param(Tensor::from_vec(vec![2.0f64], [1])?);
+        let w = Var::param(Tensor::from_vec(vec![5.0f64], [1])?);
+        let y = x.mul(&w)?.sum_all()?;
+        let g = grad(&[&y], &[&x], None, false)?;
+        assert_eq!(vec(g[0].as_ref().unwrap_or(x.tensor())), [5.0]);
+        assert!(x.grad().is_none() && w.grad().is_none());
+        let unused = Var::param(Tensor::ones([1], DType::F64)?);
+        let z = x.exp()?.sum_all()?;
+        assert!(grad(&[&z], &[&unused], None, false)?[0].is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn in_place_change_of_saved_tensor_is_an_error() -> Result<()> {
+        let x = Var::param(Tensor::from_vec(vec![1.0f64, 2.0], [2])?);
+        let c = Var::new(Tensor::from_vec(vec![3.0f64, 4.0], [2])?);
+        let y = x.mul(&c)?.sum_all()?;
+        c.tensor().add_scalar_(1.0)?;
+        let err = y.backward().unwrap_err().to_string();
+        assert!(err.contains("saved by mul") && err.contains("version 1, expected 0"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn deep_chain_does_not_overflow() -> Result<()> {
+        let x = Var::param(Tensor::from_vec(vec![1.0f64], [1])?);
+        let mut y = x.clone();
+        for _ in 0..50_000 {
+            y = y.add_scalar(1.0)?;
+        }
+        y.sum_all()?.backward()?;
+        assert_eq!(vec(&x.grad().unwrap_or(x.tensor().zeros_like()?)), [1.0]);
+        drop(y);
+        Ok(())
+    }
+}

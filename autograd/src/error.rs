@@ -1,0 +1,74 @@
+//! The error every autograd operation returns: a tensor error, or a problem
+//! with the graph itself (released, modified in place, nothing to
+//! differentiate, a checkpoint that recomputed something else).
+
+use brasa_tensor::TensorError;
+
+/// Why an autograd operation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AutogradError {
+    /// A tensor operation failed (shapes, dtypes, devices, out of memory).
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+    /// Backward reached a node whose saved tensors were already released.
+    #[error(
+        "trying to backward through the graph a second time: the tensors saved by {op} were released after the \
+         first backward; call backward_opts(None, true) (retain_graph) on the first call if you need to run \
+         backward twice, or recompute the forward pass"
+    )]
+    GraphReleased {
+        /// The operation whose node was released.
+        op: &'static str,
+    },
+    /// A tensor saved for backward was changed in place after it was saved.
+    #[error(
+        "a tensor saved by {op} was modified in place after it was saved (version {version}, expected {expected}); \
+         clone it before modifying, or modify it only after backward has run"
+    )]
+    ModifiedInPlace {
+        /// The operation that saved the tensor.
+        op: &'static str,
+        /// The storage's version now.
+        version: u64,
+        /// The version at save time.
+        expected: u64,
+    },
+    /// Backward from something that does not require grad.
+    #[error("{0}")]
+    NoGraph(String),
+    /// A checkpointed function recomputed a different result.
+    #[error("checkpoint: recomputation does not match the forward pass: {0}")]
+    CheckpointMismatch(String),
+    /// Finite differences and backward disagree.
+    #[error(
+        "gradcheck: gradient of input {input} at flat index {index} is {analytic} by backward but {numeric} by \
+         finite differences"
+    )]
+    GradcheckFailed {
+        /// Which input.
+        input: usize,
+        /// Which element (row-major).
+        index: usize,
+        /// The value backward gave.
+        analytic: f64,
+        /// The finite-difference estimate.
+        numeric: f64,
+    },
+    /// Any other invalid argument.
+    #[error("{op}: {message}")]
+    Invalid {
+        /// The operation.
+        op: &'static str,
+        /// What was wrong.
+        message: String,
+    },
+}
+
+impl AutogradError {
+    pub(crate) fn invalid(op: &'static str, message: impl Into<String>) -> Self {
+        AutogradError::Invalid { op, message: message.into() }
+    }
+}
+
+/// `Result` with [`AutogradError`].
+pub type Result<T> = std::result::Result<T, AutogradError>;

@@ -1,0 +1,217 @@
+//! The recorded graph: a [`Node`] per operation that needs a gradient, with
+//! edges to the nodes that produced its inputs, and the tensors it saved for
+//! its backward. Leaves that require grad get one accumulation node each.
+//!
+//! Saved tensors are counted process-wide by storage (two views of one
+//! storage count once), and every live operation node is counted, so a graph
+//! kept alive by mistake (a running loss summed as a `Var`) shows up in
+//! [`crate::live_nodes`] and [`crate::saved_tensor_bytes`].
+
+use crate::error::{AutogradError, Result};
+use crate::var::{Var, VarInner};
+use brasa_tensor::Tensor;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+static LIVE_NODES: AtomicUsize = AtomicUsize::new(0);
+static SAVED_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// Saved storages by address: (how many saves hold it, its bytes).
+static SAVED_STORAGES: Mutex<Option<HashMap<usize, (usize, usize)>>> = Mutex::new(None);
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Operation nodes alive in this process.
+pub(crate) fn live_node_count() -> usize {
+    LIVE_NODES.load(Ordering::Relaxed)
+}
+
+/// Bytes of distinct storages held by saved tensors in this process.
+pub(crate) fn saved_byte_count() -> usize {
+    SAVED_BYTES.load(Ordering::Relaxed)
+}
+
+pub(crate) fn storage_key(t: &Tensor) -> usize {
+    Arc::as_ptr(t.storage()) as usize
+}
+
+fn register_saved(t: &Tensor) {
+    let mut map = lock(&SAVED_STORAGES);
+    let entry = map.get_or_insert_with(HashMap::new).entry(storage_key(t)).or_insert((0, t.storage().size_in_bytes()));
+    entry.0 += 1;
+    if entry.0 == 1 {
+        SAVED_BYTES.fetch_add(entry.1, Ordering::Relaxed);
+    }
+}
+
+fn unregister_saved(t: &Tensor) {
+    let mut map = lock(&SAVED_STORAGES);
+    if let Some(map) = map.as_mut() {
+        let key = storage_key(t);
+        if let Some(entry) = map.get_mut(&key) {
+            entry.0 -= 1;
+            if entry.0 == 0 {
+                SAVED_BYTES.fetch_sub(entry.1, Ordering::Relaxed);
+                map.remove(&key);
+            }
+        }
+    }
+}
+
+/// Tensors an operation keeps for its backward, with the storage version
+/// each had when saved.
+pub(crate) struct SavedTensors {
+    tensors: Vec<Tensor>,
+    versions: Vec<u64>,
+}
+
+impl SavedTensors {
+    pub(crate) fn new(tensors: Vec<Tensor>) -> Self {
+        let versions = tensors.iter().map(Tensor::version).collect();
+        tensors.iter().for_each(register_saved);
+        SavedTensors { tensors, versions }
+    }
+
+    /// The tensors, or an error when one was modified in place since.
+    pub(crate) fn checked(&self, op: &'static str) -> Result<&[Tensor]> {
+        for (t, &expected) in self.tensors.iter().zip(&self.versions) {
+            let version = t.version();
+            if version != expected {
+                return Err(AutogradError::ModifiedInPlace { op, version, expected });
+            }
+        }
+        Ok(&self.tensors)
+    }
+
+    pub(crate) fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+}
+
+impl Drop for SavedTensors {
+    fn drop(&mut self) {
+        self.tensors.iter().for_each(unregister_saved);
+    }
+}
+
+/// What a backward function is given.
+pub struct BackwardCtx<'a> {
+    /// The gradient of the operation's output.
+    pub grad: &'a Tensor,
+    /// The tensors saved at forward time, in the order they were saved.
+    pub saved: &'a [Tensor],
+    /// Whether each input needs a gradient (others may be returned as `None`).
+    pub needs: &'a [bool],
+}
+
+impl BackwardCtx<'_> {
+    /// Whether input `i` needs a gradient.
+    pub fn needs(&self, i: usize) -> bool {
+        self.needs.get(i).copied().unwrap_or(false)
+    }
+}
+
+/// A node's backward: saved tensors plus the function of them.
+pub(crate) type BackwardClosure = Box<dyn FnMut(&BackwardCtx) -> Result<Vec<Option<Tensor>>> + Send>;
+
+pub(crate) struct OpBackward {
+    pub(crate) saved: SavedTensors,
+    pub(crate) f: BackwardClosure,
+}
+
+/// A gradient hook: may return a replacement gradient.
+pub(crate) type GradHook = Arc<dyn Fn(&Tensor) -> Result<Option<Tensor>> + Send + Sync>;
+/// Runs after a leaf's gradient was accumulated.
+pub(crate) type PostAccumulateHook = Arc<dyn Fn(&Var) -> Result<()> + Send + Sync>;
+
+pub(crate) enum NodeKind {
+    /// An operation; `None` once its saved tensors were released.
+    Op(Mutex<Option<OpBackward>>),
+    /// Accumulates into a leaf's `.grad`.
+    Accumulate(Weak<VarInner>),
+}
+
+/// One recorded operation (or a leaf's accumulator).
+pub(crate) struct Node {
+    pub(crate) name: &'static str,
+    /// Per input: the node its gradient goes to (`None`: no gradient needed).
+    pub(crate) next: Vec<Option<Arc<Node>>>,
+    pub(crate) kind: NodeKind,
+    /// Hooks on the gradient of this node's output (its `Var`'s hooks).
+    pub(crate) pre_hooks: Mutex<Vec<GradHook>>,
+    /// The non-leaf `Var` that asked to keep its gradient.
+    pub(crate) retained: Mutex<Option<Weak<VarInner>>>,
+}
+
+impl Node {
+    pub(crate) fn op(name: &'static str, next: Vec<Option<Arc<Node>>>, backward: OpBackward) -> Arc<Node> {
+        LIVE_NODES.fetch_add(1, Ordering::Relaxed);
+        Arc::new(Node {
+            name,
+            next,
+            kind: NodeKind::Op(Mutex::new(Some(backward))),
+            pre_hooks: Mutex::new(Vec::new()),
+            retained: Mutex::new(None),
+        })
+    }
+
+    pub(crate) fn accumulate(var: Weak<VarInner>) -> Arc<Node> {
+        Arc::new(Node {
+            name: "accumulate_grad",
+            next: Vec::new(),
+            kind: NodeKind::Accumulate(var),
+            pre_hooks: Mutex::new(Vec::new()),
+            retained: Mutex::new(None),
+        })
+    }
+
+    pub(crate) fn key(node: &Arc<Node>) -> usize {
+        Arc::as_ptr(node) as usize
+    }
+
+    /// The storages this node's saved tensors hold (empty once released).
+    pub(crate) fn saved_storages(&self) -> Vec<(usize, usize)> {
+        match &self.kind {
+            NodeKind::Op(slot) => lock(slot)
+                .as_ref()
+                .map(|b| b.saved.tensors().iter().map(|t| (storage_key(t), t.storage().size_in_bytes())).collect())
+                .unwrap_or_default(),
+            NodeKind::Accumulate(_) => Vec::new(),
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if matches!(self.kind, NodeKind::Op(_)) {
+            LIVE_NODES.fetch_sub(1, Ordering::Relaxed);
+        }
+        // Drop long chains iteratively: a recursive drop of a deep graph
+        // would overflow the stack.
+        let mut stack = std::mem::take(&mut self.next);
+        while let Some(edge) = stack.pop() {
+            if let Some(node) = edge {
+                if let Ok(mut node) = Arc::try_unwrap(node) {
+                    stack.append(&mut node.next);
+                }
+            }
+        }
+    }
+}
+
+/// Every node reachable from `roots` (each once), by iterative depth-first search.
+pub(crate) fn reachable(roots: &[Arc<Node>]) -> Vec<Arc<Node>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut stack: Vec<Arc<Node>> = roots.to_vec();
+    let mut out = Vec::new();
+    while let Some(node) = stack.pop() {
+        if !seen.insert(Node::key(&node)) {
+            continue;
+        }
+        stack.extend(node.next.iter().flatten().cloned());
+        out.push(node);
+    }
+    out
+}

@@ -1,0 +1,56 @@
+//! Concatenation, stacking and splitting: `cat` and `stack` hand each input
+//! its slice of the gradient; `split` and `chunk` are `narrow`s.
+
+use crate::error::{AutogradError, Result};
+use crate::var::{record, Var};
+use brasa_tensor::{resolve_dim, Tensor, TensorError};
+
+impl Var {
+    /// Concatenates along `dim` (see `Tensor::cat`).
+    pub fn cat(vars: &[&Var], dim: isize) -> Result<Var> {
+        let tensors: Vec<&Tensor> = vars.iter().map(|v| v.tensor()).collect();
+        let out = Tensor::cat(&tensors, dim)?;
+        let rank = vars.first().map(|v| v.rank()).unwrap_or(1);
+        let d = resolve_dim(dim, rank, "cat").map_err(TensorError::from)?;
+        let sizes: Vec<usize> = vars.iter().map(|v| v.dims()[d]).collect();
+        Ok(record("cat", vars, out, Vec::new, move |c| {
+            let mut start = 0;
+            let mut grads = Vec::with_capacity(sizes.len());
+            for (i, &len) in sizes.iter().enumerate() {
+                grads.push(c.needs(i).then(|| c.grad.narrow(d, start, len)).transpose()?);
+                start += len;
+            }
+            Ok(grads)
+        }))
+    }
+
+    /// Stacks `Var`s of one shape along a new dim `dim`.
+    pub fn stack(vars: &[&Var], dim: isize) -> Result<Var> {
+        let tensors: Vec<&Tensor> = vars.iter().map(|v| v.tensor()).collect();
+        let out = Tensor::stack(&tensors, dim)?;
+        let d = resolve_dim(dim, out.rank(), "stack").map_err(TensorError::from)?;
+        let n = vars.len();
+        Ok(record("stack", vars, out, Vec::new, move |c| {
+            (0..n).map(|i| Ok(c.needs(i).then(|| c.grad.select(d, i)).transpose()?)).collect()
+        }))
+    }
+
+    /// Consecutive pieces of `split_size` along `dim` (the last may be shorter).
+    pub fn split(&self, split_size: usize, dim: isize) -> Result<Vec<Var>> {
+        let d = resolve_dim(dim, self.rank(), "split").map_err(TensorError::from)?;
+        let size = self.dims()[d];
+        if split_size == 0 {
+            return Err(AutogradError::invalid("split", "split_size must be positive"));
+        }
+        (0..size).step_by(split_size).map(|start| self.narrow(d, start, split_size.min(size - start))).collect()
+    }
+
+    /// `chunks` pieces of `ceil(size / chunks)` along `dim` (PyTorch's rule).
+    pub fn chunk(&self, chunks: usize, dim: isize) -> Result<Vec<Var>> {
+        let d = resolve_dim(dim, self.rank(), "chunk").map_err(TensorError::from)?;
+        if chunks == 0 {
+            return Err(AutogradError::invalid("chunk", "chunks must be positive"));
+        }
+        self.split(self.dims()[d].div_ceil(chunks).max(1), d as isize)
+    }
+}

@@ -1,0 +1,29 @@
+//! 2-d convolution through brasa-tensor's backward kernels for input,
+//! weight and bias.
+
+use crate::error::Result;
+use crate::var::{record, Var};
+use brasa_tensor::Conv2dParams;
+
+impl Var {
+    /// `conv2d` of this `[N, C_in, H, W]` input with `weight` and an optional `bias`.
+    pub fn conv2d(&self, weight: &Var, bias: Option<&Var>, params: Conv2dParams) -> Result<Var> {
+        let out = self.tensor().conv2d(weight.tensor(), bias.map(|b| b.tensor()), params)?;
+        let (x_shape, w_shape) = (self.dims().to_vec(), weight.dims().to_vec());
+        let mut inputs = vec![self, weight];
+        inputs.extend(bias);
+        let saved = || vec![self.tensor().clone(), weight.tensor().clone()];
+        Ok(record("conv2d", &inputs, out, saved, move |c| {
+            let (x, w) = (&c.saved[0], &c.saved[1]);
+            let g = c.grad.contiguous()?;
+            let mut grads = vec![
+                c.needs(0).then(|| g.conv2d_backward_input(w, x_shape.clone(), params)).transpose()?,
+                c.needs(1).then(|| x.conv2d_backward_weight(&g, w_shape.clone(), params)).transpose()?,
+            ];
+            if c.needs.len() > 2 {
+                grads.push(c.needs(2).then(|| g.conv2d_backward_bias()).transpose()?);
+            }
+            Ok(grads)
+        }))
+    }
+}

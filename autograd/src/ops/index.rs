@@ -1,0 +1,72 @@
+//! Indexing: `index_select`, `gather` and `embedding`, whose gradients are
+//! scatter-adds into zeros (repeated indices accumulate).
+
+use crate::error::Result;
+use crate::var::{record, Var};
+use brasa_tensor::{resolve_dim, Tensor, TensorError};
+
+/// `indices` (1-d) as an index tensor of `shape` for scatter along `dim`.
+fn spread(indices: &Tensor, dim: usize, shape: &[usize]) -> Result<Tensor> {
+    let mut view = vec![1isize; shape.len()];
+    view[dim] = indices.numel() as isize;
+    Ok(indices.reshape(&view)?.broadcast_as(shape)?.contiguous()?)
+}
+
+impl Var {
+    /// The slices `indices[j]` of `dim` (a 0-d or 1-d `i64` tensor).
+    pub fn index_select(&self, dim: isize, indices: &Tensor) -> Result<Var> {
+        let d = resolve_dim(dim, self.rank(), "index_select").map_err(TensorError::from)?;
+        let out = self.tensor().index_select(d, indices)?;
+        let shape = self.dims().to_vec();
+        let indices = indices.clone();
+        Ok(record(
+            "index_select",
+            &[self],
+            out,
+            || vec![indices],
+            move |c| {
+                let g = c.grad.contiguous()?;
+                let index = spread(&c.saved[0], d, g.dims())?;
+                Ok(vec![Some(g.new_zeros(shape.clone())?.scatter_add(d, &index, &g)?)])
+            },
+        ))
+    }
+
+    /// PyTorch's `gather` along `dim` with an `i64` index of this rank.
+    pub fn gather(&self, dim: isize, index: &Tensor) -> Result<Var> {
+        let d = resolve_dim(dim, self.rank(), "gather").map_err(TensorError::from)?;
+        let out = self.tensor().gather(d, index)?;
+        let shape = self.dims().to_vec();
+        let index = index.clone();
+        Ok(record(
+            "gather",
+            &[self],
+            out,
+            || vec![index],
+            move |c| {
+                let g = c.grad.contiguous()?;
+                Ok(vec![Some(g.new_zeros(shape.clone())?.scatter_add(d, &c.saved[0], &g)?)])
+            },
+        ))
+    }
+
+    /// Rows of `weight` (`[vocabulary, dim]`) for `ids` (`i64`, any shape).
+    pub fn embedding(weight: &Var, ids: &Tensor) -> Result<Var> {
+        let out = Tensor::embedding(weight.tensor(), ids)?;
+        let shape = weight.dims().to_vec();
+        let ids = ids.clone();
+        Ok(record(
+            "embedding",
+            &[weight],
+            out,
+            || vec![ids],
+            move |c| {
+                let width = shape.get(1).copied().unwrap_or(1);
+                let g = c.grad.reshape(&[-1, width as isize])?.contiguous()?;
+                let flat = c.saved[0].reshape(&[-1])?;
+                let index = spread(&flat, 0, g.dims())?;
+                Ok(vec![Some(g.new_zeros(shape.clone())?.scatter_add(0, &index, &g)?)])
+            },
+        ))
+    }
+}

@@ -1,0 +1,278 @@
+//! Elementwise functions of one `Var` and its scalar forms: the derivative
+//! of each, written with tensor ops on what the forward saved.
+
+use super::mask_as;
+use crate::error::Result;
+use crate::var::{record, Var};
+
+/// `1 / sqrt(2π)`.
+const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
+
+impl Var {
+    /// `-x`.
+    pub fn neg(&self) -> Result<Var> {
+        let out = self.tensor().neg()?;
+        Ok(record("neg", &[self], out, Vec::new, |c| Ok(vec![Some(c.grad.neg()?)])))
+    }
+
+    /// `|x|` (gradient 0 at 0).
+    pub fn abs(&self) -> Result<Var> {
+        let out = self.tensor().abs()?;
+        Ok(record(
+            "abs",
+            &[self],
+            out,
+            || vec![self.tensor().clone()],
+            |c| {
+                let x = &c.saved[0];
+                let sign = mask_as(&x.gt_scalar(0.0)?, x.dtype())?.sub(&mask_as(&x.lt_scalar(0.0)?, x.dtype())?)?;
+                Ok(vec![Some(c.grad.mul(&sign)?)])
+            },
+        ))
+    }
+
+    /// `e^x`.
+    pub fn exp(&self) -> Result<Var> {
+        let out = self.tensor().exp()?;
+        let saved = out.clone();
+        Ok(record("exp", &[self], out, || vec![saved], |c| Ok(vec![Some(c.grad.mul(&c.saved[0])?)])))
+    }
+
+    /// Natural logarithm.
+    pub fn log(&self) -> Result<Var> {
+        let out = self.tensor().log()?;
+        Ok(record("log", &[self], out, || vec![self.tensor().clone()], |c| Ok(vec![Some(c.grad.div(&c.saved[0])?)])))
+    }
+
+    /// Square root.
+    pub fn sqrt(&self) -> Result<Var> {
+        let out = self.tensor().sqrt()?;
+        let saved = out.clone();
+        Ok(record("sqrt", &[self], out, || vec![saved], |c| Ok(vec![Some(c.grad.div(&c.saved[0])?.mul_scalar(0.5)?)])))
+    }
+
+    /// `1 / sqrt(x)`.
+    pub fn rsqrt(&self) -> Result<Var> {
+        let out = self.tensor().rsqrt()?;
+        let saved = out.clone();
+        Ok(record(
+            "rsqrt",
+            &[self],
+            out,
+            || vec![saved],
+            |c| {
+                let y = &c.saved[0];
+                Ok(vec![Some(c.grad.mul(&y.mul(y)?.mul(y)?)?.mul_scalar(-0.5)?)])
+            },
+        ))
+    }
+
+    /// Sine.
+    pub fn sin(&self) -> Result<Var> {
+        let out = self.tensor().sin()?;
+        Ok(record(
+            "sin",
+            &[self],
+            out,
+            || vec![self.tensor().clone()],
+            |c| Ok(vec![Some(c.grad.mul(&c.saved[0].cos()?)?)]),
+        ))
+    }
+
+    /// Cosine.
+    pub fn cos(&self) -> Result<Var> {
+        let out = self.tensor().cos()?;
+        Ok(record(
+            "cos",
+            &[self],
+            out,
+            || vec![self.tensor().clone()],
+            |c| Ok(vec![Some(c.grad.mul(&c.saved[0].sin()?)?.neg()?)]),
+        ))
+    }
+
+    /// Hyperbolic tangent.
+    pub fn tanh(&self) -> Result<Var> {
+        let out = self.tensor().tanh()?;
+        let saved = out.clone();
+        Ok(record(
+            "tanh",
+            &[self],
+            out,
+            || vec![saved],
+            |c| {
+                let y = &c.saved[0];
+                Ok(vec![Some(c.grad.mul(&y.mul(y)?.affine(-1.0, 1.0)?)?)])
+            },
+        ))
+    }
+
+    /// `1 / (1 + e^-x)`.
+    pub fn sigmoid(&self) -> Result<Var> {
+        let out = self.tensor().sigmoid()?;
+        let saved = out.clone();
+        Ok(record(
+            "sigmoid",
+            &[self],
+            out,
+            || vec![saved],
+            |c| {
+                let y = &c.saved[0];
+                Ok(vec![Some(c.grad.mul(&y.mul(&y.affine(-1.0, 1.0)?)?)?)])
+            },
+        ))
+    }
+
+    /// `max(x, 0)` (gradient 0 at 0). Saves its output only.
+    pub fn relu(&self) -> Result<Var> {
+        let out = self.tensor().relu()?;
+        let saved = out.clone();
+        Ok(record(
+            "relu",
+            &[self],
+            out,
+            || vec![saved],
+            |c| {
+                let y = &c.saved[0];
+                Ok(vec![Some(c.grad.mul(&mask_as(&y.gt_scalar(0.0)?, c.grad.dtype())?)?)])
+            },
+        ))
+    }
+
+    /// GELU with the exact normal CDF: `d/dx = Φ(x) + x φ(x)`, with `Φ(x)`
+    /// recovered as `gelu(x) / x` (and 1/2 at 0).
+    pub fn gelu(&self) -> Result<Var> {
+        let out = self.tensor().gelu()?;
+        let saved = out.clone();
+        Ok(record(
+            "gelu",
+            &[self],
+            out,
+            || vec![self.tensor().clone(), saved],
+            |c| {
+                let (x, y) = (&c.saved[0], &c.saved[1]);
+                let half = x.new_full([], 0.5)?;
+                let cdf = x.eq_scalar(0.0)?.where_cond(&half, &y.div(x)?)?;
+                let pdf = x.mul(x)?.mul_scalar(-0.5)?.exp()?.mul_scalar(INV_SQRT_2PI)?;
+                Ok(vec![Some(c.grad.mul(&cdf.add(&x.mul(&pdf)?)?)?)])
+            },
+        ))
+    }
+
+    /// GELU's tanh approximation.
+    pub fn gelu_tanh(&self) -> Result<Var> {
+        let out = self.tensor().gelu_tanh()?;
+        Ok(record(
+            "gelu_tanh",
+            &[self],
+            out,
+            || vec![self.tensor().clone()],
+            |c| {
+                // y = x/2 (1 + tanh(u)), u = k (x + 0.044715 x³), k = sqrt(2/π).
+                let x = &c.saved[0];
+                let k = (2.0 / std::f64::consts::PI).sqrt();
+                let x2 = x.mul(x)?;
+                let u = x.mul(&x2.affine(0.044715, 1.0)?)?.mul_scalar(k)?;
+                let t = u.tanh()?;
+                let du = x2.affine(3.0 * 0.044715 * k, k)?;
+                let sech2 = t.mul(&t)?.affine(-1.0, 1.0)?;
+                let d = t.affine(0.5, 0.5)?.add(&x.mul(&sech2)?.mul(&du)?.mul_scalar(0.5)?)?;
+                Ok(vec![Some(c.grad.mul(&d)?)])
+            },
+        ))
+    }
+
+    /// `x * sigmoid(x)`.
+    pub fn silu(&self) -> Result<Var> {
+        let out = self.tensor().silu()?;
+        Ok(record(
+            "silu",
+            &[self],
+            out,
+            || vec![self.tensor().clone()],
+            |c| {
+                let x = &c.saved[0];
+                let s = x.sigmoid()?;
+                let d = s.mul(&x.mul(&s.affine(-1.0, 1.0)?)?.add_scalar(1.0)?)?;
+                Ok(vec![Some(c.grad.mul(&d)?)])
+            },
+        ))
+    }
+
+    /// `x^exponent`.
+    pub fn powf(&self, exponent: f64) -> Result<Var> {
+        let out = self.tensor().powf(exponent)?;
+        Ok(record(
+            "powf",
+            &[self],
+            out,
+            || vec![self.tensor().clone()],
+            move |c| Ok(vec![Some(c.grad.mul(&c.saved[0].powf(exponent - 1.0)?.mul_scalar(exponent)?)?)]),
+        ))
+    }
+
+    /// Clamps to `[min, max]` (either optional); the gradient passes where
+    /// `min <= x <= max`.
+    pub fn clamp(&self, min: Option<f64>, max: Option<f64>) -> Result<Var> {
+        let out = self.tensor().clamp(min, max)?;
+        Ok(record(
+            "clamp",
+            &[self],
+            out,
+            || vec![self.tensor().clone()],
+            move |c| {
+                let x = &c.saved[0];
+                let mut g = c.grad.clone();
+                if let Some(lo) = min {
+                    g = g.mul(&mask_as(&x.ge_scalar(lo)?, g.dtype())?)?;
+                }
+                if let Some(hi) = max {
+                    g = g.mul(&mask_as(&x.le_scalar(hi)?, g.dtype())?)?;
+                }
+                Ok(vec![Some(g)])
+            },
+        ))
+    }
+
+    /// `x * mul + add`.
+    pub fn affine(&self, mul: f64, add: f64) -> Result<Var> {
+        let out = self.tensor().affine(mul, add)?;
+        Ok(record("affine", &[self], out, Vec::new, move |c| Ok(vec![Some(c.grad.mul_scalar(mul)?)])))
+    }
+
+    /// `x + value`.
+    pub fn add_scalar(&self, value: f64) -> Result<Var> {
+        let out = self.tensor().add_scalar(value)?;
+        Ok(record("add_scalar", &[self], out, Vec::new, |c| Ok(vec![Some(c.grad.clone())])))
+    }
+
+    /// `x - value`.
+    pub fn sub_scalar(&self, value: f64) -> Result<Var> {
+        let out = self.tensor().sub_scalar(value)?;
+        Ok(record("sub_scalar", &[self], out, Vec::new, |c| Ok(vec![Some(c.grad.clone())])))
+    }
+
+    /// `x * value`.
+    pub fn mul_scalar(&self, value: f64) -> Result<Var> {
+        let out = self.tensor().mul_scalar(value)?;
+        Ok(record("mul_scalar", &[self], out, Vec::new, move |c| Ok(vec![Some(c.grad.mul_scalar(value)?)])))
+    }
+
+    /// `x / value`.
+    pub fn div_scalar(&self, value: f64) -> Result<Var> {
+        let out = self.tensor().div_scalar(value)?;
+        Ok(record("div_scalar", &[self], out, Vec::new, move |c| Ok(vec![Some(c.grad.div_scalar(value)?)])))
+    }
+
+    /// `value - x`.
+    pub fn rsub_scalar(&self, value: f64) -> Result<Var> {
+        self.affine(-1.0, value)
+    }
+
+    /// A copy in another dtype (the gradient goes back to this dtype).
+    pub fn to_dtype(&self, dtype: brasa_tensor::DType) -> Result<Var> {
+        let from = self.dtype();
+        let out = self.tensor().to_dtype(dtype)?;
+        Ok(record("to_dtype", &[self], out, Vec::new, move |c| Ok(vec![Some(c.grad.to_dtype(from)?)])))
+    }
+}

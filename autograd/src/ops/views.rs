@@ -1,0 +1,116 @@
+//! Views: the forward shares storage, the backward maps the gradient back
+//! to the input's shape (a view where possible, zeros plus a copy for
+//! narrow and select).
+
+use super::sum_to;
+use crate::error::Result;
+use crate::var::{record, Var};
+use brasa_tensor::{resolve_dim, DimIndex, Shape, TensorError};
+
+fn to_isize(dims: &[usize]) -> Vec<isize> {
+    dims.iter().map(|&d| d as isize).collect()
+}
+
+impl Var {
+    fn reshaped_as(&self, name: &'static str, out: brasa_tensor::Tensor) -> Var {
+        let back = to_isize(self.dims());
+        record(name, &[self], out, Vec::new, move |c| Ok(vec![Some(c.grad.reshape(&back)?)]))
+    }
+
+    /// The same elements in another shape (one dim may be -1).
+    pub fn reshape(&self, shape: &[isize]) -> Result<Var> {
+        let out = self.tensor().reshape(shape)?;
+        Ok(self.reshaped_as("reshape", out))
+    }
+
+    /// Like [`Var::reshape`] but an error when a view is impossible.
+    pub fn view(&self, shape: &[isize]) -> Result<Var> {
+        let out = self.tensor().view(shape)?;
+        Ok(self.reshaped_as("view", out))
+    }
+
+    /// Flattens dims `start..=end` into one.
+    pub fn flatten(&self, start: impl DimIndex, end: impl DimIndex) -> Result<Var> {
+        let out = self.tensor().flatten(start, end)?;
+        Ok(self.reshaped_as("flatten", out))
+    }
+
+    /// Removes a dim of size 1.
+    pub fn squeeze(&self, dim: impl DimIndex) -> Result<Var> {
+        let out = self.tensor().squeeze(dim)?;
+        Ok(self.reshaped_as("squeeze", out))
+    }
+
+    /// Inserts a dim of size 1.
+    pub fn unsqueeze(&self, dim: impl DimIndex) -> Result<Var> {
+        let out = self.tensor().unsqueeze(dim)?;
+        Ok(self.reshaped_as("unsqueeze", out))
+    }
+
+    /// Swaps two dims.
+    pub fn transpose(&self, dim0: impl DimIndex, dim1: impl DimIndex) -> Result<Var> {
+        let rank = self.rank();
+        let d0 = resolve_dim(dim0, rank, "transpose").map_err(TensorError::from)?;
+        let d1 = resolve_dim(dim1, rank, "transpose").map_err(TensorError::from)?;
+        let out = self.tensor().transpose(d0, d1)?;
+        Ok(record("transpose", &[self], out, Vec::new, move |c| Ok(vec![Some(c.grad.transpose(d0, d1)?)])))
+    }
+
+    /// The transpose of a matrix.
+    pub fn t(&self) -> Result<Var> {
+        let out = self.tensor().t()?;
+        Ok(record("t", &[self], out, Vec::new, |c| Ok(vec![Some(c.grad.t()?)])))
+    }
+
+    /// Reorders the dims.
+    pub fn permute(&self, order: &[usize]) -> Result<Var> {
+        let out = self.tensor().permute(order)?;
+        let mut inverse = vec![0; order.len()];
+        for (i, &o) in order.iter().enumerate() {
+            inverse[o] = i;
+        }
+        Ok(record("permute", &[self], out, Vec::new, move |c| Ok(vec![Some(c.grad.permute(&inverse)?)])))
+    }
+
+    /// `len` elements of `dim` from `start`.
+    pub fn narrow(&self, dim: impl DimIndex, start: usize, len: usize) -> Result<Var> {
+        let d = resolve_dim(dim, self.rank(), "narrow").map_err(TensorError::from)?;
+        let out = self.tensor().narrow(d, start, len)?;
+        let (shape, dtype) = (self.dims().to_vec(), self.dtype());
+        Ok(record("narrow", &[self], out, Vec::new, move |c| {
+            let g = c.grad.new_zeros(shape.clone())?.to_dtype(dtype)?;
+            g.narrow(d, start, len)?.copy_(c.grad)?;
+            Ok(vec![Some(g)])
+        }))
+    }
+
+    /// Index `index` of `dim`, removing the dim.
+    pub fn select(&self, dim: impl DimIndex, index: usize) -> Result<Var> {
+        let d = resolve_dim(dim, self.rank(), "select").map_err(TensorError::from)?;
+        let out = self.tensor().select(d, index)?;
+        let (shape, dtype) = (self.dims().to_vec(), self.dtype());
+        Ok(record("select", &[self], out, Vec::new, move |c| {
+            let g = c.grad.new_zeros(shape.clone())?.to_dtype(dtype)?;
+            g.select(d, index)?.copy_(c.grad)?;
+            Ok(vec![Some(g)])
+        }))
+    }
+
+    /// Broadcasts to `shape` (a view); the gradient is summed back.
+    pub fn expand(&self, shape: impl Into<Shape>) -> Result<Var> {
+        let out = self.tensor().broadcast_as(shape)?;
+        let (dims, dtype) = (self.dims().to_vec(), self.dtype());
+        Ok(record("expand", &[self], out, Vec::new, move |c| Ok(vec![Some(sum_to(c.grad, &dims, dtype)?)])))
+    }
+
+    /// Alias of [`Var::expand`].
+    pub fn broadcast_as(&self, shape: impl Into<Shape>) -> Result<Var> {
+        self.expand(shape)
+    }
+
+    /// A contiguous copy (this storage when already contiguous).
+    pub fn contiguous(&self) -> Result<Var> {
+        let out = self.tensor().contiguous()?;
+        Ok(record("contiguous", &[self], out, Vec::new, |c| Ok(vec![Some(c.grad.clone())])))
+    }
+}
