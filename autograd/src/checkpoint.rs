@@ -77,6 +77,9 @@ where
             )));
         }
         let Some(root) = out.grad_node() else { return Ok(vec![None; xs.len()]) };
+        // The graph holds what backward needs; our handle on the output would
+        // only keep its memory alive until the whole segment is done.
+        drop(out);
         let capture: Vec<_> = xs.iter().filter_map(Var::grad_node).collect();
         let captured = run_backward(
             vec![(root, c.grad.clone())],
