@@ -6,35 +6,13 @@
 /// set to the Rust element type of `dtype`.
 macro_rules! dispatch_dtype {
     ($dtype:expr, $T:ident => $body:expr) => {
+        // Evaluated once; bool is the only dtype neither float nor integer.
         match $dtype {
-            $crate::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            $crate::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            $crate::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            $crate::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            $crate::DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            $crate::DType::U8 => {
-                type $T = u8;
-                $body
-            }
-            $crate::DType::Bool => {
-                type $T = bool;
-                $body
-            }
+            dtype => $crate::dispatch::dispatch_float!(dtype, $T => $body,
+                $crate::dispatch::dispatch_int!(dtype, $T => $body, {
+                    type $T = bool;
+                    $body
+                })),
         }
     };
 }
