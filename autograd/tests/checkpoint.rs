@@ -7,6 +7,13 @@ use brasa_tensor::{manual_seed, memory, set_host_device_count, DType, Device, Te
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+/// Eight logical host devices, asked for by every test before its first
+/// tensor (tests run in parallel and the count is fixed at first use).
+fn cpu(index: usize) -> Device {
+    set_host_device_count(8).expect("every test asks for the same count");
+    Device::cpu(index)
+}
+
 fn filled(shape: &[usize], dev: Device, salt: f64, dtype: DType) -> Tensor {
     let n: usize = shape.iter().product();
     let values: Vec<f64> = (0..n).map(|i| (i as f64 * 0.61 + salt).sin() * 0.2).collect();
@@ -41,7 +48,7 @@ fn grads(vars: &[Var]) -> Vec<Vec<f64>> {
 /// The only test here that draws from the global generator.
 #[test]
 fn same_gradients_as_without_checkpoint_dropout_included() -> Result<()> {
-    let dev = Device::CPU;
+    let dev = cpu(0);
     let ps = params(6, 8, dev, DType::F64);
     let x = Var::param(filled(&[5, 8], dev, 0.5, DType::F64));
     let ls = layers(&ps, 0.3);
@@ -87,8 +94,7 @@ fn same_gradients_as_without_checkpoint_dropout_included() -> Result<()> {
 
 #[test]
 fn checkpoint_lowers_peak_memory() -> Result<()> {
-    set_host_device_count(8)?;
-    let dev = Device::cpu(6);
+    let dev = cpu(6);
     let ps = params(16, 64, dev, DType::F32);
     let x = Var::new(filled(&[256, 64], dev, 0.1, DType::F32));
     let ls = layers(&ps, 0.0);
@@ -118,7 +124,7 @@ fn checkpoint_lowers_peak_memory() -> Result<()> {
 
 #[test]
 fn a_recomputation_that_differs_is_an_error() -> Result<()> {
-    let w = Var::param(filled(&[4], Device::CPU, 0.0, DType::F64));
+    let w = Var::param(filled(&[4], cpu(0), 0.0, DType::F64));
     let calls = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&calls);
     let w2 = w.clone();
@@ -132,7 +138,7 @@ fn a_recomputation_that_differs_is_an_error() -> Result<()> {
                 h.narrow(0, 0, 2)
             }
         },
-        &[&Var::param(filled(&[4], Device::CPU, 1.0, DType::F64))],
+        &[&Var::param(filled(&[4], cpu(0), 1.0, DType::F64))],
     )?;
     let err = y.sum_all()?.backward().unwrap_err();
     assert!(matches!(err, AutogradError::CheckpointMismatch(_)), "{err}");
@@ -142,8 +148,8 @@ fn a_recomputation_that_differs_is_an_error() -> Result<()> {
 
 #[test]
 fn parameters_get_gradients_when_the_input_does_not_require_grad() -> Result<()> {
-    let w = Var::param(filled(&[3], Device::CPU, 0.0, DType::F64));
-    let x = Var::new(filled(&[3], Device::CPU, 2.0, DType::F64));
+    let w = Var::param(filled(&[3], cpu(0), 0.0, DType::F64));
+    let x = Var::new(filled(&[3], cpu(0), 2.0, DType::F64));
     let w2 = w.clone();
     let y = checkpoint(move |xs: &[Var]| xs[0].mul(&w2)?.exp(), &[&x])?;
     assert!(y.requires_grad());
@@ -155,8 +161,8 @@ fn parameters_get_gradients_when_the_input_does_not_require_grad() -> Result<()>
 
 #[test]
 fn segment_rule_and_bad_segment_counts() -> Result<()> {
-    let ps = params(5, 3, Device::CPU, DType::F64);
-    let x = Var::param(filled(&[2, 3], Device::CPU, 0.3, DType::F64));
+    let ps = params(5, 3, cpu(0), DType::F64);
+    let x = Var::param(filled(&[2, 3], cpu(0), 0.3, DType::F64));
     let ls = layers(&ps, 0.0);
     assert!(checkpoint_sequential(&ls, 0, &x).is_err());
     assert!(checkpoint_sequential(&ls, 6, &x).is_err());
