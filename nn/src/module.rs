@@ -1,0 +1,266 @@
+//! The [`Module`] trait, the [`Parameters`] trait it stands on, and
+//! [`ModuleExt`]: everything PyTorch's `nn.Module` offers on a whole model
+//! (parameters, named parameters, train/eval, moving to a device or dtype,
+//! state dicts), written once as walks over the fields.
+//!
+//! A custom layer is a struct with `#[derive(Parameters)]` and a `forward`:
+//!
+//! ```
+//! use brasa_nn::{Linear, Module, ModuleExt, Parameters, Result};
+//! use brasa_autograd::Var;
+//! use brasa_tensor::{DType, Device, Tensor};
+//!
+//! #[derive(Parameters)]
+//! struct Residual {
+//!     inner: Linear,
+//!     gate: Var, // a Var field is a parameter; a Tensor field a buffer
+//! }
+//!
+//! impl Module for Residual {
+//!     fn forward(&self, x: &Var) -> Result<Var> {
+//!         Ok(x.add(&self.inner.forward(x)?.mul(&self.gate)?)?)
+//!     }
+//! }
+//!
+//! let block = Residual { inner: Linear::new(4, 4, Device::CPU)?, gate: Var::param(Tensor::ones([1], DType::F32)?) };
+//! let names: Vec<String> = block.named_parameters().into_iter().map(|(name, _)| name).collect();
+//! assert_eq!(names, ["inner.weight", "inner.bias", "gate"]);
+//! # Ok::<(), brasa_nn::NnError>(())
+//! ```
+
+use crate::error::Result;
+use crate::state_dict::{LoadReport, StateDict};
+use crate::walk::{Visitor, VisitorMut, Walk, WalkMut};
+use brasa_autograd::Var;
+use brasa_tensor::{DType, Device, Tensor};
+use std::path::Path;
+
+/// A layer's (or model's) parameters, buffers, submodules and train/eval
+/// flag, found by walking its fields. `#[derive(Parameters)]` writes both
+/// methods: every field is visited under its name (`Var` fields are
+/// parameters, `Tensor` fields buffers, [`Training`] the flag, other modules
+/// recursively); mark a field `#[module(skip)]` to leave it out.
+pub trait Parameters {
+    /// Reports every parameter, buffer and flag to `walk`.
+    fn visit(&self, walk: &mut Walk<'_>);
+    /// Reports every parameter, buffer and flag to `walk`, which may replace them.
+    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()>;
+}
+
+/// A differentiable layer or model: `forward` from one input.
+pub trait Module: Parameters + Send + Sync {
+    /// Computes the output, recording the graph when grad mode is on.
+    fn forward(&self, input: &Var) -> Result<Var>;
+}
+
+/// Whether a layer is in training mode (dropout active, batch norm using
+/// batch statistics). Layers start in training mode, as in PyTorch;
+/// [`ModuleExt::train`] and [`ModuleExt::eval`] set every flag of a model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Training(bool);
+
+impl Training {
+    /// A flag in the given mode.
+    pub const fn new(training: bool) -> Training {
+        Training(training)
+    }
+
+    /// True in training mode.
+    pub const fn get(self) -> bool {
+        self.0
+    }
+
+    /// Sets the mode.
+    pub fn set(&mut self, training: bool) {
+        self.0 = training;
+    }
+}
+
+impl Default for Training {
+    fn default() -> Training {
+        Training(true)
+    }
+}
+
+/// Whole-model operations for every [`Parameters`] type (and so every
+/// [`Module`]), including `dyn Module`.
+pub trait ModuleExt: Parameters {
+    /// The parameters in field order, each once (a parameter shared by two
+    /// layers appears under its first name).
+    fn parameters(&self) -> Vec<Var> {
+        self.named_parameters().into_iter().map(|(_, var)| var).collect()
+    }
+
+    /// The parameters with their dotted names (`0.weight`, `encoder.bias`).
+    fn named_parameters(&self) -> Vec<(String, Var)> {
+        #[derive(Default)]
+        struct Collect(Vec<(String, Var)>);
+        impl Visitor for Collect {
+            fn param(&mut self, path: &str, param: &Var) {
+                if !self.0.iter().any(|(_, seen)| seen.same_var(param)) {
+                    self.0.push((path.to_string(), param.clone()));
+                }
+            }
+        }
+        let mut collect = Collect::default();
+        self.visit(&mut Walk::new(&mut collect));
+        collect.0
+    }
+
+    /// The buffers (running statistics and the like) with their dotted names.
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        #[derive(Default)]
+        struct Collect(Vec<(String, Tensor)>);
+        impl Visitor for Collect {
+            fn buffer(&mut self, path: &str, buffer: &Tensor) {
+                self.0.push((path.to_string(), buffer.clone()));
+            }
+        }
+        let mut collect = Collect::default();
+        self.visit(&mut Walk::new(&mut collect));
+        collect.0
+    }
+
+    /// The number of parameter elements.
+    fn num_parameters(&self) -> usize {
+        self.parameters().iter().map(Var::numel).sum()
+    }
+
+    /// Parameters and buffers by dotted name, sharing storage with the model
+    /// (PyTorch's `state_dict()`; save it with [`StateDict::save`]).
+    fn state_dict(&self) -> StateDict {
+        let mut dict = StateDict::new();
+        for (name, param) in self.named_parameters() {
+            dict.insert(name, param.tensor().clone());
+        }
+        for (name, buffer) in self.named_buffers() {
+            dict.insert(name, buffer);
+        }
+        dict
+    }
+
+    /// Copies `dict` into the model's parameters and buffers in place.
+    /// `strict`: a missing or unexpected name, or a tensor of another shape or
+    /// dtype, is an error naming it (nothing is copied then). Not strict: what
+    /// fits is copied and the rest is reported.
+    fn load_state_dict(&self, dict: &StateDict, strict: bool) -> Result<LoadReport> {
+        crate::state_dict::load_into(&self.state_dict(), dict, strict)
+    }
+
+    /// Writes the state dict to a safetensors file.
+    fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        self.state_dict().save(path)
+    }
+
+    /// Loads a safetensors file written by [`ModuleExt::save`] (or by PyTorch's
+    /// `safetensors.torch.save_file` for the same model), strictly.
+    fn load(&self, path: impl AsRef<Path>) -> Result<LoadReport> {
+        self.load_state_dict(&StateDict::load(path)?, true)
+    }
+
+    /// Sets every layer's train/eval flag.
+    fn set_training(&mut self, training: bool) {
+        struct SetMode(bool);
+        impl VisitorMut for SetMode {
+            fn training(&mut self, _path: &str, flag: &mut Training) -> Result<()> {
+                flag.set(self.0);
+                Ok(())
+            }
+        }
+        // Setting a flag cannot fail.
+        let _ = self.visit_mut(&mut WalkMut::new(&mut SetMode(training)));
+    }
+
+    /// Training mode (dropout active, batch norm on batch statistics).
+    fn train(&mut self) {
+        self.set_training(true);
+    }
+
+    /// Evaluation mode (dropout off, batch norm on running statistics).
+    fn eval(&mut self) {
+        self.set_training(false);
+    }
+
+    /// True unless some layer is in evaluation mode.
+    fn is_training(&self) -> bool {
+        struct AnyEval(bool);
+        impl Visitor for AnyEval {
+            fn training(&mut self, _path: &str, flag: &Training) {
+                self.0 |= !flag.get();
+            }
+        }
+        let mut any_eval = AnyEval(false);
+        self.visit(&mut Walk::new(&mut any_eval));
+        !any_eval.0
+    }
+
+    /// Moves every parameter and buffer to `device` (gradients are dropped).
+    /// Do this before creating the optimizer: it holds the old parameters.
+    fn to_device(&mut self, device: Device) -> Result<()> {
+        self.visit_mut(&mut WalkMut::new(&mut Convert { device: Some(device), dtype: None }))
+    }
+
+    /// Converts every floating-point parameter and buffer to `dtype`
+    /// (integer buffers such as counters are left as they are).
+    fn to_dtype(&mut self, dtype: DType) -> Result<()> {
+        self.visit_mut(&mut WalkMut::new(&mut Convert { device: None, dtype: Some(dtype) }))
+    }
+
+    /// Drops every parameter's gradient (PyTorch's `zero_grad(set_to_none=True)`).
+    fn zero_grad(&self) -> Result<()> {
+        for param in self.parameters() {
+            param.zero_grad(true)?;
+        }
+        Ok(())
+    }
+
+    /// Freezes (`false`) or unfreezes every parameter.
+    fn requires_grad_(&self, requires_grad: bool) -> Result<()> {
+        for param in self.parameters() {
+            param.requires_grad_(requires_grad)?;
+        }
+        Ok(())
+    }
+}
+
+impl<T: Parameters + ?Sized> ModuleExt for T {}
+
+/// Moves and/or converts parameters and buffers.
+struct Convert {
+    device: Option<Device>,
+    dtype: Option<DType>,
+}
+
+impl Convert {
+    fn convert(&self, tensor: &Tensor) -> Result<Option<Tensor>> {
+        let mut out = None;
+        if let Some(dtype) = self.dtype {
+            if tensor.dtype().is_float() && tensor.dtype() != dtype {
+                out = Some(tensor.to_dtype(dtype)?);
+            }
+        }
+        if let Some(device) = self.device {
+            let current = out.as_ref().unwrap_or(tensor);
+            if current.device() != device {
+                out = Some(current.to(device)?);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl VisitorMut for Convert {
+    fn param(&mut self, _path: &str, param: &mut Var) -> Result<()> {
+        if let Some(tensor) = self.convert(param.tensor())? {
+            *param = Var::from_tensor(tensor, param.requires_grad());
+        }
+        Ok(())
+    }
+
+    fn buffer(&mut self, _path: &str, buffer: &mut Tensor) -> Result<()> {
+        if let Some(tensor) = self.convert(buffer)? {
+            *buffer = tensor;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,281 @@
+//! Walking a model's fields: [`Walk`] and [`WalkMut`] carry the dotted path
+//! (`encoder.0.weight`) down through submodules and hand every parameter,
+//! buffer and training flag to a [`Visitor`] / [`VisitorMut`]. Everything
+//! that needs the list of parameters — `parameters()`, state dicts, moving a
+//! model to a device, `train()`/`eval()` — is a visitor, so a layer only says
+//! once which fields it has (usually through `#[derive(Parameters)]`).
+//!
+//! ```
+//! use brasa_nn::{Linear, ModuleExt, Visitor, Walk, Parameters};
+//! use brasa_autograd::Var;
+//! use brasa_tensor::Device;
+//!
+//! struct Names(Vec<String>);
+//! impl Visitor for Names {
+//!     fn param(&mut self, path: &str, _param: &Var) {
+//!         self.0.push(path.to_string());
+//!     }
+//! }
+//! let layer = Linear::new(3, 2, Device::CPU)?;
+//! let mut names = Names(Vec::new());
+//! layer.visit(&mut Walk::new(&mut names));
+//! assert_eq!(names.0, ["weight", "bias"]);
+//! # Ok::<(), brasa_nn::NnError>(())
+//! ```
+
+use crate::error::Result;
+use crate::module::{Parameters, Training};
+use brasa_autograd::Var;
+use brasa_tensor::Tensor;
+
+/// Receives what a read-only [`Walk`] finds, with its dotted path.
+pub trait Visitor {
+    /// A parameter (a `Var` field).
+    fn param(&mut self, path: &str, param: &Var) {
+        let _ = (path, param);
+    }
+    /// A buffer (a `Tensor` field: saved in the state dict, not trained).
+    fn buffer(&mut self, path: &str, buffer: &Tensor) {
+        let _ = (path, buffer);
+    }
+    /// A train/eval flag.
+    fn training(&mut self, path: &str, training: &Training) {
+        let _ = (path, training);
+    }
+}
+
+/// Receives what a [`WalkMut`] finds and may replace it.
+pub trait VisitorMut {
+    /// A parameter, which may be replaced (for example by a copy on another device).
+    fn param(&mut self, path: &str, param: &mut Var) -> Result<()> {
+        let _ = (path, param);
+        Ok(())
+    }
+    /// A buffer, which may be replaced.
+    fn buffer(&mut self, path: &str, buffer: &mut Tensor) -> Result<()> {
+        let _ = (path, buffer);
+        Ok(())
+    }
+    /// A train/eval flag, which may be changed.
+    fn training(&mut self, path: &str, training: &mut Training) -> Result<()> {
+        let _ = (path, training);
+        Ok(())
+    }
+}
+
+/// A read-only walk over a model's fields; see the module docs.
+pub struct Walk<'a> {
+    path: String,
+    visitor: &'a mut dyn Visitor,
+}
+
+impl<'a> Walk<'a> {
+    /// A walk that reports to `visitor`, starting at the empty path.
+    pub fn new(visitor: &'a mut dyn Visitor) -> Walk<'a> {
+        Walk { path: String::new(), visitor }
+    }
+
+    /// The dotted path of the field being visited.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Visits `value` as the field `name` of the current path.
+    pub fn field<T: Parameters + ?Sized>(&mut self, name: &str, value: &T) {
+        let len = push_segment(&mut self.path, name);
+        value.visit(self);
+        self.path.truncate(len);
+    }
+
+    /// Reports a parameter at the current path.
+    pub fn param(&mut self, param: &Var) {
+        self.visitor.param(&self.path, param);
+    }
+
+    /// Reports a buffer at the current path.
+    pub fn buffer(&mut self, buffer: &Tensor) {
+        self.visitor.buffer(&self.path, buffer);
+    }
+
+    /// Reports a train/eval flag at the current path.
+    pub fn training(&mut self, training: &Training) {
+        self.visitor.training(&self.path, training);
+    }
+}
+
+/// A walk that may replace what it finds; see the module docs.
+pub struct WalkMut<'a> {
+    path: String,
+    visitor: &'a mut dyn VisitorMut,
+}
+
+impl<'a> WalkMut<'a> {
+    /// A walk that reports to `visitor`, starting at the empty path.
+    pub fn new(visitor: &'a mut dyn VisitorMut) -> WalkMut<'a> {
+        WalkMut { path: String::new(), visitor }
+    }
+
+    /// The dotted path of the field being visited.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Visits `value` as the field `name` of the current path.
+    pub fn field<T: Parameters + ?Sized>(&mut self, name: &str, value: &mut T) -> Result<()> {
+        let len = push_segment(&mut self.path, name);
+        let result = value.visit_mut(self);
+        self.path.truncate(len);
+        result
+    }
+
+    /// Reports a parameter at the current path.
+    pub fn param(&mut self, param: &mut Var) -> Result<()> {
+        self.visitor.param(&self.path, param)
+    }
+
+    /// Reports a buffer at the current path.
+    pub fn buffer(&mut self, buffer: &mut Tensor) -> Result<()> {
+        self.visitor.buffer(&self.path, buffer)
+    }
+
+    /// Reports a train/eval flag at the current path.
+    pub fn training(&mut self, training: &mut Training) -> Result<()> {
+        self.visitor.training(&self.path, training)
+    }
+}
+
+/// Appends `.name` (or `name` at the root) and returns the length to restore.
+fn push_segment(path: &mut String, name: &str) -> usize {
+    let len = path.len();
+    if !path.is_empty() && !name.is_empty() {
+        path.push('.');
+    }
+    path.push_str(name);
+    len
+}
+
+// ----- what fields can be -----------------------------------------------------------
+
+impl Parameters for Var {
+    fn visit(&self, walk: &mut Walk<'_>) {
+        walk.param(self);
+    }
+    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
+        walk.param(self)
+    }
+}
+
+impl Parameters for Tensor {
+    fn visit(&self, walk: &mut Walk<'_>) {
+        walk.buffer(self);
+    }
+    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
+        walk.buffer(self)
+    }
+}
+
+impl Parameters for Training {
+    fn visit(&self, walk: &mut Walk<'_>) {
+        walk.training(self);
+    }
+    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
+        walk.training(self)
+    }
+}
+
+impl<T: Parameters> Parameters for Option<T> {
+    fn visit(&self, walk: &mut Walk<'_>) {
+        if let Some(value) = self {
+            value.visit(walk);
+        }
+    }
+    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
+        match self {
+            Some(value) => value.visit_mut(walk),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Elements are named by their index, as in PyTorch's `ModuleList`.
+impl<T: Parameters> Parameters for Vec<T> {
+    fn visit(&self, walk: &mut Walk<'_>) {
+        for (index, value) in self.iter().enumerate() {
+            walk.field(&index.to_string(), value);
+        }
+    }
+    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
+        for (index, value) in self.iter_mut().enumerate() {
+            walk.field(&index.to_string(), value)?;
+        }
+        Ok(())
+    }
+}
+
+impl<T: Parameters + ?Sized> Parameters for Box<T> {
+    fn visit(&self, walk: &mut Walk<'_>) {
+        (**self).visit(walk);
+    }
+    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
+        (**self).visit_mut(walk)
+    }
+}
+
+/// Fields of these types hold no parameters (sizes, rates, flags, names).
+macro_rules! no_parameters {
+    ($($ty:ty),* $(,)?) => {$(
+        impl Parameters for $ty {
+            fn visit(&self, _walk: &mut Walk<'_>) {}
+            fn visit_mut(&mut self, _walk: &mut WalkMut<'_>) -> Result<()> {
+                Ok(())
+            }
+        }
+    )*};
+}
+
+no_parameters!(
+    (),
+    bool,
+    u8,
+    u16,
+    u32,
+    u64,
+    usize,
+    i8,
+    i16,
+    i32,
+    i64,
+    isize,
+    f32,
+    f64,
+    String,
+    &'static str,
+    brasa_tensor::DType,
+    brasa_tensor::Device,
+    brasa_tensor::Conv2dParams,
+);
+
+impl<A: Parameters, B: Parameters> Parameters for (A, B) {
+    fn visit(&self, walk: &mut Walk<'_>) {
+        walk.field("0", &self.0);
+        walk.field("1", &self.1);
+    }
+    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
+        walk.field("0", &mut self.0)?;
+        walk.field("1", &mut self.1)
+    }
+}
+
+impl<T: Parameters, const N: usize> Parameters for [T; N] {
+    fn visit(&self, walk: &mut Walk<'_>) {
+        for (index, value) in self.iter().enumerate() {
+            walk.field(&index.to_string(), value);
+        }
+    }
+    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
+        for (index, value) in self.iter_mut().enumerate() {
+            walk.field(&index.to_string(), value)?;
+        }
+        Ok(())
+    }
+}
