@@ -137,9 +137,9 @@ impl StateDict {
     /// Decodes safetensors bytes into tensors on `device`.
     pub fn from_bytes_on(bytes: &[u8], device: Device) -> Result<StateDict> {
         let file = SafeTensors::deserialize(bytes).map_err(|e| NnError::StateDict(format!("not valid safetensors: {e}")))?;
-        // Safetensors orders tensors by offset; keep that (it is the writer's order).
+        // Safetensors lays tensors out by alignment, not in the writer's order: sort by name.
         let mut named: Vec<(String, TensorView<'_>)> = file.tensors();
-        named.sort_by_key(|(_, view)| view.data().as_ptr() as usize);
+        named.sort_by(|a, b| a.0.cmp(&b.0));
         let mut dict = StateDict::new();
         for (name, view) in named {
             let tensor = tensor_from_view(&name, &view, device)?;
