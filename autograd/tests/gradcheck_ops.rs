@@ -118,6 +118,11 @@ fn matmul_shapes() {
     check(|v| v[0].matmul(&v[1]), &[randn(&[2, 1, 3, 4]), randn(&[2, 4, 2])]);
     check(|v| v[0].matmul(&v[1]), &[randn(&[4, 3]).t().expect("t"), randn(&[2, 4]).t().expect("t")]);
     check(|v| v[0].linear(&v[1], Some(&v[2])), &[randn(&[3, 4]), randn(&[2, 4]), randn(&[2])]);
+    check(|v| v[0].linear(&v[1], Some(&v[2])), &[randn(&[2, 3, 4]), randn(&[5, 4]), randn(&[5])]);
+    check(|v| v[0].linear(&v[1], None), &[randn(&[4, 3]).t().expect("t"), randn(&[2, 4])]);
+    check(|v| v[0].linear(&v[1], None), &[randn(&[4]), randn(&[2, 4])]);
+    let (x, w) = (Var::new(randn(&[3, 4])), Var::new(randn(&[2, 5])));
+    assert!(x.linear(&w, None).unwrap_err().to_string().contains("weight [2, 5]"));
 }
 
 #[test]

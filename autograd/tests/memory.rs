@@ -117,7 +117,7 @@ fn a_graph_dropped_without_backward_frees_everything() -> Result<()> {
     let before = allocated(dev);
     {
         let loss = mlp.forward(&x)?;
-        assert!(loss.graph_stats().nodes >= 9);
+        assert!(loss.graph_stats().nodes >= 5);
         assert!(allocated(dev) > before);
     }
     assert_eq!(allocated(dev), before);

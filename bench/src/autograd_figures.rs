@@ -133,9 +133,8 @@ fn backward_overhead(options: &Options) -> Result<Figure> {
         Ok(seconds)
     };
     // The same kernels by hand: mean's broadcast, then per layer (last
-    // first) ReLU mask, bias sum, weight product (copied to a contiguous
-    // gradient, as the first accumulation does) and, except for the first
-    // layer whose input needs no gradient, the input product.
+    // first) ReLU mask, bias sum, weight product `gᵀ·x` and, except for the
+    // first layer whose input needs no gradient, the input product `g·W`.
     let manual = || -> Result<f64> {
         let _g = no_grad();
         let mut acts = vec![x.tensor().clone()];
@@ -155,13 +154,13 @@ fn backward_overhead(options: &Options) -> Result<Figure> {
                     if i + 1 < layers.len() {
                         g = g.mul(&acts[i + 1].gt_scalar(0.0)?.to_dtype(DType::F32)?)?;
                     }
-                    let gb = g.sum(&[0], true)?.reshape(&[-1])?;
-                    let gw = acts[i].t()?.matmul(&g)?.t()?.affine(1.0, 0.0)?;
+                    let gb = g.sum(&[0], false)?;
+                    let gw = g.t()?.matmul(&acts[i])?;
                     black_box((gb, gw));
                     if i == 0 {
                         break;
                     }
-                    g = g.matmul(&layers[i].0.tensor().t()?.t()?)?;
+                    g = g.matmul(layers[i].0.tensor())?;
                 }
                 black_box(g);
                 Ok(())

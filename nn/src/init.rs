@@ -19,7 +19,10 @@ use brasa_tensor::{DType, Device, Tensor};
 /// `(in · Πk, out · Πk)`, as `torch.nn.init._calculate_fan_in_and_fan_out`.
 pub fn fans(shape: &[usize]) -> Result<(usize, usize)> {
     if shape.len() < 2 {
-        return Err(NnError::invalid("init", format!("fan in and fan out need a shape of rank 2 or more, got {shape:?}")));
+        return Err(NnError::invalid(
+            "init",
+            format!("fan in and fan out need a shape of rank 2 or more, got {shape:?}"),
+        ));
     }
     let receptive: usize = shape[2..].iter().product();
     Ok((shape[1] * receptive, shape[0] * receptive))

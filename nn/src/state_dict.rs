@@ -116,7 +116,12 @@ impl StateDict {
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut owned = Vec::with_capacity(self.entries.len());
         for (name, tensor) in &self.entries {
-            owned.push((name.as_str(), safetensors_dtype(tensor.dtype()), tensor.dims().to_vec(), tensor_bytes(tensor)?));
+            owned.push((
+                name.as_str(),
+                safetensors_dtype(tensor.dtype()),
+                tensor.dims().to_vec(),
+                tensor_bytes(tensor)?,
+            ));
         }
         let mut views = Vec::with_capacity(owned.len());
         for (name, dtype, shape, bytes) in &owned {
@@ -136,7 +141,8 @@ impl StateDict {
 
     /// Decodes safetensors bytes into tensors on `device`.
     pub fn from_bytes_on(bytes: &[u8], device: Device) -> Result<StateDict> {
-        let file = SafeTensors::deserialize(bytes).map_err(|e| NnError::StateDict(format!("not valid safetensors: {e}")))?;
+        let file =
+            SafeTensors::deserialize(bytes).map_err(|e| NnError::StateDict(format!("not valid safetensors: {e}")))?;
         // Safetensors lays tensors out by alignment, not in the writer's order: sort by name.
         let mut named: Vec<(String, TensorView<'_>)> = file.tensors();
         named.sort_by(|a, b| a.0.cmp(&b.0));
@@ -163,7 +169,9 @@ impl StateDict {
 
 impl std::fmt::Debug for StateDict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_map().entries(self.entries.iter().map(|(name, t)| (name, format!("{} {:?}", t.dtype(), t.dims())))).finish()
+        f.debug_map()
+            .entries(self.entries.iter().map(|(name, t)| (name, format!("{} {:?}", t.dtype(), t.dims()))))
+            .finish()
     }
 }
 

@@ -93,9 +93,10 @@ fn derive_names_parameters_buffers_and_skips() {
     assert_eq!(buffers, ["blocks.0.running", "blocks.1.running"]);
     assert_eq!(model.num_parameters(), 2 * (16 + 4 + 4) + 12 + 3);
     assert_eq!(model.state_dict().len(), 10);
-    assert_eq!(names(&Pair(Linear::new(2, 2, Device::CPU).unwrap(), Linear::new(2, 1, Device::CPU).unwrap())), [
-        "0.weight", "0.bias", "1.weight", "1.bias"
-    ]);
+    assert_eq!(
+        names(&Pair(Linear::new(2, 2, Device::CPU).unwrap(), Linear::new(2, 1, Device::CPU).unwrap())),
+        ["0.weight", "0.bias", "1.weight", "1.bias"]
+    );
     // Through a trait object too.
     let boxed: Box<dyn Module> = Box::new(net());
     assert_eq!(boxed.parameters().len(), 8);

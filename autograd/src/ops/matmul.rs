@@ -55,12 +55,47 @@ impl Var {
         }))
     }
 
-    /// `self · rhsᵀ + bias`, the linear layer in one node (bias `[out]`).
+    /// `self · weightᵀ + bias` over the last dimension (`weight` `[out, in]`,
+    /// `bias` `[out]`), the linear layer in one node: the weight is read
+    /// transposed without a copy, the bias is added in place, and backward
+    /// computes `gx = g·W`, `gW = gᵀ·x` and `gb = Σ g` only for the inputs
+    /// that need them.
     pub fn linear(&self, weight: &Var, bias: Option<&Var>) -> Result<Var> {
-        let y = self.matmul(&weight.t()?)?;
-        match bias {
-            Some(b) => y.add(b),
-            None => Ok(y),
+        let wd = weight.dims().to_vec();
+        let in_features = *self.dims().last().unwrap_or(&0);
+        if wd.len() != 2 || self.rank() == 0 || wd[1] != in_features || bias.is_some_and(|b| b.dims() != [wd[0]]) {
+            return Err(crate::AutogradError::Invalid {
+                op: "linear",
+                message: format!(
+                    "input {:?} needs weight [out, {in_features}] and bias [out]; got weight {wd:?}{}",
+                    self.dims(),
+                    bias.map(|b| format!(" and bias {:?}", b.dims())).unwrap_or_default()
+                ),
+            });
         }
+        let (out_features, rows) = (wd[0], self.numel() / in_features.max(1));
+        let x2 = self.tensor().reshape(&[rows as isize, in_features as isize])?;
+        let out = x2.matmul(&weight.tensor().t()?)?;
+        if let Some(b) = bias {
+            out.add_(b.tensor())?;
+        }
+        let mut out_dims: Vec<isize> = self.dims().iter().map(|&d| d as isize).collect();
+        *out_dims.last_mut().expect("rank checked above") = out_features as isize;
+        let out = out.reshape(&out_dims)?;
+        let x_dims: Vec<isize> = self.dims().iter().map(|&d| d as isize).collect();
+        let has_bias = bias.is_some();
+        let saved = || vec![x2.clone(), weight.tensor().clone()];
+        let inputs: Vec<&Var> = std::iter::once(self).chain(std::iter::once(weight)).chain(bias).collect();
+        Ok(record("linear", &inputs, out, saved, move |c| {
+            let (x, w) = (&c.saved[0], &c.saved[1]);
+            let g = c.grad.reshape(&[rows as isize, out_features as isize])?;
+            let gx = if c.needs(0) { Some(g.matmul(w)?.reshape(&x_dims)?) } else { None };
+            let gw = if c.needs(1) { Some(g.t()?.matmul(x)?) } else { None };
+            let mut grads = vec![gx, gw];
+            if has_bias {
+                grads.push(if c.needs(2) { Some(g.sum(&[0], false)?) } else { None });
+            }
+            Ok(grads)
+        }))
     }
 }
