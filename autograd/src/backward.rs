@@ -165,6 +165,9 @@ fn run_op(
     // Taken out of the node while it runs, so a backward that runs the
     // engine itself (checkpoint) holds no lock.
     let mut backward = lock(slot).take().ok_or(AutogradError::GraphReleased { op: node.name })?;
+    // A profiler range per node ("linear_backward"), named only while one records.
+    let _range = brasa_profile::enabled()
+        .then(|| brasa_profile::record_function_with_shapes(format!("{}_backward", node.name), &[g.dims()]));
     let needs: Vec<bool> = node.next.iter().map(Option::is_some).collect();
     let result = match backward.saved.checked(node.name) {
         Ok(saved) => (backward.f)(&BackwardCtx { grad: &g, saved, needs: &needs }),

@@ -8,6 +8,7 @@
 mod alloc_figures;
 mod autograd_figures;
 mod measure;
+mod nn_figures;
 mod tensor_elementwise_figures;
 mod tensor_matmul_figures;
 
@@ -24,20 +25,31 @@ const GROUPS: &[Group] = &[
     Group { prefixes: &["autograd."], run: autograd_figures::run },
     Group { prefixes: &["kernels.fma_peak", "tensor.matmul", "tensor.conv2d"], run: tensor_matmul_figures::run },
     Group { prefixes: &["tensor.add_", "tensor.small_op"], run: tensor_elementwise_figures::run },
+    Group { prefixes: &["nn."], run: nn_figures::run },
 ];
 
 fn main() {
     let mut options = Options { quick: false, filter: String::new() };
     let mut args = std::env::args().skip(1);
+    let mut nn_worker = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => options.quick = true,
+            // Internal: one nn workload in its own process (see nn_figures).
+            "--nn-worker" => nn_worker = args.next(),
             "--filter" => options.filter = args.next().unwrap_or_default(),
             other => {
                 eprintln!("brasa-bench: unknown option `{other}` (expected --filter PREFIX, --quick)");
                 std::process::exit(2);
             }
         }
+    }
+    if let Some(name) = nn_worker {
+        if let Err(e) = nn_figures::worker(&name, options.quick) {
+            eprintln!("brasa-bench --nn-worker {name}: {e}");
+            std::process::exit(1);
+        }
+        return;
     }
     for group in GROUPS {
         let wanted = group
