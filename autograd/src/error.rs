@@ -65,7 +65,8 @@ pub enum AutogradError {
 }
 
 impl AutogradError {
-    pub(crate) fn invalid(op: &'static str, message: impl Into<String>) -> Self {
+    /// An [`AutogradError::Invalid`] for `op` (for custom [`crate::Function`]s too).
+    pub fn invalid(op: &'static str, message: impl Into<String>) -> Self {
         AutogradError::Invalid { op, message: message.into() }
     }
 }

@@ -1,6 +1,44 @@
 //! # brasa
 //!
-//! A deep-learning training runtime in Rust (umbrella crate; being assembled).
+//! A deep-learning training runtime in Rust that gets memory, precision and
+//! timing right by design. This umbrella crate re-exports the workspace's
+//! crates under one name and adds a [`prelude`]; it has no logic of its own.
+//!
+//! | module | crate | what it is |
+//! |---|---|---|
+//! | [`alloc`] | `brasa-alloc` | caching device-memory allocator: PyTorch's policy, stats, snapshots, OOM reports |
+//! | [`kernels`] | `brasa-kernels` | CPU kernels: our own GEMM, elementwise, reductions, convolution |
+//! | [`tensor`] | `brasa-tensor` | devices, dtypes, strided tensors, the `memory` API of every device |
+//! | [`autograd`] | `brasa-autograd` | `Var`, backward that frees as it goes, hooks, custom ops, checkpointing |
+//! | [`nn`] | `brasa-nn` | modules, layers, losses, optimizers, schedulers, data loading, state dicts |
+//! | [`profile`] | `brasa-profile` | op tables, Chrome traces, memory timelines |
+//!
+//! ```
+//! use brasa::prelude::*;
+//!
+//! manual_seed(0);
+//! let dev = Device::CPU;
+//! let model = Sequential::new().push(Linear::new(4, 16, dev)?).push(Relu).push(Linear::new(16, 3, dev)?);
+//! let mut opt = Sgd::new(model.parameters(), SgdConfig { lr: 0.1, momentum: 0.9, ..Default::default() })?;
+//! let x = Var::new(Tensor::randn_on([8, 4], DType::F32, dev)?);
+//! let y = Tensor::from_vec_on(vec![0i64, 1, 2, 0, 1, 2, 0, 1], [8], dev)?;
+//! let mut running_loss = 0.0;
+//! for _ in 0..5 {
+//!     let loss = cross_entropy(&model.forward(&x)?, &y)?;
+//!     loss.backward()?;                 // saved tensors are freed as backward runs
+//!     opt.step()?;
+//!     opt.zero_grad()?;
+//!     running_loss += loss.item()?;     // a number, not a graph
+//! }
+//! println!("{}", memory::summary(dev)?); // allocated / reserved / peak, like torch.cuda.memory_summary
+//! # assert!(running_loss.is_finite());
+//! # Ok::<(), brasa::nn::NnError>(())
+//! ```
+//!
+//! ## Cargo features
+//!
+//! - `cuda`: CUDA devices through `cudarc` (loaded at run time: building
+//!   needs no CUDA toolkit; without a driver, CUDA calls return an error).
 
 pub use brasa_alloc as alloc;
 pub use brasa_autograd as autograd;
@@ -8,3 +46,24 @@ pub use brasa_kernels as kernels;
 pub use brasa_nn as nn;
 pub use brasa_profile as profile;
 pub use brasa_tensor as tensor;
+
+/// The names a training program uses most, in one import.
+pub mod prelude {
+    pub use brasa_autograd::{
+        checkpoint, checkpoint_sequential, enable_grad, gradcheck, no_grad, Function, FunctionCtx, Var,
+    };
+    pub use brasa_nn::data::{DataLoader, Dataset, TensorDataset};
+    pub use brasa_nn::functional::{
+        binary_cross_entropy_with_logits, cross_entropy, cross_entropy_with, l1_loss, mse_loss, nll_loss,
+        CrossEntropyOptions, Reduction,
+    };
+    pub use brasa_nn::optim::{
+        clip_grad_norm_, Adam, AdamConfig, AdamW, GradAccumulator, LrScheduler, Optimizer, Sgd, SgdConfig,
+    };
+    pub use brasa_nn::{
+        AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Conv2dConfig, Dropout, Embedding, Flatten, Gelu, Identity,
+        LayerNorm, Linear, MaxPool2d, Module, ModuleExt, NnError, Parameters, Relu, Result, Sequential, Sigmoid, Silu,
+        StateDict, Tanh,
+    };
+    pub use brasa_tensor::{manual_seed, memory, DType, Device, Tensor};
+}

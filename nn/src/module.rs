@@ -129,14 +129,24 @@ pub trait ModuleExt: Parameters {
     /// Parameters and buffers by dotted name, sharing storage with the model
     /// (PyTorch's `state_dict()`; save it with [`StateDict::save`]).
     fn state_dict(&self) -> StateDict {
-        let mut dict = StateDict::new();
-        for (name, param) in self.named_parameters() {
-            dict.insert(name, param.tensor().clone());
+        // One walk, so names come in PyTorch's order: each layer's parameters
+        // and buffers together (`1.weight, 1.bias, 1.running_mean, ...`).
+        #[derive(Default)]
+        struct Collect(StateDict, Vec<Var>);
+        impl Visitor for Collect {
+            fn param(&mut self, path: &str, param: &Var) {
+                if !self.1.iter().any(|seen| seen.same_var(param)) {
+                    self.1.push(param.clone());
+                    self.0.insert(path, param.tensor().clone());
+                }
+            }
+            fn buffer(&mut self, path: &str, buffer: &Tensor) {
+                self.0.insert(path, buffer.clone());
+            }
         }
-        for (name, buffer) in self.named_buffers() {
-            dict.insert(name, buffer);
-        }
-        dict
+        let mut collect = Collect::default();
+        self.visit(&mut Walk::new(&mut collect));
+        collect.0
     }
 
     /// Copies `dict` into the model's parameters and buffers in place.

@@ -1,1 +1,402 @@
-//! Normalisation (being written).
+//! Batch and layer normalisation (PyTorch's `F.batch_norm` and
+//! `F.layer_norm`), each one custom autograd [`Function`]: the forward
+//! normalises on tensors and saves only the input and the per-channel (or
+//! per-row) mean and inverse standard deviation; the backward is the closed
+//! form, so a normalisation costs a few passes over memory and one saved
+//! input rather than a graph of a dozen elementwise ops.
+//!
+//! f16 and bf16 inputs are normalised in f32 and the output converted back.
+//!
+//! ```
+//! use brasa_nn::functional::{batch_norm, layer_norm};
+//! use brasa_autograd::Var;
+//! use brasa_tensor::{DType, Tensor};
+//!
+//! let x = Var::new(Tensor::from_vec(vec![1.0f64, 2.0, 3.0, 4.0], [2, 2])?);
+//! // Batch statistics per column: means (2, 3), biased variances (1, 1).
+//! let y = batch_norm(&x, None, None, None, None, true, 0.1, 0.0)?;
+//! assert_eq!(y.tensor().to_vec::<f64>()?, [-1.0, -1.0, 1.0, 1.0]);
+//! // Per-row statistics over the last dim.
+//! let z = layer_norm(&x, &[2], None, None, 0.0)?;
+//! assert_eq!(z.tensor().to_vec::<f64>()?, [-1.0, 1.0, -1.0, 1.0]);
+//! # Ok::<(), brasa_nn::NnError>(())
+//! ```
+
+use crate::error::{NnError, Result};
+use brasa_autograd::{apply, Function, FunctionCtx, Var};
+use brasa_tensor::{DType, Tensor};
+
+/// The dtype a normalisation computes in for inputs of `dtype`.
+fn compute_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        other => other,
+    }
+}
+
+/// A new tensor with `t`'s values in `dtype` and `shape` (never a view of `t`,
+/// so later in-place updates of `t` cannot change it).
+fn fresh_copy(t: &Tensor, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+    let copy = Tensor::zeros_on(shape, dtype, t.device())?;
+    copy.copy_(&t.reshape(&to_isize(shape))?)?;
+    Ok(copy)
+}
+
+fn to_isize(dims: &[usize]) -> Vec<isize> {
+    dims.iter().map(|&d| d as isize).collect()
+}
+
+/// Checks that an optional per-channel tensor has `channels` elements.
+fn check_per_channel(what: &str, dims: Option<&[usize]>, channels: usize, input: &[usize]) -> Result<()> {
+    match dims {
+        Some(d) if d.iter().product::<usize>() != channels || d.len() != 1 => Err(NnError::invalid(
+            "batch_norm",
+            format!("{what} must have shape [{channels}] for an input of shape {input:?}, got {d:?}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Batch normalisation over dim 1 of `input` (`[N, C]`, `[N, C, L]`,
+/// `[N, C, H, W]`, ...): `y = (x - mean) / √(var + eps) · weight + bias`,
+/// PyTorch's `F.batch_norm`.
+///
+/// `training`: the mean and the biased variance are those of this batch
+/// (over every dim but 1), and `running_mean` / `running_var`, when given,
+/// are updated in place: `running = (1 - momentum) · running + momentum ·
+/// batch`, with the unbiased variance for `running_var`. Otherwise the
+/// running statistics are used (and must be given). `weight` and `bias`
+/// (`[C]`) are optional. The gradient flows to `input`, `weight` and `bias`.
+#[allow(clippy::too_many_arguments)] // PyTorch's signature, in its order.
+pub fn batch_norm(
+    input: &Var,
+    running_mean: Option<&Tensor>,
+    running_var: Option<&Tensor>,
+    weight: Option<&Var>,
+    bias: Option<&Var>,
+    training: bool,
+    momentum: f64,
+    eps: f64,
+) -> Result<Var> {
+    let dims = input.dims().to_vec();
+    if dims.len() < 2 {
+        return Err(NnError::invalid(
+            "batch_norm",
+            format!("expected an input of shape [N, C, ...] (rank 2 or more), got {dims:?}"),
+        ));
+    }
+    if !input.dtype().is_float() {
+        return Err(NnError::invalid("batch_norm", format!("expected a floating-point input, got {}", input.dtype())));
+    }
+    let channels = dims[1];
+    check_per_channel("running_mean", running_mean.map(|t| t.dims()), channels, &dims)?;
+    check_per_channel("running_var", running_var.map(|t| t.dims()), channels, &dims)?;
+    check_per_channel("weight", weight.map(|t| t.dims()), channels, &dims)?;
+    check_per_channel("bias", bias.map(|t| t.dims()), channels, &dims)?;
+    if running_mean.is_some() != running_var.is_some() {
+        return Err(NnError::invalid("batch_norm", "give both running_mean and running_var, or neither"));
+    }
+    if eps.is_nan() || eps < 0.0 {
+        return Err(NnError::invalid("batch_norm", format!("eps must be non-negative, got {eps}")));
+    }
+
+    let dtype = compute_dtype(input.dtype());
+    // `[1, C, 1, ...]`: per-channel statistics broadcast against the input.
+    let mut stat_shape = vec![1usize; dims.len()];
+    stat_shape[1] = channels;
+    let reduce: Vec<isize> = (0..dims.len() as isize).filter(|&d| d != 1).collect();
+    let (mean, invstd) = if training {
+        let per_channel = input.numel() / channels.max(1);
+        if per_channel <= 1 {
+            return Err(NnError::invalid(
+                "batch_norm",
+                format!("expected more than 1 value per channel when training, got input of shape {dims:?}"),
+            ));
+        }
+        let x = input.tensor().to_dtype(dtype)?;
+        let mean = x.mean(&reduce, true)?;
+        let var = x.var_with_correction(&reduce, 0, true)?;
+        if let (Some(running_mean), Some(running_var)) = (running_mean, running_var) {
+            let _no_grad = brasa_autograd::no_grad();
+            let unbiased = var.mul_scalar(per_channel as f64 / (per_channel - 1) as f64)?;
+            running_mean.lerp_(&mean.reshape(&[channels as isize])?.to_dtype(running_mean.dtype())?, momentum)?;
+            running_var.lerp_(&unbiased.reshape(&[channels as isize])?.to_dtype(running_var.dtype())?, momentum)?;
+        }
+        let invstd = var.add_scalar(eps)?.rsqrt()?;
+        (mean, invstd)
+    } else {
+        let (Some(running_mean), Some(running_var)) = (running_mean, running_var) else {
+            return Err(NnError::invalid(
+                "batch_norm",
+                "evaluation mode (training = false) needs running_mean and running_var",
+            ));
+        };
+        // Copies: the running statistics may be updated in place before backward.
+        let mean = fresh_copy(running_mean, dtype, &stat_shape)?;
+        let invstd = running_var.reshape(&to_isize(&stat_shape))?.to_dtype(dtype)?.add_scalar(eps)?.rsqrt()?;
+        (mean, invstd)
+    };
+
+    let mut inputs = vec![input];
+    inputs.extend(weight);
+    inputs.extend(bias);
+    let function =
+        BatchNormFn { mean, invstd, batch_stats: training, has_weight: weight.is_some(), has_bias: bias.is_some() };
+    Ok(apply(function, &inputs)?)
+}
+
+/// The normalisation of [`batch_norm`] with its statistics already known.
+struct BatchNormFn {
+    /// `[1, C, 1, ...]`, in the compute dtype.
+    mean: Tensor,
+    /// `1 / √(var + eps)`, `[1, C, 1, ...]`.
+    invstd: Tensor,
+    /// The statistics are the batch's (so they depend on the input).
+    batch_stats: bool,
+    has_weight: bool,
+    has_bias: bool,
+}
+
+impl Function for BatchNormFn {
+    fn name(&self) -> &'static str {
+        "batch_norm"
+    }
+
+    fn forward(&mut self, ctx: &mut FunctionCtx, inputs: &[Tensor]) -> brasa_autograd::Result<Tensor> {
+        let x = &inputs[0];
+        let dtype = self.mean.dtype();
+        let shape: Vec<isize> = to_isize(self.mean.dims());
+        // y = x · alpha + beta with alpha = invstd · w and beta = b - mean · alpha
+        // (per channel), which is two passes over the input.
+        let alpha = if self.has_weight {
+            self.invstd.mul(&inputs[1].reshape(&shape)?.to_dtype(dtype)?)?
+        } else {
+            self.invstd.clone()
+        };
+        let beta = self.mean.mul(&alpha)?.neg()?;
+        if self.has_bias {
+            beta.add_(&inputs[1 + self.has_weight as usize].reshape(&shape)?)?;
+        }
+        let out = x.to_dtype(dtype)?.mul(&alpha)?;
+        out.add_(&beta)?;
+        ctx.save_for_backward(x);
+        ctx.save_for_backward(&self.mean);
+        ctx.save_for_backward(&self.invstd);
+        if self.has_weight {
+            ctx.save_for_backward(&inputs[1]);
+        }
+        Ok(out.to_dtype(x.dtype())?)
+    }
+
+    fn backward(
+        &mut self,
+        saved: &[Tensor],
+        grad_output: &Tensor,
+        needs: &[bool],
+    ) -> brasa_autograd::Result<Vec<Option<Tensor>>> {
+        let (mean, invstd) = (&saved[1], &saved[2]);
+        let dtype = mean.dtype();
+        let shape: Vec<isize> = to_isize(mean.dims());
+        let channels = mean.numel();
+        let x = saved[0].to_dtype(dtype)?;
+        // Contiguous: reductions over a broadcast gradient (from a sum) are slow.
+        let g = grad_output.to_dtype(dtype)?.contiguous()?;
+        let reduce: Vec<isize> = (0..x.rank() as isize).filter(|&d| d != 1).collect();
+        let count = (x.numel() / channels.max(1)) as f64;
+        let weight = if self.has_weight { Some(saved[3].reshape(&shape)?.to_dtype(dtype)?) } else { None };
+        let bias_index = 1 + self.has_weight as usize;
+        let needs_weight = self.has_weight && needs[1];
+        let needs_bias = self.has_bias && needs[bias_index];
+        // With running statistics dx is a per-channel scaling of g: x̂ and the
+        // sums are needed only for the parameters' gradients.
+        let input_sums = self.batch_stats && needs[0];
+
+        // x̂ = (x - mean) · invstd, and the per-channel sums Σg and Σg·x̂.
+        let x_hat = if input_sums || needs_weight {
+            let x_hat = x.sub(mean)?;
+            x_hat.mul_(invstd)?;
+            Some(x_hat)
+        } else {
+            None
+        };
+        let sum_g = if input_sums || needs_bias { Some(g.sum(&reduce, true)?) } else { None };
+        let sum_g_xhat = match &x_hat {
+            Some(x_hat) => Some(g.mul(x_hat)?.sum(&reduce, true)?),
+            None => None,
+        };
+        let per_channel = |t: &Option<Tensor>| -> brasa_autograd::Result<Option<Tensor>> {
+            Ok(t.as_ref().map(|t| t.reshape(&[channels as isize])).transpose()?)
+        };
+        let grad_weight = if needs_weight { per_channel(&sum_g_xhat)? } else { None };
+        let grad_bias = if needs_bias { per_channel(&sum_g)? } else { None };
+
+        let mut grads = Vec::with_capacity(needs.len());
+        if needs[0] {
+            // scale = w · invstd per channel.
+            let scale = match &weight {
+                Some(w) => invstd.mul(w)?,
+                None => invstd.clone(),
+            };
+            let dx = match (x_hat, &sum_g, &sum_g_xhat) {
+                (Some(x_hat), Some(sum_g), Some(sum_g_xhat)) if self.batch_stats => {
+                    // dx = scale · (g - Σg/M - x̂ · Σg·x̂/M), reusing x̂'s memory.
+                    x_hat.mul_(&sum_g_xhat.mul_scalar(1.0 / count)?)?;
+                    let dx = g.sub(&x_hat)?;
+                    dx.sub_(&sum_g.mul_scalar(1.0 / count)?)?;
+                    dx.mul_(&scale)?;
+                    dx
+                }
+                _ => g.mul(&scale)?,
+            };
+            grads.push(Some(dx));
+        } else {
+            grads.push(None);
+        }
+        if self.has_weight {
+            grads.push(grad_weight);
+        }
+        if self.has_bias {
+            grads.push(grad_bias);
+        }
+        Ok(grads)
+    }
+}
+
+/// Layer normalisation over the trailing dims `normalized_shape` of
+/// `input`: each slice of those dims is normalised by its own mean and
+/// biased variance, `y = (x - mean) / √(var + eps) · weight + bias`, with
+/// optional `weight` and `bias` of shape `normalized_shape` (PyTorch's
+/// `F.layer_norm`). The gradient flows to `input`, `weight` and `bias`.
+pub fn layer_norm(
+    input: &Var,
+    normalized_shape: &[usize],
+    weight: Option<&Var>,
+    bias: Option<&Var>,
+    eps: f64,
+) -> Result<Var> {
+    let dims = input.dims();
+    let k = normalized_shape.len();
+    if k == 0 || k > dims.len() || dims[dims.len() - k..] != *normalized_shape {
+        return Err(NnError::invalid(
+            "layer_norm",
+            format!(
+                "normalized_shape {normalized_shape:?} must be non-empty and match the trailing dims of the input, got input of shape {dims:?}"
+            ),
+        ));
+    }
+    if !input.dtype().is_float() {
+        return Err(NnError::invalid("layer_norm", format!("expected a floating-point input, got {}", input.dtype())));
+    }
+    for (what, param) in [("weight", weight), ("bias", bias)] {
+        if let Some(param) = param {
+            if param.dims() != normalized_shape {
+                return Err(NnError::invalid(
+                    "layer_norm",
+                    format!("{what} must have shape {normalized_shape:?}, got {:?}", param.dims()),
+                ));
+            }
+        }
+    }
+    if eps.is_nan() || eps < 0.0 {
+        return Err(NnError::invalid("layer_norm", format!("eps must be non-negative, got {eps}")));
+    }
+    let width: usize = normalized_shape.iter().product();
+    let mut inputs = vec![input];
+    inputs.extend(weight);
+    inputs.extend(bias);
+    let function = LayerNormFn {
+        shape: to_isize(normalized_shape),
+        width,
+        eps,
+        has_weight: weight.is_some(),
+        has_bias: bias.is_some(),
+    };
+    Ok(apply(function, &inputs)?)
+}
+
+/// The layer normalisation of [`layer_norm`], on the input seen as `[rows, width]`.
+struct LayerNormFn {
+    /// `normalized_shape`, the shape of the weight and bias.
+    shape: Vec<isize>,
+    /// The number of elements each row normalises.
+    width: usize,
+    eps: f64,
+    has_weight: bool,
+    has_bias: bool,
+}
+
+impl Function for LayerNormFn {
+    fn name(&self) -> &'static str {
+        "layer_norm"
+    }
+
+    fn forward(&mut self, ctx: &mut FunctionCtx, inputs: &[Tensor]) -> brasa_autograd::Result<Tensor> {
+        let x = &inputs[0];
+        let dtype = compute_dtype(x.dtype());
+        let width = self.width as isize;
+        let rows = x.reshape(&[-1, width])?.to_dtype(dtype)?;
+        let mean = rows.mean(&[1], true)?;
+        let invstd = rows.var_with_correction(&[1], 0, true)?.add_scalar(self.eps)?.rsqrt()?;
+        let out = rows.sub(&mean)?;
+        out.mul_(&invstd)?;
+        if self.has_weight {
+            out.mul_(&inputs[1].reshape(&[width])?)?;
+        }
+        if self.has_bias {
+            out.add_(&inputs[1 + self.has_weight as usize].reshape(&[width])?)?;
+        }
+        ctx.save_for_backward(x);
+        ctx.save_for_backward(&mean);
+        ctx.save_for_backward(&invstd);
+        if self.has_weight {
+            ctx.save_for_backward(&inputs[1]);
+        }
+        Ok(out.reshape(&to_isize(x.dims()))?.to_dtype(x.dtype())?)
+    }
+
+    fn backward(
+        &mut self,
+        saved: &[Tensor],
+        grad_output: &Tensor,
+        needs: &[bool],
+    ) -> brasa_autograd::Result<Vec<Option<Tensor>>> {
+        let (input, mean, invstd) = (&saved[0], &saved[1], &saved[2]);
+        let dtype = mean.dtype();
+        let width = self.width as isize;
+        let x = input.reshape(&[-1, width])?.to_dtype(dtype)?;
+        let g = grad_output.reshape(&[-1, width])?.to_dtype(dtype)?.contiguous()?;
+        let weight = if self.has_weight { Some(saved[3].reshape(&[width])?.to_dtype(dtype)?) } else { None };
+
+        let x_hat = x.sub(mean)?;
+        x_hat.mul_(invstd)?;
+        let mut grads = Vec::with_capacity(needs.len());
+        let weight_grad = if self.has_weight && needs[1] {
+            Some(g.mul(&x_hat)?.sum(&[0], false)?.reshape(&self.shape)?)
+        } else {
+            None
+        };
+        if needs[0] {
+            // dx = invstd · (ĝ - mean(ĝ) - x̂ · mean(ĝ · x̂)) per row, with ĝ = g · w.
+            let g_hat = match &weight {
+                Some(w) => g.mul(w)?,
+                None => g.clone(),
+            };
+            let mean_g = g_hat.mean(&[1], true)?;
+            let mean_g_xhat = g_hat.mul(&x_hat)?.mean(&[1], true)?;
+            x_hat.mul_(&mean_g_xhat)?;
+            let dx = g_hat.sub(&x_hat)?;
+            dx.sub_(&mean_g)?;
+            dx.mul_(invstd)?;
+            grads.push(Some(dx.reshape(&to_isize(input.dims()))?));
+        } else {
+            grads.push(None);
+        }
+        if self.has_weight {
+            grads.push(weight_grad);
+        }
+        if self.has_bias {
+            grads.push(needs[grads.len()].then(|| g.sum(&[0], false)?.reshape(&self.shape)).transpose()?);
+        }
+        Ok(grads)
+    }
+}

@@ -34,7 +34,13 @@ impl Linear {
     }
 
     /// A layer with or without a bias, in `dtype`.
-    pub fn with_options(in_features: usize, out_features: usize, bias: bool, dtype: DType, device: Device) -> Result<Linear> {
+    pub fn with_options(
+        in_features: usize,
+        out_features: usize,
+        bias: bool,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Linear> {
         let weight = init::kaiming_uniform(&[out_features, in_features], 5f64.sqrt(), dtype, device)?;
         let bias = if bias {
             let bound = 1.0 / (in_features.max(1) as f64).sqrt();

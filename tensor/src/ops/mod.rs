@@ -10,6 +10,7 @@ mod conv;
 mod elementwise;
 mod index;
 mod inplace_arith;
+mod inplace_unary;
 mod matmul;
 mod pool;
 mod reduce;

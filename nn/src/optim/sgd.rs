@@ -1,0 +1,222 @@
+//! [`Sgd`]: stochastic gradient descent with momentum, dampening, Nesterov
+//! momentum, weight decay and maximize — PyTorch's `torch.optim.SGD`.
+//!
+//! With `d = ±grad + weight_decay·p` (minus for `maximize`):
+//!
+//! ```text
+//! buf = d                                  first step (a copy)
+//! buf = momentum·buf + (1 − dampening)·d   later steps
+//! p  -= lr · (nesterov ? d + momentum·buf : buf)      (momentum > 0)
+//! p  -= lr · d                                        (momentum = 0)
+//! ```
+//!
+//! All in place, without temporaries: `d` is never materialised (its terms
+//! are added one at a time), so a step allocates nothing after the first
+//! (which allocates the momentum buffers). Without momentum there is no
+//! state at all.
+
+use super::{check_non_negative, check_params, state_name, write_group, Optimizer, StateReader};
+use crate::error::{NnError, Result};
+use crate::state_dict::StateDict;
+use brasa_autograd::{no_grad, Var};
+use brasa_tensor::Tensor;
+
+/// The hyperparameters of [`Sgd`], with PyTorch's defaults.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SgdConfig {
+    /// The learning rate (default 1e-3), at least 0.
+    pub lr: f64,
+    /// The momentum factor (default 0: plain SGD), at least 0.
+    pub momentum: f64,
+    /// The dampening of the momentum's new term (default 0).
+    pub dampening: f64,
+    /// Nesterov momentum (needs `momentum > 0` and `dampening == 0`).
+    pub nesterov: bool,
+    /// L2 penalty added to the gradient (default 0), at least 0.
+    pub weight_decay: f64,
+    /// Maximise the objective instead of minimising it.
+    pub maximize: bool,
+}
+
+impl Default for SgdConfig {
+    fn default() -> SgdConfig {
+        SgdConfig { lr: 1e-3, momentum: 0.0, dampening: 0.0, nesterov: false, weight_decay: 0.0, maximize: false }
+    }
+}
+
+impl SgdConfig {
+    /// Errors naming the first invalid value.
+    pub fn validate(&self) -> Result<()> {
+        check_non_negative("Sgd", "lr", self.lr)?;
+        check_non_negative("Sgd", "momentum", self.momentum)?;
+        check_non_negative("Sgd", "weight_decay", self.weight_decay)?;
+        if !self.dampening.is_finite() {
+            return Err(NnError::invalid("Sgd", format!("dampening must be finite, got {}", self.dampening)));
+        }
+        if self.nesterov && (self.momentum <= 0.0 || self.dampening != 0.0) {
+            return Err(NnError::invalid(
+                "Sgd",
+                format!(
+                    "Nesterov momentum requires momentum > 0 and dampening 0, got momentum {} and dampening {}",
+                    self.momentum, self.dampening
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Stochastic gradient descent (PyTorch's `torch.optim.SGD`; see the module
+/// doc for the update).
+///
+/// ```
+/// use brasa_nn::optim::{Optimizer, Sgd, SgdConfig};
+/// use brasa_autograd::Var;
+/// use brasa_tensor::Tensor;
+///
+/// let w = Var::param(Tensor::from_vec(vec![1.0f64, -2.0], [2])?);
+/// let mut opt = Sgd::new(vec![w.clone()], SgdConfig { lr: 0.25, momentum: 0.9, ..Default::default() })?;
+/// w.mul(&w)?.sum_all()?.backward()?;      // grad = 2w
+/// opt.step()?;
+/// assert_eq!(w.tensor().to_vec::<f64>()?, [0.5, -1.0]);
+/// # Ok::<(), brasa_nn::NnError>(())
+/// ```
+#[derive(Debug)]
+pub struct Sgd {
+    params: Vec<Var>,
+    config: SgdConfig,
+    /// Per parameter, once it had a gradient (with momentum only).
+    momentum_buffers: Vec<Option<Tensor>>,
+}
+
+impl Sgd {
+    /// An optimizer of `params` (distinct floating-point leaves, at least
+    /// one); `config` is validated.
+    pub fn new(params: Vec<Var>, config: SgdConfig) -> Result<Sgd> {
+        check_params("Sgd", &params)?;
+        config.validate()?;
+        let momentum_buffers = vec![None; params.len()];
+        Ok(Sgd { params, config, momentum_buffers })
+    }
+
+    /// The hyperparameters.
+    pub fn config(&self) -> &SgdConfig {
+        &self.config
+    }
+
+    /// The momentum buffer of parameter `index`, once it exists.
+    pub fn momentum_buffer(&self, index: usize) -> Option<&Tensor> {
+        self.momentum_buffers.get(index).and_then(Option::as_ref)
+    }
+
+    fn update(&mut self, index: usize, grad: &Tensor) -> Result<()> {
+        let SgdConfig { lr, momentum, dampening, nesterov, weight_decay, maximize } = self.config;
+        let param = self.params[index].tensor();
+        let sign = if maximize { -1.0 } else { 1.0 };
+        if momentum == 0.0 {
+            // p − lr·(±g + wd·p) = (1 − lr·wd)·p ∓ lr·g
+            if weight_decay != 0.0 {
+                param.mul_scalar_(1.0 - lr * weight_decay)?;
+            }
+            param.add_scaled_(-lr * sign, grad)?;
+            return Ok(());
+        }
+        let buffer = match &self.momentum_buffers[index] {
+            Some(buffer) => {
+                buffer.mul_scalar_(momentum)?;
+                buffer.add_scaled_(sign * (1.0 - dampening), grad)?;
+                if weight_decay != 0.0 {
+                    buffer.add_scaled_((1.0 - dampening) * weight_decay, param)?;
+                }
+                buffer
+            }
+            None => {
+                let buffer = grad.affine(sign, 0.0)?;
+                if weight_decay != 0.0 {
+                    buffer.add_scaled_(weight_decay, param)?;
+                }
+                self.momentum_buffers[index].insert(buffer)
+            }
+        };
+        if nesterov {
+            // p − lr·(d + momentum·buf), with d = ±g + wd·p
+            if weight_decay != 0.0 {
+                param.mul_scalar_(1.0 - lr * weight_decay)?;
+            }
+            param.add_scaled_(-lr * sign, grad)?;
+            param.add_scaled_(-lr * momentum, buffer)?;
+        } else {
+            param.add_scaled_(-lr, buffer)?;
+        }
+        Ok(())
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self) -> Result<()> {
+        let _guard = no_grad();
+        for index in 0..self.params.len() {
+            if let Some(grad) = self.params[index].grad() {
+                self.update(index, &grad)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn lr(&self) -> f64 {
+        self.config.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.config.lr = lr;
+    }
+
+    fn params(&self) -> &[Var] {
+        &self.params
+    }
+
+    /// `state.{i}.momentum_buffer` for each parameter that has one, and
+    /// `param_groups.0.{lr, momentum, dampening, nesterov, weight_decay,
+    /// maximize, params}`.
+    fn state_dict(&self) -> Result<StateDict> {
+        let mut dict = StateDict::new();
+        for (index, buffer) in self.momentum_buffers.iter().enumerate() {
+            if let Some(buffer) = buffer {
+                dict.insert(state_name(index, "momentum_buffer"), buffer.clone());
+            }
+        }
+        let c = &self.config;
+        let hyper = [
+            ("lr", c.lr),
+            ("momentum", c.momentum),
+            ("dampening", c.dampening),
+            ("nesterov", f64::from(u8::from(c.nesterov))),
+            ("weight_decay", c.weight_decay),
+            ("maximize", f64::from(u8::from(c.maximize))),
+        ];
+        write_group(&mut dict, self.params.len(), &hyper)?;
+        Ok(dict)
+    }
+
+    fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
+        let mut reader = StateReader::new("Sgd", state, self.params.len())?;
+        let config = SgdConfig {
+            lr: reader.hyper("lr")?,
+            momentum: reader.hyper("momentum")?,
+            dampening: reader.hyper("dampening")?,
+            nesterov: reader.flag("nesterov")?,
+            weight_decay: reader.hyper("weight_decay")?,
+            maximize: reader.flag("maximize")?,
+        };
+        config.validate()?;
+        let mut buffers = Vec::with_capacity(self.params.len());
+        for (index, param) in self.params.iter().enumerate() {
+            let name = state_name(index, "momentum_buffer");
+            buffers.push(if reader.has(&name) { Some(reader.buffer_like(&name, param.tensor())?) } else { None });
+        }
+        reader.finish()?;
+        self.config = config;
+        self.momentum_buffers = buffers;
+        Ok(())
+    }
+}
