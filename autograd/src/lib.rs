@@ -47,6 +47,7 @@ mod graph;
 mod hooks;
 mod introspect;
 mod ops;
+mod precision;
 mod var;
 
 pub use backward::grad;
@@ -57,4 +58,5 @@ pub use grad_mode::{enable_grad, is_grad_enabled, no_grad, set_grad_enabled, Gra
 pub use gradcheck::gradcheck;
 pub use graph::BackwardCtx;
 pub use introspect::{live_nodes, saved_tensor_bytes, GraphStats};
+pub use precision::{autocast_inputs, precision_hook, set_precision_hook, PrecisionHook};
 pub use var::Var;

@@ -2,12 +2,16 @@
 //! its slice of the gradient; `split` and `chunk` are `narrow`s.
 
 use crate::error::{AutogradError, Result};
+use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 use brasa_tensor::{resolve_dim, Tensor, TensorError};
 
 impl Var {
     /// Concatenates along `dim` (see `Tensor::cat`).
     pub fn cat(vars: &[&Var], dim: isize) -> Result<Var> {
+        if let Some(c) = autocast_inputs("cat", vars)? {
+            return Var::cat(&c.iter().collect::<Vec<_>>(), dim);
+        }
         let tensors: Vec<&Tensor> = vars.iter().map(|v| v.tensor()).collect();
         let out = Tensor::cat(&tensors, dim)?;
         let rank = vars.first().map(|v| v.rank()).unwrap_or(1);
@@ -26,6 +30,9 @@ impl Var {
 
     /// Stacks `Var`s of one shape along a new dim `dim`.
     pub fn stack(vars: &[&Var], dim: isize) -> Result<Var> {
+        if let Some(c) = autocast_inputs("stack", vars)? {
+            return Var::stack(&c.iter().collect::<Vec<_>>(), dim);
+        }
         let tensors: Vec<&Tensor> = vars.iter().map(|v| v.tensor()).collect();
         let out = Tensor::stack(&tensors, dim)?;
         let d = resolve_dim(dim, out.rank(), "stack").map_err(TensorError::from)?;

@@ -2,12 +2,17 @@
 //! weight and bias.
 
 use crate::error::Result;
+use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 use brasa_tensor::Conv2dParams;
 
 impl Var {
     /// `conv2d` of this `[N, C_in, H, W]` input with `weight` and an optional `bias`.
     pub fn conv2d(&self, weight: &Var, bias: Option<&Var>, params: Conv2dParams) -> Result<Var> {
+        let inputs: Vec<&Var> = [self, weight].into_iter().chain(bias).collect();
+        if let Some(c) = autocast_inputs("conv2d", &inputs)? {
+            return c[0].conv2d(&c[1], c.get(2), params);
+        }
         let out = self.tensor().conv2d(weight.tensor(), bias.map(|b| b.tensor()), params)?;
         let (x_shape, w_shape) = (self.dims().to_vec(), weight.dims().to_vec());
         let mut inputs = vec![self, weight];

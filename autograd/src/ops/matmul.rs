@@ -3,6 +3,7 @@
 
 use super::sum_to;
 use crate::error::Result;
+use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 use brasa_tensor::Tensor;
 
@@ -22,6 +23,9 @@ fn to_isize(dims: &[usize]) -> Vec<isize> {
 impl Var {
     /// The matrix product (see `Tensor::matmul`).
     pub fn matmul(&self, rhs: &Var) -> Result<Var> {
+        if let Some(c) = autocast_inputs("matmul", &[self, rhs])? {
+            return c[0].matmul(&c[1]);
+        }
         let out = self.tensor().matmul(rhs.tensor())?;
         let (ad, bd) = (self.dims().to_vec(), rhs.dims().to_vec());
         let (at, bt) = (self.dtype(), rhs.dtype());
@@ -61,6 +65,10 @@ impl Var {
     /// computes `gx = g·W`, `gW = gᵀ·x` and `gb = Σ g` only for the inputs
     /// that need them.
     pub fn linear(&self, weight: &Var, bias: Option<&Var>) -> Result<Var> {
+        let inputs: Vec<&Var> = [self, weight].into_iter().chain(bias).collect();
+        if let Some(c) = autocast_inputs("linear", &inputs)? {
+            return c[0].linear(&c[1], c.get(2));
+        }
         let wd = weight.dims().to_vec();
         let in_features = *self.dims().last().unwrap_or(&0);
         if wd.len() != 2 || self.rank() == 0 || wd[1] != in_features || bias.is_some_and(|b| b.dims() != [wd[0]]) {

@@ -3,6 +3,7 @@
 
 use super::mask_as;
 use crate::error::Result;
+use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 use brasa_tensor::{resolve_dim, Tensor, TensorError};
 
@@ -33,6 +34,9 @@ fn expand_back(grad: &Tensor, kept: &[isize], dims: &[usize]) -> Result<Tensor> 
 impl Var {
     /// The sum over `dims` (empty = all), keeping reduced dims as size 1 with `keepdim`.
     pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Var> {
+        if let Some(c) = autocast_inputs("sum", &[self])? {
+            return c[0].sum(dims, keepdim);
+        }
         let out = self.tensor().sum(dims, keepdim)?;
         let (kept, _) = kept_shape(self.dims(), dims, "sum")?;
         let (shape, dtype) = (self.dims().to_vec(), self.dtype());
@@ -43,11 +47,17 @@ impl Var {
 
     /// The sum of every element, a 0-d `Var`.
     pub fn sum_all(&self) -> Result<Var> {
+        if let Some(c) = autocast_inputs("sum", &[self])? {
+            return c[0].sum_all();
+        }
         self.sum(&[], false)
     }
 
     /// The mean over `dims` (empty = all).
     pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Var> {
+        if let Some(c) = autocast_inputs("mean", &[self])? {
+            return c[0].mean(dims, keepdim);
+        }
         let out = self.tensor().mean(dims, keepdim)?;
         let (kept, count) = kept_shape(self.dims(), dims, "mean")?;
         let shape = self.dims().to_vec();
@@ -58,11 +68,17 @@ impl Var {
 
     /// The mean of every element, a 0-d `Var`.
     pub fn mean_all(&self) -> Result<Var> {
+        if let Some(c) = autocast_inputs("mean", &[self])? {
+            return c[0].mean_all();
+        }
         self.mean(&[], false)
     }
 
     /// The variance over `dims` (empty = all) with `correction` (1: unbiased).
     pub fn var(&self, dims: &[isize], correction: usize, keepdim: bool) -> Result<Var> {
+        if let Some(c) = autocast_inputs("var", &[self])? {
+            return c[0].var(dims, correction, keepdim);
+        }
         let out = self.tensor().var_with_correction(dims, correction, keepdim)?;
         let (kept, count) = kept_shape(self.dims(), dims, "var")?;
         let shape = self.dims().to_vec();
@@ -84,6 +100,9 @@ impl Var {
 
     /// The standard deviation over `dims` (empty = all) with `correction`.
     pub fn std(&self, dims: &[isize], correction: usize, keepdim: bool) -> Result<Var> {
+        if let Some(c) = autocast_inputs("std", &[self])? {
+            return c[0].std(dims, correction, keepdim);
+        }
         self.var(dims, correction, keepdim)?.sqrt()
     }
 

@@ -1,12 +1,16 @@
 //! Softmax and log-softmax along a dim, differentiated from their outputs.
 
 use crate::error::Result;
+use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 use brasa_tensor::{resolve_dim, TensorError};
 
 impl Var {
     /// Softmax along `dim`: `dx = y (g - Σ g y)`.
     pub fn softmax(&self, dim: isize) -> Result<Var> {
+        if let Some(c) = autocast_inputs("softmax", &[self])? {
+            return c[0].softmax(dim);
+        }
         let out = self.tensor().softmax(dim)?;
         let d = resolve_dim(dim, self.rank().max(1), "softmax").map_err(TensorError::from)? as isize;
         let keep = out.clone();
@@ -25,6 +29,9 @@ impl Var {
 
     /// Log-softmax along `dim`: `dx = g - exp(y) Σ g`.
     pub fn log_softmax(&self, dim: isize) -> Result<Var> {
+        if let Some(c) = autocast_inputs("log_softmax", &[self])? {
+            return c[0].log_softmax(dim);
+        }
         let out = self.tensor().log_softmax(dim)?;
         let d = resolve_dim(dim, self.rank().max(1), "log_softmax").map_err(TensorError::from)? as isize;
         let keep = out.clone();

@@ -3,6 +3,7 @@
 
 use super::mask_as;
 use crate::error::Result;
+use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 
 /// `1 / sqrt(2π)`.
@@ -33,6 +34,9 @@ impl Var {
 
     /// `e^x`.
     pub fn exp(&self) -> Result<Var> {
+        if let Some(c) = autocast_inputs("exp", &[self])? {
+            return c[0].exp();
+        }
         let out = self.tensor().exp()?;
         let saved = out.clone();
         Ok(record("exp", &[self], out, || vec![saved], |c| Ok(vec![Some(c.grad.mul(&c.saved[0])?)])))
@@ -40,6 +44,9 @@ impl Var {
 
     /// Natural logarithm.
     pub fn log(&self) -> Result<Var> {
+        if let Some(c) = autocast_inputs("log", &[self])? {
+            return c[0].log();
+        }
         let out = self.tensor().log()?;
         Ok(record("log", &[self], out, || vec![self.tensor().clone()], |c| Ok(vec![Some(c.grad.div(&c.saved[0])?)])))
     }
@@ -53,6 +60,9 @@ impl Var {
 
     /// `1 / sqrt(x)`.
     pub fn rsqrt(&self) -> Result<Var> {
+        if let Some(c) = autocast_inputs("rsqrt", &[self])? {
+            return c[0].rsqrt();
+        }
         let out = self.tensor().rsqrt()?;
         let saved = out.clone();
         Ok(record(
@@ -201,6 +211,9 @@ impl Var {
 
     /// `x^exponent`.
     pub fn powf(&self, exponent: f64) -> Result<Var> {
+        if let Some(c) = autocast_inputs("pow", &[self])? {
+            return c[0].powf(exponent);
+        }
         let out = self.tensor().powf(exponent)?;
         Ok(record(
             "powf",

@@ -1,0 +1,1 @@
+//! brasa-amp (being written).
