@@ -9,6 +9,7 @@ mod alloc_figures;
 mod autograd_figures;
 mod measure;
 mod nn_figures;
+mod profile_figures;
 mod tensor_elementwise_figures;
 mod tensor_matmul_figures;
 
@@ -26,6 +27,7 @@ const GROUPS: &[Group] = &[
     Group { prefixes: &["kernels.fma_peak", "tensor.matmul", "tensor.conv2d"], run: tensor_matmul_figures::run },
     Group { prefixes: &["tensor.add_", "tensor.small_op"], run: tensor_elementwise_figures::run },
     Group { prefixes: &["nn."], run: nn_figures::run },
+    Group { prefixes: &["profile."], run: profile_figures::run },
 ];
 
 fn main() {

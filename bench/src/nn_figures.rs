@@ -32,7 +32,8 @@ const WORKLOADS: &[Workload] = &[
     Workload { name: "cnn", batch: 64, sample_dims: &[1, 28, 28], warmup: 3, steps: 30, quick_steps: 4, build: cnn },
 ];
 
-fn mlp() -> Result<Sequential> {
+/// The 784-512-512-10 ReLU MLP of the reference workloads.
+pub(crate) fn mlp() -> Result<Sequential> {
     Ok(Sequential::new()
         .push(Linear::new(784, 512, DEV)?)
         .push(Relu)

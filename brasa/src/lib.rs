@@ -62,7 +62,7 @@ pub mod prelude {
     };
     pub use brasa_nn::{
         AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Conv2dConfig, Dropout, Embedding, Flatten, Gelu, Identity,
-        LayerNorm, Linear, MaxPool2d, Module, ModuleExt, NnError, Parameters, Relu, Result, Sequential, Sigmoid, Silu,
+        LayerNorm, Linear, MaxPool2d, Module, ModuleExt, NnError, Parameters, Relu, Sequential, Sigmoid, Silu,
         StateDict, Tanh,
     };
     pub use brasa_tensor::{manual_seed, memory, DType, Device, Tensor};

@@ -127,8 +127,15 @@ pub(crate) fn host_allocator(index: usize) -> Result<&'static CachingAllocator<H
         },
     };
     let alloc_config = AllocatorConfig::from_env().map_err(brasa_alloc::AllocError::from)?;
-    Ok(slot
-        .get_or_init(|| observed(HostBackend::named(format!("cpu:{index}"), limit), alloc_config, Device::Cpu(index))))
+    let mut created = false;
+    let allocator = slot.get_or_init(|| {
+        created = true;
+        observed(HostBackend::named(format!("cpu:{index}"), limit), alloc_config, Device::Cpu(index))
+    });
+    if created {
+        crate::profiling::register_host_monitor(index);
+    }
+    Ok(allocator)
 }
 
 /// A caching allocator whose events reach the profiler while one records.

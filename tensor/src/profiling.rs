@@ -43,3 +43,34 @@ pub(crate) fn allocator_observer(device: Device) -> Observer {
     };
     Arc::new(ProfileForwarder { device })
 }
+
+/// What `brasa_profile::utilization()` reports for a logical host device:
+/// the bytes its caching allocator holds and the device's capacity (its
+/// byte limit, else the machine's memory).
+struct HostDeviceMonitor {
+    index: usize,
+}
+
+impl brasa_profile::DeviceMonitor for HostDeviceMonitor {
+    fn device(&self) -> DeviceId {
+        DeviceId::cpu(self.index as u32)
+    }
+
+    fn name(&self) -> String {
+        format!("cpu:{} (logical host device)", self.index)
+    }
+
+    fn memory_used(&self) -> Option<u64> {
+        crate::memory::reserved(Device::Cpu(self.index)).ok().map(|b| b as u64)
+    }
+
+    fn memory_total(&self) -> Option<u64> {
+        use brasa_alloc::Backend;
+        crate::host_devices::host_allocator(self.index).ok().map(|a| a.backend().total_bytes() as u64)
+    }
+}
+
+/// Registers logical host device `index` with `brasa_profile::utilization()`.
+pub(crate) fn register_host_monitor(index: usize) {
+    brasa_profile::register_device_monitor(Arc::new(HostDeviceMonitor { index }));
+}
