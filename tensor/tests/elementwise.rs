@@ -776,3 +776,21 @@ fn in_place_ops_allocate_nothing() {
         assert_eq!(memory::stats(QUIET).unwrap().allocation.all.allocated, after + 1);
     }
 }
+
+#[test]
+fn relu_backward_passes_the_gradient_where_the_output_is_positive() {
+    setup();
+    let grad = Tensor::from_vec_on(vec![1.0f32, 2.0, 3.0, 4.0], [2, 2], CPU).unwrap();
+    let out = Tensor::from_vec_on(vec![0.5f32, 0.0, -1.0, f32::NAN], [2, 2], CPU).unwrap();
+    assert_eq!(grad.relu_backward(&out).unwrap().to_vec::<f32>().unwrap(), [1.0, 0.0, 0.0, 0.0]);
+    // Broadcast and promoted like any binary op; integers work, bools are refused.
+    let row = Tensor::from_vec_on(vec![1.0f64, -1.0], [2], CPU).unwrap();
+    assert_eq!(grad.relu_backward(&row).unwrap().to_vec::<f64>().unwrap(), [1.0, 0.0, 3.0, 0.0]);
+    let ints = Tensor::from_vec_on(vec![5i64, 6], [2], CPU).unwrap();
+    assert_eq!(
+        ints.relu_backward(&Tensor::from_vec_on(vec![1i64, 0], [2], CPU).unwrap()).unwrap().to_vec::<i64>().unwrap(),
+        [5, 0]
+    );
+    let flags = Tensor::from_vec_on(vec![true, false], [2], CPU).unwrap();
+    assert!(flags.relu_backward(&flags).is_err());
+}

@@ -143,8 +143,8 @@ impl Var {
             out,
             || vec![saved],
             |c| {
-                let y = &c.saved[0];
-                Ok(vec![Some(c.grad.mul(&mask_as(&y.gt_scalar(0.0)?, c.grad.dtype())?)?)])
+                // One pass, one output: no mask tensor.
+                Ok(vec![Some(c.grad.relu_backward(&c.saved[0])?)])
             },
         ))
     }

@@ -115,6 +115,9 @@ pub enum BinaryOp {
     Maximum,
     /// The smaller; NaN if either is NaN (PyTorch's `minimum`).
     Minimum,
+    /// `a` where `b > 0`, else 0: ReLU's backward from the gradient `a` and
+    /// the saved output `b` in one pass (PyTorch's `threshold_backward`).
+    ReluBackward,
 }
 
 impl BinaryOp {
@@ -128,6 +131,7 @@ impl BinaryOp {
             BinaryOp::Pow => "pow",
             BinaryOp::Maximum => "maximum",
             BinaryOp::Minimum => "minimum",
+            BinaryOp::ReluBackward => "relu_backward",
         }
     }
 }
@@ -321,6 +325,11 @@ macro_rules! with_binary_fn {
             }
             BinaryOp::Minimum => {
                 let $f = |a: $T, b: $T| minimum(a, b);
+                $body
+            }
+            BinaryOp::ReluBackward => {
+                let zero = <$T as Float>::from_f64(0.0);
+                let $f = move |a: $T, b: $T| if b > zero { a } else { zero };
                 $body
             }
         }
@@ -520,6 +529,7 @@ mod tests {
             (BinaryOp::Pow, [2.25, -8.0, 0.25f32.powf(4.0)]),
             (BinaryOp::Maximum, [2.0, 3.0, 4.0]),
             (BinaryOp::Minimum, [1.5, -2.0, 0.25]),
+            (BinaryOp::ReluBackward, [1.5, -2.0, 0.25]),
         ] {
             binary(op, Strided::contiguous(&a), Strided::contiguous(&b), &mut c).unwrap();
             let want = want.map(f16::from_f32);

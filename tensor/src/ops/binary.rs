@@ -67,6 +67,9 @@ fn int_binary<T: IntElement>(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Ten
         BinaryOp::Pow => map_binary::<T, T, T>(name, a, b, cost, |x, y, o| map2(x, y, o, T::int_pow)),
         BinaryOp::Maximum => map_binary::<T, T, T>(name, a, b, cost, |x, y, o| map2(x, y, o, Ord::max)),
         BinaryOp::Minimum => map_binary::<T, T, T>(name, a, b, cost, |x, y, o| map2(x, y, o, Ord::min)),
+        BinaryOp::ReluBackward => map_binary::<T, T, T>(name, a, b, cost, |x, y, o| {
+            map2(x, y, o, |g, out| if out > T::default() { g } else { T::default() })
+        }),
         BinaryOp::Div => Err(TensorError::invalid(name, "internal error: integer true division reached the kernel")),
     }
 }
@@ -81,7 +84,7 @@ fn bool_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         BinaryOp::Mul | BinaryOp::Minimum => {
             map_binary::<bool, bool, bool>(name, a, b, cost, |x, y, o| map2(x, y, o, |p, q| p & q))
         }
-        BinaryOp::Sub | BinaryOp::Div | BinaryOp::Pow => {
+        BinaryOp::Sub | BinaryOp::Div | BinaryOp::Pow | BinaryOp::ReluBackward => {
             Err(TensorError::invalid(name, "internal error: this bool op should have been refused or promoted"))
         }
     }
@@ -122,6 +125,12 @@ impl Tensor {
     /// exponent gives the truncated quotient (0 unless the base is ±1).
     pub fn pow(&self, rhs: &Tensor) -> Result<Tensor> {
         binary_op(BinaryOp::Pow, self, rhs)
+    }
+
+    /// ReLU's backward in one pass: `self` (the gradient) where `output > 0`,
+    /// else 0 (PyTorch's `threshold_backward(grad, output, 0)`).
+    pub fn relu_backward(&self, output: &Tensor) -> Result<Tensor> {
+        binary_op(BinaryOp::ReluBackward, self, output)
     }
 
     /// The larger of each pair; NaN if either is NaN.
