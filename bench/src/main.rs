@@ -6,6 +6,7 @@
 //! names start with PREFIX; `--quick` shortens every measurement.
 
 mod alloc_figures;
+mod amp_figures;
 mod autograd_figures;
 mod measure;
 mod nn_figures;
@@ -27,6 +28,7 @@ const GROUPS: &[Group] = &[
     Group { prefixes: &["kernels.fma_peak", "tensor.matmul", "tensor.conv2d"], run: tensor_matmul_figures::run },
     Group { prefixes: &["tensor.add_", "tensor.small_op"], run: tensor_elementwise_figures::run },
     Group { prefixes: &["nn."], run: nn_figures::run },
+    Group { prefixes: &["amp."], run: amp_figures::run },
     Group { prefixes: &["profile."], run: profile_figures::run },
 ];
 

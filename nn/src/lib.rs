@@ -45,6 +45,6 @@ pub mod optim;
 pub use brasa_nn_derive::Parameters;
 pub use error::{NnError, Result};
 pub use layers::*;
-pub use module::{Module, ModuleExt, Parameters, Training};
+pub use module::{KeepFloat32, Module, ModuleExt, Parameters, Training};
 pub use state_dict::{LoadReport, StateDict};
 pub use walk::{Visitor, VisitorMut, Walk, WalkMut};

@@ -82,6 +82,39 @@ impl Default for Training {
     }
 }
 
+/// A marker field for layers whose parameters and arithmetic must stay in
+/// f32 under mixed precision (batch norm, layer norm: their statistics lose
+/// too much in f16/bf16). It holds nothing and costs nothing; a walk reports
+/// it ([`crate::Visitor::keep_float32`]) with the path of the layer that
+/// holds it, so a converter such as `brasa_amp::to_half` can leave that
+/// layer's parameters and buffers in f32. [`ModuleExt::to_dtype`] ignores it
+/// (it is the explicit, PyTorch `.half()`-like conversion of everything).
+///
+/// ```
+/// use brasa_nn::{KeepFloat32, Linear, Parameters, Visitor, Walk};
+/// use brasa_tensor::Device;
+///
+/// #[derive(Parameters)]
+/// struct ScaleNorm {
+///     proj: Linear,
+///     keep_float32: KeepFloat32,
+/// }
+///
+/// struct Kept(Vec<String>);
+/// impl Visitor for Kept {
+///     fn keep_float32(&mut self, module_path: &str) {
+///         self.0.push(module_path.to_string());
+///     }
+/// }
+/// let layer = ScaleNorm { proj: Linear::new(2, 2, Device::CPU)?, keep_float32: KeepFloat32 };
+/// let mut kept = Kept(Vec::new());
+/// layer.visit(&mut Walk::new(&mut kept));
+/// assert_eq!(kept.0, [""]); // the root layer itself
+/// # Ok::<(), brasa_nn::NnError>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct KeepFloat32;
+
 /// Whole-model operations for every [`Parameters`] type (and so every
 /// [`Module`]), including `dyn Module`.
 pub trait ModuleExt: Parameters {

@@ -24,7 +24,7 @@
 //! ```
 
 use crate::error::Result;
-use crate::module::{Parameters, Training};
+use crate::module::{KeepFloat32, Parameters, Training};
 use brasa_autograd::Var;
 use brasa_tensor::Tensor;
 
@@ -41,6 +41,12 @@ pub trait Visitor {
     /// A train/eval flag.
     fn training(&mut self, path: &str, training: &Training) {
         let _ = (path, training);
+    }
+    /// A [`KeepFloat32`] marker: the layer at `module_path` (the marker's
+    /// parent, `""` for the root) keeps its parameters and arithmetic in f32
+    /// under mixed precision.
+    fn keep_float32(&mut self, module_path: &str) {
+        let _ = module_path;
     }
 }
 
@@ -59,6 +65,12 @@ pub trait VisitorMut {
     /// A train/eval flag, which may be changed.
     fn training(&mut self, path: &str, training: &mut Training) -> Result<()> {
         let _ = (path, training);
+        Ok(())
+    }
+    /// A [`KeepFloat32`] marker of the layer at `module_path` (see
+    /// [`Visitor::keep_float32`]).
+    fn keep_float32(&mut self, module_path: &str) -> Result<()> {
+        let _ = module_path;
         Ok(())
     }
 }
@@ -101,6 +113,12 @@ impl<'a> Walk<'a> {
     pub fn training(&mut self, training: &Training) {
         self.visitor.training(&self.path, training);
     }
+
+    /// Reports a [`KeepFloat32`] marker found at the current path, with the
+    /// path of the layer that holds it.
+    pub fn keep_float32(&mut self, _marker: &KeepFloat32) {
+        self.visitor.keep_float32(parent_path(&self.path));
+    }
 }
 
 /// A walk that may replace what it finds; see the module docs.
@@ -142,6 +160,12 @@ impl<'a> WalkMut<'a> {
     pub fn training(&mut self, training: &mut Training) -> Result<()> {
         self.visitor.training(&self.path, training)
     }
+
+    /// Reports a [`KeepFloat32`] marker found at the current path, with the
+    /// path of the layer that holds it.
+    pub fn keep_float32(&mut self, _marker: &KeepFloat32) -> Result<()> {
+        self.visitor.keep_float32(parent_path(&self.path))
+    }
 }
 
 /// Appends `.name` (or `name` at the root) and returns the length to restore.
@@ -152,6 +176,12 @@ fn push_segment(path: &mut String, name: &str) -> usize {
     }
     path.push_str(name);
     len
+}
+
+/// The path without its last segment (`"encoder.0"` for `"encoder.0.keep"`,
+/// `""` for `"keep"`).
+fn parent_path(path: &str) -> &str {
+    path.rfind('.').map_or("", |dot| &path[..dot])
 }
 
 // ----- what fields can be -----------------------------------------------------------
@@ -180,6 +210,15 @@ impl Parameters for Training {
     }
     fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
         walk.training(self)
+    }
+}
+
+impl Parameters for KeepFloat32 {
+    fn visit(&self, walk: &mut Walk<'_>) {
+        walk.keep_float32(self);
+    }
+    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
+        walk.keep_float32(self)
     }
 }
 

@@ -12,6 +12,12 @@
 //! binary cross entropy are single nodes likewise; the regression losses are
 //! short compositions of `Var` ops.
 //!
+//! Every loss takes part in mixed precision: it first asks the precision
+//! hook (`brasa_autograd::autocast_inputs`, under the names
+//! `cross_entropy`, `nll_loss`, `mse_loss`, `l1_loss` and
+//! `binary_cross_entropy_with_logits`), so under `brasa_amp::autocast` the
+//! losses compute in f32 as PyTorch's do.
+//!
 //! ```
 //! use brasa_nn::functional::{cross_entropy, cross_entropy_with, CrossEntropyOptions, Reduction};
 //! use brasa_autograd::Var;
@@ -32,7 +38,7 @@
 //! ```
 
 use crate::error::{NnError, Result};
-use brasa_autograd::{apply, is_grad_enabled, Function, FunctionCtx, Var};
+use brasa_autograd::{apply, autocast_inputs, is_grad_enabled, Function, FunctionCtx, Var};
 use brasa_tensor::{broadcast_shapes, DType, Device, Tensor};
 
 /// How a loss combines its per-element values (PyTorch's `reduction`).
@@ -106,6 +112,9 @@ pub fn cross_entropy(logits: &Var, target: &Tensor) -> Result<Var> {
 /// non-`i64` target.
 pub fn cross_entropy_with(logits: &Var, target: &Tensor, options: &CrossEntropyOptions) -> Result<Var> {
     const WHAT: &str = "cross_entropy";
+    if let Some(c) = autocast_inputs(WHAT, &[logits])? {
+        return cross_entropy_with(&c[0], target, options);
+    }
     let epsilon = options.label_smoothing;
     if !(0.0..=1.0).contains(&epsilon) {
         return Err(NnError::invalid(WHAT, format!("label_smoothing must be in [0, 1], got {epsilon}")));
@@ -170,6 +179,9 @@ pub fn nll_loss(log_probs: &Var, target: &Tensor) -> Result<Var> {
 /// ignored. Checks as [`cross_entropy_with`] does.
 pub fn nll_loss_with(log_probs: &Var, target: &Tensor, options: &NllLossOptions) -> Result<Var> {
     const WHAT: &str = "nll_loss";
+    if let Some(c) = autocast_inputs(WHAT, &[log_probs])? {
+        return nll_loss_with(&c[0], target, options);
+    }
     if log_probs.rank() == 1 {
         return unbatched(WHAT, log_probs, target, options.reduction, |x, t| nll_loss_with(x, t, options));
     }
@@ -199,6 +211,9 @@ pub fn nll_loss_with(log_probs: &Var, target: &Tensor, options: &NllLossOptions)
 /// broadcast here; it is nearly always a bug, so it is an error). Gradients
 /// flow to both.
 pub fn mse_loss(input: &Var, target: &Var, reduction: Reduction) -> Result<Var> {
+    if let Some(c) = autocast_inputs("mse_loss", &[input, target])? {
+        return mse_loss(&c[0], &c[1], reduction);
+    }
     check_pair("mse_loss", input, target)?;
     let diff = input.sub(target)?;
     reduce(&diff.mul(&diff)?, reduction)
@@ -207,6 +222,9 @@ pub fn mse_loss(input: &Var, target: &Var, reduction: Reduction) -> Result<Var> 
 /// Mean absolute error `|input − target|`, reduced (PyTorch's `F.l1_loss`;
 /// the gradient at 0 is 0). Same checks as [`mse_loss`].
 pub fn l1_loss(input: &Var, target: &Var, reduction: Reduction) -> Result<Var> {
+    if let Some(c) = autocast_inputs("l1_loss", &[input, target])? {
+        return l1_loss(&c[0], &c[1], reduction);
+    }
     check_pair("l1_loss", input, target)?;
     reduce(&input.sub(target)?.abs()?, reduction)
 }
@@ -225,6 +243,9 @@ pub fn binary_cross_entropy_with_logits(
     pos_weight: Option<&Tensor>,
 ) -> Result<Var> {
     const WHAT: &str = "binary_cross_entropy_with_logits";
+    if let Some(c) = autocast_inputs(WHAT, &[logits, target])? {
+        return binary_cross_entropy_with_logits(&c[0], &c[1], reduction, pos_weight);
+    }
     check_pair(WHAT, logits, target)?;
     let pos_weight_minus_one = match pos_weight {
         None => None,

@@ -5,7 +5,11 @@
 //! form, so a normalisation costs a few passes over memory and one saved
 //! input rather than a graph of a dozen elementwise ops.
 //!
-//! f16 and bf16 inputs are normalised in f32 and the output converted back.
+//! f16 and bf16 inputs are normalised in f32 and the output converted back,
+//! and their `weight` and `bias` may be f32 (a half-precision model keeps its
+//! norms in f32: `brasa_amp::to_half`). Both functions ask the precision
+//! hook first (`brasa_autograd::autocast_inputs`, as `batch_norm` and
+//! `layer_norm`), so under `brasa_amp::autocast` they take and return f32.
 //!
 //! ```
 //! use brasa_nn::functional::{batch_norm, layer_norm};
@@ -23,7 +27,7 @@
 //! ```
 
 use crate::error::{NnError, Result};
-use brasa_autograd::{apply, Function, FunctionCtx, Var};
+use brasa_autograd::{apply, autocast_inputs, Function, FunctionCtx, Var};
 use brasa_tensor::{DType, Tensor};
 
 /// The dtype a normalisation computes in for inputs of `dtype`.
@@ -40,6 +44,13 @@ fn fresh_copy(t: &Tensor, dtype: DType, shape: &[usize]) -> Result<Tensor> {
     let copy = Tensor::zeros_on(shape, dtype, t.device())?;
     copy.copy_(&t.reshape(&to_isize(shape))?)?;
     Ok(copy)
+}
+
+/// The optional `weight` and `bias` back from the casts of those present.
+fn split_params(cast: &[Var], has_weight: bool, has_bias: bool) -> (Option<&Var>, Option<&Var>) {
+    let weight = if has_weight { cast.first() } else { None };
+    let bias = if has_bias { cast.get(has_weight as usize) } else { None };
+    (weight, bias)
 }
 
 fn to_isize(dims: &[usize]) -> Vec<isize> {
@@ -78,6 +89,11 @@ pub fn batch_norm(
     momentum: f64,
     eps: f64,
 ) -> Result<Var> {
+    let params: Vec<&Var> = [input].into_iter().chain(weight).chain(bias).collect();
+    if let Some(c) = autocast_inputs("batch_norm", &params)? {
+        let (weight, bias) = split_params(&c[1..], weight.is_some(), bias.is_some());
+        return batch_norm(&c[0], running_mean, running_var, weight, bias, training, momentum, eps);
+    }
     let dims = input.dims().to_vec();
     if dims.len() < 2 {
         return Err(NnError::invalid(
@@ -274,6 +290,11 @@ pub fn layer_norm(
     bias: Option<&Var>,
     eps: f64,
 ) -> Result<Var> {
+    let params: Vec<&Var> = [input].into_iter().chain(weight).chain(bias).collect();
+    if let Some(c) = autocast_inputs("layer_norm", &params)? {
+        let (weight, bias) = split_params(&c[1..], weight.is_some(), bias.is_some());
+        return layer_norm(&c[0], normalized_shape, weight, bias, eps);
+    }
     let dims = input.dims();
     let k = normalized_shape.len();
     if k == 0 || k > dims.len() || dims[dims.len() - k..] != *normalized_shape {

@@ -11,7 +11,7 @@
 
 use crate::error::{NnError, Result};
 use crate::functional;
-use crate::module::{Module, Training};
+use crate::module::{KeepFloat32, Module, Training};
 use brasa_autograd::Var;
 use brasa_tensor::{DType, Device, Tensor};
 
@@ -200,6 +200,8 @@ macro_rules! batch_norm_layer {
             /// The number of training batches seen, an `i64` scalar (shape `[]`).
             pub num_batches_tracked: Option<Tensor>,
             training: Training,
+            /// Parameters, statistics and arithmetic stay in f32 under mixed precision.
+            keep_float32: KeepFloat32,
             #[module(skip)]
             num_features: usize,
             #[module(skip)]
@@ -223,6 +225,7 @@ macro_rules! batch_norm_layer {
                     running_var: init.running_var,
                     num_batches_tracked: init.num_batches_tracked,
                     training: Training::default(),
+                    keep_float32: KeepFloat32,
                     num_features,
                     config,
                 })

@@ -5,7 +5,7 @@
 
 use crate::error::{NnError, Result};
 use crate::functional;
-use crate::module::Module;
+use crate::module::{KeepFloat32, Module};
 use brasa_autograd::Var;
 use brasa_tensor::{DType, Device, Shape, Tensor};
 
@@ -77,6 +77,8 @@ pub struct LayerNorm {
     pub weight: Option<Var>,
     /// `normalized_shape`, zeros at first (if elementwise affine with a bias).
     pub bias: Option<Var>,
+    /// Parameters and arithmetic stay in f32 under mixed precision.
+    keep_float32: KeepFloat32,
     #[module(skip)]
     normalized_shape: Vec<usize>,
     #[module(skip)]
@@ -123,7 +125,7 @@ impl LayerNorm {
         } else {
             (None, None)
         };
-        Ok(LayerNorm { weight, bias, normalized_shape, eps: config.eps })
+        Ok(LayerNorm { weight, bias, keep_float32: KeepFloat32, normalized_shape, eps: config.eps })
     }
 
     /// The normalised trailing dims.

@@ -1,0 +1,82 @@
+//! The error every `brasa-amp` operation returns: a tensor, autograd or nn
+//! error from the operations it runs, or a misuse of its own (a
+//! [`crate::GradScaler`] called out of order, FP16 gradients to unscale, a
+//! configuration or state dict that does not fit).
+
+use crate::scaler::OptimizerStage;
+use brasa_autograd::AutogradError;
+use brasa_nn::NnError;
+use brasa_tensor::TensorError;
+
+/// Why a mixed-precision operation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AmpError {
+    /// A tensor operation failed (shapes, dtypes, devices, out of memory).
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+    /// An autograd operation failed.
+    #[error(transparent)]
+    Autograd(#[from] AutogradError),
+    /// A layer, loss or optimizer failed.
+    #[error(transparent)]
+    Nn(#[from] NnError),
+    /// A [`crate::GradScaler`] method was called in an order PyTorch's
+    /// `GradScaler` refuses too (per optimizer: `READY → UNSCALED →
+    /// STEPPED`, back to `READY` at `update()`).
+    #[error("GradScaler::{call}: {message} (this optimizer is {stage})")]
+    ScalerOrder {
+        /// The method that refused (`unscale_`, `step`, `update`).
+        call: &'static str,
+        /// What was wrong, in PyTorch's words.
+        message: &'static str,
+        /// The optimizer's stage when it was called.
+        stage: OptimizerStage,
+    },
+    /// `unscale_` found an f16 gradient: unscaled f16 gradients lose the
+    /// small values loss scaling exists to keep. Train f16 models with f32
+    /// master weights ([`crate::to_half`]).
+    #[error(
+        "GradScaler::unscale_: attempting to unscale FP16 gradients (parameter {index} of the optimizer); \
+         keep f32 master weights (brasa_amp::to_half) and give those to the optimizer"
+    )]
+    Fp16Gradients {
+        /// The parameter's index in the optimizer.
+        index: usize,
+    },
+    /// An invalid argument or configuration.
+    #[error("{what}: {message}")]
+    Invalid {
+        /// The function or type that refused it.
+        what: &'static str,
+        /// What was wrong, with the values seen.
+        message: String,
+    },
+    /// A [`crate::GradScaler`] state dict that does not fit (missing entry,
+    /// wrong value, empty dict from a disabled scaler).
+    #[error("GradScaler state dict: {0}")]
+    StateDict(String),
+}
+
+/// `Result` with [`AmpError`].
+pub type Result<T> = std::result::Result<T, AmpError>;
+
+impl AmpError {
+    /// An [`AmpError::Invalid`] for `what`.
+    pub fn invalid(what: &'static str, message: impl Into<String>) -> AmpError {
+        AmpError::Invalid { what, message: message.into() }
+    }
+}
+
+/// A `brasa-amp` error inside an optimizer or another `brasa-nn` API:
+/// tensor, autograd and nn errors keep their kind, misuses become
+/// [`NnError::Invalid`].
+impl From<AmpError> for NnError {
+    fn from(error: AmpError) -> NnError {
+        match error {
+            AmpError::Tensor(e) => NnError::Tensor(e),
+            AmpError::Autograd(e) => NnError::Autograd(e),
+            AmpError::Nn(e) => e,
+            other => NnError::invalid("brasa-amp", other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,325 @@
+//! autocast: the output dtype of every policy category under f16 and bf16,
+//! backward in the forward's dtype, the parameter-cast cache, nesting,
+//! overrides, what is not autocast, and f32 accumulation of half sums.
+
+use brasa_amp::{autocast, autocast_disabled, cached_casts, Autocast, Category, Policy, Result};
+use brasa_autograd::Var;
+use brasa_nn::functional::{
+    batch_norm, binary_cross_entropy_with_logits, cross_entropy, l1_loss, layer_norm, mse_loss, nll_loss, Reduction,
+};
+use brasa_nn::{BatchNorm1d, LayerNorm, Linear, Module};
+use brasa_tensor::{Conv2dParams, DType, Device, Tensor};
+
+const LOW: [DType; 2] = [DType::F16, DType::BF16];
+
+fn randn(dims: &[usize]) -> Result<Tensor> {
+    Ok(Tensor::randn(dims, DType::F32)?)
+}
+
+fn param(dims: &[usize]) -> Result<Var> {
+    Ok(Var::param(randn(dims)?))
+}
+
+fn input(dims: &[usize]) -> Result<Var> {
+    Ok(Var::new(randn(dims)?))
+}
+
+#[test]
+fn lower_ops_run_in_the_low_dtype() -> Result<()> {
+    for low in LOW {
+        let _amp = autocast(low);
+        let (x, w, b) = (input(&[4, 6])?, param(&[3, 6])?, param(&[3])?);
+        assert_eq!(x.matmul(&w.t()?)?.dtype(), low, "matmul");
+        assert_eq!(x.linear(&w, Some(&b))?.dtype(), low, "linear");
+        let layer = Linear::new(6, 3, Device::CPU)?;
+        assert_eq!(layer.forward(&x)?.dtype(), low, "Linear");
+        let (img, k) = (input(&[2, 3, 5, 5])?, param(&[4, 3, 3, 3])?);
+        assert_eq!(img.conv2d(&k, Some(&param(&[4])?), Conv2dParams::default())?.dtype(), low, "conv2d");
+        // Inputs already in the other half type are cast too (PyTorch does).
+        let other = if low == DType::F16 { DType::BF16 } else { DType::F16 };
+        let x_other = x.to_dtype(other)?;
+        assert_eq!(x_other.matmul(&w.t()?)?.dtype(), low);
+    }
+    Ok(())
+}
+
+#[test]
+fn float32_ops_run_in_f32() -> Result<()> {
+    for low in LOW {
+        let _amp = autocast(low);
+        let h = input(&[4, 5])?.to_dtype(low)?; // an activation of a low op
+        let pos = h.abs()?.add_scalar(0.5)?;
+        let checks: Vec<(&str, Var)> = vec![
+            ("softmax", h.softmax(-1)?),
+            ("log_softmax", h.log_softmax(-1)?),
+            ("exp", h.exp()?),
+            ("log", pos.log()?),
+            ("rsqrt", pos.rsqrt()?),
+            ("powf", pos.powf(1.5)?),
+            ("pow", pos.pow(&pos)?),
+            ("sum", h.sum(&[1], false)?),
+            ("sum_all", h.sum_all()?),
+            ("mean", h.mean(&[0], false)?),
+            ("mean_all", h.mean_all()?),
+            ("var", h.var(&[1], 1, false)?),
+            ("std", h.std(&[1], 1, false)?),
+        ];
+        for (name, out) in checks {
+            assert_eq!(out.dtype(), DType::F32, "{name} under {low}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn losses_and_norms_run_in_f32() -> Result<()> {
+    for low in LOW {
+        let _amp = autocast(low);
+        let logits = input(&[6, 4])?.to_dtype(low)?;
+        let classes = Tensor::from_vec(vec![0i64, 1, 2, 3, 0, 1], [6])?;
+        assert_eq!(cross_entropy(&logits, &classes)?.dtype(), DType::F32, "cross_entropy");
+        assert_eq!(nll_loss(&logits.log_softmax(-1)?.to_dtype(low)?, &classes)?.dtype(), DType::F32, "nll_loss");
+        let target = input(&[6, 4])?; // f32 target meets a low prediction
+        assert_eq!(mse_loss(&logits, &target, Reduction::Mean)?.dtype(), DType::F32, "mse_loss");
+        assert_eq!(l1_loss(&logits, &target, Reduction::Sum)?.dtype(), DType::F32, "l1_loss");
+        let probs = Var::new(Tensor::rand([6, 4], DType::F32)?);
+        let bce = binary_cross_entropy_with_logits(&logits, &probs, Reduction::Mean, None)?;
+        assert_eq!(bce.dtype(), DType::F32, "bce_with_logits");
+
+        let (w, b) = (param(&[4])?, param(&[4])?);
+        assert_eq!(layer_norm(&logits, &[4], Some(&w), Some(&b), 1e-5)?.dtype(), DType::F32, "layer_norm");
+        assert_eq!(batch_norm(&logits, None, None, Some(&w), Some(&b), true, 0.1, 1e-5)?.dtype(), DType::F32);
+        assert_eq!(LayerNorm::new([4], Device::CPU)?.forward(&logits)?.dtype(), DType::F32, "LayerNorm");
+        assert_eq!(BatchNorm1d::new(4, Device::CPU)?.forward(&logits)?.dtype(), DType::F32, "BatchNorm1d");
+    }
+    Ok(())
+}
+
+#[test]
+fn promote_ops_take_the_widest_input() -> Result<()> {
+    for low in LOW {
+        let _amp = autocast(low);
+        let (a32, a_low) = (input(&[2, 3])?, input(&[2, 3])?.to_dtype(low)?);
+        assert_eq!(Var::cat(&[&a32, &a_low], 0)?.dtype(), DType::F32, "cat");
+        assert_eq!(Var::stack(&[&a_low, &a32], 0)?.dtype(), DType::F32, "stack");
+        assert_eq!(Var::cat(&[&a_low, &a_low], 1)?.dtype(), low, "cat of one dtype");
+        let (f16, bf16) = (a32.to_dtype(DType::F16)?, a32.to_dtype(DType::BF16)?);
+        assert_eq!(Var::stack(&[&f16, &bf16], 0)?.dtype(), DType::F32, "f16 with bf16");
+    }
+    Ok(())
+}
+
+#[test]
+fn other_ops_follow_their_inputs() -> Result<()> {
+    for low in LOW {
+        let _amp = autocast(low);
+        let x = input(&[3, 4])?;
+        let h = x.to_dtype(low)?;
+        assert_eq!(x.relu()?.dtype(), DType::F32);
+        assert_eq!(h.relu()?.dtype(), low);
+        assert_eq!(h.add(&h)?.dtype(), low);
+        assert_eq!(h.tanh()?.dtype(), low);
+        assert_eq!(x.mul_scalar(2.0)?.dtype(), DType::F32);
+    }
+    Ok(())
+}
+
+#[test]
+fn explicit_dtypes_f64_and_in_place_ops_are_not_autocast() -> Result<()> {
+    let _amp = autocast(DType::BF16);
+    let x = input(&[2, 2])?;
+    // An explicit conversion is what it says.
+    assert_eq!(x.to_dtype(DType::F16)?.dtype(), DType::F16);
+    // f64 is never autocast.
+    let d = Var::new(Tensor::ones([2, 2], DType::F64)?);
+    assert_eq!(d.matmul(&d)?.dtype(), DType::F64);
+    assert_eq!(d.exp()?.dtype(), DType::F64);
+    // In-place tensor ops keep the destination's dtype.
+    let t = randn(&[2, 2])?;
+    t.mul_scalar_(2.0)?;
+    t.add_(&Tensor::ones([2, 2], DType::BF16)?)?;
+    assert_eq!(t.dtype(), DType::F32);
+    Ok(())
+}
+
+#[test]
+fn backward_runs_in_the_forward_dtype_and_leaves_get_their_own() -> Result<()> {
+    for low in LOW {
+        let x = randn(&[5, 7])?;
+        let w = param(&[7, 3])?;
+        let y = {
+            let _amp = autocast(low);
+            Var::new(x.clone()).matmul(&w)?
+        };
+        assert_eq!(y.dtype(), low);
+        let g = randn(&[5, 3])?.to_dtype(low)?;
+        y.backward_opts(Some(&g), false)?;
+        let grad = w.grad().expect("w has a gradient");
+        assert_eq!(grad.dtype(), DType::F32, "the leaf's own dtype");
+        // The gradient is the low-precision product xᵀ·g, made in `low`.
+        let expected = x.to_dtype(low)?.t()?.matmul(&g)?.to_dtype(DType::F32)?;
+        assert_eq!(grad.to_vec::<f32>()?, expected.to_vec::<f32>()?, "{low}");
+    }
+    Ok(())
+}
+
+#[test]
+fn saved_tensors_are_low_precision() -> Result<()> {
+    let w = param(&[64, 64])?;
+    let x = input(&[32, 64])?;
+    let f32_saved = x.matmul(&w)?.relu()?.sum_all()?.graph_stats().saved_bytes;
+    let low_saved = {
+        let _amp = autocast(DType::BF16);
+        x.matmul(&w)?.relu()?.sum_all()?.graph_stats().saved_bytes
+    };
+    assert!(low_saved * 2 <= f32_saved + 64, "bf16 saves half: {low_saved} vs {f32_saved}");
+    Ok(())
+}
+
+#[test]
+fn parameter_casts_are_cached_until_the_outermost_region_ends() -> Result<()> {
+    let w = param(&[4, 4])?;
+    let x = input(&[2, 4])?;
+    {
+        let _outer = autocast(DType::F16);
+        let a = x.matmul(&w)?;
+        let b = x.matmul(&w)?;
+        assert_eq!(cached_casts(), 1, "one weight, one cast");
+        {
+            let _inner = autocast(DType::F16);
+            x.matmul(&w)?;
+            let _off = autocast_disabled();
+            x.matmul(&w)?;
+        }
+        assert_eq!(cached_casts(), 1, "inner regions keep the cache");
+        // Inputs (no grad) are not cached.
+        let activation = x.matmul(&w)?.to_dtype(DType::F32)?;
+        assert!(!activation.is_leaf());
+        Var::new(randn(&[2, 4])?).matmul(&w)?;
+        assert_eq!(cached_casts(), 1);
+        // Each use has its own node: both backward passes reach w.
+        a.to_dtype(DType::F32)?.sum_all()?.backward()?;
+        let once = w.grad().unwrap().to_vec::<f32>()?;
+        b.to_dtype(DType::F32)?.sum_all()?.backward()?;
+        let twice = w.grad().unwrap().to_vec::<f32>()?;
+        for (o, t) in once.iter().zip(&twice) {
+            assert_eq!(2.0 * o, *t);
+        }
+    }
+    assert_eq!(cached_casts(), 0, "cleared when the outermost region ends");
+    {
+        let _amp = Autocast::new(DType::F16).cache(false).enter();
+        x.matmul(&w)?;
+        assert_eq!(cached_casts(), 0, "cache off");
+    }
+    Ok(())
+}
+
+#[test]
+fn several_steps_in_one_region_train_with_fresh_casts() -> Result<()> {
+    // The cache must not hand out a stale weight after an in-place update,
+    // nor a graph node that a previous backward released.
+    let w = Var::param(Tensor::from_vec(vec![1.0f32, 2.0], [2, 1])?);
+    let x = Var::new(Tensor::from_vec(vec![1.0f32, 1.0], [1, 2])?);
+    let _amp = autocast(DType::BF16);
+    let mut outputs = Vec::new();
+    for _ in 0..3 {
+        let y = x.matmul(&w)?;
+        outputs.push(y.to_dtype(DType::F32)?.item()?);
+        y.to_dtype(DType::F32)?.sum_all()?.backward()?;
+        let g = w.grad().unwrap();
+        {
+            let _no_grad = brasa_autograd::no_grad();
+            w.tensor().sub_(&g)?; // an SGD step with lr 1
+        }
+        w.zero_grad(true)?;
+    }
+    assert_eq!(outputs, [3.0, 1.0, -1.0]);
+    Ok(())
+}
+
+#[test]
+fn disabled_region_runs_in_the_inputs_dtypes() -> Result<()> {
+    let _amp = autocast(DType::F16);
+    let (x, w) = (input(&[2, 3])?, param(&[3, 3])?);
+    let _off = autocast_disabled();
+    assert_eq!(x.matmul(&w)?.dtype(), DType::F32);
+    let h = x.to_dtype(DType::F16)?;
+    assert_eq!(h.softmax(-1)?.dtype(), DType::F16);
+    Ok(())
+}
+
+#[test]
+fn the_policy_can_be_overridden_per_op() -> Result<()> {
+    let policy = Policy::default().with("softmax", Category::Follow).with("linear", Category::Float32);
+    let _amp = Autocast::new(DType::BF16).policy(policy).enter();
+    let x = input(&[2, 3])?;
+    let h = x.to_dtype(DType::BF16)?;
+    assert_eq!(h.softmax(-1)?.dtype(), DType::BF16, "overridden to follow");
+    assert_eq!(x.linear(&param(&[2, 3])?, None)?.dtype(), DType::F32, "overridden to f32");
+    assert_eq!(x.matmul(&param(&[3, 2])?)?.dtype(), DType::BF16, "the rest of the table stays");
+    // PyTorch's exact CPU lists leave softmax to its input.
+    let _cpu = Autocast::new(DType::BF16).policy(Policy::pytorch_cpu()).enter();
+    assert_eq!(h.softmax(-1)?.dtype(), DType::BF16);
+    assert_eq!(h.log_softmax(-1)?.dtype(), DType::BF16);
+    Ok(())
+}
+
+#[test]
+fn norms_take_half_inputs_with_f32_parameters() -> Result<()> {
+    // Outside autocast: a half model with f32 norms (brasa_amp::to_half).
+    for low in LOW {
+        let x32 = randn(&[8, 4])?;
+        let x = Var::param(x32.to_dtype(low)?);
+        let (w, b) = (param(&[4])?, param(&[4])?);
+        let (mean, var) = (Tensor::zeros([4], DType::F32)?, Tensor::ones([4], DType::F32)?);
+        let y = batch_norm(&x, Some(&mean), Some(&var), Some(&w), Some(&b), true, 0.1, 1e-5)?;
+        assert_eq!(y.dtype(), low, "batch_norm returns the input's dtype");
+        assert_eq!(mean.dtype(), DType::F32);
+        let z = layer_norm(&x, &[4], Some(&w), Some(&b), 1e-5)?;
+        assert_eq!(z.dtype(), low);
+        y.to_dtype(DType::F32)?.sum_all()?.add(&z.to_dtype(DType::F32)?.sum_all()?)?.backward()?;
+        assert_eq!(w.grad().unwrap().dtype(), DType::F32);
+        assert_eq!(x.grad().unwrap().dtype(), low);
+        // The values match the f32 computation to the half type's precision.
+        let reference = layer_norm(&Var::new(x.tensor().to_dtype(DType::F32)?), &[4], Some(&w), Some(&b), 1e-5)?;
+        let (got, want) = (z.tensor().to_dtype(DType::F32)?.to_vec::<f32>()?, reference.tensor().to_vec::<f32>()?);
+        for (g, r) in got.iter().zip(&want) {
+            assert!((g - r).abs() <= 0.02 * r.abs().max(1.0), "{g} vs {r}");
+        }
+        // And in evaluation mode, from the f32 running statistics.
+        let e = batch_norm(&x, Some(&mean), Some(&var), Some(&w), Some(&b), false, 0.1, 1e-5)?;
+        assert_eq!(e.dtype(), low);
+    }
+    Ok(())
+}
+
+#[test]
+fn half_sums_and_means_accumulate_in_f32() -> Result<()> {
+    // 10,000 × 0.1: an f16 accumulator stalls at 256 (its spacing there is 0.25).
+    let tenths = Tensor::full([10_000], 0.1, DType::F16)?;
+    let sum = tenths.sum_all()?;
+    assert_eq!(sum.dtype(), DType::F16, "the result keeps the input's dtype, as in PyTorch");
+    let value = sum.to_dtype(DType::F32)?.item::<f32>()?;
+    assert!((value - 999.76).abs() < 1.0, "{value}");
+    let mean = tenths.mean_all()?.to_dtype(DType::F32)?.item::<f32>()?;
+    assert!((mean - 0.1).abs() < 1e-3, "{mean}");
+    // 70,000 ones: accurate in bf16 (rounded once: 70144), beyond f16's range (inf, as PyTorch's f16 sum).
+    let ones = Tensor::ones([70_000], DType::BF16)?;
+    assert_eq!(ones.sum_all()?.to_dtype(DType::F32)?.item::<f32>()?, 70144.0);
+    assert_eq!(ones.mean_all()?.to_dtype(DType::F32)?.item::<f32>()?, 1.0);
+    let ones16 = Tensor::ones([70_000], DType::F16)?;
+    assert!(ones16.sum_all()?.to_dtype(DType::F32)?.item::<f32>()?.is_infinite());
+    assert_eq!(ones16.mean_all()?.to_dtype(DType::F32)?.item::<f32>()?, 1.0, "the mean is in range");
+    // Along a dim (the column plan) too.
+    let cols = Tensor::full([4096, 3], 0.1, DType::BF16)?.sum(&[0], false)?;
+    for v in cols.to_dtype(DType::F32)?.to_vec::<f32>()? {
+        assert!((v - 409.6).abs() < 2.0, "{v}");
+    }
+    // Under autocast the Var sum is f32: 70,000 exactly.
+    let _amp = autocast(DType::F16);
+    let x = Var::new(ones16);
+    assert_eq!(x.sum_all()?.dtype(), DType::F32);
+    assert_eq!(x.sum_all()?.item()?, 70000.0);
+    Ok(())
+}
