@@ -323,3 +323,21 @@ fn half_sums_and_means_accumulate_in_f32() -> Result<()> {
     assert_eq!(x.sum_all()?.item()?, 70000.0);
     Ok(())
 }
+
+/// A checkpointed segment recomputes under the autocast region its forward
+/// ran in (without that, the recomputation would run in f32 and differ).
+#[test]
+fn checkpoint_recomputes_in_the_forward_dtype() -> brasa_amp::Result<()> {
+    let w = brasa_autograd::Var::param(brasa_tensor::Tensor::randn([8, 8], brasa_tensor::DType::F32)?);
+    let x = brasa_autograd::Var::new(brasa_tensor::Tensor::randn([4, 8], brasa_tensor::DType::F32)?);
+    let w2 = w.clone();
+    let loss = {
+        let _amp = brasa_amp::autocast(brasa_tensor::DType::BF16);
+        let h = brasa_autograd::checkpoint(move |xs| xs[0].matmul(&w2)?.relu(), &[&x])?;
+        assert_eq!(h.dtype(), brasa_tensor::DType::BF16);
+        h.to_dtype(brasa_tensor::DType::F32)?.sum_all()?
+    };
+    loss.backward()?;
+    assert_eq!(w.grad().map(|g| g.dtype()), Some(brasa_tensor::DType::F32));
+    Ok(())
+}

@@ -18,6 +18,15 @@ use std::sync::Arc;
 /// One layer of [`checkpoint_sequential`].
 pub type Layer = Arc<dyn Fn(&Var) -> Result<Var> + Send + Sync>;
 
+/// Puts this thread's precision hook back when dropped (even on error).
+struct RestoreHook(Option<Arc<dyn crate::PrecisionHook>>);
+
+impl Drop for RestoreHook {
+    fn drop(&mut self) {
+        crate::set_precision_hook(self.0.take());
+    }
+}
+
 /// Puts the generator back to `state` when dropped (even on error).
 struct RestoreRng(brasa_tensor::GeneratorState);
 
@@ -29,8 +38,10 @@ impl Drop for RestoreRng {
 
 /// Runs `f(inputs)` keeping only `inputs` for backward; backward recomputes
 /// `f` (with the random generator as it was at forward time) and
-/// backpropagates through the recomputation. A recomputation whose output
-/// shape or dtype differs is an error.
+/// backpropagates through the recomputation. The precision hook (autocast)
+/// active at forward time is active during the recomputation too, so it
+/// computes in the same dtypes. A recomputation whose output shape or dtype
+/// differs is an error.
 ///
 /// With grad mode on, the output is recorded even when no input requires
 /// grad, so parameters used inside `f` still get their gradients (unlike
@@ -44,6 +55,7 @@ where
         return f(&owned);
     }
     let rng = rng_state();
+    let hook = crate::precision_hook();
     let out = {
         let _g = no_grad();
         let detached: Vec<Var> = inputs.iter().map(|v| v.detach()).collect();
@@ -55,6 +67,7 @@ where
         let recomputed = {
             let _restore = RestoreRng(rng_state());
             set_rng_state(rng);
+            let _restore_hook = RestoreHook(crate::set_precision_hook(hook.clone()));
             let _g = enable_grad();
             let xs: Vec<Var> = c
                 .saved

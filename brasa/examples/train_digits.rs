@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Three training steps of the first epoch are profiled; their op table is
-//! printed at the end. Options: `--model mlp|cnn`, `--epochs N`,
+//! printed at the end. Options: `--model mlp|cnn`, `--bf16` (train under
+//! bf16 autocast), `--epochs N`,
 //! `--batch-size N`, `--lr X`, `--seed N`, `--workers N`, `--profile [DIR]`
 //! (also write the Chrome trace and the memory timeline to DIR, default
 //! `target/profile`).
@@ -31,6 +32,7 @@ type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 struct Args {
     cnn: bool,
+    bf16: bool,
     epochs: usize,
     batch_size: usize,
     lr: f64,
@@ -40,7 +42,8 @@ struct Args {
 }
 
 fn parse_args() -> AnyResult<Args> {
-    let mut args = Args { cnn: false, epochs: 30, batch_size: 32, lr: 2e-3, seed: 0, workers: 1, profile: None };
+    let mut args =
+        Args { cnn: false, bf16: false, epochs: 30, batch_size: 32, lr: 2e-3, seed: 0, workers: 1, profile: None };
     let mut it = std::env::args().skip(1).peekable();
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
@@ -50,6 +53,7 @@ fn parse_args() -> AnyResult<Args> {
                 "cnn" => args.cnn = true,
                 other => return Err(format!("--model {other}: expected mlp or cnn").into()),
             },
+            "--bf16" => args.bf16 = true,
             "--epochs" => args.epochs = value("--epochs")?.parse()?,
             "--batch-size" => args.batch_size = value("--batch-size")?.parse()?,
             "--lr" => args.lr = value("--lr")?.parse()?,
@@ -64,7 +68,7 @@ fn parse_args() -> AnyResult<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "train_digits [--model mlp|cnn] [--epochs N] [--batch-size N] [--lr X] [--seed N] [--workers N] \
+                    "train_digits [--model mlp|cnn] [--bf16] [--epochs N] [--batch-size N] [--lr X] [--seed N] [--workers N] \
                      [--profile [DIR]]"
                 );
                 std::process::exit(0);
@@ -150,7 +154,11 @@ fn main() -> AnyResult<()> {
             let (x, y) = batch?;
             let loss = {
                 let _step = brasa::profile::record_function("train_step");
-                let loss = cross_entropy(&model.forward(&Var::new(x))?, &y)?;
+                let loss = {
+                    // bf16 products and convolutions, f32 softmax and loss (a no-op region without --bf16).
+                    let _amp = autocast(if args.bf16 { DType::BF16 } else { DType::F32 });
+                    cross_entropy(&model.forward(&Var::new(x))?, &y)?
+                };
                 loss.backward()?;
                 opt.step()?;
                 opt.zero_grad()?;

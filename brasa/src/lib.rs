@@ -11,6 +11,7 @@
 //! | [`tensor`] | `brasa-tensor` | devices, dtypes, strided tensors, the `memory` API of every device |
 //! | [`autograd`] | `brasa-autograd` | `Var`, backward that frees as it goes, hooks, custom ops, checkpointing |
 //! | [`nn`] | `brasa-nn` | modules, layers, losses, optimizers, schedulers, data loading, state dicts |
+//! | [`amp`] | `brasa-amp` | autocast, the dynamic loss scaler, half-precision models with f32 norms |
 //! | [`profile`] | `brasa-profile` | op tables, Chrome traces, memory timelines |
 //!
 //! ```
@@ -41,6 +42,7 @@
 //!   needs no CUDA toolkit; without a driver, CUDA calls return an error).
 
 pub use brasa_alloc as alloc;
+pub use brasa_amp as amp;
 pub use brasa_autograd as autograd;
 pub use brasa_kernels as kernels;
 pub use brasa_nn as nn;
@@ -49,6 +51,7 @@ pub use brasa_tensor as tensor;
 
 /// The names a training program uses most, in one import.
 pub mod prelude {
+    pub use brasa_amp::{autocast, autocast_disabled, to_bf16, to_half, GradScaler};
     pub use brasa_autograd::{
         checkpoint, checkpoint_sequential, enable_grad, gradcheck, no_grad, Function, FunctionCtx, Var,
     };
