@@ -33,6 +33,7 @@ extern crate self as brasa_nn;
 
 mod error;
 mod module;
+mod scope;
 mod state_dict;
 mod walk;
 
@@ -46,5 +47,6 @@ pub use brasa_nn_derive::Parameters;
 pub use error::{NnError, Result};
 pub use layers::*;
 pub use module::{KeepFloat32, Module, ModuleExt, Parameters, Training};
+pub use scope::{module_scope, ModuleScope};
 pub use state_dict::{LoadReport, StateDict};
 pub use walk::{Visitor, VisitorMut, Walk, WalkMut};

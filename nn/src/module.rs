@@ -51,6 +51,12 @@ pub trait Parameters {
 pub trait Module: Parameters + Send + Sync {
     /// Computes the output, recording the graph when grad mode is on.
     fn forward(&self, input: &Var) -> Result<Var>;
+
+    /// The layer's type name without its path (`Linear`), shown in profiler
+    /// ranges (see [`crate::module_scope`]).
+    fn type_name(&self) -> &'static str {
+        crate::scope::short_type_name(std::any::type_name::<Self>())
+    }
 }
 
 /// Whether a layer is in training mode (dropout active, batch norm using

@@ -4,6 +4,7 @@
 
 use crate::error::{NnError, Result};
 use crate::module::{Module, Parameters};
+use crate::scope::module_scope;
 use crate::walk::{Walk, WalkMut};
 use brasa_autograd::Var;
 use std::ops::Index;
@@ -84,7 +85,8 @@ impl Sequential {
             NnError::invalid("Sequential", format!("layers {range:?} out of range for {} layers", self.layers.len()))
         })?;
         let mut x = input.clone();
-        for layer in layers {
+        for (index, layer) in layers.iter().enumerate() {
+            let _scope = module_scope(range.start + index, layer.type_name());
             x = layer.forward(&x)?;
         }
         Ok(x)
@@ -125,10 +127,6 @@ impl Parameters for Sequential {
 
 impl Module for Sequential {
     fn forward(&self, input: &Var) -> Result<Var> {
-        let mut x = input.clone();
-        for layer in &self.layers {
-            x = layer.forward(&x)?;
-        }
-        Ok(x)
+        self.forward_range(input, 0..self.layers.len())
     }
 }
