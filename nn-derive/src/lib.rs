@@ -3,6 +3,8 @@
 //! fields), buffers (`Tensor` fields), train/eval flag (`Training`) and
 //! submodules are found without listing them by hand. A field marked
 //! `#[module(skip)]` is left out. Tuple-struct fields are named `0`, `1`, ...
+//! The generated code names brasa-nn as the deriving crate depends on it:
+//! directly (`brasa-nn`, renamed or not) or through the umbrella `brasa`.
 //!
 //! ```ignore
 //! #[derive(Parameters)]
@@ -18,6 +20,30 @@ use proc_macro::TokenStream;
 use proc_macro2::TokenStream as TokenStream2;
 use quote::quote;
 use syn::{parse_macro_input, parse_quote, Data, DeriveInput, Fields, Index};
+
+/// The path of brasa-nn as the deriving crate sees it: `::brasa_nn` (or its
+/// renamed name) when it depends on brasa-nn, `::brasa::nn` when it only
+/// depends on the umbrella crate.
+fn nn_path() -> TokenStream2 {
+    use proc_macro_crate::{crate_name, FoundCrate};
+    let ident = |name: &str| syn::Ident::new(name, proc_macro2::Span::call_site());
+    match crate_name("brasa-nn") {
+        // Inside brasa-nn, `extern crate self as brasa_nn;` makes this resolve.
+        Ok(FoundCrate::Itself) => quote!(::brasa_nn),
+        Ok(FoundCrate::Name(name)) => {
+            let name = ident(&name);
+            quote!(::#name)
+        }
+        Err(_) => match crate_name("brasa") {
+            Ok(FoundCrate::Name(name)) => {
+                let name = ident(&name);
+                quote!(::#name::nn)
+            }
+            Ok(FoundCrate::Itself) => quote!(crate::nn),
+            Err(_) => quote!(::brasa_nn),
+        },
+    }
+}
 
 /// Derives `brasa_nn::Parameters`; see the crate docs.
 #[proc_macro_derive(Parameters, attributes(module))]
@@ -84,18 +110,19 @@ fn expand(mut input: DeriveInput) -> syn::Result<TokenStream2> {
         visit_muts.push(quote!(walk.field(#name, &mut self.#member)?;));
     }
 
+    let nn = nn_path();
     for param in input.generics.type_params_mut() {
-        param.bounds.push(parse_quote!(::brasa_nn::Parameters));
+        param.bounds.push(parse_quote!(#nn::Parameters));
     }
     let ident = &input.ident;
     let (impl_generics, type_generics, where_clause) = input.generics.split_for_impl();
     Ok(quote! {
-        impl #impl_generics ::brasa_nn::Parameters for #ident #type_generics #where_clause {
-            fn visit(&self, walk: &mut ::brasa_nn::Walk<'_>) {
+        impl #impl_generics #nn::Parameters for #ident #type_generics #where_clause {
+            fn visit(&self, walk: &mut #nn::Walk<'_>) {
                 let _ = &walk;
                 #(#visits)*
             }
-            fn visit_mut(&mut self, walk: &mut ::brasa_nn::WalkMut<'_>) -> ::brasa_nn::Result<()> {
+            fn visit_mut(&mut self, walk: &mut #nn::WalkMut<'_>) -> #nn::Result<()> {
                 let _ = &walk;
                 #(#visit_muts)*
                 Ok(())
