@@ -7,7 +7,7 @@
 
 use crate::error::{AutogradError, Result};
 use crate::grad_mode::no_grad;
-use crate::graph::{lock, reachable, BackwardCtx, Node, NodeKind};
+use crate::graph::{lock, reachable, BackwardCtx, BackwardFn, Node, NodeKind};
 use crate::var::{Var, VarInner};
 use brasa_tensor::Tensor;
 use std::collections::HashMap;
@@ -165,13 +165,14 @@ fn run_op(
     // Taken out of the node while it runs, so a backward that runs the
     // engine itself (checkpoint) holds no lock.
     let mut backward = lock(slot).take().ok_or(AutogradError::GraphReleased { op: node.name })?;
-    // A profiler range per node ("linear_backward"), named only while one records.
+    // A profiler range per node ("backward: linear"), named only while one records.
     let _range = brasa_profile::enabled()
-        .then(|| brasa_profile::record_function_with_shapes(format!("{}_backward", node.name), &[g.dims()]));
+        .then(|| brasa_profile::record_function_with_shapes(format!("backward: {}", node.name), &[g.dims()]));
     let needs: Vec<bool> = node.next.iter().map(Option::is_some).collect();
-    let result = match backward.saved.checked(node.name) {
-        Ok(saved) => (backward.f)(&BackwardCtx { grad: &g, saved, needs: &needs }),
-        Err(e) => Err(e),
+    let result = match (backward.saved.checked(node.name), &mut backward.f) {
+        (Ok(saved), BackwardFn::Borrowed(f)) => f(&BackwardCtx { grad: &g, saved, needs: &needs }),
+        (Ok(saved), BackwardFn::Owned(f)) => f(g, saved, &needs),
+        (Err(e), _) => Err(e),
     };
     if retain_graph || result.is_err() {
         *lock(slot) = Some(backward);

@@ -11,7 +11,7 @@
 use crate::backward::{run_backward, RunOptions};
 use crate::error::{AutogradError, Result};
 use crate::grad_mode::{enable_grad, is_grad_enabled, no_grad};
-use crate::var::{record_always, Var};
+use crate::var::{record_always_owned, Var};
 use brasa_tensor::{rng_state, set_rng_state};
 use std::sync::Arc;
 
@@ -63,16 +63,17 @@ where
     };
     let (out_dims, out_dtype) = (out.dims().to_vec(), out.dtype());
     let saved = || inputs.iter().map(|v| v.tensor().clone()).collect();
-    Ok(record_always("checkpoint", inputs, out.tensor().clone(), saved, move |c| {
+    // The gradient comes by value: the nested backward frees it once its
+    // first node has used it, instead of it living until the segment ends.
+    Ok(record_always_owned("checkpoint", inputs, out.tensor().clone(), saved, move |grad, saved, needs| {
         let recomputed = {
             let _restore = RestoreRng(rng_state());
             set_rng_state(rng);
             let _restore_hook = RestoreHook(crate::set_precision_hook(hook.clone()));
             let _g = enable_grad();
-            let xs: Vec<Var> = c
-                .saved
+            let xs: Vec<Var> = saved
                 .iter()
-                .zip(c.needs)
+                .zip(needs)
                 .map(|(t, &need)| Var::from_tensor(t.clone(), need && t.dtype().is_float()))
                 .collect();
             let out = f(&xs)?;
@@ -95,7 +96,7 @@ where
         drop(out);
         let capture: Vec<_> = xs.iter().filter_map(Var::grad_node).collect();
         let captured = run_backward(
-            vec![(root, c.grad.clone())],
+            vec![(root, grad)],
             RunOptions { retain_graph: false, accumulate_leaves: true, capture: &capture },
         )?;
         let mut captured = captured.into_iter();

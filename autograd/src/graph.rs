@@ -116,9 +116,21 @@ impl BackwardCtx<'_> {
 /// A node's backward: saved tensors plus the function of them.
 pub(crate) type BackwardClosure = Box<dyn FnMut(&BackwardCtx) -> Result<Vec<Option<Tensor>>> + Send>;
 
+/// A backward that takes the output gradient by value, so it can let it go
+/// as soon as it is consumed (checkpoint hands it to the nested backward).
+pub(crate) type OwnedGradClosure = Box<dyn FnMut(Tensor, &[Tensor], &[bool]) -> Result<Vec<Option<Tensor>>> + Send>;
+
+/// How a node's backward receives the output gradient.
+pub(crate) enum BackwardFn {
+    /// By reference, through a [`BackwardCtx`] (every op).
+    Borrowed(BackwardClosure),
+    /// By value.
+    Owned(OwnedGradClosure),
+}
+
 pub(crate) struct OpBackward {
     pub(crate) saved: SavedTensors,
-    pub(crate) f: BackwardClosure,
+    pub(crate) f: BackwardFn,
 }
 
 /// A gradient hook: may return a replacement gradient.

@@ -3,7 +3,7 @@
 
 use crate::error::{AutogradError, Result};
 use crate::grad_mode::is_grad_enabled;
-use crate::graph::{lock, BackwardCtx, Node, OpBackward, PostAccumulateHook, SavedTensors};
+use crate::graph::{lock, BackwardCtx, BackwardFn, Node, OpBackward, PostAccumulateHook, SavedTensors};
 use brasa_tensor::{DType, Device, Shape, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -218,11 +218,32 @@ pub(crate) fn record_always(
     saved: impl FnOnce() -> Vec<Tensor>,
     backward: impl FnMut(&BackwardCtx) -> Result<Vec<Option<Tensor>>> + Send + 'static,
 ) -> Var {
+    record_node(name, inputs, output, saved, BackwardFn::Borrowed(Box::new(backward)))
+}
+
+/// [`record_always`] for a backward that takes the output gradient by value.
+pub(crate) fn record_always_owned(
+    name: &'static str,
+    inputs: &[&Var],
+    output: Tensor,
+    saved: impl FnOnce() -> Vec<Tensor>,
+    backward: impl FnMut(Tensor, &[Tensor], &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+) -> Var {
+    record_node(name, inputs, output, saved, BackwardFn::Owned(Box::new(backward)))
+}
+
+fn record_node(
+    name: &'static str,
+    inputs: &[&Var],
+    output: Tensor,
+    saved: impl FnOnce() -> Vec<Tensor>,
+    f: BackwardFn,
+) -> Var {
     if !is_grad_enabled() {
         return Var::new(output);
     }
     let next = inputs.iter().map(|v| v.grad_node()).collect();
-    let node = Node::op(name, next, OpBackward { saved: SavedTensors::new(saved()), f: Box::new(backward) });
+    let node = Node::op(name, next, OpBackward { saved: SavedTensors::new(saved()), f });
     Var::make(output, true, Some(node))
 }
 

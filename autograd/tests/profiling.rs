@@ -1,5 +1,5 @@
 //! With a profiler running, every backward node records a range named after
-//! its operation, nested inside the caller's range.
+//! its operation (`backward: linear`), nested inside the caller's range.
 
 use brasa_autograd::{Result, Var};
 use brasa_profile::{record_function, Profiler};
@@ -16,12 +16,12 @@ fn backward_nodes_show_up_as_ranges() -> Result<()> {
     }
     let result = profiler.stop();
     let table = result.key_averages();
-    for name in ["sum_backward", "relu_backward", "linear_backward"] {
+    for name in ["backward: sum", "backward: relu", "backward: linear"] {
         let names: Vec<&str> = table.rows().iter().map(|row| row.name.as_ref()).collect();
         assert_eq!(table.get(name).map(|row| row.count), Some(1), "{name} in {names:?}");
     }
     let outer = result.ranges.iter().position(|r| r.name == "backward").expect("outer range");
-    let inner = result.ranges.iter().find(|r| r.name == "linear_backward").expect("linear_backward");
+    let inner = result.ranges.iter().find(|r| r.name == "backward: linear").expect("backward: linear");
     assert_eq!(inner.parent, Some(outer), "nested in the caller's range");
     Ok(())
 }
