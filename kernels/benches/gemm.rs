@@ -1,5 +1,7 @@
 //! f32 matrix products: ours against the `gemm` crate (AVX-512 build) and
-//! `matrixmultiply` (threaded), on square sizes and the MLP training shapes.
+//! `matrixmultiply` (threaded), on square sizes and the MLP training shapes;
+//! and ours in bf16 and f16 against ours in f32 (group `hgemm`), which shows
+//! what widening while packing and narrowing on write-back cost.
 //!
 //! ```text
 //! cargo bench -p brasa-kernels --bench gemm
@@ -8,8 +10,9 @@
 //! Throughput is reported in elements = flops (`2 m n k`), so criterion's
 //! "elem/s" reads as flop/s.
 
-use brasa_kernels::gemm::{gemm_f32, MatMut, MatRef};
+use brasa_kernels::gemm::{gemm, gemm_f32, GemmElement, MatMut, MatRef};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use half::{bf16, f16};
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -120,5 +123,42 @@ fn bench_gemm(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_gemm);
+/// Half-precision shapes: `(name, m, n, k)`, all operands row-major.
+const HALF_SHAPES: [(&str, usize, usize, usize); 2] =
+    [("512x784x512", 512, 512, 784), ("mlp_fwd_128x784x512", 128, 512, 784)];
+
+/// One row-major product of `m x k` by `k x n` in `T`, timed.
+fn bench_typed<T: GemmElement<Scalar = f32>>(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    (shape, m, n, k): (&str, usize, usize, usize),
+    from_f32: fn(f32) -> T,
+) {
+    let a: Vec<T> = (0..m * k).map(|i| from_f32(((i * 7 % 13) as f32 - 6.0) / 8.0)).collect();
+    let b: Vec<T> = (0..k * n).map(|i| from_f32(((i * 5 % 11) as f32 - 5.0) / 8.0)).collect();
+    let mut out = vec![from_f32(0.0); m * n];
+    group.bench_function(BenchmarkId::new(name, shape), |bench| {
+        bench.iter(|| {
+            let av = MatRef::row_major(&a, m, k).unwrap();
+            let bv = MatRef::row_major(&b, k, n).unwrap();
+            gemm(1.0, av, bv, 0.0, MatMut::row_major(&mut out, m, n).unwrap()).unwrap();
+            black_box(&out);
+        })
+    });
+}
+
+fn bench_half_gemm(c: &mut Criterion) {
+    let mut group = c.benchmark_group("hgemm");
+    group.sample_size(20).measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    for shape in HALF_SHAPES {
+        let (_, m, n, k) = shape;
+        group.throughput(Throughput::Elements(2 * (m * n * k) as u64));
+        bench_typed::<f32>(&mut group, "f32", shape, |x| x);
+        bench_typed::<bf16>(&mut group, "bf16", shape, bf16::from_f32);
+        bench_typed::<f16>(&mut group, "f16", shape, f16::from_f32);
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_gemm, bench_half_gemm);
 criterion_main!(benches);

@@ -279,7 +279,9 @@ pub(crate) fn copy_strided<S: WithDType, D: WithDType>(src: &[S], layout: &Layou
             // SAFETY: S and D are the same type when their dtypes are equal.
             let same: &[D] = unsafe { std::slice::from_raw_parts(src[run].as_ptr() as *const D, len) };
             out.copy_from_slice(same);
-        } else {
+        } else if crate::convert_slice(&src[run.clone()], out).is_err() {
+            // `convert_slice` has the vectorised half <-> f32 paths; it can only
+            // refuse unequal lengths, which these are not. Kept as a fallback.
             for (o, i) in out.iter_mut().zip(&src[run]) {
                 *o = i.cast::<D>();
             }

@@ -70,9 +70,90 @@ impl PackSource<f32> for f16 {
 impl PackSource<f32> for bf16 {
     #[inline(always)]
     fn to_compute(self) -> f32 {
-        // bf16 is the top half of an f32: widening is a shift.
+        // bf16 is the top half of an f32: widening is a shift (the default
+        // `convert_slice` loop over it vectorises).
         f32::from_bits((self.to_bits() as u32) << 16)
     }
+}
+
+/// A stored type that f32 results are rounded into once, on write-back.
+pub(crate) trait Narrow: PackSource<f32> {
+    fn narrow(value: f32) -> Self;
+
+    /// Rounds a contiguous run.
+    fn narrow_slice(src: &[f32], dst: &mut [Self]);
+}
+
+impl Narrow for f16 {
+    #[inline(always)]
+    fn narrow(value: f32) -> f16 {
+        f16::from_f32(value)
+    }
+    fn narrow_slice(src: &[f32], dst: &mut [f16]) {
+        // `half` uses F16C here when the CPU has it.
+        dst.convert_from_f32_slice(src);
+    }
+}
+
+impl Narrow for bf16 {
+    #[inline(always)]
+    fn narrow(value: f32) -> bf16 {
+        f32_to_bf16(value)
+    }
+    fn narrow_slice(src: &[f32], dst: &mut [bf16]) {
+        // The baseline x86-64 build leaves this loop scalar (its select and
+        // 32 -> 16-bit narrowing do not map onto SSE2): compile it for
+        // AVX-512 and AVX2 too and pick at run time.
+        #[cfg(target_arch = "x86_64")]
+        {
+            let cpu = crate::cpu_features::cpu_features();
+            if cpu.avx512f && std::arch::is_x86_feature_detected!("avx512bw") {
+                // SAFETY: the CPU has AVX-512F and AVX-512BW.
+                return unsafe { narrow_bf16_avx512(src, dst) };
+            }
+            if cpu.avx2 {
+                // SAFETY: the CPU has AVX2.
+                return unsafe { narrow_bf16_avx2(src, dst) };
+            }
+        }
+        narrow_bf16_loop(src, dst);
+    }
+}
+
+/// f32 -> bf16, rounded to nearest, ties to even; NaN stays NaN with its top
+/// payload bits and the quiet bit set. Bit for bit `bf16::from_f32`, but
+/// inlined and without branches, so that loops over it vectorise.
+#[inline(always)]
+fn f32_to_bf16(value: f32) -> bf16 {
+    let x = value.to_bits();
+    // Adding 0x7fff plus the bit that becomes the last kept one carries into
+    // the kept half exactly when the dropped half is above 0x8000, or is
+    // 0x8000 and the kept half is odd. Finite values round up to infinity at
+    // most, which is the right answer; only NaNs, handled apart, can wrap.
+    let rounded = x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16;
+    let is_nan = x & 0x7fff_ffff > 0x7f80_0000;
+    bf16::from_bits(if is_nan { (x >> 16) | 0x0040 } else { rounded } as u16)
+}
+
+#[inline(always)]
+fn narrow_bf16_loop(src: &[f32], dst: &mut [bf16]) {
+    for (out, &value) in dst.iter_mut().zip(src) {
+        *out = f32_to_bf16(value);
+    }
+}
+
+/// [`narrow_bf16_loop`] vectorised for AVX-512.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn narrow_bf16_avx512(src: &[f32], dst: &mut [bf16]) {
+    narrow_bf16_loop(src, dst);
+}
+
+/// [`narrow_bf16_loop`] vectorised for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn narrow_bf16_avx2(src: &[f32], dst: &mut [bf16]) {
+    narrow_bf16_loop(src, dst);
 }
 
 #[cfg(test)]
@@ -91,5 +172,69 @@ mod tests {
         let mut dst = vec![0.0f32; 9];
         <bf16 as PackSource<f32>>::convert_slice(&src, &mut dst);
         assert_eq!(dst[7], 3.5);
+    }
+
+    /// f32 bit patterns around every rounding case: signs, zeros,
+    /// subnormals, ties (dropped half 0x8000) with even and odd kept halves,
+    /// one either side of a tie, the largest finite values, infinities and
+    /// NaNs (quiet, signalling, with payloads), plus a sweep of the whole range.
+    fn probe_bits() -> Vec<u32> {
+        let mut bits = Vec::new();
+        let lows = [0, 1, 0x7fff, 0x8000, 0x8001, 0xffff, 0x4000, 0xc000];
+        for high in (0..=0xffffu32).step_by(7).chain([0, 1, 2, 0x7f7f, 0x7f80, 0x7f81, 0x7fc0, 0x7fff, 0x0080]) {
+            for sign in [0, 0x8000_0000] {
+                for low in lows {
+                    bits.push(sign | (high << 16) | low);
+                }
+            }
+        }
+        bits.extend((0..200_000u32).map(|i| i.wrapping_mul(0x9e37_79b9)));
+        bits
+    }
+
+    #[test]
+    fn bf16_narrowing_matches_half_bit_for_bit() {
+        let src: Vec<f32> = probe_bits().into_iter().map(f32::from_bits).collect();
+        let want: Vec<u16> = src.iter().map(|&x| bf16::from_f32(x).to_bits()).collect();
+        let scalar: Vec<u16> = src.iter().map(|&x| bf16::narrow(x).to_bits()).collect();
+        assert_eq!(scalar, want);
+        // Every length up to a few vectors, to cover the vector loops' tails.
+        for len in (0..70).chain([src.len()]) {
+            let mut dst = vec![bf16::ZERO; len];
+            bf16::narrow_slice(&src[..len], &mut dst);
+            let got: Vec<u16> = dst.iter().map(|h| h.to_bits()).collect();
+            assert_eq!(got, want[..len], "length {len}");
+            let mut portable = vec![bf16::ZERO; len];
+            narrow_bf16_loop(&src[..len], &mut portable);
+            assert!(portable.iter().map(|h| h.to_bits()).eq(got), "length {len}");
+        }
+    }
+
+    #[test]
+    fn f16_narrowing_matches_half() {
+        let src: Vec<f32> = probe_bits().into_iter().map(f32::from_bits).collect();
+        for len in [0, 1, 3, 7, 8, 9, 17, 31, src.len()] {
+            let mut dst = vec![f16::ZERO; len];
+            f16::narrow_slice(&src[..len], &mut dst);
+            for (i, (&x, h)) in src.iter().zip(&dst).enumerate() {
+                assert_eq!(h.to_bits(), f16::narrow(x).to_bits(), "{x:e} at {i}");
+                assert_eq!(h.to_bits(), f16::from_f32(x).to_bits(), "{x:e} at {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_widening_is_the_shift_for_every_pattern() {
+        let src: Vec<bf16> = (0..=0xffffu16).map(bf16::from_bits).collect();
+        for len in [0, 1, 5, 16, 33, src.len()] {
+            let mut dst = vec![0.0f32; len];
+            <bf16 as PackSource<f32>>::convert_slice(&src[..len], &mut dst);
+            for (h, x) in src.iter().zip(&dst) {
+                // Exactly the bits shifted up: NaNs keep their payload (and
+                // stay signalling), where `bf16::to_f32` sets the quiet bit.
+                assert_eq!(x.to_bits(), u32::from(h.to_bits()) << 16);
+                assert!(x.to_bits() == h.to_f32().to_bits() || x.is_nan() && h.is_nan());
+            }
+        }
     }
 }

@@ -39,7 +39,7 @@ pub use microkernel::KernelChoice;
 
 use crate::error::{KernelError, Result};
 use driver::Plan;
-use element::{Compute, PackSource};
+use element::{Compute, Narrow, PackSource};
 use half::{bf16, f16};
 use matrix::RawMut;
 use microkernel::{select, HasMicroKernels};
@@ -138,7 +138,7 @@ impl GemmElement for f16 {
         beta: f32,
         c: BatchMut<'_, f16>,
     ) -> Result<()> {
-        run_batched(options, alpha, a, b, beta, c, Widened(f16::from_f32))
+        run_batched(options, alpha, a, b, beta, c, Widened)
     }
 }
 
@@ -152,7 +152,7 @@ impl GemmElement for bf16 {
         beta: f32,
         c: BatchMut<'_, bf16>,
     ) -> Result<()> {
-        run_batched(options, alpha, a, b, beta, c, Widened(bf16::from_f32))
+        run_batched(options, alpha, a, b, beta, c, Widened)
     }
 }
 
@@ -276,7 +276,7 @@ pub fn batched_gemm_bf16(
 struct Direct;
 
 /// C of a narrow type: accumulate in an f32 workspace, round at the end.
-struct Widened<S>(fn(f32) -> S);
+struct Widened;
 
 /// How one product's C is reached from the compute type `T`.
 trait OutputPath<T: Compute, S>: Sync {
@@ -289,30 +289,69 @@ impl<T: Compute + PackSource<T>> OutputPath<T, T> for Direct {
     }
 }
 
-impl<S: PackSource<f32> + Into<f32>> OutputPath<f32, S> for Widened<S> {
+impl<S: Narrow> OutputPath<f32, S> for Widened {
     fn run(&self, plan: &Plan<f32>, alpha: f32, a: MatRef<'_, S>, b: MatRef<'_, S>, beta: f32, c: RawMut<S>) {
         let (m, n) = (c.rows, c.cols);
         if m == 0 || n == 0 {
             return;
         }
-        let at = |i: usize, j: usize| i * c.row_stride + j * c.col_stride;
-        // Column-major f32 copy of C; with beta = 0 its contents are unused.
+        // The f32 workspace is laid out like C (row- or column-major), so
+        // that C's rows (or columns) and the workspace's are both contiguous
+        // runs, widened and rounded as slices.
+        let row_major = c.col_stride == 1 && c.row_stride != 1;
+        let (runs, run_len) = if row_major { (m, n) } else { (n, m) };
+        let (run_stride, step) = if row_major { (c.row_stride, c.col_stride) } else { (c.col_stride, c.row_stride) };
+        // With beta = 0 its contents are unused.
         let mut work = vec![0.0f32; m * n];
         if beta != 0.0 {
-            for j in 0..n {
-                for i in 0..m {
-                    // SAFETY: (i, j) is inside the checked output view.
-                    work[i + j * m] = unsafe { *c.ptr.add(at(i, j)) }.into();
-                }
+            for (r, out) in work.chunks_exact_mut(run_len).enumerate() {
+                // SAFETY: run r of the checked output view starts there and
+                // has `run_len` elements `step` apart.
+                unsafe { widen_run(c.ptr.add(r * run_stride), step, out) };
             }
         }
-        let work_view = RawMut { ptr: work.as_mut_ptr(), rows: m, cols: n, row_stride: 1, col_stride: m };
+        let work_view = if row_major {
+            RawMut { ptr: work.as_mut_ptr(), rows: m, cols: n, row_stride: n, col_stride: 1 }
+        } else {
+            RawMut { ptr: work.as_mut_ptr(), rows: m, cols: n, row_stride: 1, col_stride: m }
+        };
         driver::gemm(plan, alpha, a, b, beta, work_view);
-        for j in 0..n {
-            for i in 0..m {
-                // SAFETY: (i, j) is inside the checked output view.
-                unsafe { *c.ptr.add(at(i, j)) = (self.0)(work[i + j * m]) };
-            }
+        debug_assert_eq!(work.len(), runs * run_len);
+        for (r, run) in work.chunks_exact(run_len).enumerate() {
+            // SAFETY: as above; nothing else reads or writes this product's C.
+            unsafe { narrow_run(run, c.ptr.add(r * run_stride), step) };
+        }
+    }
+}
+
+/// Widens `out.len()` elements read `step` apart from `src` into `out`.
+///
+/// # Safety
+/// Those elements are readable.
+unsafe fn widen_run<S: PackSource<f32>>(src: *const S, step: usize, out: &mut [f32]) {
+    if step == 1 {
+        // SAFETY: the run is contiguous and readable (caller's contract).
+        S::convert_slice(unsafe { std::slice::from_raw_parts(src, out.len()) }, out);
+    } else {
+        for (i, o) in out.iter_mut().enumerate() {
+            // SAFETY: element i of the run (caller's contract).
+            *o = unsafe { *src.add(i * step) }.to_compute();
+        }
+    }
+}
+
+/// Rounds `run` into the elements `step` apart from `dst`.
+///
+/// # Safety
+/// Those `run.len()` elements are writable and not otherwise borrowed.
+unsafe fn narrow_run<S: Narrow>(run: &[f32], dst: *mut S, step: usize) {
+    if step == 1 {
+        // SAFETY: the run is contiguous, writable and ours (caller's contract).
+        S::narrow_slice(run, unsafe { std::slice::from_raw_parts_mut(dst, run.len()) });
+    } else {
+        for (i, &x) in run.iter().enumerate() {
+            // SAFETY: element i of the run (caller's contract).
+            unsafe { *dst.add(i * step) = S::narrow(x) };
         }
     }
 }
