@@ -34,6 +34,7 @@
 #![warn(missing_docs)]
 
 pub mod conv;
+pub mod convert;
 pub mod cpu_features;
 pub mod elementwise;
 mod error;

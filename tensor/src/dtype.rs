@@ -5,6 +5,7 @@ use std::any::TypeId;
 use std::fmt;
 use std::str::FromStr;
 
+use brasa_kernels::convert::{bf16_to_f32, f32_to_bf16, narrow_bf16_slice, widen_bf16_slice};
 use half::{bf16, f16};
 
 /// The element type of a tensor.
@@ -391,29 +392,6 @@ fn same_slice_mut<A: 'static, B: 'static>(slice: &mut [A]) -> Option<&mut [B]> {
     (TypeId::of::<A>() == TypeId::of::<B>()).then(|| unsafe { &mut *(slice as *mut [A] as *mut [B]) })
 }
 
-/// bf16 → f32, exactly: a bf16 is the top half of an f32's bits, so this is
-/// a shift (what `bf16::to_f32` does, but always inlined, so that loops over
-/// it vectorise).
-#[inline(always)]
-fn bf16_to_f32(value: bf16) -> f32 {
-    f32::from_bits(u32::from(value.to_bits()) << 16)
-}
-
-/// f32 → bf16, rounded to nearest, ties to even; NaN stays NaN with its top
-/// payload bits and the quiet bit set. Bit for bit `bf16::from_f32`, but
-/// without branches, so that loops over it vectorise.
-#[inline(always)]
-fn f32_to_bf16(value: f32) -> bf16 {
-    let x = value.to_bits();
-    // Adding 0x7fff plus the bit that becomes the last kept one carries into
-    // the kept half exactly when the dropped half is above 0x8000, or is
-    // 0x8000 and the kept half is odd. Finite values round up to infinity at
-    // most, which is the right answer; only NaNs, handled apart, can wrap.
-    let rounded = x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16;
-    let is_nan = x & 0x7fff_ffff > 0x7f80_0000;
-    bf16::from_bits(if is_nan { (x >> 16) | 0x0040 } else { rounded } as u16)
-}
-
 /// The casts between f32 and f16 or bf16, done directly: the general path
 /// through f64 gives the same values (the f32 is exact in f64 and is rounded
 /// once) but is several times slower, and these casts are the mixed-precision
@@ -427,53 +405,6 @@ fn half_f32_cast<S: WithDType, D: WithDType>(value: S) -> Option<D> {
         (DType::F32, DType::F16) => same_type(f16::from_f32(same_type(value)?)),
         _ => None,
     }
-}
-
-/// bf16 → f32 over slices of the same length.
-fn widen_bf16_slice(src: &[bf16], dst: &mut [f32]) {
-    for (out, &value) in dst.iter_mut().zip(src) {
-        *out = bf16_to_f32(value);
-    }
-}
-
-/// f32 → bf16 over slices of the same length. The baseline x86-64 build
-/// leaves this loop scalar (its select and 32 → 16-bit narrowing do not map
-/// onto SSE2), so on x86-64 the same loop is also compiled for AVX-512 and
-/// AVX2 and picked at run time: about 4x faster.
-fn narrow_bf16_slice(src: &[f32], dst: &mut [bf16]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512bw") {
-            // SAFETY: the CPU has AVX-512BW (and so AVX-512F).
-            return unsafe { narrow_bf16_slice_avx512(src, dst) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2.
-            return unsafe { narrow_bf16_slice_avx2(src, dst) };
-        }
-    }
-    narrow_bf16_loop(src, dst);
-}
-
-#[inline(always)]
-fn narrow_bf16_loop(src: &[f32], dst: &mut [bf16]) {
-    for (out, &value) in dst.iter_mut().zip(src) {
-        *out = f32_to_bf16(value);
-    }
-}
-
-/// [`narrow_bf16_loop`] vectorised for AVX-512.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn narrow_bf16_slice_avx512(src: &[f32], dst: &mut [bf16]) {
-    narrow_bf16_loop(src, dst);
-}
-
-/// [`narrow_bf16_loop`] vectorised for AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn narrow_bf16_slice_avx2(src: &[f32], dst: &mut [bf16]) {
-    narrow_bf16_loop(src, dst);
 }
 
 /// The slice conversions between f32 and f16 or bf16, when `S` and `D` are

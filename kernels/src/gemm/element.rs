@@ -98,62 +98,11 @@ impl Narrow for f16 {
 impl Narrow for bf16 {
     #[inline(always)]
     fn narrow(value: f32) -> bf16 {
-        f32_to_bf16(value)
+        crate::convert::f32_to_bf16(value)
     }
     fn narrow_slice(src: &[f32], dst: &mut [bf16]) {
-        // The baseline x86-64 build leaves this loop scalar (its select and
-        // 32 -> 16-bit narrowing do not map onto SSE2): compile it for
-        // AVX-512 and AVX2 too and pick at run time.
-        #[cfg(target_arch = "x86_64")]
-        {
-            let cpu = crate::cpu_features::cpu_features();
-            if cpu.avx512f && std::arch::is_x86_feature_detected!("avx512bw") {
-                // SAFETY: the CPU has AVX-512F and AVX-512BW.
-                return unsafe { narrow_bf16_avx512(src, dst) };
-            }
-            if cpu.avx2 {
-                // SAFETY: the CPU has AVX2.
-                return unsafe { narrow_bf16_avx2(src, dst) };
-            }
-        }
-        narrow_bf16_loop(src, dst);
+        crate::convert::narrow_bf16_slice(src, dst);
     }
-}
-
-/// f32 -> bf16, rounded to nearest, ties to even; NaN stays NaN with its top
-/// payload bits and the quiet bit set. Bit for bit `bf16::from_f32`, but
-/// inlined and without branches, so that loops over it vectorise.
-#[inline(always)]
-fn f32_to_bf16(value: f32) -> bf16 {
-    let x = value.to_bits();
-    // Adding 0x7fff plus the bit that becomes the last kept one carries into
-    // the kept half exactly when the dropped half is above 0x8000, or is
-    // 0x8000 and the kept half is odd. Finite values round up to infinity at
-    // most, which is the right answer; only NaNs, handled apart, can wrap.
-    let rounded = x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16;
-    let is_nan = x & 0x7fff_ffff > 0x7f80_0000;
-    bf16::from_bits(if is_nan { (x >> 16) | 0x0040 } else { rounded } as u16)
-}
-
-#[inline(always)]
-fn narrow_bf16_loop(src: &[f32], dst: &mut [bf16]) {
-    for (out, &value) in dst.iter_mut().zip(src) {
-        *out = f32_to_bf16(value);
-    }
-}
-
-/// [`narrow_bf16_loop`] vectorised for AVX-512.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn narrow_bf16_avx512(src: &[f32], dst: &mut [bf16]) {
-    narrow_bf16_loop(src, dst);
-}
-
-/// [`narrow_bf16_loop`] vectorised for AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn narrow_bf16_avx2(src: &[f32], dst: &mut [bf16]) {
-    narrow_bf16_loop(src, dst);
 }
 
 #[cfg(test)]
@@ -205,7 +154,7 @@ mod tests {
             let got: Vec<u16> = dst.iter().map(|h| h.to_bits()).collect();
             assert_eq!(got, want[..len], "length {len}");
             let mut portable = vec![bf16::ZERO; len];
-            narrow_bf16_loop(&src[..len], &mut portable);
+            crate::convert::narrow_bf16_portable(&src[..len], &mut portable);
             assert!(portable.iter().map(|h| h.to_bits()).eq(got), "length {len}");
         }
     }
