@@ -73,4 +73,44 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Blocks until all work on the device has finished.
     fn synchronize_device(&self) -> Result<(), BackendError>;
+
+    /// The granularity of [`Backend::map`] in bytes, when the backend can
+    /// reserve address ranges and back them with memory on demand (what
+    /// expandable segments need); `None` when it cannot. The default is `None`.
+    fn virtual_memory_granularity(&self) -> Option<usize> {
+        None
+    }
+
+    /// Reserves `bytes` of address space with no memory behind it.
+    fn reserve_address_range(&self, bytes: usize) -> Result<usize, BackendError> {
+        let _ = bytes;
+        Err(BackendError::Device(format!("{} cannot reserve address ranges", self.device_name())))
+    }
+
+    /// Gives a reserved address range back.
+    ///
+    /// # Safety
+    /// `addr`/`bytes` must be exactly a range from [`Backend::reserve_address_range`]
+    /// with nothing mapped in it any more.
+    unsafe fn release_address_range(&self, addr: usize, bytes: usize) {
+        let _ = (addr, bytes);
+    }
+
+    /// Backs `addr..addr + bytes` of a reserved range with device memory
+    /// (both multiples of the granularity). Counts against the device's capacity.
+    fn map(&self, addr: usize, bytes: usize) -> Result<(), BackendError> {
+        let _ = (addr, bytes);
+        Err(BackendError::Device(format!("{} cannot map memory into reserved ranges", self.device_name())))
+    }
+
+    /// Returns the memory behind `addr..addr + bytes` to the device; the
+    /// addresses stay reserved. A device that runs asynchronously waits for
+    /// queued work first (unmapping, unlike freeing, is not ordered with it).
+    ///
+    /// # Safety
+    /// The range must be mapped (by one or more [`Backend::map`] calls, at
+    /// granularity boundaries) and nothing may use it after.
+    unsafe fn unmap(&self, addr: usize, bytes: usize) {
+        let _ = (addr, bytes);
+    }
 }

@@ -34,6 +34,11 @@ pub(crate) struct Block {
     /// The pool's lookup counter when the block was last freed: its age for
     /// garbage collection is the number of lookups since.
     pub freed_at_lookup: u64,
+    /// Whether memory backs the block. Only blocks of expandable segments are
+    /// ever unmapped; an unmapped block is free but in no free list.
+    pub mapped: bool,
+    /// Whether the block belongs to an expandable segment.
+    pub expandable: bool,
 }
 
 impl Block {
@@ -41,6 +46,14 @@ impl Block {
     #[inline]
     pub fn is_split(&self) -> bool {
         self.prev.is_some() || self.next.is_some()
+    }
+
+    /// Whether the block counts in the `inactive_split` statistics when free:
+    /// a split block of a fixed segment (expandable segments are left out, as
+    /// in PyTorch — their free pages can be unmapped).
+    #[inline]
+    pub fn counts_as_split(&self) -> bool {
+        !self.expandable && self.is_split()
     }
 }
 

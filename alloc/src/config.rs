@@ -8,6 +8,7 @@
 //! | `roundup_power2_divisions` | 0 (off) | `4`, or per size interval: `[256:1,512:2,1024:4,>:8]` (sizes in MB, powers of two) |
 //! | `garbage_collection_threshold` | 0 (off) | in (0, 1): with a memory fraction set, free old cached blocks once reserved passes this share of the allowed memory |
 //! | `per_process_memory_fraction` | 1 (off) | in (0, 1]: the share of the device's capacity this allocator may reserve |
+//! | `expandable_segments` | False | `True`: one growing segment per stream and pool, backed page by page (needs a backend with address-range mapping; others keep fixed segments) |
 
 use crate::policy::LARGE_BUFFER;
 
@@ -25,6 +26,7 @@ pub const VALID_KEYS: &[&str] = &[
     "roundup_power2_divisions",
     "garbage_collection_threshold",
     "per_process_memory_fraction",
+    "expandable_segments",
 ];
 
 /// The environment variable read by [`AllocatorConfig::from_env`].
@@ -49,6 +51,9 @@ pub struct AllocatorConfig {
     pub garbage_collection_threshold: f64,
     /// Share of the device's capacity the allocator may reserve, in (0, 1].
     pub memory_fraction: f64,
+    /// One growing segment per stream and pool, mapped page by page, instead
+    /// of fixed segments (used when the backend can map address ranges).
+    pub expandable_segments: bool,
 }
 
 impl Default for AllocatorConfig {
@@ -59,6 +64,7 @@ impl Default for AllocatorConfig {
             roundup_power2_divisions: [0; ROUNDUP_POWER2_INTERVALS],
             garbage_collection_threshold: 0.0,
             memory_fraction: 1.0,
+            expandable_segments: false,
         }
     }
 }
@@ -91,7 +97,8 @@ impl AllocatorConfig {
                 }
                 "garbage_collection_threshold" => builder.garbage_collection_threshold(parse_float(key, value)?),
                 "per_process_memory_fraction" => builder.memory_fraction(parse_float(key, value)?),
-                "expandable_segments" | "backend" | "release_lock_on_cudamalloc" | "pinned_use_cuda_host_register" => {
+                "expandable_segments" => builder.expandable_segments(parse_bool(key, value)?),
+                "backend" | "release_lock_on_cudamalloc" | "pinned_use_cuda_host_register" => {
                     return Err(ConfigError(format!(
                         "`{key}` is a PyTorch option that brasa-alloc does not implement; valid keys: {}",
                         VALID_KEYS.join(", ")
@@ -181,6 +188,13 @@ impl AllocatorConfigBuilder {
         self
     }
 
+    /// Grow one segment per stream and pool page by page instead of
+    /// reserving fixed segments (PyTorch's `expandable_segments`).
+    pub fn expandable_segments(mut self, on: bool) -> Self {
+        self.config.expandable_segments = on;
+        self
+    }
+
     /// The configuration, or the first invalid value given.
     pub fn build(self) -> Result<AllocatorConfig, ConfigError> {
         match self.error {
@@ -224,6 +238,15 @@ fn split_options(text: &str) -> Result<Vec<(&str, &str)>, ConfigError> {
 
 fn parse_number(key: &str, value: &str) -> Result<usize, ConfigError> {
     value.parse().map_err(|_| ConfigError(format!("`{key}` expects a whole number, got `{value}`")))
+}
+
+/// `True`/`False` as PyTorch writes them (any case, or 1/0).
+fn parse_bool(key: &str, value: &str) -> Result<bool, ConfigError> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(ConfigError(format!("`{key}` expects True or False, got `{value}`"))),
+    }
 }
 
 fn parse_float(key: &str, value: &str) -> Result<f64, ConfigError> {
@@ -302,8 +325,16 @@ mod tests {
 
     #[test]
     fn unsupported_pytorch_key_says_so() {
-        let error = AllocatorConfig::from_conf_str("expandable_segments:True").unwrap_err().to_string();
+        let error = AllocatorConfig::from_conf_str("backend:cudaMallocAsync").unwrap_err().to_string();
         assert!(error.contains("does not implement"), "{error}");
+    }
+
+    #[test]
+    fn expandable_segments_take_pytorch_booleans() {
+        assert!(AllocatorConfig::from_conf_str("expandable_segments:True").unwrap().expandable_segments);
+        assert!(!AllocatorConfig::from_conf_str("expandable_segments:false").unwrap().expandable_segments);
+        let error = AllocatorConfig::from_conf_str("expandable_segments:yes").unwrap_err().to_string();
+        assert!(error.contains("expects True or False"), "{error}");
     }
 
     #[test]

@@ -78,8 +78,9 @@ impl OutOfMemory {
             let mb = (self.rounded_bytes >> 20).clamp(20, usize::MAX);
             format!(
                 "fragmentation: {} is cached but no free block is large enough — try \
-                 BRASA_ALLOC_CONF=max_split_size_mb:{mb} so large blocks are not split, free cached \
-                 memory between phases with empty_cache(), a smaller batch, or checkpointing",
+                 BRASA_ALLOC_CONF=expandable_segments:True (segments grow in place and free pages go \
+                 back), or max_split_size_mb:{mb} so large blocks are not split, free cached memory \
+                 between phases with empty_cache(), a smaller batch, or checkpointing",
                 format_size(self.reserved_unallocated_bytes())
             )
         } else if let Some(allowed) = self.allowed_bytes.filter(|a| self.reserved_bytes + self.segment_bytes > *a) {
@@ -176,6 +177,7 @@ mod tests {
         assert!(text.contains("200.00 MiB reserved but unallocated"), "{text}");
         assert!(text.contains("largest free block 18.00 MiB"), "{text}");
         assert!(text.contains("max_split_size_mb:96"), "{text}");
+        assert!(text.contains("expandable_segments:True"), "{text}");
     }
 
     #[test]

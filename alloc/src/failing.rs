@@ -94,12 +94,12 @@ impl FailingBackend {
         events.iter().filter(|e| !e.done.load(Ordering::SeqCst)).count()
     }
 
-    /// Successful backend allocations so far.
+    /// Successful backend allocations (and mappings) so far.
     pub fn allocation_count(&self) -> u64 {
         self.inner.allocations.load(Ordering::SeqCst)
     }
 
-    /// Backend frees so far.
+    /// Backend frees (and unmappings) so far.
     pub fn free_count(&self) -> u64 {
         self.inner.frees.load(Ordering::SeqCst)
     }
@@ -118,11 +118,7 @@ impl Backend for FailingBackend {
     }
 
     fn allocate(&self, bytes: usize) -> Result<usize, BackendError> {
-        let injected = self.inner.fail_all.load(Ordering::SeqCst)
-            || self.inner.fail_next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
-        if injected {
-            return Err(BackendError::OutOfMemory { requested: bytes });
-        }
+        self.inject_failure(bytes)?;
         let addr = self.inner.memory.allocate(bytes)?;
         self.inner.allocations.fetch_add(1, Ordering::SeqCst);
         Ok(addr)
@@ -165,5 +161,46 @@ impl Backend for FailingBackend {
     fn synchronize_device(&self) -> Result<(), BackendError> {
         self.complete_events();
         Ok(())
+    }
+
+    fn virtual_memory_granularity(&self) -> Option<usize> {
+        self.inner.memory.virtual_memory_granularity()
+    }
+
+    fn reserve_address_range(&self, bytes: usize) -> Result<usize, BackendError> {
+        self.inner.memory.reserve_address_range(bytes)
+    }
+
+    unsafe fn release_address_range(&self, addr: usize, bytes: usize) {
+        // SAFETY: forwarded under the caller's guarantee.
+        unsafe { self.inner.memory.release_address_range(addr, bytes) };
+    }
+
+    /// Counts as an allocation, and fails on command like one.
+    fn map(&self, addr: usize, bytes: usize) -> Result<(), BackendError> {
+        self.inject_failure(bytes)?;
+        self.inner.memory.map(addr, bytes)?;
+        self.inner.allocations.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Counts as a free.
+    unsafe fn unmap(&self, addr: usize, bytes: usize) {
+        // SAFETY: forwarded under the caller's guarantee.
+        unsafe { self.inner.memory.unmap(addr, bytes) };
+        self.inner.frees.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl FailingBackend {
+    /// The failure the test asked for, if this call should fail.
+    fn inject_failure(&self, bytes: usize) -> Result<(), BackendError> {
+        let injected = self.inner.fail_all.load(Ordering::SeqCst)
+            || self.inner.fail_next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+        if injected {
+            Err(BackendError::OutOfMemory { requested: bytes })
+        } else {
+            Ok(())
+        }
     }
 }

@@ -152,7 +152,121 @@ impl Backend for HostBackend {
     fn synchronize_device(&self) -> Result<(), BackendError> {
         Ok(())
     }
+
+    fn virtual_memory_granularity(&self) -> Option<usize> {
+        page_size()
+    }
+
+    fn reserve_address_range(&self, bytes: usize) -> Result<usize, BackendError> {
+        reserve_pages(bytes)
+    }
+
+    unsafe fn release_address_range(&self, addr: usize, bytes: usize) {
+        // SAFETY: the caller passes a range from `reserve_address_range`, now unmapped.
+        unsafe { unmap_pages(addr, bytes) };
+    }
+
+    fn map(&self, addr: usize, bytes: usize) -> Result<(), BackendError> {
+        self.reserve(bytes)?;
+        let result = commit_pages(addr, bytes).and_then(|()| {
+            if self.pinned {
+                lock_pages(addr, bytes).map(|_| ()).inspect_err(|_| {
+                    // SAFETY: the pages were committed just above and nobody has seen them.
+                    unsafe { decommit_pages(addr, bytes) }
+                })
+            } else {
+                Ok(())
+            }
+        });
+        if result.is_err() {
+            self.in_use.fetch_sub(bytes, Ordering::Relaxed);
+        }
+        result
+    }
+
+    unsafe fn unmap(&self, addr: usize, bytes: usize) {
+        // SAFETY: the caller passes a committed range that nothing uses any more.
+        unsafe { decommit_pages(addr, bytes) };
+        self.in_use.fetch_sub(bytes, Ordering::Relaxed);
+    }
 }
+
+/// The operating system's page size, the granularity of address-range mapping.
+#[cfg(unix)]
+fn page_size() -> Option<usize> {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).ok().filter(|s| s.is_power_of_two())
+}
+
+#[cfg(not(unix))]
+fn page_size() -> Option<usize> {
+    None
+}
+
+/// Reserves address space only: no access, no memory, not counted against
+/// overcommit (`MAP_NORESERVE`).
+#[cfg(unix)]
+fn reserve_pages(bytes: usize) -> Result<usize, BackendError> {
+    // SAFETY: an anonymous private mapping with no address hint has no preconditions.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        let error = std::io::Error::last_os_error();
+        Err(BackendError::Device(format!("cannot reserve {bytes} bytes of address space: {error}")))
+    } else {
+        Ok(ptr as usize)
+    }
+}
+
+#[cfg(not(unix))]
+fn reserve_pages(bytes: usize) -> Result<usize, BackendError> {
+    Err(BackendError::Device(format!("cannot reserve {bytes} bytes of address space on this platform")))
+}
+
+/// Makes reserved pages readable and writable; the kernel backs them on first touch.
+#[cfg(unix)]
+fn commit_pages(addr: usize, bytes: usize) -> Result<(), BackendError> {
+    // SAFETY: the range lies in a reservation made by `reserve_pages`.
+    if unsafe { libc::mprotect(addr as *mut libc::c_void, bytes, libc::PROT_READ | libc::PROT_WRITE) } == 0 {
+        Ok(())
+    } else {
+        Err(BackendError::OutOfMemory { requested: bytes })
+    }
+}
+
+#[cfg(not(unix))]
+fn commit_pages(_addr: usize, bytes: usize) -> Result<(), BackendError> {
+    Err(BackendError::OutOfMemory { requested: bytes })
+}
+
+/// Throws the pages' contents away and makes them inaccessible again, keeping
+/// the addresses reserved: a fresh `PROT_NONE` mapping laid over the range.
+#[cfg(unix)]
+unsafe fn decommit_pages(addr: usize, bytes: usize) {
+    // SAFETY: `MAP_FIXED` over a range of our own reservation replaces just that range.
+    unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            bytes,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+}
+
+#[cfg(not(unix))]
+unsafe fn decommit_pages(_addr: usize, _bytes: usize) {}
 
 fn heap_layout(bytes: usize) -> Layout {
     // `bytes` > 0 and the alignment is a power of two; sizes this small never overflow.
@@ -273,6 +387,37 @@ mod tests {
                 unsafe { backend.free(addr, 64 << 10) };
             }
             Err(error) => assert!(error.to_string().contains("RLIMIT_MEMLOCK"), "{error}"),
+        }
+        assert_eq!(backend.bytes_in_use(), 0);
+    }
+
+    #[test]
+    fn reserved_ranges_are_backed_on_demand_and_counted() {
+        let backend = HostBackend::with_limit(8 << 20);
+        let page = backend.virtual_memory_granularity().unwrap();
+        assert!(page.is_power_of_two());
+        let range = 64 << 20;
+        let base = backend.reserve_address_range(range).unwrap();
+        assert_eq!(backend.bytes_in_use(), 0, "reserving costs nothing");
+        backend.map(base, 4 << 20).unwrap();
+        backend.map(base + (8 << 20), 4 << 20).unwrap();
+        assert_eq!(backend.bytes_in_use(), 8 << 20);
+        assert_eq!(backend.map(base + (16 << 20), 2 << 20), Err(BackendError::OutOfMemory { requested: 2 << 20 }));
+        // SAFETY: the first 4 MiB are mapped and ours.
+        unsafe {
+            std::ptr::write_bytes(base as *mut u8, 0x5A, 4 << 20);
+            backend.unmap(base, 2 << 20);
+        }
+        assert_eq!(backend.bytes_in_use(), 6 << 20);
+        // Mapping again gives fresh zeroed pages.
+        backend.map(base, 2 << 20).unwrap();
+        // SAFETY: mapped just above.
+        assert_eq!(unsafe { *(base as *const u8) }, 0);
+        // SAFETY: unmapping what is mapped, then releasing the whole reservation.
+        unsafe {
+            backend.unmap(base, 4 << 20);
+            backend.unmap(base + (8 << 20), 4 << 20);
+            backend.release_address_range(base, range);
         }
         assert_eq!(backend.bytes_in_use(), 0);
     }

@@ -6,6 +6,9 @@
 //! splitting and coalescing, `max_split_size`, power-of-two rounding divisions,
 //! garbage collection under a memory fraction, `record_stream` with deferred
 //! reuse, and an out-of-memory ladder that ends in an error a person can act on.
+//! With `expandable_segments:True` each stream and pool instead grows one
+//! segment page by page in a reserved address range, giving whole free pages
+//! back (see [`AllocatorConfig::expandable_segments`]).
 //!
 //! It sits in front of any [`Backend`]: host memory ([`HostBackend`]), CUDA
 //! (`CudaBackend`, feature `cuda`), or a test backend that fails on command

@@ -16,6 +16,19 @@ pub const LARGE_BUFFER: usize = 20 << 20;
 /// Segments for requests of 10 MiB and more are rounded up to 2 MiB.
 pub const ROUND_LARGE: usize = 2 << 20;
 
+/// The page size of an expandable segment: what it maps at a time (PyTorch:
+/// `kSmallBuffer` for the small pool, `kLargeBuffer` for the large one),
+/// rounded up to a multiple of the backend's mapping granularity.
+#[inline]
+pub fn expandable_page_size(pool: PoolKind, granularity: usize) -> usize {
+    let page = match pool {
+        PoolKind::Small => SMALL_BUFFER,
+        PoolKind::Large => LARGE_BUFFER,
+    };
+    let granularity = granularity.max(1);
+    page.div_ceil(granularity) * granularity
+}
+
 /// Which free list a block belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -160,6 +173,13 @@ mod tests {
         assert_eq!(segment_size(10 * MIB), 10 * MIB);
         assert_eq!(segment_size(11 * MIB + 512), 12 * MIB);
         assert_eq!(segment_size(64 * MIB), 64 * MIB);
+    }
+
+    #[test]
+    fn expandable_pages_follow_the_pools_and_the_granularity() {
+        assert_eq!(expandable_page_size(PoolKind::Small, 4096), 2 * MIB);
+        assert_eq!(expandable_page_size(PoolKind::Large, 4096), 20 * MIB);
+        assert_eq!(expandable_page_size(PoolKind::Large, 8 * MIB), 24 * MIB);
     }
 
     #[test]

@@ -19,7 +19,11 @@
 //! ```
 //! `state` is `active_allocated`, `active_awaiting_free` (freed, waiting on a
 //! stream event) or `inactive`; `action` is `alloc`, `free_requested`,
-//! `free_completed`, `segment_alloc`, `segment_free` or `oom`.
+//! `free_completed`, `segment_alloc`, `segment_free`, `segment_map`,
+//! `segment_unmap` or `oom`. Segments also carry `"expandable": false`, or
+//! `true` for a mapped range of an expandable segment: each contiguous mapped
+//! range of one is listed as a segment of its own (its unmapped address space
+//! is not memory), so segments always add up to the reserved bytes.
 
 use crate::backend::StreamId;
 use crate::policy::PoolKind;
@@ -68,6 +72,8 @@ pub struct SegmentSnapshot {
     pub active_size: usize,
     /// Bytes asked for by the allocated blocks.
     pub requested_size: usize,
+    /// Whether this is a mapped range of an expandable segment.
+    pub expandable: bool,
     /// The blocks tiling the segment.
     pub blocks: Vec<BlockSnapshot>,
 }
@@ -78,6 +84,7 @@ impl SegmentSnapshot {
         total_size: usize,
         stream: StreamId,
         segment_type: PoolKind,
+        expandable: bool,
         blocks: Vec<BlockSnapshot>,
     ) -> Self {
         let sum = |keep: &dyn Fn(&BlockSnapshot) -> bool| -> usize {
@@ -94,6 +101,7 @@ impl SegmentSnapshot {
             allocated_size,
             active_size,
             requested_size,
+            expandable,
             blocks,
         }
     }
@@ -125,9 +133,12 @@ pub struct FragmentationReport {
     pub largest_free_block: usize,
     /// All free bytes in the cache.
     pub free_cached_bytes: usize,
-    /// Free bytes in split segments (`empty_cache` cannot release them).
+    /// Free bytes that `empty_cache` cannot release: free blocks of split
+    /// fixed segments, and the parts of free blocks of expandable segments
+    /// that share a page with memory in use.
     pub inactive_split_bytes: usize,
-    /// Free bytes in whole segments (`empty_cache` releases them).
+    /// Free bytes `empty_cache` releases: whole free segments, and whole free
+    /// pages of expandable segments.
     pub releasable_bytes: usize,
 }
 

@@ -19,6 +19,10 @@ pub enum TraceAction {
     SegmentAlloc,
     /// A segment was returned to the backend.
     SegmentFree,
+    /// Pages were mapped into an expandable segment.
+    SegmentMap,
+    /// Pages of an expandable segment were unmapped.
+    SegmentUnmap,
     /// An allocation failed.
     Oom,
 }

@@ -32,10 +32,19 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn config() -> impl Strategy<Value = AllocatorConfig> {
     prop_oneof![
-        Just(AllocatorConfig::default()),
-        Just(AllocatorConfig::builder().max_split_size_mb(24).build().unwrap()),
-        Just(AllocatorConfig::builder().roundup_power2_divisions(4).build().unwrap()),
-        Just(AllocatorConfig::builder().memory_fraction(0.6).garbage_collection_threshold(0.5).build().unwrap()),
+        1 => Just(AllocatorConfig::default()),
+        1 => Just(AllocatorConfig::builder().max_split_size_mb(24).build().unwrap()),
+        1 => Just(AllocatorConfig::builder().roundup_power2_divisions(4).build().unwrap()),
+        1 => Just(AllocatorConfig::builder().memory_fraction(0.6).garbage_collection_threshold(0.5).build().unwrap()),
+        2 => Just(AllocatorConfig::builder().expandable_segments(true).build().unwrap()),
+        1 => Just(
+            AllocatorConfig::builder()
+                .expandable_segments(true)
+                .memory_fraction(0.6)
+                .garbage_collection_threshold(0.5)
+                .build()
+                .unwrap()
+        ),
     ]
 }
 
@@ -72,7 +81,8 @@ fn check(snapshot: &Snapshot, stats: &MemoryStats, backend: &FailingBackend, liv
                 }
                 BlockState::ActiveAwaitingFree => active += block.size,
                 BlockState::Inactive => {
-                    if segment.blocks.len() > 1 {
+                    // Free blocks of expandable segments are not "inactive split" (PyTorch).
+                    if segment.blocks.len() > 1 && !segment.expandable {
                         inactive_split += block.size;
                     }
                     if let Some(next) = segment.blocks.get(i + 1) {

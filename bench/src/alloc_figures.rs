@@ -1,7 +1,7 @@
 //! `alloc.*`: the caching allocator against the host backend it sits on.
 
 use crate::measure::{median, time, Better, Figure, Options, Xorshift};
-use brasa_alloc::{Allocation, Backend, CachingAllocator, HostBackend, StreamId};
+use brasa_alloc::{Allocation, AllocatorConfig, Backend, CachingAllocator, HostBackend, StreamId};
 use std::hint::black_box;
 
 const S0: StreamId = StreamId::DEFAULT;
@@ -19,7 +19,11 @@ pub fn run(options: &Options) -> Vec<Figure> {
         figures.push(trace_speedup(options));
     }
     if options.wants("alloc.trace_fragmentation") {
-        figures.push(trace_fragmentation());
+        figures.push(trace_fragmentation("alloc.trace_fragmentation", AllocatorConfig::default()));
+    }
+    if options.wants("alloc.trace_fragmentation_expandable") {
+        let config = AllocatorConfig { expandable_segments: true, ..AllocatorConfig::default() };
+        figures.push(trace_fragmentation("alloc.trace_fragmentation_expandable", config));
     }
     figures
 }
@@ -164,10 +168,10 @@ fn trace_speedup(options: &Options) -> Figure {
     Figure::new("alloc.trace_speedup", median(&mut ratios), "x", Better::Higher)
 }
 
-/// Peak reserved / peak allocated over three steps of the trace.
-fn trace_fragmentation() -> Figure {
+/// Peak reserved / peak allocated over three steps of the trace, under `config`.
+fn trace_fragmentation(name: &'static str, config: AllocatorConfig) -> Figure {
     let trace = parse_trace();
-    let alloc = CachingAllocator::new(HostBackend::new());
+    let alloc = CachingAllocator::with_config(HostBackend::new(), config);
     for _ in 0..3 {
         replay(
             &trace,
@@ -185,5 +189,5 @@ fn trace_fragmentation() -> Figure {
         stats.allocated_bytes.all.peak as f64 / (1 << 20) as f64,
         stats.reserved_bytes.all.peak as f64 / (1 << 20) as f64
     );
-    Figure::new("alloc.trace_fragmentation", ratio, "ratio", Better::Lower)
+    Figure::new(name, ratio, "ratio", Better::Lower)
 }

@@ -26,9 +26,10 @@ impl AllocObserver for ProfileForwarder {
             TraceAction::Alloc => MemoryEvent::alloc(self.device, addr, entry.size as u64, allocated, reserved),
             TraceAction::FreeRequested => MemoryEvent::free(self.device, addr, entry.size as u64, allocated, reserved),
             // Segments change only what is reserved: a zero-byte event carries the new total.
-            TraceAction::SegmentAlloc | TraceAction::SegmentFree => {
-                MemoryEvent::alloc(self.device, addr, 0, allocated, reserved)
-            }
+            TraceAction::SegmentAlloc
+            | TraceAction::SegmentFree
+            | TraceAction::SegmentMap
+            | TraceAction::SegmentUnmap => MemoryEvent::alloc(self.device, addr, 0, allocated, reserved),
             TraceAction::FreeCompleted | TraceAction::Oom => return,
         };
         brasa_profile::record_memory_event(event);

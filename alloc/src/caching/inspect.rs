@@ -7,12 +7,20 @@ impl<E> State<E> {
     pub(super) fn snapshot(&self, device: String) -> Snapshot {
         let segments = self
             .segments
-            .iter()
-            .map(|(&address, segment)| {
-                let mut blocks = Vec::new();
+            .values()
+            .flat_map(|segment| {
+                // A fixed segment is one run of blocks; an expandable one is
+                // listed as its mapped runs.
+                let mut runs = Vec::new();
+                let mut run: Vec<BlockSnapshot> = Vec::new();
                 let mut cursor = Some(segment.head);
                 while let Some(id) = cursor {
                     let block = self.blocks.get(id);
+                    cursor = block.next;
+                    if !block.mapped {
+                        runs.extend((!run.is_empty()).then(|| std::mem::take(&mut run)));
+                        continue;
+                    }
                     let state = if block.allocated {
                         BlockState::ActiveAllocated
                     } else if block.event_count > 0 {
@@ -20,15 +28,20 @@ impl<E> State<E> {
                     } else {
                         BlockState::Inactive
                     };
-                    blocks.push(BlockSnapshot {
+                    run.push(BlockSnapshot {
                         address: block.addr,
                         size: block.size,
                         requested_size: block.requested,
                         state,
                     });
-                    cursor = block.next;
                 }
-                SegmentSnapshot::new(address, segment.size, segment.stream, segment.pool, blocks)
+                runs.extend((!run.is_empty()).then_some(run));
+                let expandable = segment.page.is_some();
+                runs.into_iter().map(move |blocks| {
+                    let address = blocks[0].address;
+                    let total_size = blocks.iter().map(|b| b.size).sum();
+                    SegmentSnapshot::new(address, total_size, segment.stream, segment.pool, expandable, blocks)
+                })
             })
             .collect();
         Snapshot { device, segments, device_traces: self.history.entries.iter().cloned().collect() }
@@ -40,11 +53,9 @@ impl<E> State<E> {
             let block = self.blocks.get(id);
             report.free_cached_bytes += block.size;
             report.largest_free_block = report.largest_free_block.max(block.size);
-            if block.is_split() {
-                report.inactive_split_bytes += block.size;
-            } else {
-                report.releasable_bytes += block.size;
-            }
+            let releasable = self.releasable_size(id);
+            report.releasable_bytes += releasable;
+            report.inactive_split_bytes += block.size - releasable;
         }
         report
     }

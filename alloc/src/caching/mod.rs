@@ -13,8 +13,13 @@
 //!
 //! Freed blocks merge with free neighbours; nothing goes back to the backend
 //! until [`CachingAllocator::empty_cache`], garbage collection or the ladder.
+//!
+//! With `expandable_segments` on (and a backend that maps address ranges),
+//! each stream and pool has one segment that grows page by page instead
+//! (see the `expandable` module); the ladder then unmaps whole free pages.
 
 mod allocation;
+mod expandable;
 mod inspect;
 mod release;
 
@@ -24,7 +29,7 @@ use crate::backend::{Backend, BackendError, StreamId};
 use crate::block::{Block, BlockArena, BlockId};
 use crate::config::AllocatorConfig;
 use crate::error::{AllocError, OutOfMemory};
-use crate::policy::{oversize_rule_allows, round_size, segment_size, should_split, PoolKind};
+use crate::policy::{oversize_rule_allows, round_size, segment_size, should_split, PoolKind, MIN_BLOCK_SIZE};
 use crate::pool::{FreeList, StreamSlots};
 use crate::snapshot::{FragmentationReport, Snapshot};
 use crate::stats::MemoryStats;
@@ -40,6 +45,9 @@ struct Segment {
     stream: StreamId,
     /// The lowest-address block; merges keep the lower block's id, so it never changes.
     head: BlockId,
+    /// The page size of an expandable segment (whose `size` is its address
+    /// range); `None` for a fixed segment.
+    page: Option<usize>,
 }
 
 /// A caching allocator for one device. Clones share the same cache.
@@ -327,7 +335,7 @@ impl<E> State<E> {
         let pool = PoolKind::for_size(rounded);
         let block = match self.take_free_block(pool, stream, rounded) {
             Some(block) => block,
-            None => self.obtain_segment(backend, pool, stream, size, rounded)?,
+            None => self.obtain_memory(backend, pool, stream, size, rounded)?,
         };
         Ok(self.hand_out(block, rounded, size))
     }
@@ -338,16 +346,20 @@ impl<E> State<E> {
         self.lookups[pool as usize] += 1;
         let slot = self.stream_slots.slot(stream);
         let (size, id) = self.free_list(pool).best_fit(slot, rounded)?;
-        if !oversize_rule_allows(size, rounded, &self.config) {
+        let block = self.blocks.get(id);
+        // Expandable segments split every block, so none is "oversize".
+        if !block.expandable && !oversize_rule_allows(size, rounded, &self.config) {
             return None;
         }
-        let addr = self.blocks.get(id).addr;
+        let addr = block.addr;
         self.free_list(pool).remove(slot, size, addr);
         Some(id)
     }
 
-    /// A new segment for the request, running the out-of-memory ladder if needed.
-    fn obtain_segment<B: Backend<Event = E>>(
+    /// Memory from the backend for the request — a new segment, or more pages
+    /// of the stream's expandable segment — running the out-of-memory ladder
+    /// if needed.
+    fn obtain_memory<B: Backend<Event = E>>(
         &mut self,
         backend: &B,
         pool: PoolKind,
@@ -355,11 +367,20 @@ impl<E> State<E> {
         requested: usize,
         rounded: usize,
     ) -> Result<BlockId, AllocError> {
-        let bytes = segment_size(rounded);
+        let page = self.expandable_page(backend, pool);
+        // What one attempt asks the backend for (for an expandable segment, at most this).
+        let bytes = match page {
+            Some(page) => rounded.div_ceil(page) * page,
+            None => segment_size(rounded),
+        };
+        let obtain = |state: &mut Self| match page {
+            Some(page) => state.grow_expandable_segment(backend, pool, stream, rounded, page),
+            None => state.new_segment(backend, pool, stream, bytes),
+        };
         if self.config.garbage_collection_threshold > 0.0 && self.config.memory_fraction < 1.0 {
             self.garbage_collect(backend);
         }
-        match self.new_segment(backend, pool, stream, bytes) {
+        match obtain(self) {
             Ok(block) => return Ok(block),
             Err(BackendError::Device(message)) => {
                 return Err(AllocError::Backend { device: backend.device_name(), message })
@@ -367,14 +388,14 @@ impl<E> State<E> {
             Err(BackendError::OutOfMemory { .. }) => {}
         }
         if self.config.max_split_size != usize::MAX && self.release_available_cached_blocks(backend, stream, rounded) {
-            if let Ok(block) = self.new_segment(backend, pool, stream, bytes) {
+            if let Ok(block) = obtain(self) {
                 return Ok(block);
             }
         }
         if self.cache_release_could_cover(backend, bytes) {
             self.release_cached_blocks(backend);
             self.stats.num_alloc_retries += 1;
-            if let Ok(block) = self.new_segment(backend, pool, stream, bytes) {
+            if let Ok(block) = obtain(self) {
                 return Ok(block);
             }
         }
@@ -426,15 +447,9 @@ impl<E> State<E> {
         fits_fraction && fits_device
     }
 
-    /// Bytes in cached segments that hold no block in use.
+    /// Bytes the cache could give back to the backend now.
     fn releasable_bytes(&self) -> usize {
-        self.free_small
-            .ids()
-            .chain(self.free_large.ids())
-            .map(|id| self.blocks.get(id))
-            .filter(|block| !block.is_split())
-            .map(|block| block.size)
-            .sum()
+        self.free_small.ids().chain(self.free_large.ids()).map(|id| self.releasable_size(id)).sum()
     }
 
     fn new_segment<B: Backend<Event = E>>(
@@ -466,8 +481,10 @@ impl<E> State<E> {
             stream_uses: Vec::new(),
             event_count: 0,
             freed_at_lookup: self.lookups[pool as usize],
+            mapped: true,
+            expandable: false,
         });
-        self.segments.insert(addr, Segment { size: bytes, pool, stream, head: block });
+        self.segments.insert(addr, Segment { size: bytes, pool, stream, head: block, page: None });
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, bytes as u64);
         self.stats.num_device_alloc += 1;
@@ -482,40 +499,25 @@ impl<E> State<E> {
     fn hand_out(&mut self, id: BlockId, rounded: usize, requested: usize) -> (BlockId, usize, usize) {
         let max_split = self.config.max_split_size;
         let block = self.blocks.get(id);
-        let (pool, stream, stream_slot, addr, size, next, segment) =
-            (block.pool, block.stream, block.stream_slot, block.addr, block.size, block.next, block.segment);
-        let now = self.lookups[pool as usize];
-        if block.is_split() {
+        let (pool, stream, stream_slot, addr, size, expandable) =
+            (block.pool, block.stream, block.stream_slot, block.addr, block.size, block.expandable);
+        if block.counts_as_split() {
             self.stats.inactive_split.decrease(pool, 1);
             self.stats.inactive_split_bytes.decrease(pool, size as u64);
         }
         let mut block_size = size;
-        if should_split(pool, size, rounded, max_split) {
+        // Expandable segments split whenever 512 B remain, in both pools.
+        let split =
+            if expandable { size - rounded >= MIN_BLOCK_SIZE } else { should_split(pool, size, rounded, max_split) };
+        if split {
+            let remainder = self.split_off(id, addr + rounded);
             let remainder_size = size - rounded;
-            let remainder = self.blocks.insert(Block {
-                addr: addr + rounded,
-                size: remainder_size,
-                requested: 0,
-                stream,
-                stream_slot,
-                pool,
-                segment,
-                prev: Some(id),
-                next,
-                allocated: false,
-                stream_uses: Vec::new(),
-                event_count: 0,
-                freed_at_lookup: now,
-            });
-            if let Some(next) = next {
-                self.blocks.get_mut(next).prev = Some(remainder);
-            }
+            self.blocks.get_mut(remainder).freed_at_lookup = self.lookups[pool as usize];
             self.free_list(pool).insert(stream_slot, remainder_size, addr + rounded, remainder);
-            self.stats.inactive_split.increase(pool, 1);
-            self.stats.inactive_split_bytes.increase(pool, remainder_size as u64);
-            let block = self.blocks.get_mut(id);
-            block.next = Some(remainder);
-            block.size = rounded;
+            if !expandable {
+                self.stats.inactive_split.increase(pool, 1);
+                self.stats.inactive_split_bytes.increase(pool, remainder_size as u64);
+            }
             block_size = rounded;
         }
         let block = self.blocks.get_mut(id);
@@ -593,7 +595,8 @@ impl<E> State<E> {
         let lookups = self.lookups[pool as usize];
         let block = self.blocks.get_mut(survivor);
         block.freed_at_lookup = lookups;
-        let (slot, merged_addr, split, merged_size) = (block.stream_slot, block.addr, block.is_split(), block.size);
+        let (slot, merged_addr, split, merged_size) =
+            (block.stream_slot, block.addr, block.counts_as_split(), block.size);
         self.free_list(pool).insert(slot, merged_size, merged_addr, survivor);
         if split {
             self.stats.inactive_split.increase(pool, 1);
@@ -602,19 +605,47 @@ impl<E> State<E> {
         self.record(TraceAction::FreeCompleted, addr, size, size, stream);
     }
 
-    /// A free block with no pending events (so it is in its free list).
+    /// A free mapped block with no pending events (so it is in its free list).
     fn is_mergeable(&self, id: BlockId) -> bool {
         let block = self.blocks.get(id);
-        !block.allocated && block.event_count == 0
+        !block.allocated && block.event_count == 0 && block.mapped
     }
 
-    /// Merges `upper` (the next block) into `lower`. Exactly one of them is in a
-    /// free list (the one not being freed), and it was an inactive split block.
+    /// Splits a block at `at` (inside it): the block keeps `[addr, at)` and a
+    /// new block with the same flags takes the rest, linked after it. Free
+    /// lists and statistics are the caller's business.
+    fn split_off(&mut self, id: BlockId, at: usize) -> BlockId {
+        let block = self.blocks.get(id);
+        debug_assert!(at > block.addr && at < block.addr + block.size);
+        let upper = Block {
+            addr: at,
+            size: block.addr + block.size - at,
+            requested: 0,
+            prev: Some(id),
+            stream_uses: Vec::new(),
+            event_count: 0,
+            allocated: false,
+            ..block.clone()
+        };
+        let next = upper.next;
+        let upper = self.blocks.insert(upper);
+        if let Some(next) = next {
+            self.blocks.get_mut(next).prev = Some(upper);
+        }
+        let block = self.blocks.get_mut(id);
+        block.size = at - block.addr;
+        block.next = Some(upper);
+        upper
+    }
+
+    /// Merges `upper` (the next block) into `lower`. Those of them in a free
+    /// list leave it (a free fixed-segment block there was an inactive split).
     fn absorb(&mut self, lower: BlockId, upper: BlockId) {
         for id in [lower, upper] {
             let block = self.blocks.get(id);
-            let (pool, slot, size, addr) = (block.pool, block.stream_slot, block.size, block.addr);
-            if self.free_list(pool).remove(slot, size, addr) {
+            let (pool, slot, size, addr, expandable) =
+                (block.pool, block.stream_slot, block.size, block.addr, block.expandable);
+            if self.free_list(pool).remove(slot, size, addr) && !expandable {
                 self.stats.inactive_split.decrease(pool, 1);
                 self.stats.inactive_split_bytes.decrease(pool, size as u64);
             }

@@ -24,13 +24,44 @@ impl<E> State<E> {
         }
     }
 
-    /// `empty_cache`: wait for events, then release every unsplit free segment.
+    /// `empty_cache`: wait for events, then release every unsplit free
+    /// segment and unmap every whole free page of expandable segments.
     pub(super) fn release_cached_blocks<B: Backend<Event = E>>(&mut self, backend: &B) {
         self.synchronize_and_free_events(backend);
-        let whole: Vec<BlockId> =
-            self.free_small.ids().chain(self.free_large.ids()).filter(|id| !self.blocks.get(*id).is_split()).collect();
-        for id in whole {
+        let releasable: Vec<BlockId> =
+            self.free_small.ids().chain(self.free_large.ids()).filter(|id| self.releasable_size(*id) > 0).collect();
+        // Releasing one block never merges it with another free mapped block,
+        // so the ids collected stay valid.
+        for id in releasable {
+            self.release_block(backend, id);
+        }
+    }
+
+    /// Bytes [`State::release_block`] would give back for a free block.
+    pub(super) fn releasable_size(&self, id: BlockId) -> usize {
+        let block = self.blocks.get(id);
+        if block.expandable {
+            let (start, end) = self.whole_free_pages(block);
+            end - start
+        } else if block.is_split() {
+            0
+        } else {
+            block.size
+        }
+    }
+
+    /// Gives a free block's memory back to the backend where it can: a whole
+    /// fixed segment, or the whole pages of an expandable one. Returns the bytes.
+    pub(super) fn release_block<B: Backend<Event = E>>(&mut self, backend: &B, id: BlockId) -> usize {
+        let block = self.blocks.get(id);
+        if block.expandable {
+            self.unmap_free_pages(backend, id)
+        } else if block.is_split() {
+            0
+        } else {
+            let size = block.size;
             self.release_segment(backend, id);
+            size
         }
     }
 
@@ -39,7 +70,7 @@ impl<E> State<E> {
         let Some(block) = self.blocks.remove(id) else {
             return;
         };
-        debug_assert!(!block.is_split() && !block.allocated);
+        debug_assert!(!block.is_split() && !block.allocated && !block.expandable);
         self.free_list(block.pool).remove(block.stream_slot, block.size, block.addr);
         self.segments.remove(&block.addr);
         // SAFETY: an unsplit block spans exactly one segment that `new_segment`
@@ -66,8 +97,9 @@ impl<E> State<E> {
         let max_split = self.config.max_split_size;
         let target = rounded.max(max_split);
         let slot = self.stream_slots.slot(stream);
+        let whole_segment = |block: &crate::block::Block| !block.is_split() && !block.expandable;
         let fitting =
-            self.free_large.at_least(slot, target).map(|(_, id)| id).find(|id| !self.blocks.get(*id).is_split());
+            self.free_large.at_least(slot, target).map(|(_, id)| id).find(|id| whole_segment(self.blocks.get(*id)));
         if let Some(id) = fitting {
             self.release_segment(backend, id);
             return true;
@@ -76,7 +108,7 @@ impl<E> State<E> {
             .free_large
             .at_least(slot, max_split)
             .rev()
-            .filter(|(_, id)| !self.blocks.get(*id).is_split())
+            .filter(|(_, id)| whole_segment(self.blocks.get(*id)))
             .collect();
         let mut released = 0;
         for (size, id) in oversize {
@@ -89,9 +121,10 @@ impl<E> State<E> {
         released >= target
     }
 
-    /// Frees old unsplit large blocks once reserved memory passes the
-    /// threshold share of the allowed memory (PyTorch's garbage collection,
-    /// with ages kept as lookup timestamps so pooling costs nothing extra).
+    /// Frees old unsplit large blocks (and whole free pages of expandable
+    /// segments) once reserved memory passes the threshold share of the
+    /// allowed memory (PyTorch's garbage collection, with ages kept as lookup
+    /// timestamps so pooling costs nothing extra).
     pub(super) fn garbage_collect<B: Backend<Event = E>>(&mut self, backend: &B) {
         let allowed = self.config.allowed_bytes(self.capacity);
         let threshold = (self.config.garbage_collection_threshold * allowed as f64) as usize;
@@ -101,23 +134,21 @@ impl<E> State<E> {
         }
         let target = reserved - threshold;
         let now = self.lookups[PoolKind::Large as usize];
-        let mut candidates: Vec<(u64, BlockId, usize)> = self
+        let mut candidates: Vec<(u64, BlockId)> = self
             .free_large
             .ids()
-            .map(|id| (id, self.blocks.get(id)))
-            .filter(|(_, block)| !block.is_split())
-            .map(|(id, block)| (now - block.freed_at_lookup, id, block.size))
+            .filter(|id| self.releasable_size(*id) > 0)
+            .map(|id| (now - self.blocks.get(id).freed_at_lookup, id))
             .collect();
         let mut reclaimed = 0;
         while reclaimed < target && !candidates.is_empty() {
             let average_age = candidates.iter().map(|c| c.0).sum::<u64>() / candidates.len() as u64;
             let (old, young): (Vec<_>, Vec<_>) = candidates.into_iter().partition(|c| c.0 >= average_age);
-            for (_, id, size) in old {
+            for (_, id) in old {
                 if reclaimed >= target {
                     break;
                 }
-                self.release_segment(backend, id);
-                reclaimed += size;
+                reclaimed += self.release_block(backend, id);
             }
             candidates = young;
         }
