@@ -1,7 +1,7 @@
 //! Fault injection with the failing backend, the out-of-memory report, and
 //! several threads at once.
 
-use brasa_alloc::{AllocError, CachingAllocator, FailingBackend, MemoryStats, StreamId, TraceAction};
+use brasa_alloc::{AllocError, AllocatorConfig, CachingAllocator, FailingBackend, MemoryStats, StreamId, TraceAction};
 use std::sync::{Arc, Mutex};
 
 const MIB: usize = 1 << 20;
@@ -123,8 +123,17 @@ fn the_oom_is_recorded_in_the_history() {
 
 #[test]
 fn threads_allocating_at_once_end_with_exact_accounting() {
+    threads_end_with_exact_accounting(AllocatorConfig::default());
+}
+
+#[test]
+fn threads_growing_expandable_segments_end_with_exact_accounting() {
+    threads_end_with_exact_accounting(AllocatorConfig::builder().expandable_segments(true).build().unwrap());
+}
+
+fn threads_end_with_exact_accounting(config: AllocatorConfig) {
     let backend = FailingBackend::new(4096 * MIB);
-    let alloc = CachingAllocator::new(backend.clone());
+    let alloc = CachingAllocator::with_config(backend.clone(), config);
     let threads: Vec<_> = (0..4)
         .map(|t| {
             let alloc = alloc.clone();
