@@ -1,18 +1,178 @@
 //! Measures our matrix product against the machine's FMA peak and the
-//! reference crates, with medians of repeated runs.
+//! reference crates, with medians of repeated runs; and our bf16 and f16
+//! products against our f32 one, measured in the same rounds.
 //!
 //! ```text
 //! cargo run --release -p brasa-kernels --example gemm_tune -- [reps]
 //! ```
 //!
 //! Environment knobs for tuning: `BRASA_MC`, `BRASA_KC`, `BRASA_NC` (blocking),
-//! `BRASA_KERNEL` (`avx512`, `avx2`, `portable`), `BRASA_THREADS` (parts),
-//! `BRASA_SHAPES` (`m,n,k;m,n,k;...`, `t` suffix on k = A transposed),
-//! `BRASA_REFS=0` to skip the reference crates.
+//! `BRASA_KERNEL` (`avx512bf16`, `avx512`, `avx2`, `portable`),
+//! `BRASA_THREADS` (parts), `BRASA_SHAPES` (`m,n,k;m,n,k;...`, an `a` or `b`
+//! suffix = A or B stored transposed), `BRASA_REFS=0` to skip the reference
+//! crates, `BRASA_DTYPES` (comma-separated: `f32`, `bf16`, `bf16w` = bf16
+//! widened to f32 while packed, `f16`; default `f32`).
+//!
+//! The benchmark `benches/gemm.rs` includes this file as a module for its
+//! shapes, operands and reference calls.
 
-use brasa_kernels::gemm::{gemm_with, Blocking, GemmOptions, KernelChoice, MatMut, MatRef, Parallelism};
+use brasa_kernels::gemm::{gemm_with, Blocking, GemmElement, GemmOptions, KernelChoice, MatMut, MatRef, Parallelism};
 use brasa_kernels::peak::fma_peak_gflops;
+use half::{bf16, f16};
 use std::time::{Duration, Instant};
+
+/// `C (m x n) = A (m x k) B (k x n)`, with A or B possibly stored transposed
+/// (A as its `k x m` transpose, B as its `n x k` one: the backward products).
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a_transposed: bool,
+    pub b_transposed: bool,
+}
+
+impl Shape {
+    pub const fn new(m: usize, n: usize, k: usize) -> Shape {
+        Shape { m, n, k, a_transposed: false, b_transposed: false }
+    }
+
+    /// `2 m n k`.
+    pub fn flops(&self) -> f64 {
+        2.0 * (self.m * self.n * self.k) as f64
+    }
+
+    /// Row and column strides of A: element (i, p) at `i * rs + p * cs`.
+    pub fn a_strides(&self) -> [usize; 2] {
+        if self.a_transposed {
+            [1, self.m]
+        } else {
+            [self.k, 1]
+        }
+    }
+
+    /// Row and column strides of B.
+    pub fn b_strides(&self) -> [usize; 2] {
+        if self.b_transposed {
+            [1, self.k]
+        } else {
+            [self.n, 1]
+        }
+    }
+
+    /// Deterministic operands A and B, stored as the strides say.
+    pub fn operands(&self) -> (Vec<f32>, Vec<f32>) {
+        let a = (0..self.m * self.k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0).collect();
+        let b = (0..self.k * self.n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 8.0).collect();
+        (a, b)
+    }
+
+    /// A closure that runs `product(shape, a, b, c)` on this shape's
+    /// operands converted to `T` and a row-major C.
+    fn with_operands<T: Copy>(
+        &self,
+        from_f32: fn(f32) -> T,
+        mut product: impl FnMut(&Shape, &[T], &[T], &mut [T]),
+    ) -> impl FnMut() {
+        let s = *self;
+        let (a, b) = s.operands();
+        let a: Vec<T> = a.into_iter().map(from_f32).collect();
+        let b: Vec<T> = b.into_iter().map(from_f32).collect();
+        let mut c = vec![from_f32(0.0); s.m * s.n];
+        move || product(&s, &a, &b, &mut c)
+    }
+
+    /// `C = A B` with our product in `T` (operands rounded from
+    /// [`Shape::operands`]), row-major C; returns the closure that runs it.
+    pub fn ours<T: GemmElement<Scalar = f32>>(&self, options: GemmOptions, from_f32: fn(f32) -> T) -> impl FnMut() {
+        self.with_operands(from_f32, move |s, a, b, c| {
+            let av = MatRef::new(a, 0, [s.m, s.k], s.a_strides()).unwrap();
+            let bv = MatRef::new(b, 0, [s.k, s.n], s.b_strides()).unwrap();
+            gemm_with(&options, 1.0, av, bv, 0.0, MatMut::row_major(c, s.m, s.n).unwrap()).unwrap();
+        })
+    }
+
+    /// `C = A B` in f32 with the `gemm` crate on `threads` rayon threads.
+    pub fn reference_gemm(&self, threads: usize) -> impl FnMut() {
+        self.with_operands(
+            |x| x,
+            move |s, a, b, c| {
+                let ([a_rs, a_cs], [b_rs, b_cs]) = (s.a_strides(), s.b_strides());
+                // SAFETY: the pointers and strides describe the slices.
+                unsafe {
+                    gemm::gemm(
+                        s.m,
+                        s.n,
+                        s.k,
+                        c.as_mut_ptr(),
+                        1,
+                        s.n as isize,
+                        false,
+                        a.as_ptr(),
+                        a_cs as isize,
+                        a_rs as isize,
+                        b.as_ptr(),
+                        b_cs as isize,
+                        b_rs as isize,
+                        0.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::Rayon(threads),
+                    )
+                }
+            },
+        )
+    }
+
+    /// `C = A B` in f32 with `matrixmultiply` (threaded).
+    pub fn reference_matrixmultiply(&self) -> impl FnMut() {
+        self.with_operands(
+            |x| x,
+            move |s, a, b, c| {
+                let ([a_rs, a_cs], [b_rs, b_cs]) = (s.a_strides(), s.b_strides());
+                // SAFETY: as above.
+                unsafe {
+                    matrixmultiply::sgemm(
+                        s.m,
+                        s.k,
+                        s.n,
+                        1.0,
+                        a.as_ptr(),
+                        a_rs as isize,
+                        a_cs as isize,
+                        b.as_ptr(),
+                        b_rs as isize,
+                        b_cs as isize,
+                        0.0,
+                        c.as_mut_ptr(),
+                        s.n as isize,
+                        1,
+                    )
+                }
+            },
+        )
+    }
+}
+
+/// MLP 784-512, batch 128: the forward X W (128x784 . 784x512), and the
+/// backward products with a transposed operand: dW = X^T dY (784x128 .
+/// 128x512, A stored as X) and dX = dY W^T (128x512 . 512x784, B stored as W).
+pub const MLP_SHAPES: [(&str, Shape); 3] = [
+    ("mlp_fwd_128x784x512", Shape::new(128, 512, 784)),
+    ("mlp_dw_784x128x512_At", Shape { a_transposed: true, ..Shape::new(784, 512, 128) }),
+    ("mlp_dx_128x512x784_Bt", Shape { b_transposed: true, ..Shape::new(128, 784, 512) }),
+];
+
+/// The options that run bf16 widened to f32 while packed: `options` with
+/// the AVX-512 f32 kernel where it would have used AVX512-BF16.
+pub fn widened(options: GemmOptions) -> GemmOptions {
+    match options.kernel.resolve() {
+        KernelChoice::Avx512Bf16 => GemmOptions { kernel: KernelChoice::Avx512, ..options },
+        _ => options,
+    }
+}
 
 fn env_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok().and_then(|v| v.parse().ok())
@@ -40,7 +200,7 @@ fn use_cpu_clock() -> bool {
 
 /// Median GFLOP/s of each closure over `reps` rounds; the closures take
 /// turns inside a round so that a noisy neighbour hurts them alike.
-fn time_gflops(flops: f64, reps: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
+fn time_gflops(flops: f64, reps: usize, fs: &mut [Box<dyn FnMut() + '_>]) -> Vec<f64> {
     let cpu = use_cpu_clock();
     let threads = rayon::current_num_threads() as f64;
     let inner: Vec<usize> = fs
@@ -67,32 +227,34 @@ fn time_gflops(flops: f64, reps: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<f64>
     samples.into_iter().map(median).collect()
 }
 
-struct Shape {
-    m: usize,
-    n: usize,
-    k: usize,
-    a_transposed: bool,
-    b_transposed: bool,
-}
-
 fn parse_shapes() -> Vec<Shape> {
     let spec = std::env::var("BRASA_SHAPES")
-        .unwrap_or_else(|_| "256,256,256;512,512,512;1024,1024,1024;128,512,784;512,784,128a;128,784,512b".into());
+        .unwrap_or_else(|_| "256,256,256;512,512,512;1024,1024,1024;128,512,784;784,512,128a;128,784,512b".into());
     spec.split(';')
         .filter(|s| !s.is_empty())
         .map(|s| {
-            let a_t = s.ends_with('a');
-            let b_t = s.ends_with('b');
             let v: Vec<usize> =
                 s.trim_end_matches(['a', 'b']).split(',').map(|x| x.trim().parse().expect("shape m,n,k")).collect();
-            Shape { m: v[0], n: v[1], k: v[2], a_transposed: a_t, b_transposed: b_t }
+            Shape { a_transposed: s.ends_with('a'), b_transposed: s.ends_with('b'), ..Shape::new(v[0], v[1], v[2]) }
         })
         .collect()
+}
+
+/// One timed product of the given dtype name, or `None` for an unknown one.
+fn product(dtype: &str, shape: &Shape, options: GemmOptions) -> Option<Box<dyn FnMut()>> {
+    Some(match dtype {
+        "f32" => Box::new(shape.ours::<f32>(options, |x| x)),
+        "bf16" => Box::new(shape.ours(options, bf16::from_f32)),
+        "bf16w" => Box::new(shape.ours(widened(options), bf16::from_f32)),
+        "f16" => Box::new(shape.ours(options, f16::from_f32)),
+        _ => return None,
+    })
 }
 
 fn main() {
     let reps: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(7);
     let kernel = match std::env::var("BRASA_KERNEL").as_deref() {
+        Ok("avx512bf16") => KernelChoice::Avx512Bf16,
         Ok("avx512") => KernelChoice::Avx512,
         Ok("avx2") => KernelChoice::Avx2Fma,
         Ok("portable") => KernelChoice::Portable,
@@ -109,85 +271,36 @@ fn main() {
     };
     let options = GemmOptions { parallelism, kernel, blocking };
     let refs = std::env::var("BRASA_REFS").map(|v| v != "0").unwrap_or(true);
+    let dtypes_spec = std::env::var("BRASA_DTYPES").unwrap_or_else(|_| "f32".into());
+    let dtypes: Vec<&str> = dtypes_spec.split(',').map(str::trim).filter(|d| !d.is_empty()).collect();
     let threads = rayon::current_num_threads();
 
     let peak_runs = if std::env::var("BRASA_PEAK").as_deref() == Ok("0") { 1 } else { 3 };
     let peak = median((0..peak_runs).map(|_| fma_peak_gflops(Duration::from_millis(300))).collect());
     println!("threads {threads}, options {options:?}, clock {}", if use_cpu_clock() { "cpu" } else { "wall" });
-    println!("f32 FMA peak: {peak:.1} GFLOP/s");
-    println!("{:>22} {:>9} {:>7} {:>9} {:>9}", "shape (m n k)", "ours", "/peak", "gemm", "mm");
+    println!("f32 FMA peak: {peak:.1} GFLOP/s; GFLOP/s medians of {reps} rounds");
+    let mut header = format!("{:>22}", "shape (m n k)");
+    for d in &dtypes {
+        header += &format!(" {d:>9}");
+    }
+    println!("{header} {:>7} {:>9} {:>9}", "/peak", "gemm", "mm");
     for s in parse_shapes() {
-        let (m, n, k) = (s.m, s.n, s.k);
-        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 8.0).collect();
-        let flops = 2.0 * (m * n * k) as f64;
-        // A stored k x m when transposed (a backward product), B stored n x k.
-        let (a_rs, a_cs) = if s.a_transposed { (1, m) } else { (k, 1) };
-        let (b_rs, b_cs) = if s.b_transposed { (1, k) } else { (n, 1) };
-        let c_cell = std::cell::RefCell::new(vec![0.0f32; m * n]);
-        let mut ours = || {
-            let av = MatRef::new(&a, 0, [m, k], [a_rs, a_cs]).unwrap();
-            let bv = MatRef::new(&b, 0, [k, n], [b_rs, b_cs]).unwrap();
-            let mut c = c_cell.borrow_mut();
-            gemm_with(&options, 1.0, av, bv, 0.0, MatMut::row_major(&mut c, m, n).unwrap()).unwrap();
-        };
-        let mut reference_gemm = || {
-            let mut c = c_cell.borrow_mut();
-            // SAFETY: the pointers and strides describe the vectors above.
-            unsafe {
-                gemm::gemm(
-                    m,
-                    n,
-                    k,
-                    c.as_mut_ptr(),
-                    1,
-                    n as isize,
-                    false,
-                    a.as_ptr(),
-                    a_cs as isize,
-                    a_rs as isize,
-                    b.as_ptr(),
-                    b_cs as isize,
-                    b_rs as isize,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::Rayon(threads),
-                )
+        let mut fs: Vec<Box<dyn FnMut()>> = Vec::new();
+        for d in &dtypes {
+            match product(d, &s, options) {
+                Some(f) => fs.push(f),
+                None => {
+                    eprintln!("unknown dtype {d} (f32, bf16, bf16w, f16)");
+                    return;
+                }
             }
-        };
-        let mut reference_mm = || {
-            let mut c = c_cell.borrow_mut();
-            // SAFETY: as above.
-            unsafe {
-                matrixmultiply::sgemm(
-                    m,
-                    k,
-                    n,
-                    1.0,
-                    a.as_ptr(),
-                    a_rs as isize,
-                    a_cs as isize,
-                    b.as_ptr(),
-                    b_rs as isize,
-                    b_cs as isize,
-                    0.0,
-                    c.as_mut_ptr(),
-                    n as isize,
-                    1,
-                )
-            }
-        };
-        let r = if refs {
-            time_gflops(flops, reps, &mut [&mut ours, &mut reference_gemm, &mut reference_mm])
-        } else {
-            let mut r = time_gflops(flops, reps, &mut [&mut ours]);
-            r.extend([f64::NAN, f64::NAN]);
-            r
-        };
-        let (ours, g, mm) = (r[0], r[1], r[2]);
+        }
+        if refs {
+            fs.push(Box::new(s.reference_gemm(threads)));
+            fs.push(Box::new(s.reference_matrixmultiply()));
+        }
+        let mut r = time_gflops(s.flops(), reps, &mut fs);
+        r.resize(dtypes.len() + 2, f64::NAN);
         let tag = if s.a_transposed {
             " A^T"
         } else if s.b_transposed {
@@ -195,6 +308,11 @@ fn main() {
         } else {
             ""
         };
-        println!("{:>22} {:>9.1} {:>7.3} {:>9.1} {:>9.1}", format!("{m} {n} {k}{tag}"), ours, ours / peak, g, mm);
+        let mut line = format!("{:>22}", format!("{} {} {}{tag}", s.m, s.n, s.k));
+        for x in &r[..dtypes.len()] {
+            line += &format!(" {x:>9.1}");
+        }
+        let (g, mm) = (r[dtypes.len()], r[dtypes.len() + 1]);
+        println!("{line} {:>7.3} {g:>9.1} {mm:>9.1}", r[0] / peak);
     }
 }

@@ -121,8 +121,10 @@ fn case_strategy(max: usize) -> impl Strategy<Value = Case> {
         })
 }
 
-/// Options that exercise every code path: each supported kernel, small
-/// blocks (several blocks per loop), forced threads.
+/// Options that exercise every code path: each supported kernel (for bf16
+/// both the AVX512-BF16 one and the ones that widen to f32), small blocks
+/// (several blocks per loop; an odd depth block, which bf16 pairs round up),
+/// forced threads.
 fn option_sets() -> Vec<GemmOptions> {
     let mut sets = vec![GemmOptions::default()];
     for kernel in KernelChoice::supported() {
@@ -131,6 +133,11 @@ fn option_sets() -> Vec<GemmOptions> {
             kernel,
             parallelism: Parallelism::Threads(3),
             blocking: Some(Blocking { mc: 16, kc: 8, nc: 24 }),
+        });
+        sets.push(GemmOptions {
+            kernel,
+            parallelism: Parallelism::Sequential,
+            blocking: Some(Blocking { mc: 40, kc: 7, nc: 30 }),
         });
     }
     sets
@@ -181,6 +188,13 @@ proptest! {
     }
 
     #[test]
+    fn bf16_matches_f64_reference_on_every_path(case in case_strategy(70)) {
+        for options in option_sets() {
+            check_bf16(&case, &options)?;
+        }
+    }
+
+    #[test]
     fn f64_matches_naive(case in case_strategy(50)) {
         let Case { m, n, k, seed, .. } = case;
         let a = Stored::new(m, k, case.sa, f64::NAN, |i, j| value(seed, i, j));
@@ -204,7 +218,7 @@ proptest! {
     }
 
     #[test]
-    fn half_types_match_naive_within_rounding(case in case_strategy(40)) {
+    fn f16_matches_naive_within_rounding(case in case_strategy(40)) {
         let Case { m, n, k, seed, .. } = case;
         let av = |i, j| value(seed, i, j);
         let bv = |i, j| value(seed + 1, i, j);
@@ -221,19 +235,6 @@ proptest! {
                 let (got, w) = (c.at(i, j).to_f64(), want[i * n + j]);
                 // One f16 rounding of the result, plus f32 accumulation.
                 prop_assert!((got - w).abs() <= w.abs() * 1e-3 + 1e-4 * (k as f64 + 1.0), "f16 ({i},{j}) {got} vs {w}");
-            }
-        }
-
-        let a = Stored::new(m, k, case.sa, bf16::NAN, |i, j| bf16::from_f64(av(i, j)));
-        let b = Stored::new(k, n, case.sb, bf16::NAN, |i, j| bf16::from_f64(bv(i, j)));
-        let mut c = Stored::new(m, n, case.sc, bf16::ZERO, |i, j| bf16::from_f64(cv(i, j)));
-        let want = naive(case.alpha, |i, j| a.at(i, j).to_f64(), |i, j| b.at(i, j).to_f64(),
-            case.beta, |i, j| c.at(i, j).to_f64(), (m, n, k));
-        gemm_bf16(case.alpha as f32, a.view(), b.view(), case.beta as f32, c.view_mut()).unwrap();
-        for i in 0..m {
-            for j in 0..n {
-                let (got, w) = (c.at(i, j).to_f64(), want[i * n + j]);
-                prop_assert!((got - w).abs() <= w.abs() * 8e-3 + 1e-4 * (k as f64 + 1.0), "bf16 ({i},{j}) {got} vs {w}");
             }
         }
     }
@@ -514,5 +515,201 @@ fn bad_input_is_an_error() {
             MatMut::row_major(&mut y, 2, 2).unwrap(),
         );
         assert_eq!(r.is_ok(), kernel.is_supported());
+    }
+}
+
+/// A bf16 pattern no product writes (a signalling NaN with a payload): marks
+/// buffer elements outside C's view.
+const BF16_OUTSIDE: u16 = 0x7fa5;
+
+/// Checks a bf16 product against an f64 reference from the same bf16
+/// inputs. Products of bf16 are exact in f32 and accumulate in f32, and C
+/// is rounded once to bf16: the error is at most half a bf16 ulp of the
+/// result (2^-8 of it) plus the f32 accumulation error, a few f32 ulps of
+/// the magnitude sum `|alpha| sum |a b| + |beta c|` per term.
+fn check_bf16(case: &Case, options: &GemmOptions) -> Result<(), TestCaseError> {
+    let Case { m, n, k, seed, .. } = *case;
+    let a = Stored::new(m, k, case.sa, bf16::NAN, |i, j| bf16::from_f64(value(seed, i, j)));
+    let b = Stored::new(k, n, case.sb, bf16::NAN, |i, j| bf16::from_f64(value(seed + 1, i, j)));
+    // C starts as NaN where beta = 0: BLAS semantics must ignore it.
+    let c_init = |i, j| if case.beta == 0.0 { bf16::NAN } else { bf16::from_f64(value(seed + 2, i, j)) };
+    let mut c = Stored::new(m, n, case.sc, bf16::from_bits(BF16_OUTSIDE), c_init);
+    let (a64, b64, c64) = (|i, j| a.at(i, j).to_f64(), |i, j| b.at(i, j).to_f64(), |i, j| c.at(i, j).to_f64());
+    let want = naive(case.alpha, a64, b64, case.beta, c64, (m, n, k));
+    let magnitude = naive(
+        case.alpha.abs(),
+        |i, j| a64(i, j).abs(),
+        |i, j| b64(i, j).abs(),
+        case.beta.abs(),
+        |i, j| c64(i, j).abs(),
+        (m, n, k),
+    );
+    let (alpha, beta) = (case.alpha as f32, case.beta as f32);
+    if *options == GemmOptions::default() {
+        gemm_bf16(alpha, a.view(), b.view(), beta, c.view_mut()).unwrap();
+    } else {
+        gemm_with(options, alpha, a.view(), b.view(), beta, c.view_mut()).unwrap();
+    }
+    for i in 0..m {
+        for j in 0..n {
+            let (got, w, mag) = (c.at(i, j).to_f64(), want[i * n + j], magnitude[i * n + j]);
+            let tol = w.abs() / 256.0 + mag * (k as f64 + 2.0) * 2f64.powi(-22);
+            prop_assert!((got - w).abs() <= tol, "({i},{j}) got {got}, want {w} (tol {tol:e}) {case:?} {options:?}");
+        }
+    }
+    let untouched = c.buf.iter().filter(|x| x.to_bits() == BF16_OUTSIDE).count();
+    prop_assert_eq!(untouched, c.buf.len() - m * n, "elements outside the view were written");
+    Ok(())
+}
+
+#[test]
+fn bf16_dispatch_follows_the_cpu() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let native = std::arch::is_x86_feature_detected!("avx512bf16")
+            && std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw");
+        assert_eq!(KernelChoice::Avx512Bf16.is_supported(), native);
+        assert_eq!(KernelChoice::Auto.resolve() == KernelChoice::Avx512Bf16, native);
+    }
+    // Forcing the AVX512-BF16 kernel is an error exactly where it is missing.
+    let x = [bf16::ONE; 4];
+    let mut y = [bf16::ZERO; 4];
+    let options = GemmOptions { kernel: KernelChoice::Avx512Bf16, ..GemmOptions::default() };
+    let r = gemm_with(
+        &options,
+        1.0,
+        MatRef::row_major(&x, 2, 2).unwrap(),
+        MatRef::row_major(&x, 2, 2).unwrap(),
+        0.0,
+        MatMut::row_major(&mut y, 2, 2).unwrap(),
+    );
+    assert_eq!(r.is_ok(), KernelChoice::Avx512Bf16.is_supported());
+    if r.is_ok() {
+        assert_eq!(y, [bf16::from_f32(2.0); 4]);
+    } else {
+        assert!(matches!(r, Err(KernelError::UnsupportedKernel { .. })));
+    }
+}
+
+#[test]
+fn bf16_edge_shapes_on_every_path() {
+    // Rows around the 32-row tile, columns around the 12-column one, depths
+    // of one, odd and even pair counts; every storage, alpha and beta.
+    let mut seed = 0u64;
+    for m in [1, 2, 15, 32, 33, 65] {
+        for n in [1, 11, 12, 13, 25] {
+            for k in [1, 2, 3, 17, 64, 257] {
+                seed += 1;
+                let s = seed as usize;
+                let case = Case {
+                    m,
+                    n,
+                    k,
+                    sa: STORAGES[s % 4],
+                    sb: STORAGES[(s / 4) % 4],
+                    sc: STORAGES[(s / 16) % 4],
+                    alpha: [1.0, -2.0, 0.5][s % 3],
+                    beta: [0.0, 1.0, -0.75][(s / 3) % 3],
+                    seed,
+                };
+                for options in option_sets() {
+                    check_bf16(&case, &options).unwrap();
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_larger_than_one_block_in_every_loop() {
+    // Depth 1100 crosses the bf16 kernel's 512-deep blocks; rows cross mc.
+    for sc in [Storage::RowMajor, Storage::ColMajor] {
+        let case = Case {
+            m: 300,
+            n: 290,
+            k: 1100,
+            sa: Storage::ColMajor,
+            sb: Storage::RowMajor,
+            sc,
+            alpha: 1.5,
+            beta: -0.75,
+            seed: 9,
+        };
+        for kernel in KernelChoice::supported() {
+            for parallelism in [Parallelism::Auto, Parallelism::Sequential] {
+                check_bf16(&case, &GemmOptions { kernel, parallelism, blocking: None }).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_is_rounded_once_from_exact_f32_sums() {
+    // Values with three significant bits: every product and partial sum is
+    // exact in f32, so each path must give the exact result rounded once to
+    // bf16 (ties to even), bit for bit, even when its depth blocks add into
+    // C one after another. A partial sum rounded to bf16 would show.
+    let v = |i: usize, j: usize, salt: usize| bf16::from_f32(((i * 7 + j * 3 + salt) % 17) as f32 / 8.0 - 1.0);
+    let shapes = [(33, 13, 301), (5, 40, 64), (64, 12, 1), (40, 25, 9)];
+    for (s, (m, n, k)) in shapes.into_iter().enumerate() {
+        let a = Stored::new(m, k, STORAGES[s], bf16::NAN, |i, j| v(i, j, 0));
+        let b = Stored::new(k, n, STORAGES[(s + 1) % 4], bf16::NAN, |i, j| v(i, j, 5));
+        let c0 = Stored::new(m, n, Storage::RowMajor, bf16::NAN, |i, j| v(i, j, 11));
+        let exact = naive(
+            0.5,
+            |i, j| a.at(i, j).to_f64(),
+            |i, j| b.at(i, j).to_f64(),
+            0.25,
+            |i, j| c0.at(i, j).to_f64(),
+            (m, n, k),
+        );
+        for options in option_sets() {
+            let mut c = Stored::new(m, n, STORAGES[(s + 2) % 4], bf16::NAN, |i, j| c0.at(i, j));
+            gemm_with(&options, 0.5, a.view(), b.view(), 0.25, c.view_mut()).unwrap();
+            for i in 0..m {
+                for j in 0..n {
+                    let want = bf16::from_f32(exact[i * n + j] as f32);
+                    assert_eq!(c.at(i, j).to_bits(), want.to_bits(), "{m}x{n}x{k} ({i},{j}) {options:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn batched_bf16_on_every_path() {
+    // A batch of row-major A times one B broadcast to every index (batch
+    // stride 0) and stored as its transpose, into a padded C; odd depth.
+    let (batch, m, n, k) = (4, 19, 14, 23);
+    let a: Vec<bf16> = (0..batch * m * k).map(|x| bf16::from_f64(value(11, x, 0))).collect();
+    let w: Vec<bf16> = (0..n * k).map(|x| bf16::from_f64(value(12, x, 0))).collect();
+    let c_rs = n + 3;
+    let c_init: Vec<bf16> = (0..batch * m * c_rs).map(|x| bf16::from_f64(value(13, x, 0))).collect();
+    let (alpha, beta) = (-1.5f32, 0.5f32);
+    for options in option_sets() {
+        let mut c = c_init.clone();
+        let av = BatchRef::new(&a, 0, [batch, m, k], [m * k, k, 1]).unwrap();
+        let bv = BatchRef::new(&w, 0, [batch, n, k], [0, k, 1]).unwrap().t();
+        let cv = BatchMut::new(&mut c, 0, [batch, m, n], [m * c_rs, c_rs, 1]).unwrap();
+        batched_gemm_with(&options, alpha, av, bv, beta, cv).unwrap();
+        for t in 0..batch {
+            for i in 0..m {
+                for j in 0..c_rs {
+                    let at = t * m * c_rs + i * c_rs + j;
+                    if j >= n {
+                        assert_eq!(c[at], c_init[at], "padding written at {t} ({i},{j})");
+                        continue;
+                    }
+                    let terms = (0..k).map(|p| a[t * m * k + i * k + p].to_f64() * w[j * k + p].to_f64());
+                    let (dot, mag) = terms.fold((0.0, 0.0), |(s, g), x| (s + x, g + x.abs()));
+                    let want = alpha as f64 * dot + beta as f64 * c_init[at].to_f64();
+                    let mag = alpha.abs() as f64 * mag + beta.abs() as f64 * c_init[at].to_f64().abs();
+                    let tol = want.abs() / 256.0 + mag * (k as f64 + 2.0) * 2f64.powi(-22);
+                    let got = c[at].to_f64();
+                    assert!((got - want).abs() <= tol, "{t} ({i},{j}) {got} vs {want} {options:?}");
+                }
+            }
+        }
     }
 }

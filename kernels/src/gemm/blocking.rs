@@ -31,10 +31,13 @@ impl Blocking {
     /// The blocking for a product of depth `k`: `mc` and `nc` rounded up to
     /// whole micro-tiles, and `kc` evened out so that no depth block is a
     /// sliver (784 = 3 x 262 rather than 3 x 256 + 16: a short block pays
-    /// the loads and stores of C for little work).
-    pub(crate) fn for_depth(self, k: usize, mr: usize, nr: usize) -> Blocking {
+    /// the loads and stores of C for little work), then rounded up to a
+    /// multiple of `k_unit`, the depth elements a packed element holds (so
+    /// that only the last block has a padded pair).
+    pub(crate) fn for_depth(self, k: usize, mr: usize, nr: usize, k_unit: usize) -> Blocking {
         let blocks = ((k + self.kc / 2) / self.kc).max(1);
-        Blocking { mc: self.mc.div_ceil(mr) * mr, kc: k.div_ceil(blocks).max(1), nc: self.nc.div_ceil(nr) * nr }
+        let kc = k.div_ceil(blocks).next_multiple_of(k_unit).max(1);
+        Blocking { mc: self.mc.div_ceil(mr) * mr, kc, nc: self.nc.div_ceil(nr) * nr }
     }
 }
 
@@ -44,9 +47,13 @@ mod tests {
 
     #[test]
     fn rounding_and_validation() {
-        let b = Blocking { mc: 100, kc: 7, nc: 13 }.for_depth(14, 32, 12);
+        let b = Blocking { mc: 100, kc: 7, nc: 13 }.for_depth(14, 32, 12, 1);
         assert_eq!(b, Blocking { mc: 128, kc: 7, nc: 24 });
-        let even = |k| Blocking { mc: 256, kc: 256, nc: 4080 }.for_depth(k, 32, 12).kc;
+        // Depth in pairs: 14 = 2 x 7 becomes 8 + 6.
+        assert_eq!(Blocking { mc: 100, kc: 7, nc: 13 }.for_depth(14, 32, 12, 2).kc, 8);
+        assert_eq!(Blocking { mc: 256, kc: 512, nc: 4080 }.for_depth(1, 32, 12, 2).kc, 2);
+        assert_eq!(Blocking { mc: 256, kc: 512, nc: 4080 }.for_depth(785, 32, 12, 2).kc, 394);
+        let even = |k| Blocking { mc: 256, kc: 256, nc: 4080 }.for_depth(k, 32, 12, 1).kc;
         assert_eq!(even(1024), 256);
         assert_eq!(even(784), 262);
         assert_eq!(even(128), 128);

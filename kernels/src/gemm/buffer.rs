@@ -1,13 +1,14 @@
 //! Packing buffers: 64-byte aligned, zero-initialised, cached per thread.
 //!
 //! Each thread that runs part of a product keeps its two packing buffers
-//! between calls, so a training loop that multiplies the same shapes every
-//! step allocates nothing after the first step. A buffer is taken out of the
-//! thread-local slot while in use, which keeps nested or re-entrant calls
-//! (a rayon worker stealing another product's task) correct: they simply
-//! allocate their own.
+//! (and, for f16 / bf16 products, the f32 workspace of C up to
+//! [`MAX_CACHED_WORKSPACE`]) between calls, so a training loop that
+//! multiplies the same shapes every step allocates nothing after the first
+//! step. A buffer is taken out of the thread-local slot while in use, which
+//! keeps nested or re-entrant calls (a rayon worker stealing another
+//! product's task) correct: they simply allocate their own.
 
-use super::element::Compute;
+use super::element::Packed;
 use std::alloc::{self, Layout};
 use std::cell::Cell;
 use std::ptr::NonNull;
@@ -34,11 +35,12 @@ impl AlignedBuf {
     }
 
     /// The first `len` elements as a slice of `T`.
-    fn as_mut_slice<T: Compute>(&mut self, len: usize) -> &mut [T] {
+    fn as_mut_slice<T: Packed>(&mut self, len: usize) -> &mut [T] {
         assert!(len * size_of::<T>() <= self.bytes);
         // SAFETY: the allocation holds at least `len * size_of::<T>()` bytes,
         // is aligned to 64 >= align_of::<T>(), and was zero-initialised; any
-        // bit pattern is a valid f32/f64, so the memory is always valid `T`s.
+        // bit pattern is a valid `T` (the `Packed` contract), so the memory
+        // is always valid `T`s, whatever type used the buffer before.
         // `&mut self` makes the slice unique.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().cast::<T>(), len) }
     }
@@ -58,23 +60,32 @@ impl Drop for AlignedBuf {
 thread_local! {
     static PACK_A: Cell<Option<AlignedBuf>> = const { Cell::new(None) };
     static PACK_B: Cell<Option<AlignedBuf>> = const { Cell::new(None) };
+    static WORK_C: Cell<Option<AlignedBuf>> = const { Cell::new(None) };
 }
 
-/// Which of a thread's two cached buffers.
+/// Which of a thread's cached buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Slot {
     /// Packed blocks of A.
     A,
     /// Packed panels of B.
     B,
+    /// The f32 workspace of a narrow C.
+    C,
 }
+
+/// The largest C workspace kept between calls, in bytes (a 1024 x 1024 f32
+/// C): packing buffers are bounded by the blocking, C is not. A larger one is
+/// allocated per call, which its product's cost dwarfs.
+pub(crate) const MAX_CACHED_WORKSPACE: usize = 4 << 20;
 
 /// Runs `f` with this thread's cached buffer `slot`, grown to `len`
 /// elements if needed.
-pub(crate) fn with_buffer<T: Compute, R>(slot: Slot, len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+pub(crate) fn with_buffer<T: Packed, R>(slot: Slot, len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
     let key = match slot {
         Slot::A => &PACK_A,
         Slot::B => &PACK_B,
+        Slot::C => &WORK_C,
     };
     let bytes = len * size_of::<T>();
     let mut buf = match key.with(Cell::take) {
@@ -82,13 +93,15 @@ pub(crate) fn with_buffer<T: Compute, R>(slot: Slot, len: usize, f: impl FnOnce(
         _ => AlignedBuf::zeroed(bytes),
     };
     let r = f(buf.as_mut_slice(len));
-    key.with(|s| s.set(Some(buf)));
+    if slot != Slot::C || buf.bytes <= MAX_CACHED_WORKSPACE {
+        key.with(|s| s.set(Some(buf)));
+    }
     r
 }
 
 /// Runs `f` with this thread's packing buffers for A (`a_len` elements) and
 /// B (`b_len` elements).
-pub(crate) fn with_pack_buffers<T: Compute, R>(
+pub(crate) fn with_pack_buffers<T: Packed, R>(
     a_len: usize,
     b_len: usize,
     f: impl FnOnce(&mut [T], &mut [T]) -> R,
@@ -111,6 +124,11 @@ mod tests {
         });
         let second = with_pack_buffers::<f64, _>(10, 5, |a, _| a.as_ptr() as usize);
         assert_eq!(first, second, "a smaller request reuses the cached buffer");
+        // A C workspace is kept up to the limit.
+        let len = MAX_CACHED_WORKSPACE / 4;
+        let first = with_buffer::<f32, _>(Slot::C, len, |w| w.as_ptr() as usize);
+        assert_eq!(first, with_buffer::<f32, _>(Slot::C, 8, |w| w.as_ptr() as usize));
+        assert_eq!(with_buffer::<f32, _>(Slot::C, len + 1, |w| w.len()), len + 1);
         // Nested use allocates a fresh pair instead of aliasing.
         with_pack_buffers::<f32, _>(8, 8, |outer, _| {
             let outer_ptr = outer.as_ptr() as usize;

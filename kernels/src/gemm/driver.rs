@@ -15,43 +15,89 @@
 
 use super::blocking::Blocking;
 use super::buffer::with_pack_buffers;
-use super::element::{Compute, PackSource};
+use super::element::{Compute, Packed};
 use super::matrix::{MatRef, RawMut};
 use super::microkernel::{MicroKernel, MAX_TILE};
-use super::pack::pack_panels;
+use super::pack::PackInto;
 use super::parallel::gemm_shared_b;
 use rayon::prelude::*;
 
-/// What to run: a kernel, its blocking and the number of threads.
+/// What to run: a kernel accumulating in `T` on packed `P`, its blocking and
+/// the number of threads.
 #[derive(Clone, Copy)]
-pub(crate) struct Plan<T> {
-    pub kernel: MicroKernel<T>,
+pub(crate) struct Plan<T, P> {
+    pub kernel: MicroKernel<T, P>,
     pub blocking: Blocking,
     pub threads: usize,
 }
 
-/// `C = alpha * A * B + beta * C`. Shapes must agree (checked by the caller):
-/// `A` is `m x k`, `B` is `k x n`, `C` is `m x n`.
-pub(crate) fn gemm<T, SA, SB>(plan: &Plan<T>, alpha: T, a: MatRef<'_, SA>, b: MatRef<'_, SB>, beta: T, c: RawMut<T>)
-where
-    T: Compute,
-    SA: PackSource<T>,
-    SB: PackSource<T>,
-{
-    let (m, n, k) = (c.rows, c.cols, a.cols());
+impl<T, P: Packed> Plan<T, P> {
+    /// The blocking for depth `k`: see [`Blocking::for_depth`].
+    pub fn blocking_for(&self, k: usize) -> Blocking {
+        self.blocking.for_depth(k, self.kernel.mr, self.kernel.nr, P::DEPTH)
+    }
+}
+
+/// Packed elements holding `k` depth elements.
+pub(crate) fn packed_depth<P: Packed>(k: usize) -> usize {
+    k.div_ceil(P::DEPTH)
+}
+
+/// One product `C = alpha * A * B + beta * C` with scalars of the compute
+/// type `T`, operands stored as `S` and C of type `C` (the drivers write a C
+/// of the compute type). Shapes agree (checked by the caller): `A` is
+/// `m x k`, `B` is `k x n`, `C` is `m x n`.
+#[derive(Clone, Copy)]
+pub(crate) struct Product<'a, T, S, C = T> {
+    pub alpha: T,
+    pub a: MatRef<'a, S>,
+    pub b: MatRef<'a, S>,
+    pub beta: T,
+    pub c: RawMut<C>,
+}
+
+impl<'a, T, S, C> Product<'a, T, S, C> {
+    /// The same product into another C.
+    pub fn with_c<D>(self, c: RawMut<D>) -> Product<'a, T, S, D> {
+        Product { alpha: self.alpha, a: self.a, b: self.b, beta: self.beta, c }
+    }
+}
+
+impl<T, S> Product<'_, T, S> {
+    /// The same product transposed: `C^T = B^T A^T`.
+    fn t(self) -> Self {
+        Product { a: self.b.t(), b: self.a.t(), c: self.c.t(), ..self }
+    }
+
+    /// The part that computes columns `j0..j1` of C.
+    ///
+    /// # Safety
+    /// The columns are inside C.
+    unsafe fn columns(self, j0: usize, j1: usize) -> Self {
+        // SAFETY: inside C (caller's contract).
+        let c = unsafe { self.c.sub(0, j0, self.c.rows, j1 - j0) };
+        Product { b: self.b.sub(0, j0, self.b.rows(), j1 - j0), c, ..self }
+    }
+}
+
+/// Runs the product.
+pub(crate) fn gemm<T: Compute, P: Packed, S: PackInto<P>>(plan: &Plan<T, P>, p: Product<'_, T, S>) {
+    let (m, n, k) = (p.c.rows, p.c.cols, p.a.cols());
     if m == 0 || n == 0 {
         return;
     }
-    if k == 0 || alpha == T::ZERO {
-        scale(c, beta);
+    if k == 0 || p.alpha == T::ZERO {
+        scale(p.c, p.beta);
         return;
     }
     // The micro-kernel writes columns of C with vector stores. A row-major C
     // is the column-major C^T = B^T A^T: swap rather than scatter.
-    if c.row_stride != 1 && c.col_stride == 1 {
-        oriented(plan, alpha, b.t(), a.t(), beta, c.t());
-    } else {
-        oriented(plan, alpha, a, b, beta, c);
+    let p = if p.c.row_stride != 1 && p.c.col_stride == 1 { p.t() } else { p };
+    match split_for_threads(p.c.rows, p.c.cols, plan.kernel.mr, plan.kernel.nr, plan.threads) {
+        Split::None => sequential(plan, p),
+        Split::SharedB(threads) => gemm_shared_b(plan, threads, p),
+        // SAFETY: the column ranges are disjoint and inside C.
+        Split::Cols(parts) => parts.into_par_iter().for_each(|(j0, j1)| sequential(plan, unsafe { p.columns(j0, j1) })),
     }
 }
 
@@ -65,25 +111,6 @@ fn scale<T: Compute>(c: RawMut<T>, beta: T) {
                 *p = if beta == T::ZERO { T::ZERO } else { beta * *p };
             }
         }
-    }
-}
-
-fn oriented<T, SA, SB>(plan: &Plan<T>, alpha: T, a: MatRef<'_, SA>, b: MatRef<'_, SB>, beta: T, c: RawMut<T>)
-where
-    T: Compute,
-    SA: PackSource<T>,
-    SB: PackSource<T>,
-{
-    let (m, n) = (c.rows, c.cols);
-    let (mr, nr) = (plan.kernel.mr, plan.kernel.nr);
-    match split_for_threads(m, n, mr, nr, plan.threads) {
-        Split::None => sequential(plan, alpha, a, b, beta, c),
-        Split::SharedB(threads) => gemm_shared_b(plan, threads, alpha, a, b, beta, c),
-        Split::Cols(parts) => parts.into_par_iter().for_each(|(j0, j1)| {
-            // SAFETY: the column ranges are disjoint and inside C.
-            let c_part = unsafe { c.sub(0, j0, m, j1 - j0) };
-            sequential(plan, alpha, a, b.sub(0, j0, b.rows(), j1 - j0), beta, c_part)
-        }),
     }
 }
 
@@ -128,45 +155,42 @@ fn split_for_threads(m: usize, n: usize, mr: usize, nr: usize, threads: usize) -
 }
 
 /// The five loops on one thread.
-fn sequential<T, SA, SB>(plan: &Plan<T>, alpha: T, a: MatRef<'_, SA>, b: MatRef<'_, SB>, beta: T, c: RawMut<T>)
-where
-    T: Compute,
-    SA: PackSource<T>,
-    SB: PackSource<T>,
-{
+fn sequential<T: Compute, P: Packed, S: PackInto<P>>(plan: &Plan<T, P>, p: Product<'_, T, S>) {
+    let Product { alpha, a, b, beta, c } = p;
     let (m, n, k) = (c.rows, c.cols, a.cols());
     let kernel = &plan.kernel;
     let (mr, nr) = (kernel.mr, kernel.nr);
-    let Blocking { mc, kc, nc } = plan.blocking.for_depth(k, mr, nr);
-    let kc_max = kc.min(k);
+    let Blocking { mc, kc, nc } = plan.blocking_for(k);
+    let kc_max = packed_depth::<P>(kc.min(k));
     let a_len = mc.min(m.div_ceil(mr) * mr) * kc_max;
     let b_len = nc.min(n.div_ceil(nr) * nr) * kc_max;
-    with_pack_buffers::<T, _>(a_len, b_len, |a_pack, b_pack| {
+    with_pack_buffers::<P, _>(a_len, b_len, |a_pack, b_pack| {
         for jc in (0..n).step_by(nc) {
             let ncb = nc.min(n - jc);
             for pc in (0..k).step_by(kc) {
                 let kcb = kc.min(k - pc);
-                pack_panels(b_pack, b.sub(pc, jc, kcb, ncb).t(), nr, kernel.simd_pack);
+                S::pack(b_pack, b.sub(pc, jc, kcb, ncb).t(), nr, kernel.simd_pack);
                 // Later depth blocks add to what the first one wrote.
                 let beta_p = if pc == 0 { beta } else { T::ONE };
                 for ic in (0..m).step_by(mc) {
                     let mcb = mc.min(m - ic);
-                    pack_panels(a_pack, a.sub(ic, pc, mcb, kcb), mr, kernel.simd_pack);
+                    S::pack(a_pack, a.sub(ic, pc, mcb, kcb), mr, kernel.simd_pack);
                     // SAFETY: the block is inside C.
                     let c_block = unsafe { c.sub(ic, jc, mcb, ncb) };
-                    macro_kernel(kernel, kcb, a_pack, b_pack, alpha, beta_p, c_block);
+                    macro_kernel(kernel, packed_depth::<P>(kcb), a_pack, b_pack, alpha, beta_p, c_block);
                 }
             }
         }
     });
 }
 
-/// All micro-tiles of one packed A block times one packed B panel.
-pub(crate) fn macro_kernel<T: Compute>(
-    kernel: &MicroKernel<T>,
+/// All micro-tiles of one packed A block times one packed B panel, `kc`
+/// packed elements deep.
+pub(crate) fn macro_kernel<T: Compute, P>(
+    kernel: &MicroKernel<T, P>,
     kc: usize,
-    a_pack: &[T],
-    b_pack: &[T],
+    a_pack: &[P],
+    b_pack: &[P],
     alpha: T,
     beta: T,
     c: RawMut<T>,

@@ -1,8 +1,12 @@
-//! Element types: what the kernels compute in, and what they read from.
+//! Element types: what the kernels compute in, what they read from, and what
+//! the packed panels hold.
 //!
-//! The micro-kernels compute in [`Compute`] types (f32, f64). Operands may be
-//! stored in a narrower [`PackSource`] type (f16, bf16) and are widened while
-//! they are packed, so the inner loop never converts.
+//! The micro-kernels accumulate in [`Compute`] types (f32, f64). Operands may
+//! be stored in a narrower [`PackSource`] type (f16, bf16) and are widened
+//! while they are packed, so the inner loop never converts. On CPUs with
+//! AVX512-BF16, bf16 operands instead stay bf16 and are packed as
+//! [`Bf16Pair`]s, two consecutive depth elements per 32-bit lane, which is
+//! what the dot-product instruction reads.
 
 use half::{bf16, f16, slice::HalfFloatSliceExt};
 use std::ops::{Add, Mul};
@@ -23,6 +27,47 @@ impl Compute for f32 {
 impl Compute for f64 {
     const ZERO: f64 = 0.0;
     const ONE: f64 = 1.0;
+}
+
+/// What the packing buffers hold and the micro-kernels read.
+///
+/// # Safety
+/// Every bit pattern, all zeros included, is a valid value: the cached
+/// packing buffers are zero-initialised and reused across element types.
+pub(crate) unsafe trait Packed: Copy + Send + Sync + 'static {
+    /// Consecutive depth (k) elements of the source held by one packed
+    /// element.
+    const DEPTH: usize;
+}
+
+// SAFETY: plain floats; every bit pattern is a value.
+unsafe impl Packed for f32 {
+    const DEPTH: usize = 1;
+}
+
+// SAFETY: as for f32.
+unsafe impl Packed for f64 {
+    const DEPTH: usize = 1;
+}
+
+/// Two bf16 values of consecutive depth indices `p` (low half) and `p + 1`
+/// (high half): the lane layout of `VDPBF16PS`, which multiplies the pairs
+/// of A and B lane by lane and adds both products to an f32 accumulator.
+/// A missing `p + 1` (odd depth) is +0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[repr(transparent)]
+pub(crate) struct Bf16Pair(pub u32);
+
+impl Bf16Pair {
+    #[inline(always)]
+    pub fn new(lo: bf16, hi: bf16) -> Bf16Pair {
+        Bf16Pair(u32::from(lo.to_bits()) | u32::from(hi.to_bits()) << 16)
+    }
+}
+
+// SAFETY: a plain `u32`; every bit pattern is a value.
+unsafe impl Packed for Bf16Pair {
+    const DEPTH: usize = 2;
 }
 
 /// A stored element that packing widens to the compute type `T`.

@@ -52,17 +52,86 @@ fn check_distinct(operand: &'static str, dims: &[usize], strides: &[usize]) -> R
     Ok(())
 }
 
+/// Where a view's elements are: `(i, j)` is at
+/// `offset + i * row_stride + j * col_stride`. Shared by the read-only and the
+/// writable views.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Layout {
+    offset: usize,
+    rows: usize,
+    cols: usize,
+    row_stride: usize,
+    col_stride: usize,
+}
+
+impl Layout {
+    fn new(offset: usize, [rows, cols]: [usize; 2], [row_stride, col_stride]: [usize; 2]) -> Layout {
+        Layout { offset, rows, cols, row_stride, col_stride }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.rows == 0 || self.cols == 0
+    }
+
+    fn t(self) -> Layout {
+        Layout { rows: self.cols, cols: self.rows, row_stride: self.col_stride, col_stride: self.row_stride, ..self }
+    }
+
+    /// Index of element `(i, j)` in the slice, or `None` outside the view.
+    fn index(&self, i: usize, j: usize) -> Option<usize> {
+        (i < self.rows && j < self.cols).then(|| self.offset + i * self.row_stride + j * self.col_stride)
+    }
+
+    /// Rows `i0..i0 + rows`, columns `j0..j0 + cols` (inside the view).
+    fn sub(self, i0: usize, j0: usize, rows: usize, cols: usize) -> Layout {
+        debug_assert!(i0 + rows <= self.rows && j0 + cols <= self.cols);
+        let offset = if rows == 0 || cols == 0 {
+            self.offset
+        } else {
+            self.offset + i0 * self.row_stride + j0 * self.col_stride
+        };
+        Layout { offset, rows, cols, ..self }
+    }
+
+    /// Moved `elements` further on (the next matrix of a batch).
+    fn shifted(self, elements: usize) -> Layout {
+        Layout { offset: self.offset + elements, ..self }
+    }
+}
+
+/// The accessors of a view's [`Layout`], for both kinds of view.
+macro_rules! layout_accessors {
+    () => {
+        /// Number of rows.
+        pub fn rows(&self) -> usize {
+            self.at.rows
+        }
+        /// Number of columns.
+        pub fn cols(&self) -> usize {
+            self.at.cols
+        }
+        /// Elements between consecutive rows.
+        pub fn row_stride(&self) -> usize {
+            self.at.row_stride
+        }
+        /// Elements between consecutive columns.
+        pub fn col_stride(&self) -> usize {
+            self.at.col_stride
+        }
+        /// Index of element `(0, 0)` in the slice.
+        pub fn offset(&self) -> usize {
+            self.at.offset
+        }
+    };
+}
+
 /// A read-only matrix view.
 ///
 /// Element `(i, j)` is `data[offset + i * row_stride + j * col_stride]`.
 #[derive(Debug)]
 pub struct MatRef<'a, T> {
     data: &'a [T],
-    offset: usize,
-    rows: usize,
-    cols: usize,
-    row_stride: usize,
-    col_stride: usize,
+    at: Layout,
 }
 
 impl<T> Clone for MatRef<'_, T> {
@@ -73,18 +142,14 @@ impl<T> Clone for MatRef<'_, T> {
 impl<T> Copy for MatRef<'_, T> {}
 
 impl<'a, T> MatRef<'a, T> {
-    /// A view of `[rows, cols]` elements starting at `offset`, stepping
-    /// `[row_stride, col_stride]` elements per row and per column.
+    /// A view of `dims = [rows, cols]` elements starting at `offset`,
+    /// stepping `strides = [row_stride, col_stride]` elements per row and per
+    /// column.
     ///
     /// Fails when the view reaches past the end of `data`.
-    pub fn new(
-        data: &'a [T],
-        offset: usize,
-        [rows, cols]: [usize; 2],
-        [row_stride, col_stride]: [usize; 2],
-    ) -> Result<Self> {
-        check_bounds("matrix", data.len(), offset, &[rows, cols], &[row_stride, col_stride])?;
-        Ok(MatRef { data, offset, rows, cols, row_stride, col_stride })
+    pub fn new(data: &'a [T], offset: usize, dims: [usize; 2], strides: [usize; 2]) -> Result<Self> {
+        check_bounds("matrix", data.len(), offset, &dims, &strides)?;
+        Ok(MatRef { data, at: Layout::new(offset, dims, strides) })
     }
 
     /// A dense row-major view of the first `rows * cols` elements.
@@ -99,29 +164,11 @@ impl<'a, T> MatRef<'a, T> {
 
     /// The transposed view (no copy).
     pub fn t(self) -> Self {
-        MatRef { rows: self.cols, cols: self.rows, row_stride: self.col_stride, col_stride: self.row_stride, ..self }
+        MatRef { at: self.at.t(), ..self }
     }
 
-    /// Number of rows.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-    /// Number of columns.
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-    /// Elements between consecutive rows.
-    pub fn row_stride(&self) -> usize {
-        self.row_stride
-    }
-    /// Elements between consecutive columns.
-    pub fn col_stride(&self) -> usize {
-        self.col_stride
-    }
-    /// Index of element `(0, 0)` in the slice.
-    pub fn offset(&self) -> usize {
-        self.offset
-    }
+    layout_accessors!();
+
     /// The whole underlying slice.
     pub fn data(&self) -> &'a [T] {
         self.data
@@ -130,22 +177,12 @@ impl<'a, T> MatRef<'a, T> {
     /// The sub-view of rows `i0..i0 + rows`, columns `j0..j0 + cols`.
     /// The caller keeps it inside this view (checked in debug builds).
     pub(crate) fn sub(self, i0: usize, j0: usize, rows: usize, cols: usize) -> Self {
-        debug_assert!(i0 + rows <= self.rows && j0 + cols <= self.cols);
-        let offset = if rows == 0 || cols == 0 {
-            self.offset
-        } else {
-            self.offset + i0 * self.row_stride + j0 * self.col_stride
-        };
-        MatRef { offset, rows, cols, ..self }
+        MatRef { at: self.at.sub(i0, j0, rows, cols), ..self }
     }
 
     /// Element `(i, j)`, or `None` outside the view.
     pub fn get(&self, i: usize, j: usize) -> Option<&'a T> {
-        if i < self.rows && j < self.cols {
-            self.data.get(self.offset + i * self.row_stride + j * self.col_stride)
-        } else {
-            None
-        }
+        self.data.get(self.at.index(i, j)?)
     }
 }
 
@@ -155,25 +192,16 @@ impl<'a, T> MatRef<'a, T> {
 #[derive(Debug)]
 pub struct MatMut<'a, T> {
     data: &'a mut [T],
-    offset: usize,
-    rows: usize,
-    cols: usize,
-    row_stride: usize,
-    col_stride: usize,
+    at: Layout,
 }
 
 impl<'a, T> MatMut<'a, T> {
     /// A writable view; see [`MatRef::new`]. Also fails when two indices
     /// `(i, j)` name the same element (for example a stride of 0).
-    pub fn new(
-        data: &'a mut [T],
-        offset: usize,
-        [rows, cols]: [usize; 2],
-        [row_stride, col_stride]: [usize; 2],
-    ) -> Result<Self> {
-        check_bounds("matrix", data.len(), offset, &[rows, cols], &[row_stride, col_stride])?;
-        check_distinct("matrix", &[rows, cols], &[row_stride, col_stride])?;
-        Ok(MatMut { data, offset, rows, cols, row_stride, col_stride })
+    pub fn new(data: &'a mut [T], offset: usize, dims: [usize; 2], strides: [usize; 2]) -> Result<Self> {
+        check_bounds("matrix", data.len(), offset, &dims, &strides)?;
+        check_distinct("matrix", &dims, &strides)?;
+        Ok(MatMut { data, at: Layout::new(offset, dims, strides) })
     }
 
     /// A dense row-major view of the first `rows * cols` elements.
@@ -188,73 +216,37 @@ impl<'a, T> MatMut<'a, T> {
 
     /// The transposed view (no copy).
     pub fn t(self) -> Self {
-        MatMut { rows: self.cols, cols: self.rows, row_stride: self.col_stride, col_stride: self.row_stride, ..self }
+        MatMut { at: self.at.t(), ..self }
     }
 
     /// A shorter-lived writable view of the same elements.
     pub fn rb_mut(&mut self) -> MatMut<'_, T> {
-        MatMut {
-            data: self.data,
-            offset: self.offset,
-            rows: self.rows,
-            cols: self.cols,
-            row_stride: self.row_stride,
-            col_stride: self.col_stride,
-        }
+        MatMut { data: self.data, at: self.at }
     }
 
     /// A read-only view of the same elements.
     pub fn as_ref(&self) -> MatRef<'_, T> {
-        MatRef {
-            data: self.data,
-            offset: self.offset,
-            rows: self.rows,
-            cols: self.cols,
-            row_stride: self.row_stride,
-            col_stride: self.col_stride,
-        }
+        MatRef { data: self.data, at: self.at }
     }
 
-    /// Number of rows.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-    /// Number of columns.
-    pub fn cols(&self) -> usize {
-        self.cols
-    }
-    /// Elements between consecutive rows.
-    pub fn row_stride(&self) -> usize {
-        self.row_stride
-    }
-    /// Elements between consecutive columns.
-    pub fn col_stride(&self) -> usize {
-        self.col_stride
-    }
-    /// Index of element `(0, 0)` in the slice.
-    pub fn offset(&self) -> usize {
-        self.offset
-    }
+    layout_accessors!();
 
     /// Element `(i, j)`, or `None` outside the view.
     pub fn get_mut(&mut self, i: usize, j: usize) -> Option<&mut T> {
-        if i < self.rows && j < self.cols {
-            self.data.get_mut(self.offset + i * self.row_stride + j * self.col_stride)
-        } else {
-            None
-        }
+        self.data.get_mut(self.at.index(i, j)?)
     }
 
     /// The raw parts, for the kernels: base pointer of element `(0, 0)`.
     /// Only meaningful when the view is non-empty.
     pub(crate) fn raw(&mut self) -> RawMut<T> {
-        let ptr = if self.rows == 0 || self.cols == 0 {
+        let Layout { offset, rows, cols, row_stride, col_stride } = self.at;
+        let ptr = if self.at.is_empty() {
             self.data.as_mut_ptr()
         } else {
             // In bounds: checked by `check_bounds` when the view was made.
-            self.data[self.offset..].as_mut_ptr()
+            self.data[offset..].as_mut_ptr()
         };
-        RawMut { ptr, rows: self.rows, cols: self.cols, row_stride: self.row_stride, col_stride: self.col_stride }
+        RawMut { ptr, rows, cols, row_stride, col_stride }
     }
 }
 
@@ -340,16 +332,13 @@ impl<T> Clone for BatchRef<'_, T> {
 impl<T> Copy for BatchRef<'_, T> {}
 
 impl<'a, T> BatchRef<'a, T> {
-    /// `[batch, rows, cols]` elements with strides
-    /// `[batch_stride, row_stride, col_stride]`, starting at `offset`.
-    pub fn new(
-        data: &'a [T],
-        offset: usize,
-        [batch, rows, cols]: [usize; 3],
-        [batch_stride, row_stride, col_stride]: [usize; 3],
-    ) -> Result<Self> {
-        check_bounds("batch", data.len(), offset, &[batch, rows, cols], &[batch_stride, row_stride, col_stride])?;
-        Ok(BatchRef { mat: MatRef { data, offset, rows, cols, row_stride, col_stride }, batch, batch_stride })
+    /// `dims = [batch, rows, cols]` elements with
+    /// `strides = [batch_stride, row_stride, col_stride]`, starting at
+    /// `offset`.
+    pub fn new(data: &'a [T], offset: usize, dims: [usize; 3], strides: [usize; 3]) -> Result<Self> {
+        check_bounds("batch", data.len(), offset, &dims, &strides)?;
+        let at = Layout::new(offset, [dims[1], dims[2]], [strides[1], strides[2]]);
+        Ok(BatchRef { mat: MatRef { data, at }, batch: dims[0], batch_stride: strides[0] })
     }
 
     /// One matrix repeated `batch` times (batch stride 0).
@@ -367,11 +356,11 @@ impl<'a, T> BatchRef<'a, T> {
     }
     /// Rows of each matrix.
     pub fn rows(&self) -> usize {
-        self.mat.rows
+        self.mat.rows()
     }
     /// Columns of each matrix.
     pub fn cols(&self) -> usize {
-        self.mat.cols
+        self.mat.cols()
     }
 
     /// The transposed batch: every matrix transposed (no copy).
@@ -383,15 +372,12 @@ impl<'a, T> BatchRef<'a, T> {
     pub(crate) fn item(&self, index: usize) -> MatRef<'a, T> {
         let index = if self.batch == 1 { 0 } else { index };
         debug_assert!(index < self.batch);
-        MatRef { offset: self.mat.offset + index * self.batch_stride, ..self.mat }
+        MatRef { at: self.mat.at.shifted(index * self.batch_stride), ..self.mat }
     }
 
     /// Matrix `index`, or `None` past the end.
     pub fn get(&self, index: usize) -> Option<MatRef<'a, T>> {
-        if index >= self.batch {
-            return None;
-        }
-        Some(MatRef { offset: self.mat.offset + index * self.batch_stride, ..self.mat })
+        (index < self.batch).then(|| MatRef { at: self.mat.at.shifted(index * self.batch_stride), ..self.mat })
     }
 }
 
@@ -412,17 +398,11 @@ pub struct BatchMut<'a, T> {
 
 impl<'a, T> BatchMut<'a, T> {
     /// See [`BatchRef::new`]; also fails when two indices name one element.
-    pub fn new(
-        data: &'a mut [T],
-        offset: usize,
-        [batch, rows, cols]: [usize; 3],
-        [batch_stride, row_stride, col_stride]: [usize; 3],
-    ) -> Result<Self> {
-        let dims = [batch, rows, cols];
-        let strides = [batch_stride, row_stride, col_stride];
+    pub fn new(data: &'a mut [T], offset: usize, dims: [usize; 3], strides: [usize; 3]) -> Result<Self> {
         check_bounds("batch", data.len(), offset, &dims, &strides)?;
         check_distinct("batch", &dims, &strides)?;
-        Ok(BatchMut { mat: MatMut { data, offset, rows, cols, row_stride, col_stride }, batch, batch_stride })
+        let at = Layout::new(offset, [dims[1], dims[2]], [strides[1], strides[2]]);
+        Ok(BatchMut { mat: MatMut { data, at }, batch: dims[0], batch_stride: strides[0] })
     }
 
     /// Number of matrices.
@@ -431,11 +411,11 @@ impl<'a, T> BatchMut<'a, T> {
     }
     /// Rows of each matrix.
     pub fn rows(&self) -> usize {
-        self.mat.rows
+        self.mat.rows()
     }
     /// Columns of each matrix.
     pub fn cols(&self) -> usize {
-        self.mat.cols
+        self.mat.cols()
     }
 
     /// The raw output plus the batch stride, for the batched driver.

@@ -2,7 +2,7 @@
 //! once per call from the CPU's features (or forced by the caller).
 
 use super::blocking::Blocking;
-use super::element::Compute;
+use super::element::{Bf16Pair, Compute, Packed};
 use super::microkernel_portable;
 #[cfg(target_arch = "x86_64")]
 use super::{microkernel_avx2, microkernel_avx512};
@@ -12,11 +12,12 @@ use crate::error::{KernelError, Result};
 /// Computes one `MR x NR` tile: `C = alpha * A_panel * B_panel + beta * C`,
 /// where `A_panel` is `kc` packed columns of `MR` elements, `B_panel` is `kc`
 /// packed rows of `NR` elements, and C is column-major with column stride
-/// `cs_c`. With `beta == 0`, C is not read. (Reading a column-major A in
-/// place instead of packing it was measured slower: the packed panel streams
-/// from L2 without TLB misses.)
-pub(crate) type MicroKernelFn<T> =
-    unsafe fn(kc: usize, a: *const T, b: *const T, c: *mut T, cs_c: usize, alpha: T, beta: T);
+/// `cs_c`. A packed element `P` holds `P::DEPTH` consecutive depth indices,
+/// so the tile's depth is `kc * P::DEPTH`. With `beta == 0`, C is not read.
+/// (Reading a column-major A in place instead of packing it was measured
+/// slower: the packed panel streams from L2 without TLB misses.)
+pub(crate) type MicroKernelFn<T, P> =
+    unsafe fn(kc: usize, a: *const P, b: *const P, c: *mut T, cs_c: usize, alpha: T, beta: T);
 
 /// Which micro-kernel family to run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -24,7 +25,10 @@ pub enum KernelChoice {
     /// The fastest one this CPU supports.
     #[default]
     Auto,
-    /// AVX-512F (x86-64).
+    /// AVX-512F, and for bf16 operands AVX512-BF16 dot products on operands
+    /// packed as bf16 pairs (x86-64). Other types run the `Avx512` kernels.
+    Avx512Bf16,
+    /// AVX-512F (x86-64); bf16 operands are widened to f32 while packed.
     Avx512,
     /// AVX2 with FMA (x86-64).
     Avx2Fma,
@@ -35,26 +39,28 @@ pub enum KernelChoice {
 impl KernelChoice {
     /// Whether this CPU can run the kernel.
     pub fn is_supported(self) -> bool {
+        let cpu = cpu_features();
         match self {
             KernelChoice::Auto | KernelChoice::Portable => true,
-            KernelChoice::Avx512 => cfg!(target_arch = "x86_64") && cpu_features().avx512f,
-            KernelChoice::Avx2Fma => cfg!(target_arch = "x86_64") && cpu_features().has_avx2_fma(),
+            // The pair packers shuffle 16-bit lanes, which takes AVX-512BW
+            // (every CPU with AVX512-BF16 has it).
+            KernelChoice::Avx512Bf16 => KernelChoice::Avx512.is_supported() && cpu.avx512bf16 && has_avx512bw(),
+            KernelChoice::Avx512 => cfg!(target_arch = "x86_64") && cpu.avx512f,
+            KernelChoice::Avx2Fma => cfg!(target_arch = "x86_64") && cpu.has_avx2_fma(),
         }
     }
 
     /// The kernel `Auto` resolves to on this CPU.
     pub fn resolve(self) -> KernelChoice {
         match self {
-            KernelChoice::Auto if KernelChoice::Avx512.is_supported() => KernelChoice::Avx512,
-            KernelChoice::Auto if KernelChoice::Avx2Fma.is_supported() => KernelChoice::Avx2Fma,
-            KernelChoice::Auto => KernelChoice::Portable,
+            KernelChoice::Auto => KernelChoice::supported()[0],
             other => other,
         }
     }
 
     /// Every concrete kernel this CPU supports, fastest first.
     pub fn supported() -> Vec<KernelChoice> {
-        [KernelChoice::Avx512, KernelChoice::Avx2Fma, KernelChoice::Portable]
+        [KernelChoice::Avx512Bf16, KernelChoice::Avx512, KernelChoice::Avx2Fma, KernelChoice::Portable]
             .into_iter()
             .filter(|k| k.is_supported())
             .collect()
@@ -63,6 +69,7 @@ impl KernelChoice {
     fn name(self) -> &'static str {
         match self {
             KernelChoice::Auto => "auto",
+            KernelChoice::Avx512Bf16 => "avx512+bf16",
             KernelChoice::Avx512 => "avx512",
             KernelChoice::Avx2Fma => "avx2+fma",
             KernelChoice::Portable => "portable",
@@ -70,12 +77,19 @@ impl KernelChoice {
     }
 }
 
+fn has_avx512bw() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx512bw");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// A micro-kernel with its tile shape and default blocking.
 #[derive(Clone, Copy)]
-pub(crate) struct MicroKernel<T> {
+pub(crate) struct MicroKernel<T, P> {
     pub mr: usize,
     pub nr: usize,
-    pub func: MicroKernelFn<T>,
+    pub func: MicroKernelFn<T, P>,
     pub blocking: Blocking,
     /// Pack with AVX-512 (only set on kernels that require it).
     pub simd_pack: bool,
@@ -84,76 +98,70 @@ pub(crate) struct MicroKernel<T> {
 /// The largest `mr * nr` of any kernel: size of the edge-tile scratch.
 pub(crate) const MAX_TILE: usize = 32 * 12;
 
-/// Per compute type, the kernel of each family.
-pub(crate) trait HasMicroKernels: Compute {
-    fn micro_kernel(choice: KernelChoice) -> MicroKernel<Self>;
+/// A kernel table entry: `mc` rows and `kc` depth elements per packed block.
+fn kernel<T, P>(mr: usize, nr: usize, func: MicroKernelFn<T, P>, mc: usize, kc: usize) -> MicroKernel<T, P> {
+    MicroKernel { mr, nr, func, blocking: Blocking { mc, kc, nc: 4080 }, simd_pack: false }
+}
+
+/// [`kernel`] for the AVX-512 kernels, which also pack with AVX-512.
+fn avx512_kernel<T, P>(mr: usize, nr: usize, func: MicroKernelFn<T, P>, mc: usize, kc: usize) -> MicroKernel<T, P> {
+    MicroKernel { simd_pack: true, ..kernel(mr, nr, func, mc, kc) }
+}
+
+/// Per accumulator type `T`, the kernel of each family that reads packed
+/// elements of this type.
+pub(crate) trait HasMicroKernels<T: Compute>: Packed {
+    /// The kernel of the concrete family `choice`, if there is one.
+    fn micro_kernel(choice: KernelChoice) -> Option<MicroKernel<T, Self>>;
 }
 
 /// The kernel for `choice`, or an error when this CPU cannot run it.
-pub(crate) fn select<T: HasMicroKernels>(choice: KernelChoice) -> Result<MicroKernel<T>> {
+pub(crate) fn select<T: Compute, P: HasMicroKernels<T>>(choice: KernelChoice) -> Result<MicroKernel<T, P>> {
     let concrete = choice.resolve();
+    let unsupported = KernelError::UnsupportedKernel { kernel: concrete.name() };
     if !concrete.is_supported() {
-        return Err(KernelError::UnsupportedKernel { kernel: concrete.name() });
+        return Err(unsupported);
     }
-    Ok(T::micro_kernel(concrete))
+    P::micro_kernel(concrete).ok_or(unsupported)
 }
 
-impl HasMicroKernels for f32 {
-    fn micro_kernel(choice: KernelChoice) -> MicroKernel<f32> {
-        match choice {
+// Tile shapes: AVX-512 keeps 24 accumulators, AVX2 12 (BLIS's Haswell
+// shapes); the blockings were measured with the `gemm_tune` example.
+impl HasMicroKernels<f32> for f32 {
+    fn micro_kernel(choice: KernelChoice) -> Option<MicroKernel<f32, f32>> {
+        Some(match choice {
             #[cfg(target_arch = "x86_64")]
-            KernelChoice::Avx512 => MicroKernel {
-                mr: 32,
-                nr: 12,
-                func: microkernel_avx512::avx512_f32,
-                blocking: Blocking { mc: 256, kc: 256, nc: 4080 },
-                simd_pack: true,
-            },
+            KernelChoice::Avx512 | KernelChoice::Avx512Bf16 => {
+                avx512_kernel(32, 12, microkernel_avx512::avx512_f32, 256, 256)
+            }
             #[cfg(target_arch = "x86_64")]
-            KernelChoice::Avx2Fma => MicroKernel {
-                mr: 16,
-                nr: 6,
-                func: microkernel_avx2::avx2_f32,
-                blocking: Blocking { mc: 192, kc: 256, nc: 4080 },
-                simd_pack: false,
-            },
-            _ => MicroKernel {
-                mr: 8,
-                nr: 4,
-                func: microkernel_portable::tile::<f32, 8, 4>,
-                blocking: Blocking { mc: 128, kc: 256, nc: 4096 },
-                simd_pack: false,
-            },
-        }
+            KernelChoice::Avx2Fma => kernel(16, 6, microkernel_avx2::avx2_f32, 192, 256),
+            _ => kernel(8, 4, microkernel_portable::tile::<f32, 8, 4>, 128, 256),
+        })
     }
 }
 
-impl HasMicroKernels for f64 {
-    fn micro_kernel(choice: KernelChoice) -> MicroKernel<f64> {
+impl HasMicroKernels<f64> for f64 {
+    fn micro_kernel(choice: KernelChoice) -> Option<MicroKernel<f64, f64>> {
+        Some(match choice {
+            #[cfg(target_arch = "x86_64")]
+            KernelChoice::Avx512 | KernelChoice::Avx512Bf16 => {
+                avx512_kernel(16, 12, microkernel_avx512::avx512_f64, 128, 256)
+            }
+            #[cfg(target_arch = "x86_64")]
+            KernelChoice::Avx2Fma => kernel(8, 6, microkernel_avx2::avx2_f64, 96, 256),
+            _ => kernel(4, 4, microkernel_portable::tile::<f64, 4, 4>, 128, 256),
+        })
+    }
+}
+
+impl HasMicroKernels<f32> for Bf16Pair {
+    fn micro_kernel(choice: KernelChoice) -> Option<MicroKernel<f32, Bf16Pair>> {
         match choice {
+            // The f32 kernel's tile and bytes per block: a pair is 4 bytes.
             #[cfg(target_arch = "x86_64")]
-            KernelChoice::Avx512 => MicroKernel {
-                mr: 16,
-                nr: 12,
-                func: microkernel_avx512::avx512_f64,
-                blocking: Blocking { mc: 128, kc: 256, nc: 4080 },
-                simd_pack: true,
-            },
-            #[cfg(target_arch = "x86_64")]
-            KernelChoice::Avx2Fma => MicroKernel {
-                mr: 8,
-                nr: 6,
-                func: microkernel_avx2::avx2_f64,
-                blocking: Blocking { mc: 96, kc: 256, nc: 4080 },
-                simd_pack: false,
-            },
-            _ => MicroKernel {
-                mr: 4,
-                nr: 4,
-                func: microkernel_portable::tile::<f64, 4, 4>,
-                blocking: Blocking { mc: 128, kc: 256, nc: 4096 },
-                simd_pack: false,
-            },
+            KernelChoice::Avx512Bf16 => Some(avx512_kernel(32, 12, microkernel_avx512::avx512_bf16, 256, 512)),
+            _ => None,
         }
     }
 }
@@ -165,10 +173,14 @@ mod tests {
     #[test]
     fn tiles_fit_the_scratch() {
         for choice in KernelChoice::supported() {
-            let k32 = f32::micro_kernel(choice);
-            let k64 = f64::micro_kernel(choice);
+            let k32 = <f32 as HasMicroKernels<f32>>::micro_kernel(choice).unwrap();
+            let k64 = <f64 as HasMicroKernels<f64>>::micro_kernel(choice).unwrap();
             assert!(k32.mr * k32.nr <= MAX_TILE);
             assert!(k64.mr * k64.nr <= MAX_TILE);
+            if let Some(k) = Bf16Pair::micro_kernel(choice) {
+                assert!(k.mr * k.nr <= MAX_TILE);
+                assert_eq!(choice, KernelChoice::Avx512Bf16);
+            }
         }
     }
 
@@ -178,17 +190,21 @@ mod tests {
         assert_ne!(k, KernelChoice::Auto);
         assert!(k.is_supported());
         assert_eq!(KernelChoice::supported()[0], k);
-        assert!(select::<f32>(KernelChoice::Auto).is_ok());
+        assert!(select::<f32, f32>(KernelChoice::Auto).is_ok());
     }
 
     #[test]
     fn selection_agrees_with_support() {
-        for choice in [KernelChoice::Avx512, KernelChoice::Avx2Fma, KernelChoice::Portable] {
-            let selected = select::<f32>(choice);
+        for choice in [KernelChoice::Avx512Bf16, KernelChoice::Avx512, KernelChoice::Avx2Fma, KernelChoice::Portable] {
+            let selected = select::<f32, f32>(choice);
             assert_eq!(selected.is_ok(), choice.is_supported(), "{choice:?}");
             if let Err(e) = selected {
                 assert!(matches!(e, KernelError::UnsupportedKernel { .. }));
             }
         }
+        // Pairs have only the AVX512-BF16 kernel.
+        let pairs = select::<f32, Bf16Pair>(KernelChoice::Avx512Bf16);
+        assert_eq!(pairs.is_ok(), KernelChoice::Avx512Bf16.is_supported());
+        assert!(select::<f32, Bf16Pair>(KernelChoice::Portable).is_err());
     }
 }

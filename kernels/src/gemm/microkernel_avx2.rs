@@ -6,12 +6,12 @@ use std::arch::x86_64::*;
 
 simd_tile!(
     /// AVX2+FMA f32 tile, 16 x 6: 12 ymm accumulators.
-    avx2_f32, "avx2,fma", f32, 8, 2, 6,
-    _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_mul_ps, 1
+    avx2_f32, "avx2,fma", f32, lanes 8, mv 2, nr 6, prefetch 1,
+    c: [_mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_mul_ps]
 );
 
 simd_tile!(
     /// AVX2+FMA f64 tile, 8 x 6: 12 ymm accumulators.
-    avx2_f64, "avx2,fma", f64, 4, 2, 6,
-    _mm256_setzero_pd, _mm256_loadu_pd, _mm256_storeu_pd, _mm256_set1_pd, _mm256_fmadd_pd, _mm256_mul_pd, 1
+    avx2_f64, "avx2,fma", f64, lanes 4, mv 2, nr 6, prefetch 1,
+    c: [_mm256_setzero_pd, _mm256_loadu_pd, _mm256_storeu_pd, _mm256_set1_pd, _mm256_fmadd_pd, _mm256_mul_pd]
 );

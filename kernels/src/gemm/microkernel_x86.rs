@@ -5,28 +5,51 @@
 //! A kernel holds an `MR x NR` tile of C in `NR * MV` vector registers
 //! (`MV` vectors of `LANES` elements make one column of `MR = MV * LANES`).
 //! Each step of `p` loads `MV` vectors of packed A, broadcasts `NR` elements
-//! of packed B and issues `MV * NR` independent FMAs: with two FMA pipes of
-//! latency 4, at least 8 independent accumulators keep them busy.
+//! of packed B and issues `MV * NR` independent multiply-adds: with two FMA
+//! pipes of latency 4, at least 8 independent accumulators keep them busy.
+//! The packed elements are usually C's type; for bf16 pairs a step is two
+//! depth indices and the multiply-add a dot product of pairs.
 
 /// Generates one micro-kernel; see the module doc. The invoking module
 /// imports `std::arch::x86_64::*`.
+///
+/// `c: [...]` are the operations on vectors of C's type: zero, load, store,
+/// broadcast, fused multiply-add `(a, b, acc)` and multiply. `ab: [...]` are
+/// those on packed operands: zero, load of A, broadcast of one B element,
+/// and the multiply-add into an accumulator `(a, b, acc)`.
 macro_rules! simd_tile {
+    // Packed operands of C's type: the same operations on both.
     (
         $(#[$doc:meta])*
-        $name:ident, $feature:literal, $t:ty, $lanes:literal, $mv:literal, $nr:literal,
-        $zero:ident, $loadu:ident, $storeu:ident, $set1:ident, $fmadd:ident, $mul:ident, $prefetch_lines:literal
+        $name:ident, $feature:literal, $t:ty, lanes $lanes:literal, mv $mv:literal, nr $nr:literal,
+        prefetch $prefetch_lines:literal,
+        c: [$zero:path, $loadu:path, $storeu:path, $set1:path, $fmadd:path, $mul:path]
+    ) => {
+        simd_tile!(
+            $(#[$doc])*
+            $name, $feature, $t => $t, lanes $lanes, mv $mv, nr $nr, prefetch $prefetch_lines,
+            c: [$zero, $loadu, $storeu, $set1, $fmadd, $mul],
+            ab: [$zero, $loadu, $set1, $fmadd]
+        );
+    };
+    (
+        $(#[$doc:meta])*
+        $name:ident, $feature:literal, $p:ty => $t:ty, lanes $lanes:literal, mv $mv:literal, nr $nr:literal,
+        prefetch $prefetch_lines:literal,
+        c: [$zero:path, $loadu:path, $storeu:path, $set1:path, $fmadd:path, $mul:path],
+        ab: [$zero_ab:path, $load_a:path, $bcast_b:path, $madd:path]
     ) => {
         $(#[$doc])*
         ///
         /// # Safety
         /// The CPU supports the target features; `a` points to
-        /// `kc * MR` readable elements, `b` to `kc * NR`, and
+        /// `kc * MR` readable packed elements, `b` to `kc * NR`, and
         /// `c + i + j * cs_c` is writable for `i < MR`, `j < NR`.
         #[target_feature(enable = $feature)]
         pub(crate) unsafe fn $name(
             kc: usize,
-            a: *const $t,
-            b: *const $t,
+            a: *const $p,
+            b: *const $p,
             c: *mut $t,
             cs_c: usize,
             alpha: $t,
@@ -48,14 +71,14 @@ macro_rules! simd_tile {
                 let mut a = a;
                 let mut b = b;
                 for _ in 0..kc {
-                    let mut av = [$zero(); $mv];
+                    let mut av = [$zero_ab(); $mv];
                     for (v, x) in av.iter_mut().enumerate() {
-                        *x = $loadu(a.add(v * $lanes));
+                        *x = $load_a(a.add(v * $lanes));
                     }
                     for (j, accj) in acc.iter_mut().enumerate() {
-                        let bj = $set1(*b.add(j));
+                        let bj = $bcast_b(*b.add(j));
                         for (x, &ai) in accj.iter_mut().zip(&av) {
-                            *x = $fmadd(ai, bj, *x);
+                            *x = $madd(ai, bj, *x);
                         }
                     }
                     a = a.add($lanes * $mv);

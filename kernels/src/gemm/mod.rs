@@ -4,8 +4,10 @@
 //! The operands are [`MatRef`] / [`MatMut`] views (a slice, an offset, a
 //! shape and strides), so a transposed or strided operand is passed as a view
 //! and never copied by the caller: packing reads it in whatever order it is
-//! stored. f16 and bf16 operands are widened to f32 while they are packed and
-//! accumulate in f32; their C is rounded once, at the end.
+//! stored. f16 and bf16 operands accumulate in f32 and their C is rounded
+//! once, at the end: f16 ones (and bf16 ones on CPUs without AVX512-BF16)
+//! are widened to f32 while they are packed; bf16 ones on CPUs with it stay
+//! bf16, packed in pairs for its dot-product instruction.
 //!
 //! `beta == 0` follows BLAS: C is overwritten without being read, so NaN or
 //! infinity already in C does not reach the result.
@@ -38,11 +40,13 @@ pub use matrix::{BatchMut, BatchRef, MatMut, MatRef};
 pub use microkernel::KernelChoice;
 
 use crate::error::{KernelError, Result};
-use driver::Plan;
-use element::{Compute, Narrow, PackSource};
+use buffer::{with_buffer, Slot};
+use driver::{Plan, Product};
+use element::{Bf16Pair, Compute, Narrow, PackSource, Packed};
 use half::{bf16, f16};
 use matrix::RawMut;
 use microkernel::{select, HasMicroKernels};
+use pack::PackInto;
 use rayon::prelude::*;
 
 /// Products below this many floating-point operations (`2 m n k`) run on one
@@ -100,46 +104,29 @@ pub trait GemmElement: Copy + Send + Sync + 'static + sealed::Sealed {
     ) -> Result<()>;
 }
 
-impl GemmElement for f32 {
-    type Scalar = f32;
-    fn batched_impl(
-        options: &GemmOptions,
-        alpha: f32,
-        a: BatchRef<'_, f32>,
-        b: BatchRef<'_, f32>,
-        beta: f32,
-        c: BatchMut<'_, f32>,
-    ) -> Result<()> {
-        run_batched(options, alpha, a, b, beta, c, Direct)
-    }
+/// The per-type entry of the products: the packed type and the output path.
+macro_rules! gemm_element {
+    ($($t:ty => $scalar:ty, packed $packed:ty, $path:expr;)*) => {$(
+        impl GemmElement for $t {
+            type Scalar = $scalar;
+            fn batched_impl(
+                options: &GemmOptions,
+                alpha: $scalar,
+                a: BatchRef<'_, $t>,
+                b: BatchRef<'_, $t>,
+                beta: $scalar,
+                c: BatchMut<'_, $t>,
+            ) -> Result<()> {
+                run_batched::<$scalar, $packed, _, _>(options, alpha, a, b, beta, c, $path)
+            }
+        }
+    )*};
 }
 
-impl GemmElement for f64 {
-    type Scalar = f64;
-    fn batched_impl(
-        options: &GemmOptions,
-        alpha: f64,
-        a: BatchRef<'_, f64>,
-        b: BatchRef<'_, f64>,
-        beta: f64,
-        c: BatchMut<'_, f64>,
-    ) -> Result<()> {
-        run_batched(options, alpha, a, b, beta, c, Direct)
-    }
-}
-
-impl GemmElement for f16 {
-    type Scalar = f32;
-    fn batched_impl(
-        options: &GemmOptions,
-        alpha: f32,
-        a: BatchRef<'_, f16>,
-        b: BatchRef<'_, f16>,
-        beta: f32,
-        c: BatchMut<'_, f16>,
-    ) -> Result<()> {
-        run_batched(options, alpha, a, b, beta, c, Widened)
-    }
+gemm_element! {
+    f32 => f32, packed f32, Direct;
+    f64 => f64, packed f64, Direct;
+    f16 => f32, packed f32, Widened;
 }
 
 impl GemmElement for bf16 {
@@ -152,7 +139,14 @@ impl GemmElement for bf16 {
         beta: f32,
         c: BatchMut<'_, bf16>,
     ) -> Result<()> {
-        run_batched(options, alpha, a, b, beta, c, Widened)
+        // bf16 dot products on bf16 pairs where the CPU has them; otherwise
+        // operands widened to f32 while packed. Both accumulate exact
+        // products in f32 and round C once.
+        if options.kernel.resolve() == KernelChoice::Avx512Bf16 {
+            run_batched::<f32, Bf16Pair, _, _>(options, alpha, a, b, beta, c, Widened)
+        } else {
+            run_batched::<f32, f32, _, _>(options, alpha, a, b, beta, c, Widened)
+        }
     }
 }
 
@@ -208,68 +202,38 @@ pub fn batched_gemm<T: GemmElement>(
     batched_gemm_with(&GemmOptions::default(), alpha, a, b, beta, c)
 }
 
-/// f32 `C = alpha * A * B + beta * C`.
-pub fn gemm_f32(alpha: f32, a: MatRef<'_, f32>, b: MatRef<'_, f32>, beta: f32, c: MatMut<'_, f32>) -> Result<()> {
-    gemm(alpha, a, b, beta, c)
+/// The per-type functions: `gemm_f32`, `batched_gemm_f32` and so on.
+macro_rules! typed_gemm {
+    ($($t:ident => $scalar:ty, $single:ident, $batched:ident, $note:literal;)*) => {$(
+        #[doc = concat!(stringify!($t), " `C = alpha * A * B + beta * C`", $note, ".")]
+        pub fn $single(
+            alpha: $scalar,
+            a: MatRef<'_, $t>,
+            b: MatRef<'_, $t>,
+            beta: $scalar,
+            c: MatMut<'_, $t>,
+        ) -> Result<()> {
+            gemm(alpha, a, b, beta, c)
+        }
+
+        #[doc = concat!("Batched ", stringify!($t), " product", $note, "; see [`batched_gemm_with`].")]
+        pub fn $batched(
+            alpha: $scalar,
+            a: BatchRef<'_, $t>,
+            b: BatchRef<'_, $t>,
+            beta: $scalar,
+            c: BatchMut<'_, $t>,
+        ) -> Result<()> {
+            batched_gemm(alpha, a, b, beta, c)
+        }
+    )*};
 }
 
-/// f64 `C = alpha * A * B + beta * C`.
-pub fn gemm_f64(alpha: f64, a: MatRef<'_, f64>, b: MatRef<'_, f64>, beta: f64, c: MatMut<'_, f64>) -> Result<()> {
-    gemm(alpha, a, b, beta, c)
-}
-
-/// f16 `C = alpha * A * B + beta * C`, accumulated in f32.
-pub fn gemm_f16(alpha: f32, a: MatRef<'_, f16>, b: MatRef<'_, f16>, beta: f32, c: MatMut<'_, f16>) -> Result<()> {
-    gemm(alpha, a, b, beta, c)
-}
-
-/// bf16 `C = alpha * A * B + beta * C`, accumulated in f32.
-pub fn gemm_bf16(alpha: f32, a: MatRef<'_, bf16>, b: MatRef<'_, bf16>, beta: f32, c: MatMut<'_, bf16>) -> Result<()> {
-    gemm(alpha, a, b, beta, c)
-}
-
-/// Batched f32 product; see [`batched_gemm_with`].
-pub fn batched_gemm_f32(
-    alpha: f32,
-    a: BatchRef<'_, f32>,
-    b: BatchRef<'_, f32>,
-    beta: f32,
-    c: BatchMut<'_, f32>,
-) -> Result<()> {
-    batched_gemm(alpha, a, b, beta, c)
-}
-
-/// Batched f64 product; see [`batched_gemm_with`].
-pub fn batched_gemm_f64(
-    alpha: f64,
-    a: BatchRef<'_, f64>,
-    b: BatchRef<'_, f64>,
-    beta: f64,
-    c: BatchMut<'_, f64>,
-) -> Result<()> {
-    batched_gemm(alpha, a, b, beta, c)
-}
-
-/// Batched f16 product, accumulated in f32; see [`batched_gemm_with`].
-pub fn batched_gemm_f16(
-    alpha: f32,
-    a: BatchRef<'_, f16>,
-    b: BatchRef<'_, f16>,
-    beta: f32,
-    c: BatchMut<'_, f16>,
-) -> Result<()> {
-    batched_gemm(alpha, a, b, beta, c)
-}
-
-/// Batched bf16 product, accumulated in f32; see [`batched_gemm_with`].
-pub fn batched_gemm_bf16(
-    alpha: f32,
-    a: BatchRef<'_, bf16>,
-    b: BatchRef<'_, bf16>,
-    beta: f32,
-    c: BatchMut<'_, bf16>,
-) -> Result<()> {
-    batched_gemm(alpha, a, b, beta, c)
+typed_gemm! {
+    f32 => f32, gemm_f32, batched_gemm_f32, "";
+    f64 => f64, gemm_f64, batched_gemm_f64, "";
+    f16 => f32, gemm_f16, batched_gemm_f16, ", accumulated in f32";
+    bf16 => f32, gemm_bf16, batched_gemm_bf16, ", accumulated in f32";
 }
 
 /// C of the compute type itself: the kernels write it in place.
@@ -278,19 +242,21 @@ struct Direct;
 /// C of a narrow type: accumulate in an f32 workspace, round at the end.
 struct Widened;
 
-/// How one product's C is reached from the compute type `T`.
-trait OutputPath<T: Compute, S>: Sync {
-    fn run(&self, plan: &Plan<T>, alpha: T, a: MatRef<'_, S>, b: MatRef<'_, S>, beta: T, c: RawMut<S>);
+/// How one product's C of type `S` is reached from the compute type `T`,
+/// with operands packed as `P`.
+trait OutputPath<T: Compute, P, S>: Sync {
+    fn run(&self, plan: &Plan<T, P>, p: Product<'_, T, S, S>);
 }
 
-impl<T: Compute + PackSource<T>> OutputPath<T, T> for Direct {
-    fn run(&self, plan: &Plan<T>, alpha: T, a: MatRef<'_, T>, b: MatRef<'_, T>, beta: T, c: RawMut<T>) {
-        driver::gemm(plan, alpha, a, b, beta, c);
+impl<T: Compute + Packed + PackInto<T>> OutputPath<T, T, T> for Direct {
+    fn run(&self, plan: &Plan<T, T>, p: Product<'_, T, T>) {
+        driver::gemm(plan, p);
     }
 }
 
-impl<S: Narrow> OutputPath<f32, S> for Widened {
-    fn run(&self, plan: &Plan<f32>, alpha: f32, a: MatRef<'_, S>, b: MatRef<'_, S>, beta: f32, c: RawMut<S>) {
+impl<S: Narrow + PackInto<P>, P: Packed> OutputPath<f32, P, S> for Widened {
+    fn run(&self, plan: &Plan<f32, P>, p: Product<'_, f32, S, S>) {
+        let (c, beta) = (p.c, p.beta);
         let (m, n) = (c.rows, c.cols);
         if m == 0 || n == 0 {
             return;
@@ -301,26 +267,25 @@ impl<S: Narrow> OutputPath<f32, S> for Widened {
         let row_major = c.col_stride == 1 && c.row_stride != 1;
         let (runs, run_len) = if row_major { (m, n) } else { (n, m) };
         let (run_stride, step) = if row_major { (c.row_stride, c.col_stride) } else { (c.col_stride, c.row_stride) };
-        // With beta = 0 its contents are unused.
-        let mut work = vec![0.0f32; m * n];
-        if beta != 0.0 {
-            for (r, out) in work.chunks_exact_mut(run_len).enumerate() {
-                // SAFETY: run r of the checked output view starts there and
-                // has `run_len` elements `step` apart.
-                unsafe { widen_run(c.ptr.add(r * run_stride), step, out) };
+        // A cached workspace: with beta = 0 its (stale) contents are unused.
+        with_buffer::<f32, _>(Slot::C, m * n, |work| {
+            if beta != 0.0 {
+                for (r, out) in work.chunks_exact_mut(run_len).enumerate() {
+                    // SAFETY: run r of the checked output view starts there
+                    // and has `run_len` elements `step` apart.
+                    unsafe { widen_run(c.ptr.add(r * run_stride), step, out) };
+                }
             }
-        }
-        let work_view = if row_major {
-            RawMut { ptr: work.as_mut_ptr(), rows: m, cols: n, row_stride: n, col_stride: 1 }
-        } else {
-            RawMut { ptr: work.as_mut_ptr(), rows: m, cols: n, row_stride: 1, col_stride: m }
-        };
-        driver::gemm(plan, alpha, a, b, beta, work_view);
-        debug_assert_eq!(work.len(), runs * run_len);
-        for (r, run) in work.chunks_exact(run_len).enumerate() {
-            // SAFETY: as above; nothing else reads or writes this product's C.
-            unsafe { narrow_run(run, c.ptr.add(r * run_stride), step) };
-        }
+            let (row_stride, col_stride) = if row_major { (n, 1) } else { (1, m) };
+            let work_view = RawMut { ptr: work.as_mut_ptr(), rows: m, cols: n, row_stride, col_stride };
+            driver::gemm(plan, p.with_c(work_view));
+            debug_assert_eq!(work.len(), runs * run_len);
+            for (r, run) in work.chunks_exact(run_len).enumerate() {
+                // SAFETY: as above; nothing else reads or writes this
+                // product's C.
+                unsafe { narrow_run(run, c.ptr.add(r * run_stride), step) };
+            }
+        });
     }
 }
 
@@ -372,19 +337,20 @@ fn shape_error(a: (usize, usize), b: (usize, usize), c: (usize, usize)) -> Kerne
     }
 }
 
-fn run_batched<T, S, P>(
+fn run_batched<T, P, S, Path>(
     options: &GemmOptions,
     alpha: T,
     a: BatchRef<'_, S>,
     b: BatchRef<'_, S>,
     beta: T,
     mut c: BatchMut<'_, S>,
-    path: P,
+    path: Path,
 ) -> Result<()>
 where
-    T: HasMicroKernels,
+    T: Compute,
+    P: HasMicroKernels<T>,
     S: Send + Sync,
-    P: OutputPath<T, S>,
+    Path: OutputPath<T, P, S>,
 {
     let (m, n, k) = (c.rows(), c.cols(), a.cols());
     if a.rows() != m || b.cols() != n || b.rows() != k {
@@ -398,7 +364,7 @@ where
             });
         }
     }
-    let kernel = select::<T>(options.kernel)?;
+    let kernel = select::<T, P>(options.kernel)?;
     let blocking = options.blocking.unwrap_or(kernel.blocking);
     blocking.validate()?;
     if batch == 0 || m == 0 || n == 0 {
@@ -419,7 +385,7 @@ where
         // SAFETY: matrix i of the checked batch view starts i * c_stride
         // elements after matrix 0, and the matrices are disjoint.
         let ci = unsafe { c_raw.offset(i * c_stride) };
-        path.run(&plan, alpha, a.item(i), b.item(i), beta, ci);
+        path.run(&plan, Product { alpha, a: a.item(i), b: b.item(i), beta, c: ci });
     };
     if across_batch {
         (0..batch).into_par_iter().for_each(one);

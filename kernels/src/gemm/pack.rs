@@ -6,15 +6,40 @@
 //! `nr`. Rows past the edge of the matrix are filled with zeros so that the
 //! micro-kernel always runs on whole tiles. Strides are resolved here, and
 //! narrow element types (f16, bf16) are widened here, once per element.
+//!
+//! bf16 packed as [`Bf16Pair`]s has the same layout with a pair of depth
+//! indices `(2u, 2u + 1)` in place of one index `p`; an odd depth's last pair
+//! is completed with a zero.
 
-use super::element::{Compute, PackSource};
+use super::element::{Bf16Pair, Compute, PackSource};
 use super::matrix::MatRef;
+use half::bf16;
 
-/// Packs `src` (`rows x depth`) into panels of `width` rows; see the module
-/// doc. `dst` must hold `rows.div_ceil(width) * width * depth` elements.
+/// A stored element type that can be packed into `P`.
+pub(crate) trait PackInto<P>: Copy + Send + Sync + 'static {
+    /// Packs `src` (`rows x depth`) into panels of `width` rows; see the
+    /// module doc. `dst` must hold
+    /// `rows.div_ceil(width) * width * depth.div_ceil(P::DEPTH)` elements.
+    /// With `simd`, the AVX-512 packers run where they apply: the caller has
+    /// checked that the CPU has AVX-512F (and for pairs AVX-512BW).
+    fn pack(dst: &mut [P], src: MatRef<'_, Self>, width: usize, simd: bool);
+}
+
+impl<T: Compute, S: PackSource<T>> PackInto<T> for S {
+    fn pack(dst: &mut [T], src: MatRef<'_, S>, width: usize, simd: bool) {
+        pack_panels(dst, src, width, simd);
+    }
+}
+
+impl PackInto<Bf16Pair> for bf16 {
+    fn pack(dst: &mut [Bf16Pair], src: MatRef<'_, bf16>, width: usize, simd: bool) {
+        pack_pairs(dst, src, width, simd);
+    }
+}
+
+/// [`PackInto::pack`] for the compute types, widening narrow sources.
 /// With `simd`, f32 and f64 operands (and f16 / bf16 ones with contiguous
-/// panel rows) are packed with AVX-512 (the caller has checked that the CPU
-/// has it).
+/// panel rows) are packed with AVX-512.
 pub(crate) fn pack_panels<T: Compute, S: PackSource<T>>(dst: &mut [T], src: MatRef<'_, S>, width: usize, simd: bool) {
     let (rows, depth) = (src.rows(), src.cols());
     let (rs, cs) = (src.row_stride(), src.col_stride());
@@ -70,28 +95,38 @@ pub(crate) fn pack_panels<T: Compute, S: PackSource<T>>(dst: &mut [T], src: MatR
     }
 }
 
-/// The AVX-512 packers, for f32 from f32, f64 from f64, and f32 from f16 or
-/// bf16 with contiguous panel rows; returns whether it packed (false
-/// otherwise).
+/// The shape of a non-empty view for the AVX-512 packers, and the address
+/// of its element (0, 0).
+#[cfg(target_arch = "x86_64")]
+fn simd_args<S>(src: MatRef<'_, S>, width: usize) -> (*const S, super::pack_avx512::PackShape) {
+    use super::pack_avx512::PackShape;
+    // Non-empty view (checked by the callers): element (0, 0) is in bounds.
+    let origin = src.data()[src.offset()..].as_ptr();
+    let (rows, depth, rs, cs) = (src.rows(), src.cols(), src.row_stride(), src.col_stride());
+    (origin, PackShape { rows, depth, rs, cs, width })
+}
+
+/// The AVX-512 packers, for f32 from f32, f64 from f64 (either stride 1),
+/// and f32 from f16 or bf16 with contiguous panel rows; returns whether it
+/// packed (false otherwise).
 #[cfg(target_arch = "x86_64")]
 fn pack_simd<T: Compute, S: PackSource<T>>(dst: &mut [T], src: MatRef<'_, S>, width: usize) -> bool {
     use super::pack_avx512::{pack_f32, pack_f64};
     use std::any::TypeId;
-    let args = (src.rows(), src.cols(), src.row_stride(), src.col_stride());
-    // Non-empty view (checked by the caller): element (0, 0) is in bounds.
-    let origin = src.data()[src.offset()..].as_ptr();
+    let (origin, shape) = simd_args(src, width);
+    let unit_stride = shape.rs == 1 || shape.cs == 1;
     let same = TypeId::of::<S>() == TypeId::of::<T>();
-    if same && TypeId::of::<T>() == TypeId::of::<f32>() {
+    if unit_stride && same && TypeId::of::<T>() == TypeId::of::<f32>() {
         // SAFETY: T and S are both f32 (same TypeId), so the casts are
         // identities; the view was bounds-checked when made, `dst` is large
         // enough (asserted by the caller), and the caller checked AVX-512F.
-        unsafe { pack_f32(dst.as_mut_ptr().cast(), origin.cast(), args.0, args.1, args.2, args.3, width) };
+        unsafe { pack_f32(dst.as_mut_ptr().cast(), origin.cast(), shape) };
         true
-    } else if same && TypeId::of::<T>() == TypeId::of::<f64>() {
+    } else if unit_stride && same && TypeId::of::<T>() == TypeId::of::<f64>() {
         // SAFETY: as above, with f64.
-        unsafe { pack_f64(dst.as_mut_ptr().cast(), origin.cast(), args.0, args.1, args.2, args.3, width) };
+        unsafe { pack_f64(dst.as_mut_ptr().cast(), origin.cast(), shape) };
         true
-    } else if TypeId::of::<T>() == TypeId::of::<f32>() && args.3 == 1 && args.2 != 1 {
+    } else if TypeId::of::<T>() == TypeId::of::<f32>() && shape.cs == 1 && shape.rs != 1 {
         pack_widened_rows(dst, src, width);
         true
     } else {
@@ -106,7 +141,7 @@ fn pack_simd<T: Compute, S: PackSource<T>>(dst: &mut [T], src: MatRef<'_, S>, wi
 /// of a bf16 product. The caller has checked that `T` is f32 and AVX-512F.
 #[cfg(target_arch = "x86_64")]
 fn pack_widened_rows<T: Compute, S: PackSource<T>>(dst: &mut [T], src: MatRef<'_, S>, width: usize) {
-    use super::pack_avx512::pack_f32;
+    use super::pack_avx512::{pack_f32, PackShape};
     let (rows, depth, rs) = (src.rows(), src.cols(), src.row_stride());
     let data = src.data();
     let mut scratch = vec![T::ZERO; width * depth];
@@ -116,10 +151,43 @@ fn pack_widened_rows<T: Compute, S: PackSource<T>>(dst: &mut [T], src: MatRef<'_
             let start = src.offset() + (q * width + i) * rs;
             S::convert_slice(&data[start..start + depth], out);
         }
+        let shape = PackShape { rows: live, depth, rs: depth, cs: 1, width };
         // SAFETY: T is f32 (caller's check), so the casts are identities;
         // the scratch holds `live` rows of `depth` elements, `depth` apart;
         // the panel holds `width * depth` elements; AVX-512F is available.
-        unsafe { pack_f32(panel.as_mut_ptr().cast(), scratch.as_ptr().cast(), live, depth, depth, 1, width) };
+        unsafe { pack_f32(panel.as_mut_ptr().cast(), scratch.as_ptr().cast(), shape) };
+    }
+}
+
+/// [`PackInto::pack`] for bf16 pairs. With `simd`, operands with a unit
+/// stride are packed with AVX-512.
+fn pack_pairs(dst: &mut [Bf16Pair], src: MatRef<'_, bf16>, width: usize, simd: bool) {
+    let (rows, depth) = (src.rows(), src.cols());
+    if rows == 0 || depth == 0 {
+        return;
+    }
+    let units = depth.div_ceil(2);
+    assert!(dst.len() >= rows.div_ceil(width) * width * units, "pack buffer too small");
+    #[cfg(target_arch = "x86_64")]
+    if simd && (src.row_stride() == 1 || src.col_stride() == 1) {
+        let (origin, shape) = simd_args(src, width);
+        // SAFETY: the view was bounds-checked when made and has a unit
+        // stride, `dst` is large enough (asserted above), and the caller
+        // checked AVX-512F and AVX-512BW.
+        unsafe { super::pack_avx512::pack_pairs(dst.as_mut_ptr(), origin, shape) };
+        return;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = simd;
+    let at = |i: usize, p: usize| src.get(i, p).copied().unwrap_or(bf16::ZERO);
+    for (q, panel) in dst.chunks_exact_mut(width * units).take(rows.div_ceil(width)).enumerate() {
+        for (u, out) in panel.chunks_exact_mut(width).enumerate() {
+            for (i, o) in out.iter_mut().enumerate() {
+                let r = q * width + i;
+                // Past the last row or column, `get` gives None: zero.
+                *o = Bf16Pair::new(at(r, 2 * u), at(r, 2 * u + 1));
+            }
+        }
     }
 }
 
@@ -221,6 +289,57 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// Element-wise reference of the pair layout.
+    fn reference_pairs(src: MatRef<'_, bf16>, width: usize) -> Vec<Bf16Pair> {
+        let (rows, units) = (src.rows(), src.cols().div_ceil(2));
+        let at = |i, p| src.get(i, p).copied().unwrap_or(bf16::ZERO);
+        let mut out = vec![Bf16Pair(0); rows.div_ceil(width) * width * units];
+        for q in 0..rows.div_ceil(width) {
+            for u in 0..units {
+                for i in 0..width {
+                    let r = q * width + i;
+                    out[q * width * units + u * width + i] = Bf16Pair::new(at(r, 2 * u), at(r, 2 * u + 1));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn pair_packing_matches_reference_on_many_shapes() {
+        #[cfg(target_arch = "x86_64")]
+        let simd_too = crate::cpu_features::cpu_features().avx512f && std::arch::is_x86_feature_detected!("avx512bw");
+        #[cfg(not(target_arch = "x86_64"))]
+        let simd_too = false;
+        // Every bit pattern: packing moves bits and never looks at values.
+        let data: Vec<bf16> = (0..40000u32).map(|i| bf16::from_bits((i.wrapping_mul(40503) >> 3) as u16)).collect();
+        for width in [4, 12, 16, 32, 48] {
+            for (rows, depth) in [(1, 1), (1, 2), (3, 17), (31, 5), (33, 16), (40, 37), (12, 40), (300, 9), (17, 64)] {
+                // Row-major (also with an odd padded row stride), column-major
+                // (also padded), and doubly strided storage.
+                for strides in [[depth, 1], [depth + 3, 1], [1, rows], [1, rows + 1], [2 * depth + 1, 2]] {
+                    let src = MatRef::new(&data, 3, [rows, depth], strides).unwrap();
+                    let want = reference_pairs(src, width);
+                    for simd in [false, simd_too] {
+                        // A pattern no packing writes, to catch missed elements.
+                        let mut got = vec![Bf16Pair(0xdead_beef); want.len()];
+                        bf16::pack(&mut got, src, width, simd);
+                        assert_eq!(got, want, "{rows}x{depth} {strides:?} w{width} simd {simd}");
+                    }
+                }
+            }
+        }
+        // Odd depth: the last pair's high half is zero, not the next element.
+        let v: Vec<bf16> = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0].iter().map(|&x| bf16::from_f32(x)).collect();
+        for simd in [false, simd_too] {
+            let mut got = vec![Bf16Pair(0); 4 * 2];
+            bf16::pack(&mut got, MatRef::row_major(&v, 2, 3).unwrap(), 4, simd);
+            let pair = |lo: f32, hi: f32| Bf16Pair::new(bf16::from_f32(lo), bf16::from_f32(hi));
+            let zero = Bf16Pair(0);
+            assert_eq!(got, [pair(1.0, 2.0), pair(4.0, 5.0), zero, zero, pair(3.0, 0.0), pair(6.0, 0.0), zero, zero]);
         }
     }
 }

@@ -1,61 +1,116 @@
-//! AVX-512 packing for f32 and f64 operands: the same layout as
-//! [`super::pack`], made with vector copies and in-register transposes.
+//! AVX-512 packing: the layout of [`super::pack`], made with vector copies
+//! and in-register transposes, for f32 and f64 operands and for bf16
+//! operands packed as pairs.
 //!
 //! A row-major operand packed along its rows (`A` of `C = A B` when C is
 //! row-major, or either operand of `A B^T`) needs a transpose: each panel
 //! reads `width` rows of `kc` contiguous elements and writes `kc` groups of
 //! `width`. Done an element at a time that costs about as much as a fifth of
-//! the multiplication on 1024-sized products; here a 16 x 16 (f32) or 8 x 8
-//! (f64) block is loaded, transposed with shuffles and stored at once.
+//! the multiplication on 1024-sized products; here a 16 x 16 (f32, bf16
+//! pairs) or 8 x 8 (f64) block is loaded, transposed with shuffles and
+//! stored at once. A bf16 pair is a 32-bit lane, so pairs are transposed as
+//! f32 bits are.
+//!
+//! One generic body per stride case serves every element type; the [`Lanes`]
+//! trait supplies the few type-specific vector operations. Everything is
+//! inlined into the three entry points, which carry the target features.
 
+use super::element::{Bf16Pair, Packed};
+use half::bf16;
 use std::arch::x86_64::*;
 
-/// Packs `rows x depth` elements read at `src + i * rs + p * cs` into panels
-/// of `width` rows, as [`super::pack::pack_panels`] does.
+/// Packs `rows x depth` f32 read at `src + i * rs + p * cs` into panels of
+/// `width` rows, as [`super::pack::pack_panels`] does; one of the strides is
+/// 1.
 ///
 /// # Safety
-/// AVX-512F is available; every `(i, p)` with `i < rows`, `p < depth`
-/// addresses a readable element; `dst` holds
+/// AVX-512F is available; `rs == 1` or `cs == 1`; every `(i, p)` with
+/// `i < rows`, `p < depth` addresses a readable element; `dst` holds
 /// `rows.div_ceil(width) * width * depth` writable elements.
 #[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn pack_f32(
-    dst: *mut f32,
-    src: *const f32,
-    rows: usize,
-    depth: usize,
-    rs: usize,
-    cs: usize,
-    width: usize,
-) {
-    if rs == 1 {
-        // SAFETY: forwarded contract.
-        unsafe { copy_columns_f32(dst, src, rows, depth, cs, width) };
-        return;
-    }
-    let panels = rows.div_ceil(width);
-    for q in 0..panels {
-        let live = width.min(rows - q * width);
-        // SAFETY: panel q lies inside `dst` and its rows inside `src`
-        // (caller's contract); every access below stays within the panel's
-        // `live` rows, `depth` columns and `width * depth` outputs.
-        unsafe {
-            let panel = dst.add(q * width * depth);
-            let base = src.add(q * width * rs);
-            if cs == 1 {
-                if q + 1 < panels {
-                    // The source rows are short streams (kc elements) far
-                    // apart: ask for the next panel's rows while this one
-                    // is transposed.
-                    prefetch_rows(base.add(width * rs), width.min(rows - (q + 1) * width), depth, rs);
-                }
-                transpose_rows_f32(panel, base, live, depth, rs, width);
-            } else {
-                for p in 0..depth {
-                    for i in 0..width {
-                        *panel.add(p * width + i) = if i < live { *base.add(i * rs + p * cs) } else { 0.0 };
-                    }
-                }
-            }
+pub(crate) unsafe fn pack_f32(dst: *mut f32, src: *const f32, shape: PackShape) {
+    // SAFETY: forwarded contract; the target features are enabled here.
+    unsafe { pack(dst, src, shape) }
+}
+
+/// f64 version of [`pack_f32`].
+///
+/// # Safety
+/// As for [`pack_f32`].
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn pack_f64(dst: *mut f64, src: *const f64, shape: PackShape) {
+    // SAFETY: as in `pack_f32`.
+    unsafe { pack(dst, src, shape) }
+}
+
+/// [`pack_f32`] for bf16 packed as pairs of consecutive depth indices; an
+/// odd depth's last pair has a zero high half.
+///
+/// # Safety
+/// As for [`pack_f32`], with AVX-512BW also available and `dst` holding
+/// `rows.div_ceil(width) * width * depth.div_ceil(2)` pairs.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) unsafe fn pack_pairs(dst: *mut Bf16Pair, src: *const bf16, shape: PackShape) {
+    // SAFETY: as in `pack_f32`.
+    unsafe { pack(dst, src, shape) }
+}
+
+/// Rows, depth, strides and panel width of one packing.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PackShape {
+    pub rows: usize,
+    pub depth: usize,
+    pub rs: usize,
+    pub cs: usize,
+    pub width: usize,
+}
+
+/// The vector operations the generic packers need from a packed type.
+trait Lanes: Packed {
+    /// The stored element read.
+    type Src: Copy;
+    /// Packed elements per vector: rows moved at once.
+    const LANES: usize;
+    /// `LANES` vectors: a square block of packed elements.
+    type Block: Copy;
+
+    /// Packs one packed column's rows `0..store` (at most `LANES`) at `dst`
+    /// from the source column at `src` (rows contiguous; a pair's second
+    /// column `cs` further, if `cols == 2`): rows past `load` are zero.
+    ///
+    /// # Safety
+    /// Rows `< load` of the `cols` columns are readable; `store` packed
+    /// elements are writable at `dst`; the entry point's features.
+    unsafe fn copy_rows(dst: *mut Self, src: *const Self::Src, cs: usize, cols: usize, load: usize, store: usize);
+
+    /// Loads a block: row `i < rows` holds `cols` source elements from
+    /// `src + i * rs` (the rest, and rows past `rows`, zero).
+    ///
+    /// # Safety
+    /// Those elements are readable; the entry point's features.
+    unsafe fn load_block(src: *const Self::Src, rs: usize, rows: usize, cols: usize) -> Self::Block;
+
+    /// Transposes a block and stores its rows `j < units`, `lanes` packed
+    /// elements each (at most `LANES`), at `dst + j * width`.
+    ///
+    /// # Safety
+    /// Those elements are writable; the entry point's features.
+    unsafe fn store_transposed(dst: *mut Self, width: usize, units: usize, lanes: usize, block: Self::Block);
+}
+
+/// See [`pack_f32`].
+///
+/// # Safety
+/// As for the entry point that calls it.
+#[inline(always)]
+unsafe fn pack<E: Lanes>(dst: *mut E, src: *const E::Src, shape: PackShape) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        if shape.rs == 1 {
+            copy_columns(dst, src, shape);
+        } else {
+            debug_assert_eq!(shape.cs, 1);
+            transpose_rows(dst, src, shape);
         }
     }
 }
@@ -84,7 +139,103 @@ const PREFETCH_COLUMNS: usize = 8;
 /// few (L1-resident streams) while each source column is read in one go.
 const COPY_ROWS: usize = 256;
 
-/// Lanes `0..n` set.
+/// Panel columns are contiguous in the source (`rs == 1`): for a chunk of
+/// rows, read each source column once, contiguously, and scatter it over the
+/// chunk's panels with masked vector copies.
+///
+/// # Safety
+/// As for [`pack_f32`] with `rs == 1`.
+#[inline(always)]
+unsafe fn copy_columns<E: Lanes>(dst: *mut E, src: *const E::Src, shape: PackShape) {
+    let PackShape { rows, depth, cs, width, .. } = shape;
+    let units = depth.div_ceil(E::DEPTH);
+    let chunk = (COPY_ROWS / width).max(1) * width;
+    let mut r0 = 0;
+    while r0 < rows {
+        let chunk_rows = chunk.min(rows - r0);
+        // SAFETY: reads rows `r0..r0 + chunk_rows` (< rows) of columns
+        // `< depth`; writes whole panels of the chunk inside `dst`.
+        unsafe {
+            for u in 0..units {
+                let p = u * E::DEPTH;
+                let cols = E::DEPTH.min(depth - p);
+                for ahead in p + PREFETCH_COLUMNS..(p + cols + PREFETCH_COLUMNS).min(depth) {
+                    prefetch_rows(src.add(ahead * cs + r0), 1, chunk_rows, 0);
+                }
+                let s = src.add(p * cs + r0);
+                for q in 0..chunk_rows.div_ceil(width) {
+                    let live = width.min(chunk_rows - q * width);
+                    let d = dst.add((r0 / width + q) * width * units + u * width);
+                    let mut i = 0;
+                    while i < width {
+                        // Rows past `live` are masked off and never read.
+                        E::copy_rows(
+                            d.add(i),
+                            s.wrapping_add(q * width + i),
+                            cs,
+                            cols,
+                            live.saturating_sub(i),
+                            width - i,
+                        );
+                        i += E::LANES;
+                    }
+                }
+            }
+        }
+        r0 += chunk_rows;
+    }
+}
+
+/// Panel rows are contiguous in the source (`cs == 1`): transpose square
+/// blocks.
+///
+/// # Safety
+/// As for [`pack_f32`] with `cs == 1`.
+#[inline(always)]
+unsafe fn transpose_rows<E: Lanes>(dst: *mut E, src: *const E::Src, shape: PackShape) {
+    let PackShape { rows, depth, rs, width, .. } = shape;
+    let units = depth.div_ceil(E::DEPTH);
+    let panels = rows.div_ceil(width);
+    for q in 0..panels {
+        let live = width.min(rows - q * width);
+        // SAFETY: panel q lies inside `dst` and its rows inside `src`
+        // (caller's contract). Loads touch rows `< live` and columns
+        // `< depth` only, stores packed columns `< units` and rows `< width`
+        // only: the rest is masked off (a masked-off lane is never read or
+        // written, so its address may be outside the view: hence
+        // `wrapping_add`).
+        unsafe {
+            let panel = dst.add(q * width * units);
+            let base = src.add(q * width * rs);
+            if q + 1 < panels {
+                // The source rows are short streams (kc elements) far apart:
+                // ask for the next panel's rows while this one is transposed.
+                prefetch_rows(base.add(width * rs), width.min(rows - (q + 1) * width), depth, rs);
+            }
+            let mut u = 0;
+            while u < units {
+                let p = u * E::DEPTH;
+                let cols = (E::LANES * E::DEPTH).min(depth - p);
+                let mut g = 0;
+                while g < width {
+                    let block = E::load_block(base.wrapping_add(g * rs + p), rs, live.saturating_sub(g), cols);
+                    let lanes = E::LANES.min(width - g);
+                    E::store_transposed(
+                        panel.wrapping_add(u * width + g),
+                        width,
+                        cols.div_ceil(E::DEPTH),
+                        lanes,
+                        block,
+                    );
+                    g += E::LANES;
+                }
+                u += E::LANES;
+            }
+        }
+    }
+}
+
+/// Lanes `0..n` set, for 16-lane vectors.
 #[inline(always)]
 fn mask16(n: usize) -> __mmask16 {
     if n >= 16 {
@@ -94,76 +245,147 @@ fn mask16(n: usize) -> __mmask16 {
     }
 }
 
-/// Panel columns are contiguous in the source (`rs == 1`): for a chunk of
-/// rows, read each source column once, contiguously, and scatter it over the
-/// chunk's panels with masked vector copies.
-///
-/// # Safety
-/// As for [`pack_f32`] with `rs == 1`.
-#[target_feature(enable = "avx512f")]
-unsafe fn copy_columns_f32(dst: *mut f32, src: *const f32, rows: usize, depth: usize, cs: usize, width: usize) {
-    let chunk = (COPY_ROWS / width).max(1) * width;
-    let mut r0 = 0;
-    while r0 < rows {
-        let chunk_rows = chunk.min(rows - r0);
-        // SAFETY: reads rows `r0..r0 + chunk_rows` (< rows) of columns
-        // `< depth`; writes whole panels of the chunk inside `dst`.
-        unsafe {
-            for p in 0..depth {
-                if p + PREFETCH_COLUMNS < depth {
-                    prefetch_rows(src.add((p + PREFETCH_COLUMNS) * cs + r0), 1, chunk_rows, 0);
-                }
-                let s = src.add(p * cs + r0);
-                for q in 0..chunk_rows.div_ceil(width) {
-                    let live = width.min(chunk_rows - q * width);
-                    let d = dst.add((r0 / width + q) * width * depth + p * width);
-                    let sq = s.add(q * width);
-                    let mut i = 0;
-                    while i < width {
-                        // Lanes past `live` are masked off and never read.
-                        let v = _mm512_maskz_loadu_ps(mask16(live.saturating_sub(i)), sq.wrapping_add(i));
-                        _mm512_mask_storeu_ps(d.add(i), mask16(width - i), v);
-                        i += 16;
-                    }
-                }
-            }
-        }
-        r0 += chunk_rows;
+/// Lanes `0..n` set, for 8-lane vectors.
+#[inline(always)]
+fn mask8(n: usize) -> __mmask8 {
+    if n >= 8 {
+        0xff
+    } else {
+        ((1u32 << n) - 1) as __mmask8
     }
 }
 
-/// Panel rows are contiguous in the source: transpose 16 x 16 blocks.
-#[target_feature(enable = "avx512f")]
-unsafe fn transpose_rows_f32(panel: *mut f32, base: *const f32, live: usize, depth: usize, rs: usize, width: usize) {
-    // SAFETY: loads touch rows `< live` and columns `< depth` only (masked);
-    // stores touch packed columns `< depth` and rows `< width` only.
-    unsafe {
-        let mut p = 0;
-        while p < depth {
-            let cols = 16.min(depth - p);
-            let load_mask = mask16(cols);
-            let mut g = 0;
-            while g < width {
-                // Fixed trip counts keep the block in registers; rows past
-                // `live` and columns past `depth` are masked off (a masked-off
-                // lane is never read or written, so its address may be
-                // outside the view: hence `wrapping_add`).
-                let rows_here = live.saturating_sub(g);
-                let mut r = [_mm512_setzero_ps(); 16];
-                for (i, v) in r.iter_mut().enumerate() {
-                    let m = if i < rows_here { load_mask } else { 0 };
-                    *v = _mm512_maskz_loadu_ps(m, base.wrapping_add((g + i) * rs + p));
-                }
-                let t = transpose16(r);
-                let store_mask = mask16(width - g);
-                for (j, &v) in t.iter().enumerate() {
-                    let m = if j < cols { store_mask } else { 0 };
-                    _mm512_mask_storeu_ps(panel.wrapping_add((p + j) * width + g), m, v);
-                }
-                g += 16;
-            }
-            p += 16;
+/// Lanes `0..n` set, for 32-lane (16-bit) vectors.
+#[inline(always)]
+fn mask32(n: usize) -> __mmask32 {
+    if n >= 32 {
+        u32::MAX
+    } else {
+        (1u32 << n) - 1
+    }
+}
+
+impl Lanes for f32 {
+    type Src = f32;
+    const LANES: usize = 16;
+    type Block = [__m512; 16];
+
+    #[inline(always)]
+    unsafe fn copy_rows(dst: *mut f32, src: *const f32, _cs: usize, _cols: usize, load: usize, store: usize) {
+        // SAFETY: masked to the readable and writable lanes (contract).
+        unsafe { _mm512_mask_storeu_ps(dst, mask16(store), _mm512_maskz_loadu_ps(mask16(load), src)) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_block(src: *const f32, rs: usize, rows: usize, cols: usize) -> [__m512; 16] {
+        // Fixed trip counts keep the block in registers.
+        // SAFETY: the entry point has AVX-512F.
+        let mut r = [unsafe { _mm512_setzero_ps() }; 16];
+        for (i, v) in r.iter_mut().enumerate() {
+            // SAFETY: masked to the readable lanes (contract).
+            *v = unsafe { _mm512_maskz_loadu_ps(if i < rows { mask16(cols) } else { 0 }, src.wrapping_add(i * rs)) };
         }
+        r
+    }
+
+    #[inline(always)]
+    unsafe fn store_transposed(dst: *mut f32, width: usize, units: usize, lanes: usize, block: [__m512; 16]) {
+        // SAFETY: the entry point has AVX-512F; masked to the writable
+        // lanes (contract).
+        unsafe {
+            for (j, &v) in transpose16(block).iter().enumerate() {
+                _mm512_mask_storeu_ps(dst.wrapping_add(j * width), if j < units { mask16(lanes) } else { 0 }, v);
+            }
+        }
+    }
+}
+
+impl Lanes for f64 {
+    type Src = f64;
+    const LANES: usize = 8;
+    type Block = [__m512d; 8];
+
+    #[inline(always)]
+    unsafe fn copy_rows(dst: *mut f64, src: *const f64, _cs: usize, _cols: usize, load: usize, store: usize) {
+        // SAFETY: as for f32.
+        unsafe { _mm512_mask_storeu_pd(dst, mask8(store), _mm512_maskz_loadu_pd(mask8(load), src)) }
+    }
+
+    #[inline(always)]
+    unsafe fn load_block(src: *const f64, rs: usize, rows: usize, cols: usize) -> [__m512d; 8] {
+        // SAFETY: as for f32.
+        let mut r = [unsafe { _mm512_setzero_pd() }; 8];
+        for (i, v) in r.iter_mut().enumerate() {
+            // SAFETY: as for f32.
+            *v = unsafe { _mm512_maskz_loadu_pd(if i < rows { mask8(cols) } else { 0 }, src.wrapping_add(i * rs)) };
+        }
+        r
+    }
+
+    #[inline(always)]
+    unsafe fn store_transposed(dst: *mut f64, width: usize, units: usize, lanes: usize, block: [__m512d; 8]) {
+        // SAFETY: as for f32.
+        unsafe {
+            for (j, &v) in transpose8(block).iter().enumerate() {
+                _mm512_mask_storeu_pd(dst.wrapping_add(j * width), if j < units { mask8(lanes) } else { 0 }, v);
+            }
+        }
+    }
+}
+
+impl Lanes for Bf16Pair {
+    type Src = bf16;
+    const LANES: usize = 16;
+    type Block = [__m512; 16];
+
+    #[inline(always)]
+    unsafe fn copy_rows(dst: *mut Bf16Pair, src: *const bf16, cs: usize, cols: usize, load: usize, store: usize) {
+        // Lane 2t of the result is x[t] and lane 2t + 1 is y[t] (index 32 +
+        // t selects the second operand): the two columns interleaved.
+        const INTERLEAVE: [i16; 32] = {
+            let mut idx = [0i16; 32];
+            let mut t = 0;
+            while t < 16 {
+                idx[2 * t] = t as i16;
+                idx[2 * t + 1] = 32 + t as i16;
+                t += 1;
+            }
+            idx
+        };
+        let m = mask32(load.min(16));
+        // SAFETY: masked to the readable rows of the `cols` columns and the
+        // writable pairs (contract); the entry point has AVX-512F and BW.
+        unsafe {
+            let x = _mm512_maskz_loadu_epi16(m, src.cast());
+            let y = if cols == 2 {
+                _mm512_maskz_loadu_epi16(m, src.wrapping_add(cs).cast())
+            } else {
+                _mm512_setzero_si512()
+            };
+            let idx = _mm512_loadu_si512(INTERLEAVE.as_ptr().cast());
+            _mm512_mask_storeu_epi32(dst.cast(), mask16(store), _mm512_permutex2var_epi16(x, idx, y));
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load_block(src: *const bf16, rs: usize, rows: usize, cols: usize) -> [__m512; 16] {
+        // 16-bit masks: an odd depth's last pair gets a zero high half.
+        // SAFETY: as for f32.
+        let mut r = [unsafe { _mm512_setzero_ps() }; 16];
+        for (i, v) in r.iter_mut().enumerate() {
+            let m = if i < rows { mask32(cols) } else { 0 };
+            // SAFETY: masked to the readable elements (contract); the entry
+            // point has AVX-512BW.
+            *v = unsafe { _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(m, src.wrapping_add(i * rs).cast())) };
+        }
+        r
+    }
+
+    #[inline(always)]
+    unsafe fn store_transposed(dst: *mut Bf16Pair, width: usize, units: usize, lanes: usize, block: [__m512; 16]) {
+        // SAFETY: a pair is 32 bits, moved as f32 bits are (shuffles and
+        // masked stores do not look at the values); contract as for f32.
+        unsafe { f32::store_transposed(dst.cast(), width, units, lanes, block) }
     }
 }
 
@@ -203,102 +425,6 @@ fn transpose16(r: [__m512; 16]) -> [__m512; 16] {
         out[12 + c] = _mm512_shuffle_f32x4::<0xdd>(v2, w2);
     }
     out
-}
-
-/// f64 version of [`pack_f32`].
-///
-/// # Safety
-/// As for [`pack_f32`].
-#[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn pack_f64(
-    dst: *mut f64,
-    src: *const f64,
-    rows: usize,
-    depth: usize,
-    rs: usize,
-    cs: usize,
-    width: usize,
-) {
-    if rs == 1 {
-        let chunk = (COPY_ROWS / width).max(1) * width;
-        let mut r0 = 0;
-        while r0 < rows {
-            let chunk_rows = chunk.min(rows - r0);
-            // SAFETY: as in `copy_columns_f32`.
-            unsafe {
-                for p in 0..depth {
-                    if p + PREFETCH_COLUMNS < depth {
-                        prefetch_rows(src.add((p + PREFETCH_COLUMNS) * cs + r0), 1, chunk_rows, 0);
-                    }
-                    let s = src.add(p * cs + r0);
-                    for q in 0..chunk_rows.div_ceil(width) {
-                        let live = width.min(chunk_rows - q * width);
-                        let d = dst.add((r0 / width + q) * width * depth + p * width);
-                        let sq = s.add(q * width);
-                        let mut i = 0;
-                        while i < width {
-                            let v = _mm512_maskz_loadu_pd(mask8(live.saturating_sub(i)), sq.wrapping_add(i));
-                            _mm512_mask_storeu_pd(d.add(i), mask8(width - i), v);
-                            i += 8;
-                        }
-                    }
-                }
-            }
-            r0 += chunk_rows;
-        }
-        return;
-    }
-    let panels = rows.div_ceil(width);
-    for q in 0..panels {
-        let live = width.min(rows - q * width);
-        // SAFETY: as in `pack_f32`.
-        unsafe {
-            let panel = dst.add(q * width * depth);
-            let base = src.add(q * width * rs);
-            if cs == 1 {
-                if q + 1 < panels {
-                    prefetch_rows(base.add(width * rs), width.min(rows - (q + 1) * width), depth, rs);
-                }
-                let mut p = 0;
-                while p < depth {
-                    let cols = 8.min(depth - p);
-                    let mut g = 0;
-                    while g < width {
-                        // As in `transpose_rows_f32`: fixed trip counts, masks.
-                        let rows_here = live.saturating_sub(g);
-                        let mut r = [_mm512_setzero_pd(); 8];
-                        for (i, v) in r.iter_mut().enumerate() {
-                            let m = if i < rows_here { mask8(cols) } else { 0 };
-                            *v = _mm512_maskz_loadu_pd(m, base.wrapping_add((g + i) * rs + p));
-                        }
-                        let t = transpose8(r);
-                        for (j, &v) in t.iter().enumerate() {
-                            let m = if j < cols { mask8(width - g) } else { 0 };
-                            _mm512_mask_storeu_pd(panel.wrapping_add((p + j) * width + g), m, v);
-                        }
-                        g += 8;
-                    }
-                    p += 8;
-                }
-            } else {
-                for p in 0..depth {
-                    for i in 0..width {
-                        *panel.add(p * width + i) = if i < live { *base.add(i * rs + p * cs) } else { 0.0 };
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Lanes `0..n` set, for 8-lane vectors.
-#[inline(always)]
-fn mask8(n: usize) -> __mmask8 {
-    if n >= 8 {
-        0xff
-    } else {
-        ((1u32 << n) - 1) as __mmask8
-    }
 }
 
 /// Transposes an 8 x 8 f64 block held as 8 rows.

@@ -18,10 +18,9 @@
 //! because both add into the same tile of C.
 
 use super::buffer::{with_buffer, Slot};
-use super::driver::{macro_kernel, ranges, Plan};
-use super::element::{Compute, PackSource};
-use super::matrix::{MatRef, RawMut};
-use super::pack::pack_panels;
+use super::driver::{macro_kernel, packed_depth, ranges, Plan, Product};
+use super::element::{Compute, Packed};
+use super::pack::PackInto;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// One `(jc, pc)` block of B.
@@ -42,17 +41,13 @@ unsafe impl<T: Send> Sync for SharedBuf<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send> Send for SharedBuf<T> {}
 
-struct Shared<'p, 'a, T, SA, SB> {
-    plan: &'p Plan<T>,
-    alpha: T,
-    beta: T,
-    a: MatRef<'a, SA>,
-    b: MatRef<'a, SB>,
-    c: RawMut<T>,
+struct Shared<'p, 'a, T, P, S> {
+    plan: &'p Plan<T, P>,
+    p: Product<'a, T, S>,
     steps: Vec<Step>,
     blocks: Vec<(usize, usize)>,
     a_len: usize,
-    b_bufs: SharedBuf<T>,
+    b_bufs: SharedBuf<P>,
     b_half: usize,
     slivers_per_claim: usize,
     b_claimed: Vec<AtomicUsize>,
@@ -77,22 +72,14 @@ fn wait_until(ready: impl Fn() -> bool) {
 
 /// Runs the product on up to `threads` rayon tasks sharing the packed B.
 /// C must have at least `threads` row tiles (checked by the caller).
-pub(crate) fn gemm_shared_b<T, SA, SB>(
-    plan: &Plan<T>,
+pub(crate) fn gemm_shared_b<T: Compute, P: Packed, S: PackInto<P>>(
+    plan: &Plan<T, P>,
     threads: usize,
-    alpha: T,
-    a: MatRef<'_, SA>,
-    b: MatRef<'_, SB>,
-    beta: T,
-    c: RawMut<T>,
-) where
-    T: Compute,
-    SA: PackSource<T>,
-    SB: PackSource<T>,
-{
-    let (m, n, k) = (c.rows, c.cols, a.cols());
+    p: Product<'_, T, S>,
+) {
+    let (m, n, k) = (p.c.rows, p.c.cols, p.a.cols());
     let (mr, nr) = (plan.kernel.mr, plan.kernel.nr);
-    let blocking = plan.blocking.for_depth(k, mr, nr);
+    let blocking = plan.blocking_for(k);
     let mut steps = Vec::new();
     for jc in (0..n).step_by(blocking.nc) {
         for pc in (0..k).step_by(blocking.kc) {
@@ -105,7 +92,7 @@ pub(crate) fn gemm_shared_b<T, SA, SB>(
     let mc_tiles = blocking.mc / mr;
     let per_thread = m_tiles.div_ceil(threads * mc_tiles);
     let blocks = ranges(m, mr, (threads * per_thread).min(m_tiles));
-    let kc_max = blocking.kc.min(k);
+    let kc_max = packed_depth::<P>(blocking.kc.min(k));
     let a_len = blocks.iter().map(|(lo, hi)| (hi - lo).div_ceil(mr) * mr).max().unwrap_or(0) * kc_max;
     let b_half = blocking.nc.min(n.div_ceil(nr) * nr) * kc_max;
     let slivers = blocking.nc.min(n).div_ceil(nr);
@@ -114,14 +101,10 @@ pub(crate) fn gemm_shared_b<T, SA, SB>(
     let nsteps = steps.len();
     let nblocks = blocks.len();
 
-    with_buffer::<T, _>(Slot::B, 2 * b_half, |b_bufs| {
+    with_buffer::<P, _>(Slot::B, 2 * b_half, |b_bufs| {
         let shared = Shared {
             plan,
-            alpha,
-            beta,
-            a,
-            b,
-            c,
+            p,
             steps,
             blocks,
             a_len,
@@ -146,17 +129,12 @@ pub(crate) fn gemm_shared_b<T, SA, SB>(
     });
 }
 
-impl<T, SA, SB> Shared<'_, '_, T, SA, SB>
-where
-    T: Compute,
-    SA: PackSource<T>,
-    SB: PackSource<T>,
-{
+impl<T: Compute, P: Packed, S: PackInto<P>> Shared<'_, '_, T, P, S> {
     /// One thread's part: every step in order, helping where work is left.
     fn work(&self) {
         let kernel = &self.plan.kernel;
         let nblocks = self.blocks.len();
-        with_buffer::<T, _>(Slot::A, self.a_len, |a_pack| {
+        with_buffer::<P, _>(Slot::A, self.a_len, |a_pack| {
             for (s, step) in self.steps.iter().enumerate() {
                 self.pack_b(s, step);
                 // SAFETY: B of step s is fully packed (pack_b waited for it)
@@ -165,10 +143,10 @@ where
                 let b_pack = unsafe {
                     std::slice::from_raw_parts(
                         self.b_bufs.0.add((s % 2) * self.b_half),
-                        step.ncb.div_ceil(kernel.nr) * kernel.nr * step.kcb,
+                        step.ncb.div_ceil(kernel.nr) * kernel.nr * packed_depth::<P>(step.kcb),
                     )
                 };
-                let beta = if step.pc == 0 { self.beta } else { T::ONE };
+                let beta = if step.pc == 0 { self.p.beta } else { T::ONE };
                 loop {
                     let x = self.block_claimed[s].fetch_add(1, Ordering::Relaxed);
                     if x >= nblocks {
@@ -179,12 +157,12 @@ where
                         wait_until(|| self.block_done[(s - 1) * nblocks + x].load(Ordering::Acquire));
                     }
                     let (i0, i1) = self.blocks[x];
-                    pack_panels(a_pack, self.a.sub(i0, step.pc, i1 - i0, step.kcb), kernel.mr, kernel.simd_pack);
+                    S::pack(a_pack, self.p.a.sub(i0, step.pc, i1 - i0, step.kcb), kernel.mr, kernel.simd_pack);
                     // SAFETY: the block of C is inside C, and no other thread
                     // writes it now (blocks are disjoint; same-block steps
                     // are ordered by the wait above).
-                    let c_block = unsafe { self.c.sub(i0, step.jc, i1 - i0, step.ncb) };
-                    macro_kernel(kernel, step.kcb, a_pack, b_pack, self.alpha, beta, c_block);
+                    let c_block = unsafe { self.p.c.sub(i0, step.jc, i1 - i0, step.ncb) };
+                    macro_kernel(kernel, packed_depth::<P>(step.kcb), a_pack, b_pack, self.p.alpha, beta, c_block);
                     self.block_done[s * nblocks + x].store(true, Ordering::Release);
                     self.blocks_done[s].fetch_add(1, Ordering::Release);
                 }
@@ -210,15 +188,16 @@ where
             }
             let j0 = q * self.slivers_per_claim * nr;
             let j1 = ((q + 1) * self.slivers_per_claim * nr).min(step.ncb);
-            let offset = (s % 2) * self.b_half + j0 * step.kcb;
-            let len = (j1 - j0).div_ceil(nr) * nr * step.kcb;
+            let kp = packed_depth::<P>(step.kcb);
+            let offset = (s % 2) * self.b_half + j0 * kp;
+            let len = (j1 - j0).div_ceil(nr) * nr * kp;
             debug_assert!(offset + len <= 2 * self.b_half);
             // SAFETY: claim q owns slivers j0..j1 of this step's buffer:
             // no other thread writes them, and nobody reads them before
             // b_packed reaches `claims` (published with Release below).
             let dst = unsafe { std::slice::from_raw_parts_mut(self.b_bufs.0.add(offset), len) };
-            let b_part = self.b.sub(step.pc, step.jc + j0, step.kcb, j1 - j0);
-            pack_panels(dst, b_part.t(), nr, self.plan.kernel.simd_pack);
+            let b_part = self.p.b.sub(step.pc, step.jc + j0, step.kcb, j1 - j0);
+            S::pack(dst, b_part.t(), nr, self.plan.kernel.simd_pack);
             self.b_packed[s].fetch_add(1, Ordering::Release);
         }
         wait_until(|| self.b_packed[s].load(Ordering::Acquire) == claims);
