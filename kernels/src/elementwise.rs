@@ -26,7 +26,8 @@ mod math;
 mod ops;
 mod strided;
 
-pub use math::{erf, erfc, Float, FloatElement};
+pub use crate::scalar::{Float, FloatElement};
+pub use math::{erf, erfc};
 pub use ops::{
     addcdiv, addcmul, axpy, binary, binary_update, binary_update_self, gelu_tanh, maximum, minimum, sigmoid, unary,
     unary_update, BinaryOp, UnaryOp,

@@ -43,5 +43,6 @@ pub mod index;
 pub mod peak;
 pub mod pool;
 pub mod reduce;
+pub mod scalar;
 
 pub use error::{KernelError, Result};

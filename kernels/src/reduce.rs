@@ -32,15 +32,18 @@
 //! [`argmax`]/[`argmin`] return the position of the first NaN (PyTorch's rule).
 
 mod columns;
-mod element;
 mod softmax;
 
+/// The floating-point accumulators (`f32`, `f64`): [`Float`](crate::scalar::Float),
+/// under the name the reductions have used.
+pub use crate::scalar::Float as FloatAccumulator;
+pub use crate::scalar::{Accumulator, ReduceElement, BLOCK};
 pub use columns::{
     argmax_columns, argmin_columns, max_columns, min_columns, sq_dev_columns, sum_columns, COLUMN_MIN_ROWS_PAIRWISE,
 };
-pub use element::{Accumulator, FloatAccumulator, ReduceElement, BLOCK};
 pub use softmax::{exp_f32, exp_shifted_f32, log_softmax_columns, log_softmax_row, softmax_columns, softmax_row};
 
+use crate::scalar::Float;
 use rayon::prelude::*;
 
 /// Elements per task when one long row is split over threads; a multiple of
@@ -134,7 +137,7 @@ pub fn sum<T: ReduceElement>(x: &[T]) -> T::Acc {
 /// when the mean is large compared with the spread.
 pub fn sum_sq_dev<T: ReduceElement>(x: &[T], mean: T::Acc) -> T::Acc
 where
-    T::Acc: FloatAccumulator,
+    T::Acc: Float,
 {
     blocked_sum(x, |block| {
         lane_sum_by(block, |v| {

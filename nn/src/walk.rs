@@ -186,41 +186,22 @@ fn parent_path(path: &str) -> &str {
 
 // ----- what fields can be -----------------------------------------------------------
 
-impl Parameters for Var {
-    fn visit(&self, walk: &mut Walk<'_>) {
-        walk.param(self);
-    }
-    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
-        walk.param(self)
-    }
+/// Leaf fields, each reported to the visitor by the `Walk`/`WalkMut` method
+/// of the same name.
+macro_rules! leaf {
+    ($($ty:ty => $report:ident),* $(,)?) => {$(
+        impl Parameters for $ty {
+            fn visit(&self, walk: &mut Walk<'_>) {
+                walk.$report(self);
+            }
+            fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
+                walk.$report(self)
+            }
+        }
+    )*};
 }
 
-impl Parameters for Tensor {
-    fn visit(&self, walk: &mut Walk<'_>) {
-        walk.buffer(self);
-    }
-    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
-        walk.buffer(self)
-    }
-}
-
-impl Parameters for Training {
-    fn visit(&self, walk: &mut Walk<'_>) {
-        walk.training(self);
-    }
-    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
-        walk.training(self)
-    }
-}
-
-impl Parameters for KeepFloat32 {
-    fn visit(&self, walk: &mut Walk<'_>) {
-        walk.keep_float32(self);
-    }
-    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
-        walk.keep_float32(self)
-    }
-}
+leaf!(Var => param, Tensor => buffer, Training => training, KeepFloat32 => keep_float32);
 
 impl<T: Parameters> Parameters for Option<T> {
     fn visit(&self, walk: &mut Walk<'_>) {
@@ -236,20 +217,27 @@ impl<T: Parameters> Parameters for Option<T> {
     }
 }
 
-/// Elements are named by their index, as in PyTorch's `ModuleList`.
-impl<T: Parameters> Parameters for Vec<T> {
-    fn visit(&self, walk: &mut Walk<'_>) {
-        for (index, value) in self.iter().enumerate() {
-            walk.field(&index.to_string(), value);
+/// Sequences whose elements are named by their index, as in PyTorch's
+/// `ModuleList`; each entry is `[generic parameters] type`.
+macro_rules! indexed {
+    ($([$($generics:tt)*] $ty:ty),* $(,)?) => {$(
+        impl<$($generics)*> Parameters for $ty {
+            fn visit(&self, walk: &mut Walk<'_>) {
+                for (index, value) in self.iter().enumerate() {
+                    walk.field(&index.to_string(), value);
+                }
+            }
+            fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
+                for (index, value) in self.iter_mut().enumerate() {
+                    walk.field(&index.to_string(), value)?;
+                }
+                Ok(())
+            }
         }
-    }
-    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
-        for (index, value) in self.iter_mut().enumerate() {
-            walk.field(&index.to_string(), value)?;
-        }
-        Ok(())
-    }
+    )*};
 }
+
+indexed!([T: Parameters] Vec<T>, [T: Parameters, const N: usize] [T; N]);
 
 impl<T: Parameters + ?Sized> Parameters for Box<T> {
     fn visit(&self, walk: &mut Walk<'_>) {
@@ -302,19 +290,5 @@ impl<A: Parameters, B: Parameters> Parameters for (A, B) {
     fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
         walk.field("0", &mut self.0)?;
         walk.field("1", &mut self.1)
-    }
-}
-
-impl<T: Parameters, const N: usize> Parameters for [T; N] {
-    fn visit(&self, walk: &mut Walk<'_>) {
-        for (index, value) in self.iter().enumerate() {
-            walk.field(&index.to_string(), value);
-        }
-    }
-    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()> {
-        for (index, value) in self.iter_mut().enumerate() {
-            walk.field(&index.to_string(), value)?;
-        }
-        Ok(())
     }
 }

@@ -1,82 +1,33 @@
-//! Elementwise speed: the `tensor.*` figures of `brasa-bench` (the same
-//! code, compiled from `bench/src/tensor_elementwise_figures.rs`), and with
-//! `--thresholds` the measurement behind the parallel thresholds of the
-//! elementwise ops.
+//! The measurement behind the parallel thresholds of the elementwise ops
+//! (`Cost::parallel_threshold` in `src/ops/elementwise.rs`): one thread
+//! against rayon chunks, by size. The `tensor.*` speed figures are
+//! `brasa-bench`'s (`cargo run --release -p brasa-bench -- --filter tensor.`).
 //!
 //! ```text
-//! cargo run --release -p brasa-tensor --example elementwise_speed [-- --quick] [--filter PREFIX] [--thresholds]
+//! cargo run --release -p brasa-tensor --example elementwise_speed [-- --thresholds]
 //! ```
 
 use rayon::prelude::*;
 use std::hint::black_box;
+use std::time::Instant;
 
-/// The part of `brasa-bench`'s `measure` module the figures use.
-mod measure {
-    use std::time::Instant;
-
-    pub struct Options {
-        pub quick: bool,
-        pub filter: String,
-    }
-
-    impl Options {
-        pub fn reps(&self, full: usize, quick: usize) -> usize {
-            if self.quick {
-                quick
-            } else {
-                full
-            }
-        }
-
-        pub fn wants(&self, name: &str) -> bool {
-            name.starts_with(&self.filter) || self.filter.starts_with(name)
-        }
-    }
-
-    pub enum Better {
-        Higher,
-        Lower,
-    }
-
-    pub struct Figure;
-
-    impl Figure {
-        pub fn new(name: &'static str, value: f64, unit: &'static str, better: Better) -> Self {
-            let better = match better {
-                Better::Higher => "higher is better",
-                Better::Lower => "lower is better",
-            };
-            println!("{name:<26} {value:>10.3} {unit:<5} ({better})");
-            Figure
-        }
-    }
-
-    pub fn time(f: impl FnOnce()) -> f64 {
-        let start = Instant::now();
-        f();
-        start.elapsed().as_secs_f64()
-    }
-
-    pub fn median(samples: &mut [f64]) -> f64 {
-        samples.sort_by(f64::total_cmp);
-        samples.get(samples.len() / 2).copied().unwrap_or(f64::NAN)
-    }
-}
-
-#[path = "../../bench/src/tensor_elementwise_figures.rs"]
-mod tensor_elementwise_figures;
-
-/// Median seconds of `f` over enough calls to last ~20 ms per sample.
+/// Median seconds of `f` over enough calls to last ~2 ms per sample.
 fn seconds_per_call(mut f: impl FnMut()) -> f64 {
-    let calls = (1..).map(|k| 1usize << k).find(|&n| measure::time(|| (0..n).for_each(|_| f())) > 2e-3).unwrap_or(1);
-    let mut samples: Vec<f64> = (0..9).map(|_| measure::time(|| (0..calls).for_each(|_| f())) / calls as f64).collect();
-    measure::median(&mut samples)
+    let mut run = |calls: usize| {
+        let start = Instant::now();
+        (0..calls).for_each(|_| f());
+        start.elapsed().as_secs_f64() / calls as f64
+    };
+    let calls = (1..).map(|k| 1usize << k).find(|&n| run(n) * n as f64 > 2e-3).unwrap_or(1);
+    let mut samples: Vec<f64> = (0..9).map(|_| run(calls)).collect();
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
 }
 
 /// One thread against rayon chunks (as the elementwise driver splits work)
 /// for a cheap op (add) and an expensive one (exp), by size: the smallest
 /// size where the parallel loop wins is the threshold.
-fn thresholds() {
+fn main() {
     let threads = rayon::current_num_threads();
     println!("{threads} threads; microseconds per call");
     println!("{:>9} {:>10} {:>10} {:>10} {:>10}", "elements", "add 1 thr", "add par", "exp 1 thr", "exp par");
@@ -113,15 +64,4 @@ fn thresholds() {
         let us = |s: f64| s * 1e6;
         println!("{n:>9} {:>10.2} {:>10.2} {:>10.2} {:>10.2}", us(add_seq), us(add_par), us(exp_seq), us(exp_par));
     }
-}
-
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--thresholds") {
-        thresholds();
-        return;
-    }
-    let filter = args.iter().position(|a| a == "--filter").and_then(|i| args.get(i + 1)).cloned().unwrap_or_default();
-    let options = measure::Options { quick: args.iter().any(|a| a == "--quick"), filter };
-    tensor_elementwise_figures::run(&options);
 }

@@ -39,17 +39,7 @@ impl Case {
 
     /// The tensor with `shift` added to every (float) value, viewed as the case says.
     fn shifted(&self, shift: f64) -> Tensor {
-        let values: Vec<f64> = self
-            .values
-            .iter()
-            .map(|&v| match self.dtype {
-                DType::U8 => (v + 32) as f64,
-                DType::I64 => v as f64,
-                DType::Bool => (v > 0) as i32 as f64,
-                _ => v as f64 / 8.0 + shift,
-            })
-            .collect();
-        let base = Tensor::from_vec_on(values, self.dims.clone(), CPU).unwrap().to_dtype(self.dtype).unwrap();
+        let base = typed(&self.values, &self.dims, self.dtype, shift);
         let rank = base.rank();
         match self.view {
             1 if rank >= 2 => base.transpose(0, -1).unwrap(),
@@ -61,6 +51,65 @@ impl Case {
             }
             4 if rank >= 2 => base.permute(&(0..rank).rev().collect::<Vec<_>>()).unwrap(),
             _ => base,
+        }
+    }
+}
+
+/// A contiguous tensor of `dims` and `dtype` from small integers: exact in
+/// every dtype (floats are `v / 8 + shift`, `u8` is `v + 32`, `bool` is `v > 0`).
+fn typed(values: &[i32], dims: &[usize], dtype: DType, shift: f64) -> Tensor {
+    let values: Vec<f64> = values
+        .iter()
+        .map(|&v| match dtype {
+            DType::U8 => (v + 32) as f64,
+            DType::I64 => v as f64,
+            DType::Bool => (v > 0) as i32 as f64,
+            _ => v as f64 / 8.0 + shift,
+        })
+        .collect();
+    Tensor::from_vec_on(values, dims.to_vec(), CPU).unwrap().to_dtype(dtype).unwrap()
+}
+
+/// A tensor expanded from one with size 1 in the dims marked `broadcast`
+/// (stride 0 after the expand), and maybe its dims reversed so that the
+/// broadcast dims move.
+#[derive(Clone, Debug)]
+struct BroadcastCase {
+    dims: Vec<usize>,
+    broadcast: Vec<bool>,
+    values: Vec<i32>,
+    dtype: DType,
+    reversed: bool,
+}
+
+fn broadcast_case(max_rank: usize, max_dim: usize) -> impl Strategy<Value = BroadcastCase> {
+    let dtypes =
+        prop::sample::select(vec![DType::F32, DType::F64, DType::F16, DType::BF16, DType::I64, DType::U8, DType::Bool]);
+    let dims = prop::collection::vec(0..=max_dim, 1..=max_rank);
+    let broadcast = prop::collection::vec(any::<bool>(), max_rank);
+    (dims, broadcast, dtypes, any::<bool>()).prop_flat_map(|(dims, broadcast, dtype, reversed)| {
+        let broadcast: Vec<bool> = broadcast[..dims.len()].to_vec();
+        let numel: usize = dims.iter().zip(&broadcast).map(|(&d, &b)| if b { 1 } else { d }).product();
+        // Few distinct values, so ties (and ties across broadcast copies) are common.
+        prop::collection::vec(-4i32..4, numel).prop_map(move |values| BroadcastCase {
+            dims: dims.clone(),
+            broadcast: broadcast.clone(),
+            values,
+            dtype,
+            reversed,
+        })
+    })
+}
+
+impl BroadcastCase {
+    fn tensor(&self) -> Tensor {
+        let base_dims: Vec<usize> =
+            self.dims.iter().zip(&self.broadcast).map(|(&d, &b)| if b { 1 } else { d }).collect();
+        let x = typed(&self.values, &base_dims, self.dtype, 0.0).expand(self.dims.clone()).unwrap();
+        if self.reversed {
+            x.permute(&(0..x.rank()).rev().collect::<Vec<_>>()).unwrap()
+        } else {
+            x
         }
     }
 }
@@ -148,70 +197,99 @@ fn first_arg(group: &[f64], max: bool) -> f64 {
     best as f64
 }
 
+/// Every reduction of `x` (of `dtype`) over the dims `picks` selects,
+/// against the naive reference.
+fn check_reductions(x: &Tensor, dtype: DType, picks: &[(bool, bool)], keepdim: bool) -> Result<(), TestCaseError> {
+    let data = values(x);
+    let (list, mask) = dims_list(x.rank(), picks);
+    let dims = x.dims().to_vec();
+    let float = dtype.is_float();
+
+    let sum = x.sum(&list, keepdim).unwrap();
+    let (shape, expect) = naive(&data, &dims, &mask, keepdim, &|g| g.iter().sum());
+    prop_assert_eq!(sum.dims(), &shape[..]);
+    prop_assert_eq!(sum.dtype(), if float { dtype } else { DType::I64 });
+    let got = values(&sum);
+    for (g, e) in got.iter().zip(&expect) {
+        // The data is exact in every dtype and the sums are exact in f32: only the final rounding differs.
+        prop_assert_eq!(*g, if float { round_to(dtype, *e) } else { *e });
+    }
+
+    let reduced_any_empty = dims.iter().zip(&mask).any(|(&s, &m)| m && s == 0);
+    for (max, op) in [(true, "max"), (false, "min")] {
+        let values_result = if max { x.max(&list, keepdim) } else { x.min(&list, keepdim) };
+        let arg_result = if max { x.argmax(&list, keepdim) } else { x.argmin(&list, keepdim) };
+        if reduced_any_empty {
+            let message = values_result.unwrap_err().to_string();
+            prop_assert!(message.contains(op) && message.contains("of size 0"), "{}", message);
+            prop_assert!(arg_result.is_err());
+            continue;
+        }
+        let extreme = values_result.unwrap();
+        prop_assert_eq!(extreme.dtype(), dtype);
+        let (shape, expect) = naive(&data, &dims, &mask, keepdim, &|g| {
+            g.iter().copied().fold(if max { f64::MIN } else { f64::MAX }, if max { f64::max } else { f64::min })
+        });
+        prop_assert_eq!(extreme.dims(), &shape[..]);
+        prop_assert_eq!(values(&extreme), expect);
+        let arg = arg_result.unwrap();
+        prop_assert_eq!(arg.dtype(), DType::I64);
+        let (_, expect) = naive(&data, &dims, &mask, keepdim, &|g| first_arg(g, max));
+        prop_assert_eq!(values(&arg), expect);
+    }
+
+    if float {
+        let mean = x.mean(&list, keepdim).unwrap();
+        let (_, expect) = naive(&data, &dims, &mask, keepdim, &|g| g.iter().sum::<f64>() / g.len() as f64);
+        for (g, e) in values(&mean).iter().zip(&expect) {
+            prop_assert!(
+                e.is_nan() && g.is_nan() || (g - e).abs() <= 2.0 * epsilon(dtype) * (1.0 + e.abs()),
+                "{} vs {}",
+                g,
+                e
+            );
+        }
+        for correction in [0usize, 1, 2] {
+            let var = x.var_with_correction(&list, correction, keepdim).unwrap();
+            let (_, expect) = naive(&data, &dims, &mask, keepdim, &|g| {
+                let m = g.iter().sum::<f64>() / g.len() as f64;
+                g.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (g.len().saturating_sub(correction)) as f64
+            });
+            for (g, e) in values(&var).iter().zip(&expect) {
+                let same =
+                    (g.is_nan() && e.is_nan()) || g == e || (g - e).abs() <= 4.0 * epsilon(dtype) * (1.0 + e.abs());
+                prop_assert!(same, "var correction {}: {} vs {}", correction, g, e);
+            }
+        }
+    } else {
+        prop_assert!(x.mean(&list, keepdim).is_err());
+        prop_assert!(x.var(&list, keepdim).is_err());
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]
     fn reductions_match_naive(c in case(4, 5), picks in prop::collection::vec(any::<(bool, bool)>(), 4), keepdim: bool) {
+        check_reductions(&c.tensor(), c.dtype, &picks, keepdim)?;
+    }
+
+    #[test]
+    fn reductions_of_broadcast_tensors_match_naive(
+        c in broadcast_case(4, 5),
+        picks in prop::collection::vec(any::<(bool, bool)>(), 4),
+        keepdim: bool,
+    ) {
         let x = c.tensor();
-        let data = values(&x);
-        let (list, mask) = dims_list(x.rank(), &picks);
-        let dims = x.dims().to_vec();
-        let float = c.dtype.is_float();
-
-        let sum = x.sum(&list, keepdim).unwrap();
-        let (shape, expect) = naive(&data, &dims, &mask, keepdim, &|g| g.iter().sum());
-        prop_assert_eq!(sum.dims(), &shape[..]);
-        prop_assert_eq!(sum.dtype(), if float { c.dtype } else { DType::I64 });
-        let got = values(&sum);
-        for (g, e) in got.iter().zip(&expect) {
-            // The data is exact in every dtype and the sums are exact in f32: only the final rounding differs.
-            prop_assert_eq!(*g, if float { round_to(c.dtype, *e) } else { *e });
-        }
-
-        let reduced_any_empty = dims.iter().zip(&mask).any(|(&s, &m)| m && s == 0);
-        for (max, op) in [(true, "max"), (false, "min")] {
-            let values_result = if max { x.max(&list, keepdim) } else { x.min(&list, keepdim) };
-            let arg_result = if max { x.argmax(&list, keepdim) } else { x.argmin(&list, keepdim) };
-            if reduced_any_empty {
-                let message = values_result.unwrap_err().to_string();
-                prop_assert!(message.contains(op) && message.contains("of size 0"), "{}", message);
-                prop_assert!(arg_result.is_err());
-                continue;
-            }
-            let extreme = values_result.unwrap();
-            prop_assert_eq!(extreme.dtype(), c.dtype);
-            let (shape, expect) = naive(&data, &dims, &mask, keepdim, &|g| {
-                g.iter().copied().fold(if max { f64::MIN } else { f64::MAX }, if max { f64::max } else { f64::min })
-            });
-            prop_assert_eq!(extreme.dims(), &shape[..]);
-            prop_assert_eq!(values(&extreme), expect);
-            let arg = arg_result.unwrap();
-            prop_assert_eq!(arg.dtype(), DType::I64);
-            let (_, expect) = naive(&data, &dims, &mask, keepdim, &|g| first_arg(g, max));
-            prop_assert_eq!(values(&arg), expect);
-        }
-
-        if float {
-            let mean = x.mean(&list, keepdim).unwrap();
-            let (_, expect) = naive(&data, &dims, &mask, keepdim, &|g| g.iter().sum::<f64>() / g.len() as f64);
-            for (g, e) in values(&mean).iter().zip(&expect) {
-                prop_assert!(e.is_nan() && g.is_nan() || (g - e).abs() <= 2.0 * epsilon(c.dtype) * (1.0 + e.abs()), "{} vs {}", g, e);
-            }
-            for correction in [0usize, 1, 2] {
-                let var = x.var_with_correction(&list, correction, keepdim).unwrap();
-                let (_, expect) = naive(&data, &dims, &mask, keepdim, &|g| {
-                    let m = g.iter().sum::<f64>() / g.len() as f64;
-                    g.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (g.len().saturating_sub(correction)) as f64
-                });
-                for (g, e) in values(&var).iter().zip(&expect) {
-                    let same = (g.is_nan() && e.is_nan()) || g == e || (g - e).abs() <= 4.0 * epsilon(c.dtype) * (1.0 + e.abs());
-                    prop_assert!(same, "var correction {}: {} vs {}", correction, g, e);
-                }
-            }
-        } else {
-            prop_assert!(x.mean(&list, keepdim).is_err());
-            prop_assert!(x.var(&list, keepdim).is_err());
+        check_reductions(&x, c.dtype, &picks, keepdim)?;
+        // The same values, contiguous: the same results (sums exactly, for these values).
+        let copy = x.contiguous().unwrap();
+        let (list, _) = dims_list(x.rank(), &picks);
+        prop_assert_eq!(values(&x.sum(&list, keepdim).unwrap()), values(&copy.sum(&list, keepdim).unwrap()));
+        if x.numel() > 0 {
+            prop_assert_eq!(values(&x.argmin(&list, keepdim).unwrap()), values(&copy.argmin(&list, keepdim).unwrap()));
         }
     }
 
@@ -312,6 +390,42 @@ fn large_reductions_use_every_path() {
     assert!(values(&soft).iter().all(|s| (s - 1.0).abs() < 1e-5));
     let soft = x.to_dtype(DType::BF16).unwrap().softmax(-1).unwrap().sum(&[-1], false).unwrap();
     assert!(values(&soft).iter().all(|s| (s - 1.0).abs() < 0.05));
+}
+
+#[test]
+fn large_broadcast_reductions_match_their_contiguous_copies() {
+    // Big enough for the parallel row and column paths; broadcast dims in
+    // every position, alone and together.
+    let full = [64, 300, 40];
+    for base in [[1, 300, 40], [64, 1, 40], [64, 300, 1], [1, 300, 1], [1, 1, 1]] {
+        let x = Tensor::randn_on(base, DType::F32, CPU).unwrap().expand(full).unwrap();
+        let copy = x.contiguous().unwrap();
+        let data = values(&copy);
+        for (list, mask) in [
+            (vec![0], [true, false, false]),
+            (vec![1], [false, true, false]),
+            (vec![2], [false, false, true]),
+            (vec![0, 2], [true, false, true]),
+            (vec![], [true, true, true]),
+        ] {
+            let what = format!("{base:?} expanded, over {list:?}");
+            // Float sums differ by their roundings: a few f32 ulps of the sum of magnitudes.
+            let (_, magnitude) = naive(&data, &full, &mask, false, &|g| g.iter().map(|v| v.abs()).sum());
+            let close = |got: &Tensor, want: &Tensor, scale: &dyn Fn(f64) -> f64| {
+                for ((g, w), m) in values(got).iter().zip(values(want)).zip(&magnitude) {
+                    assert!((g - w).abs() <= 1e-5 * scale(*m) + 1e-6, "{what}: {g} vs {w}");
+                }
+            };
+            let count = (full.iter().product::<usize>() / magnitude.len()) as f64;
+            close(&x.sum(&list, false).unwrap(), &copy.sum(&list, false).unwrap(), &|m| m);
+            close(&x.mean(&list, false).unwrap(), &copy.mean(&list, false).unwrap(), &|m| m / count);
+            close(&x.var(&list, false).unwrap(), &copy.var(&list, false).unwrap(), &|m| m * m / count);
+            assert_eq!(values(&x.max(&list, false).unwrap()), values(&copy.max(&list, false).unwrap()), "{what}");
+            assert_eq!(values(&x.min(&list, false).unwrap()), values(&copy.min(&list, false).unwrap()), "{what}");
+            assert_eq!(values(&x.argmax(&list, true).unwrap()), values(&copy.argmax(&list, true).unwrap()), "{what}");
+            assert_eq!(values(&x.argmin(&list, false).unwrap()), values(&copy.argmin(&list, false).unwrap()), "{what}");
+        }
+    }
 }
 
 #[test]

@@ -6,9 +6,9 @@
 //! closure to one of the generic loops, so every op gets its own
 //! monomorphized (and, where the op allows, vectorised) loop.
 
-use super::math::{Float, FloatElement};
 use super::strided::{map1, map2, update0, update1, update2, Strided, StridedMut};
 use crate::error::Result;
+use crate::scalar::{Accumulator, Float, FloatElement};
 
 /// A one-operand floating-point op.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -217,7 +217,7 @@ macro_rules! with_unary_fn {
             }
             UnaryOp::Relu => {
                 // `x < 0` is false for NaN, which passes through.
-                let $f = |x: $T| if x < <$T as Float>::ZERO { <$T as Float>::ZERO } else { x };
+                let $f = |x: $T| if x < <$T as Accumulator>::ZERO { <$T as Accumulator>::ZERO } else { x };
                 $body
             }
             UnaryOp::Gelu => {

@@ -4,9 +4,9 @@
 //! dimensions flattened into a list of offsets), while each row itself is
 //! contiguous and the loops over it vectorise.
 
-use super::element::{Accumulator, FloatAccumulator, ReduceElement, BLOCK};
 use super::replaces;
 use crate::error::{KernelError, Result};
+use crate::scalar::{Accumulator, Float, ReduceElement, BLOCK};
 
 /// Groups of at most this many rows are summed sequentially; larger groups
 /// are split in two and summed pairwise, so the error of a column sum grows
@@ -126,7 +126,7 @@ pub fn sq_dev_columns<T: ReduceElement>(
     out: &mut [T::Acc],
 ) -> Result<()>
 where
-    T::Acc: FloatAccumulator,
+    T::Acc: Float,
 {
     if mean.len() != out.len() {
         return Err(KernelError::ShapeMismatch {

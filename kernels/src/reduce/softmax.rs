@@ -5,9 +5,9 @@
 //! `f32` uses [`exp_f32`], a branch-free exponential that the compiler
 //! vectorises (libm's `expf` is a call per element, ~10x slower here).
 
-use super::element::{FloatAccumulator, ReduceElement};
 use super::{extreme_seq, replaces, sum};
 use crate::error::{KernelError, Result};
+use crate::scalar::{Float, ReduceElement};
 
 /// Columns processed together by the column kernels: the running max and
 /// sum of this many columns stay in L1.
@@ -113,7 +113,7 @@ pub fn exp_shifted_f32(x: &[f32], shift: f32, out: &mut [f32]) {
 
 /// `out[i] = exp(x[i] - max) / Σ_j exp(x[j] - max)`. A NaN in the row makes
 /// the whole row NaN. Errors when the lengths differ.
-pub fn softmax_row<F: FloatAccumulator + ReduceElement<Acc = F>>(x: &[F], out: &mut [F]) -> Result<()> {
+pub fn softmax_row<F: Float + ReduceElement<Acc = F>>(x: &[F], out: &mut [F]) -> Result<()> {
     check_lengths("softmax_row", x.len(), out.len())?;
     let Some(&first) = x.first() else { return Ok(()) };
     let max = extreme_seq::<F, true>(x, first);
@@ -127,7 +127,7 @@ pub fn softmax_row<F: FloatAccumulator + ReduceElement<Acc = F>>(x: &[F], out: &
 
 /// `out[i] = x[i] - max - ln Σ_j exp(x[j] - max)`. Errors when the lengths
 /// differ.
-pub fn log_softmax_row<F: FloatAccumulator + ReduceElement<Acc = F>>(x: &[F], out: &mut [F]) -> Result<()> {
+pub fn log_softmax_row<F: Float + ReduceElement<Acc = F>>(x: &[F], out: &mut [F]) -> Result<()> {
     check_lengths("log_softmax_row", x.len(), out.len())?;
     let Some(&first) = x.first() else { return Ok(()) };
     let max = extreme_seq::<F, true>(x, first);
@@ -142,17 +142,17 @@ pub fn log_softmax_row<F: FloatAccumulator + ReduceElement<Acc = F>>(x: &[F], ou
 /// Softmax down the columns of a row-major `rows × width` matrix (`x.len()`
 /// must be a multiple of `width`): each column is normalised on its own.
 /// Errors when the lengths differ or do not divide into rows.
-pub fn softmax_columns<F: FloatAccumulator>(x: &[F], out: &mut [F], width: usize) -> Result<()> {
+pub fn softmax_columns<F: Float>(x: &[F], out: &mut [F], width: usize) -> Result<()> {
     columns(x, out, width, false)
 }
 
 /// Log-softmax down the columns of a row-major `rows × width` matrix.
 /// Errors when the lengths differ or do not divide into rows.
-pub fn log_softmax_columns<F: FloatAccumulator>(x: &[F], out: &mut [F], width: usize) -> Result<()> {
+pub fn log_softmax_columns<F: Float>(x: &[F], out: &mut [F], width: usize) -> Result<()> {
     columns(x, out, width, true)
 }
 
-fn columns<F: FloatAccumulator>(x: &[F], out: &mut [F], width: usize, log: bool) -> Result<()> {
+fn columns<F: Float>(x: &[F], out: &mut [F], width: usize, log: bool) -> Result<()> {
     check_lengths("softmax_columns", x.len(), out.len())?;
     if x.is_empty() {
         return Ok(());
@@ -179,7 +179,7 @@ fn columns<F: FloatAccumulator>(x: &[F], out: &mut [F], width: usize, log: bool)
         for r in 0..rows {
             let (xs, os) = (&x[at(r)], &mut out[at(r)]);
             for (((o, &v), &m), t) in os.iter_mut().zip(xs).zip(max.iter()).zip(total.iter_mut()) {
-                let e = (v - m).exp();
+                let e = (v - m).fast_exp();
                 *t = *t + e;
                 *o = e;
             }

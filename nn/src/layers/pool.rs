@@ -8,26 +8,37 @@ use crate::layers::pair::IntoPair;
 use crate::module::Module;
 use brasa_autograd::Var;
 
-/// Checks a pooling geometry as PyTorch does.
-fn check_geometry(
-    layer: &'static str,
+/// A pooling geometry: kernel, stride and padding, each (height, width).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Window {
     kernel: (usize, usize),
     stride: (usize, usize),
     padding: (usize, usize),
-) -> Result<()> {
-    if kernel.0 == 0 || kernel.1 == 0 || stride.0 == 0 || stride.1 == 0 {
-        return Err(NnError::invalid(
-            layer,
-            format!("kernel and stride must be positive, got kernel {kernel:?} and stride {stride:?}"),
-        ));
+}
+
+impl Window {
+    /// Stride = kernel, no padding.
+    fn new(layer: &'static str, kernel: (usize, usize)) -> Result<Window> {
+        Window { kernel, stride: kernel, padding: (0, 0) }.checked(layer)
     }
-    if 2 * padding.0 > kernel.0 || 2 * padding.1 > kernel.1 {
-        return Err(NnError::invalid(
-            layer,
-            format!("padding must be at most half the kernel, got padding {padding:?} for kernel {kernel:?}"),
-        ));
+
+    /// The window if PyTorch accepts it, else an error naming `layer`.
+    fn checked(self, layer: &'static str) -> Result<Window> {
+        let Window { kernel, stride, padding } = self;
+        if kernel.0 == 0 || kernel.1 == 0 || stride.0 == 0 || stride.1 == 0 {
+            return Err(NnError::invalid(
+                layer,
+                format!("kernel and stride must be positive, got kernel {kernel:?} and stride {stride:?}"),
+            ));
+        }
+        if 2 * padding.0 > kernel.0 || 2 * padding.1 > kernel.1 {
+            return Err(NnError::invalid(
+                layer,
+                format!("padding must be at most half the kernel, got padding {padding:?} for kernel {kernel:?}"),
+            ));
+        }
+        Ok(self)
     }
-    Ok(())
 }
 
 /// Checks that the input is `[N, C, H, W]` or `[C, H, W]`.
@@ -40,6 +51,32 @@ fn check_input(layer: &'static str, input: &Var) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The builder methods both pooling layers share (`stride`, `padding`,
+/// `geometry`); `$layer` has a `window: Window` field.
+macro_rules! window_builders {
+    ($layer:ident, $padding_doc:literal) => {
+        impl $layer {
+            /// With this stride.
+            pub fn stride(mut self, stride: impl IntoPair) -> Result<$layer> {
+                self.window = Window { stride: stride.into_pair(), ..self.window }.checked(stringify!($layer))?;
+                Ok(self)
+            }
+
+            #[doc = $padding_doc]
+            pub fn padding(mut self, padding: impl IntoPair) -> Result<$layer> {
+                self.window = Window { padding: padding.into_pair(), ..self.window }.checked(stringify!($layer))?;
+                Ok(self)
+            }
+
+            /// `(kernel, stride, padding)`, each (height, width).
+            pub fn geometry(&self) -> ((usize, usize), (usize, usize), (usize, usize)) {
+                let Window { kernel, stride, padding } = self.window;
+                (kernel, stride, padding)
+            }
+        }
+    };
 }
 
 /// The maximum of each window.
@@ -57,45 +94,23 @@ fn check_input(layer: &'static str, input: &Var) -> Result<()> {
 #[derive(crate::Parameters, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MaxPool2d {
     #[module(skip)]
-    kernel: (usize, usize),
-    #[module(skip)]
-    stride: (usize, usize),
-    #[module(skip)]
-    padding: (usize, usize),
+    window: Window,
 }
 
 impl MaxPool2d {
     /// Pooling over `kernel` windows (`2` or `(2, 3)`), stride = kernel, no padding.
     pub fn new(kernel: impl IntoPair) -> Result<MaxPool2d> {
-        let kernel = kernel.into_pair();
-        check_geometry("MaxPool2d", kernel, kernel, (0, 0))?;
-        Ok(MaxPool2d { kernel, stride: kernel, padding: (0, 0) })
-    }
-
-    /// With this stride.
-    pub fn stride(self, stride: impl IntoPair) -> Result<MaxPool2d> {
-        let stride = stride.into_pair();
-        check_geometry("MaxPool2d", self.kernel, stride, self.padding)?;
-        Ok(MaxPool2d { stride, ..self })
-    }
-
-    /// With this padding (at most half the kernel; padding never wins the maximum).
-    pub fn padding(self, padding: impl IntoPair) -> Result<MaxPool2d> {
-        let padding = padding.into_pair();
-        check_geometry("MaxPool2d", self.kernel, self.stride, padding)?;
-        Ok(MaxPool2d { padding, ..self })
-    }
-
-    /// `(kernel, stride, padding)`, each (height, width).
-    pub fn geometry(&self) -> ((usize, usize), (usize, usize), (usize, usize)) {
-        (self.kernel, self.stride, self.padding)
+        Ok(MaxPool2d { window: Window::new("MaxPool2d", kernel.into_pair())? })
     }
 }
+
+window_builders!(MaxPool2d, "With this padding (at most half the kernel; padding never wins the maximum).");
 
 impl Module for MaxPool2d {
     fn forward(&self, input: &Var) -> Result<Var> {
         check_input("MaxPool2d", input)?;
-        Ok(input.max_pool2d(self.kernel, self.stride, self.padding)?)
+        let Window { kernel, stride, padding } = self.window;
+        Ok(input.max_pool2d(kernel, stride, padding)?)
     }
 }
 
@@ -116,11 +131,7 @@ impl Module for MaxPool2d {
 #[derive(crate::Parameters, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AvgPool2d {
     #[module(skip)]
-    kernel: (usize, usize),
-    #[module(skip)]
-    stride: (usize, usize),
-    #[module(skip)]
-    padding: (usize, usize),
+    window: Window,
     #[module(skip)]
     count_include_pad: bool,
 }
@@ -129,39 +140,21 @@ impl AvgPool2d {
     /// Averaging over `kernel` windows, stride = kernel, no padding,
     /// counting padding in the divisor.
     pub fn new(kernel: impl IntoPair) -> Result<AvgPool2d> {
-        let kernel = kernel.into_pair();
-        check_geometry("AvgPool2d", kernel, kernel, (0, 0))?;
-        Ok(AvgPool2d { kernel, stride: kernel, padding: (0, 0), count_include_pad: true })
-    }
-
-    /// With this stride.
-    pub fn stride(self, stride: impl IntoPair) -> Result<AvgPool2d> {
-        let stride = stride.into_pair();
-        check_geometry("AvgPool2d", self.kernel, stride, self.padding)?;
-        Ok(AvgPool2d { stride, ..self })
-    }
-
-    /// With this zero padding (at most half the kernel).
-    pub fn padding(self, padding: impl IntoPair) -> Result<AvgPool2d> {
-        let padding = padding.into_pair();
-        check_geometry("AvgPool2d", self.kernel, self.stride, padding)?;
-        Ok(AvgPool2d { padding, ..self })
+        Ok(AvgPool2d { window: Window::new("AvgPool2d", kernel.into_pair())?, count_include_pad: true })
     }
 
     /// Whether padded zeros count in the divisor (PyTorch's `count_include_pad`).
     pub fn count_include_pad(self, include: bool) -> AvgPool2d {
         AvgPool2d { count_include_pad: include, ..self }
     }
-
-    /// `(kernel, stride, padding)`, each (height, width).
-    pub fn geometry(&self) -> ((usize, usize), (usize, usize), (usize, usize)) {
-        (self.kernel, self.stride, self.padding)
-    }
 }
+
+window_builders!(AvgPool2d, "With this zero padding (at most half the kernel).");
 
 impl Module for AvgPool2d {
     fn forward(&self, input: &Var) -> Result<Var> {
         check_input("AvgPool2d", input)?;
-        Ok(input.avg_pool2d(self.kernel, self.stride, self.padding, self.count_include_pad)?)
+        let Window { kernel, stride, padding } = self.window;
+        Ok(input.avg_pool2d(kernel, stride, padding, self.count_include_pad)?)
     }
 }

@@ -20,6 +20,12 @@
 //! - otherwise the tensor is copied with the reduced dims moved last, and
 //!   reduced as rows.
 //!
+//! Broadcast dims (stride 0, from `expand`) are read once: a reduced one
+//! multiplies sums (and sums of squared deviations) by its size and changes
+//! no max, min, mean or first position; a kept one gives equal outputs,
+//! computed once and copied. So an expanded tensor costs what the tensor it
+//! was expanded from does.
+//!
 //! Outputs are split over rayon's threads once the work reaches
 //! [`PARALLEL_MIN_WORK`] elements; single long rows are split inside the
 //! kernels.
@@ -73,8 +79,36 @@ struct Plan {
     source: Tensor,
     walk: Walk,
     out_shape: Shape,
+    /// The shape the walk fills: `out_shape` with 1 for the kept dims that
+    /// are broadcast in the input (stride 0), whose outputs are all equal;
+    /// the result is expanded to `out_shape` afterwards.
+    computed_shape: Shape,
     /// Elements reduced into each output.
     count: usize,
+    /// How many equal elements each element the walk reads stands for: the
+    /// product of the reduced dims that are broadcast (stride 0) in the
+    /// input, which the walk reads only once.
+    repeat: usize,
+    /// The reduced dims (size, and whether the walk skipped it as
+    /// broadcast), to turn a position among the elements read into one
+    /// among all reduced elements; `None` when nothing was skipped.
+    positions: Option<Vec<(usize, bool)>>,
+}
+
+/// The row-major position among all reduced elements (of dims `dims`: size,
+/// and whether the walk skipped it as broadcast) of the element at `read`
+/// among those the walk reads. A skipped dim gets coordinate 0, the first of
+/// its equal elements, so ties still go to the first position.
+fn full_position(dims: &[(usize, bool)], read: usize) -> usize {
+    let (mut rest, mut full, mut stride) = (read, 0usize, 1usize);
+    for &(size, skipped) in dims.iter().rev() {
+        if !skipped {
+            full += rest % size * stride;
+            rest /= size;
+        }
+        stride = stride.saturating_mul(size);
+    }
+    full
 }
 
 /// Resolves `dims` (empty = all) into a mask over the tensor's dims; a dim
@@ -98,53 +132,101 @@ fn reduced_mask(x: &Tensor, op: &'static str, dims: &[isize]) -> Result<Vec<bool
     Ok(mask)
 }
 
+/// The dims of `x` kept (`!reduced`) or reduced, with their strides.
+fn split_dims(x: &Tensor, mask: &[bool], reduced: bool) -> (Vec<usize>, Vec<isize>) {
+    let layout = x.layout();
+    layout
+        .dims()
+        .iter()
+        .zip(layout.strides())
+        .zip(mask)
+        .filter(|(_, &m)| m == reduced)
+        .map(|((&d, &s), _)| (d, s))
+        .unzip()
+}
+
+/// The output dims: the kept dims, and 1 for each reduced dim with `keepdim`.
+fn out_dims(dims: &[usize], mask: &[bool], keepdim: bool) -> Vec<usize> {
+    dims.iter().zip(mask).filter_map(|(&d, &m)| if m { keepdim.then_some(1) } else { Some(d) }).collect()
+}
+
 fn plan(x: &Tensor, op: &'static str, dims: &[isize], keepdim: bool) -> Result<Plan> {
     let mask = reduced_mask(x, op, dims)?;
-    let layout = x.layout();
-    let (mut kept_dims, mut kept_strides, mut red_dims, mut red_strides, mut out_dims) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for ((&size, &stride), &reduced) in layout.dims().iter().zip(layout.strides()).zip(&mask) {
-        if reduced {
-            red_dims.push(size);
-            red_strides.push(stride);
-            if keepdim {
-                out_dims.push(1);
+    let out_shape = Shape::from(out_dims(x.dims(), &mask, keepdim));
+    let count: usize = x.dims().iter().zip(&mask).filter(|(_, &m)| m).map(|(&d, _)| d).product();
+    if count == 0 {
+        let computed_shape = out_shape.clone();
+        return Ok(Plan {
+            source: x.clone(),
+            walk: Walk::Empty,
+            out_shape,
+            computed_shape,
+            count,
+            repeat: 1,
+            positions: None,
+        });
+    }
+    // A broadcast dim (stride 0) holds one value repeated: read it once. A
+    // reduced one scales sums (`repeat`) and is skipped by max, min and
+    // mean; a kept one makes equal outputs, computed once and expanded.
+    let mut view = x.clone();
+    let mut repeat = 1usize;
+    let mut positions = Vec::new();
+    let mut skipped_reduced = false;
+    for (d, (&size, &stride)) in x.dims().iter().zip(x.layout().strides()).enumerate() {
+        let broadcast = stride == 0 && size > 1;
+        if broadcast {
+            view = view.narrow(d, 0, 1)?;
+        }
+        if mask[d] {
+            positions.push((size, broadcast));
+            if broadcast {
+                repeat *= size;
+                skipped_reduced = true;
             }
-        } else {
-            kept_dims.push(size);
-            kept_strides.push(stride);
-            out_dims.push(size);
         }
     }
-    let out_shape = Shape::from(out_dims);
-    let count: usize = red_dims.iter().product();
-    if count == 0 {
-        return Ok(Plan { source: x.clone(), walk: Walk::Empty, out_shape, count });
-    }
+    let positions = skipped_reduced.then_some(positions);
+    let computed_shape = Shape::from(out_dims(view.dims(), &mask, keepdim));
+    let (walk, source) = walk(&view, &mask)?;
+    Ok(Plan { source, walk, out_shape, computed_shape, count, repeat, positions })
+}
+
+/// How to read the reduced elements of `x` (no reduced dim empty), and from
+/// which tensor: `x` itself, or a copy with the reduced dims moved last.
+fn walk(x: &Tensor, mask: &[bool]) -> Result<(Walk, Tensor)> {
+    let layout = x.layout();
+    let (kept_dims, kept_strides) = split_dims(x, mask, false);
+    let (red_dims, red_strides) = split_dims(x, mask, true);
+    let len: usize = red_dims.iter().product();
     let kept = Layout::new(kept_dims, kept_strides, layout.offset());
     let reduced = Layout::new(red_dims, red_strides, 0);
     if let (Ok(kept), Ok(reduced)) = (kept, reduced) {
         let reduced = reduced.coalesced();
-        if reduced.numel() == 1 || reduced.strides() == [1] {
-            return Ok(Plan { source: x.clone(), walk: Walk::Rows { bases: kept, len: count }, out_shape, count });
+        if len > 1 && reduced.strides() == [1] {
+            return Ok((Walk::Rows { bases: kept, len }, x.clone()));
         }
+        // The column kernels vectorise along the kept dim, also over a
+        // single reduced element (a copy) where rows would be calls of one.
         let kept = kept.coalesced();
         let rank = kept.rank();
         if let (Some(&width), Some(&1)) = (kept.dims().last(), kept.strides().last()) {
             if width >= COLUMN_MIN_WIDTH {
                 let outer = Layout::new(&kept.dims()[..rank - 1], kept.strides()[..rank - 1].to_vec(), kept.offset())?;
                 let row_offsets = reduced.offsets().collect();
-                let walk = Walk::Columns { outer, width, row_offsets };
-                return Ok(Plan { source: x.clone(), walk, out_shape, count });
+                return Ok((Walk::Columns { outer, width, row_offsets }, x.clone()));
             }
+        }
+        if len == 1 {
+            return Ok((Walk::Rows { bases: kept, len }, x.clone()));
         }
     }
     // Move the reduced dims last and copy: then every output is a row.
     let order: Vec<usize> = (0..mask.len()).filter(|&d| !mask[d]).chain((0..mask.len()).filter(|&d| mask[d])).collect();
     let source = x.permute(&order)?.contiguous()?;
-    let outputs = x.numel() / count;
-    let bases = Layout::new([outputs], vec![count as isize], source.layout().offset())?;
-    Ok(Plan { source, walk: Walk::Rows { bases, len: count }, out_shape, count })
+    let outputs = x.numel() / len;
+    let bases = Layout::new([outputs], vec![len as isize], source.layout().offset())?;
+    Ok((Walk::Rows { bases, len }, source))
 }
 
 /// One reduction, as the driver calls it.
@@ -171,7 +253,7 @@ fn kernel_error(op: &'static str, error: brasa_kernels::KernelError) -> TensorEr
 fn execute<T: WithDType, R: Reduction<T>>(op: &'static str, plan: &Plan, reduction: &R) -> Result<Tensor> {
     let _range = brasa_profile::record_op(op, &[]);
     let source = &plan.source;
-    let storage = output(source.device(), R::Out::DTYPE, &plan.out_shape)?;
+    let storage = output(source.device(), R::Out::DTYPE, &plan.computed_shape)?;
     {
         // SAFETY: the storage is new and ours alone.
         let out = unsafe { storage.host_slice_mut::<R::Out>(op)? };
@@ -188,7 +270,12 @@ fn execute<T: WithDType, R: Reduction<T>>(op: &'static str, plan: &Plan, reducti
             }
         }
     }
-    Ok(Tensor::from_storage(storage, plan.out_shape.clone()))
+    let computed = Tensor::from_storage(storage, plan.computed_shape.clone());
+    if plan.computed_shape == plan.out_shape {
+        return Ok(computed);
+    }
+    // Outputs along kept broadcast dims are equal: copy the one computed.
+    computed.expand(plan.out_shape.clone())?.contiguous()
 }
 
 fn reduce_rows<T: WithDType, R: Reduction<T>>(
@@ -255,7 +342,10 @@ fn reduce_columns<T: WithDType, R: Reduction<T>>(
 
 // ----- the reductions ------------------------------------------------------
 
-struct Sum;
+/// Sums; each element read stands for `repeat` equal ones (`Plan::repeat`).
+struct Sum {
+    repeat: usize,
+}
 
 impl<T: ReduceElement> Reduction<T> for Sum
 where
@@ -263,13 +353,26 @@ where
 {
     type Out = T::Acc;
     fn row(&self, row: &[T]) -> T::Acc {
-        kernels::sum(row)
+        let sum = kernels::sum(row);
+        if self.repeat == 1 {
+            sum
+        } else {
+            sum.times(self.repeat)
+        }
     }
     fn columns(&self, src: &[T], base: usize, row_offsets: &[usize], out: &mut [T::Acc]) -> Result<()> {
-        kernels::sum_columns(src, base, row_offsets, out).map_err(|e| kernel_error("sum", e))
+        kernels::sum_columns(src, base, row_offsets, out).map_err(|e| kernel_error("sum", e))?;
+        if self.repeat != 1 {
+            for o in out.iter_mut() {
+                *o = o.times(self.repeat);
+            }
+        }
+        Ok(())
     }
 }
 
+/// Means over `count` elements read: repeated (broadcast) elements change
+/// neither the sum's share of each element nor the mean.
 struct Mean {
     count: usize,
 }
@@ -292,15 +395,20 @@ where
     }
 }
 
-/// Variance with `correction` (Bessel's for 1), or standard deviation.
+/// Variance with `correction` (Bessel's for 1), or standard deviation, over
+/// `count` elements of which the walk reads one in `repeat` (the mean of the
+/// elements read is the mean of all; each squared deviation counts `repeat`
+/// times).
 struct Var {
     count: usize,
     correction: usize,
     sqrt: bool,
+    repeat: usize,
 }
 
 impl Var {
     fn finish<A: FloatAccumulator>(&self, squares: A) -> A {
+        let squares = if self.repeat == 1 { squares } else { squares.times(self.repeat) };
         // PyTorch divides by max(N - correction, 0): a zero divisor gives inf or NaN.
         let divisor = A::from_f64(self.count.saturating_sub(self.correction) as f64);
         let var = squares / divisor;
@@ -360,14 +468,22 @@ impl<T: ReduceElement + WithDType, const MAX: bool> Reduction<T> for Extreme<MAX
     }
 }
 
-/// Argmax (`MAX`) or argmin.
-struct ArgExtreme<const MAX: bool>;
+/// Argmax (`MAX`) or argmin; `positions` as in `Plan::positions`.
+struct ArgExtreme<'a, const MAX: bool> {
+    positions: Option<&'a [(usize, bool)]>,
+}
 
-impl<T: ReduceElement, const MAX: bool> Reduction<T> for ArgExtreme<MAX> {
+impl<const MAX: bool> ArgExtreme<'_, MAX> {
+    fn full(&self, read: usize) -> i64 {
+        self.positions.map_or(read, |dims| full_position(dims, read)) as i64
+    }
+}
+
+impl<T: ReduceElement, const MAX: bool> Reduction<T> for ArgExtreme<'_, MAX> {
     type Out = i64;
     fn row(&self, row: &[T]) -> i64 {
         let position = if MAX { kernels::argmax(row) } else { kernels::argmin(row) };
-        position.map_or(0, |p| p as i64)
+        position.map_or(0, |p| self.full(p))
     }
     fn columns(&self, src: &[T], base: usize, row_offsets: &[usize], out: &mut [i64]) -> Result<()> {
         let result = if MAX {
@@ -375,7 +491,13 @@ impl<T: ReduceElement, const MAX: bool> Reduction<T> for ArgExtreme<MAX> {
         } else {
             kernels::argmin_columns(src, base, row_offsets, out)
         };
-        result.map_err(|e| kernel_error(if MAX { "argmax" } else { "argmin" }, e))
+        result.map_err(|e| kernel_error(if MAX { "argmax" } else { "argmin" }, e))?;
+        if self.positions.is_some() {
+            for o in out.iter_mut() {
+                *o = self.full(*o as usize);
+            }
+        }
+        Ok(())
     }
 }
 
@@ -402,7 +524,8 @@ impl Tensor {
     /// `f32`. Float sums are pairwise (accurate to about `log2(n)` roundings).
     pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         let plan = plan(self, "sum", dims, keepdim)?;
-        let out = dispatch_dtype!(self.dtype(), T => execute::<T, _>("sum", &plan, &Sum)?);
+        let sum = Sum { repeat: plan.repeat };
+        let out = dispatch_dtype!(self.dtype(), T => execute::<T, _>("sum", &plan, &sum)?);
         if self.dtype().is_float() {
             out.to_dtype(self.dtype())
         } else {
@@ -421,7 +544,7 @@ impl Tensor {
     pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         expect_float("mean", self)?;
         let plan = plan(self, "mean", dims, keepdim)?;
-        let mean = Mean { count: plan.count };
+        let mean = Mean { count: plan.count / plan.repeat };
         dispatch_float!(self.dtype(), T => execute::<T, _>("mean", &plan, &mean)?.to_dtype(self.dtype()), Err(not_float("mean", self.dtype())))
     }
 
@@ -466,7 +589,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         expect_float(op, self)?;
         let plan = plan(self, op, dims, keepdim)?;
-        let var = Var { count: plan.count, correction, sqrt };
+        let var = Var { count: plan.count, correction, sqrt, repeat: plan.repeat };
         dispatch_float!(self.dtype(), T => execute::<T, _>(op, &plan, &var)?.to_dtype(self.dtype()), Err(not_float(op, self.dtype())))
     }
 
@@ -493,7 +616,7 @@ impl Tensor {
     pub fn argmax(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         refuse_empty(self, "argmax", dims)?;
         let plan = plan(self, "argmax", dims, keepdim)?;
-        dispatch_dtype!(self.dtype(), T => execute::<T, _>("argmax", &plan, &ArgExtreme::<true>))
+        dispatch_dtype!(self.dtype(), T => execute::<T, _>("argmax", &plan, &ArgExtreme::<true> { positions: plan.positions.as_deref() }))
     }
 
     /// The `i64` position of the smallest value over `dims` (see
@@ -501,7 +624,7 @@ impl Tensor {
     pub fn argmin(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         refuse_empty(self, "argmin", dims)?;
         let plan = plan(self, "argmin", dims, keepdim)?;
-        dispatch_dtype!(self.dtype(), T => execute::<T, _>("argmin", &plan, &ArgExtreme::<false>))
+        dispatch_dtype!(self.dtype(), T => execute::<T, _>("argmin", &plan, &ArgExtreme::<false> { positions: plan.positions.as_deref() }))
     }
 }
 

@@ -1,0 +1,359 @@
+//! The scalar traits the elementwise and reduction kernels share, one
+//! hierarchy with one implementation per type:
+//!
+//! - [`Accumulator`]: what sums add in — `f32`, `f64`, `i64`.
+//! - [`Float`]: the floating-point accumulators (`f32`, `f64`), with the math
+//!   the elementwise ops, means, variances and softmax compute with.
+//! - [`ReduceElement`]: a type stored in memory and widened to its
+//!   accumulator — `f32`, `f64`, `f16`, `bf16` (in `f32`), `i64`, `u8` and
+//!   `bool` (in `i64`).
+//! - [`FloatElement`]: a stored type whose accumulator is a [`Float`] (`f32`,
+//!   `f64`, `f16`, `bf16`); every such [`ReduceElement`] is one.
+//!
+//! Kernels widen a block of [`BLOCK`] elements at a time into a stack buffer
+//! (or use the block as it is when no widening is needed), so the inner loops
+//! run on plain `f32`/`f64`/`i64` slices that the compiler vectorises.
+
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+use std::fmt::Debug;
+use std::ops::{Add, Div, Mul, Neg, Sub};
+
+/// Elements widened and processed at once by the block kernels: small
+/// enough for a stack buffer in L1, large enough to amortise the loop setup.
+pub const BLOCK: usize = 256;
+
+/// A type reductions accumulate in: `f32`, `f64` or `i64`.
+pub trait Accumulator: Copy + Send + Sync + PartialOrd + Debug + 'static {
+    /// The additive identity.
+    const ZERO: Self;
+    /// `self + other`; integers wrap on overflow, as PyTorch's do.
+    fn add(self, other: Self) -> Self;
+    /// `self` added `count` times: `self * count`, in one rounding for
+    /// floats; wrapping for integers, like the repeated sum.
+    fn times(self, count: usize) -> Self;
+    /// Whether the value is a NaN (never, for integers).
+    fn is_nan(self) -> bool;
+}
+
+macro_rules! float_accumulator {
+    ($($t:ty),*) => {$(
+        impl Accumulator for $t {
+            const ZERO: Self = 0.0;
+            #[inline(always)]
+            fn add(self, other: Self) -> Self {
+                self + other
+            }
+            #[inline(always)]
+            fn times(self, count: usize) -> Self {
+                self * count as $t
+            }
+            #[inline(always)]
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
+            }
+        }
+    )*};
+}
+float_accumulator!(f32, f64);
+
+impl Accumulator for i64 {
+    const ZERO: Self = 0;
+    #[inline(always)]
+    fn add(self, other: Self) -> Self {
+        self.wrapping_add(other)
+    }
+    #[inline(always)]
+    fn times(self, count: usize) -> Self {
+        // Modulo 2^64 this is the repeated wrapping sum, whatever `count`.
+        self.wrapping_mul(count as i64)
+    }
+    #[inline(always)]
+    fn is_nan(self) -> bool {
+        false
+    }
+}
+
+/// A floating-point type the kernels compute in (`f32` or `f64`): the
+/// elementwise ops, and what means, variances and softmax accumulate in.
+pub trait Float:
+    Accumulator + Add<Output = Self> + Sub<Output = Self> + Mul<Output = Self> + Div<Output = Self> + Neg<Output = Self>
+{
+    /// 1.
+    const ONE: Self;
+    /// 0.5.
+    const HALF: Self;
+    /// Negative infinity, the identity of `max`.
+    const NEG_INFINITY: Self;
+    /// A quiet NaN.
+    const NAN: Self;
+    /// The nearest value to `value`.
+    fn from_f64(value: f64) -> Self;
+    /// The value, exactly.
+    fn to_f64(self) -> f64;
+    /// |x|.
+    fn abs(self) -> Self;
+    /// e^x (libm's).
+    fn exp(self) -> Self;
+    /// e^x for loops that must vectorise: for `f32`,
+    /// [`exp_f32`](crate::reduce::exp_f32) (within 2 ulp); for `f64`, libm's.
+    fn fast_exp(self) -> Self;
+    /// Natural logarithm.
+    fn ln(self) -> Self;
+    /// Square root.
+    fn sqrt(self) -> Self;
+    /// Sine.
+    fn sin(self) -> Self;
+    /// Cosine.
+    fn cos(self) -> Self;
+    /// Hyperbolic tangent.
+    fn tanh(self) -> Self;
+    /// `self` to the power `exponent`.
+    fn powf(self, exponent: Self) -> Self;
+    /// The error function.
+    fn erf(self) -> Self;
+    /// `1 - erf(x)`, accurate where erf is close to 1.
+    fn erfc(self) -> Self;
+    /// `x * Φ(x)` with Φ the standard normal CDF (exact GELU), accurate for
+    /// large negative `x` too.
+    fn gelu(self) -> Self;
+    /// `out[i] = fast_exp(x[i] - shift)` for the common length, on the widest
+    /// vectors this CPU has (for `f32`).
+    fn exp_shifted(x: &[Self], shift: Self, out: &mut [Self]) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = (v - shift).fast_exp();
+        }
+    }
+}
+
+/// Trait methods `fn name(self) -> Self` that are the type's inherent method
+/// of the same name.
+macro_rules! inherent {
+    ($t:ty: $($name:ident),*) => {$(
+        #[inline(always)]
+        fn $name(self) -> Self {
+            <$t>::$name(self)
+        }
+    )*};
+}
+
+macro_rules! impl_float {
+    ($t:ty, fast_exp: $fast_exp:expr, erf: $erf:expr, erfc: $erfc:expr, gelu: $gelu:expr $(, exp_shifted: $exp_shifted:expr)?) => {
+        impl Float for $t {
+            const ONE: Self = 1.0;
+            const HALF: Self = 0.5;
+            const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
+            const NAN: Self = <$t>::NAN;
+            #[inline(always)]
+            fn from_f64(value: f64) -> Self {
+                value as $t
+            }
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+            inherent!($t: abs, exp, ln, sqrt, sin, cos, tanh);
+            #[inline(always)]
+            fn powf(self, exponent: Self) -> Self {
+                <$t>::powf(self, exponent)
+            }
+            #[inline(always)]
+            fn fast_exp(self) -> Self {
+                let f: fn($t) -> $t = $fast_exp;
+                f(self)
+            }
+            #[inline]
+            fn erf(self) -> Self {
+                let f: fn($t) -> $t = $erf;
+                f(self)
+            }
+            #[inline]
+            fn erfc(self) -> Self {
+                let f: fn($t) -> $t = $erfc;
+                f(self)
+            }
+            #[inline]
+            fn gelu(self) -> Self {
+                let f: fn($t) -> $t = $gelu;
+                f(self)
+            }
+            $(
+                fn exp_shifted(x: &[Self], shift: Self, out: &mut [Self]) {
+                    $exp_shifted(x, shift, out)
+                }
+            )?
+        }
+    };
+}
+
+use crate::elementwise::{erf, erfc};
+use std::f64::consts::FRAC_1_SQRT_2;
+
+impl_float!(f64, fast_exp: f64::exp, erf: erf, erfc: erfc, gelu: |x| 0.5 * x * erfc(-x * FRAC_1_SQRT_2));
+// f32's erf family evaluates the f64 one and rounds once; its fast
+// exponential is the vectorisable one.
+impl_float!(
+    f32,
+    fast_exp: crate::reduce::exp_f32,
+    erf: |x| erf(f64::from(x)) as f32,
+    erfc: |x| erfc(f64::from(x)) as f32,
+    gelu: |x| {
+        let x = f64::from(x);
+        (0.5 * x * erfc(-x * FRAC_1_SQRT_2)) as f32
+    },
+    exp_shifted: crate::reduce::exp_shifted_f32
+);
+
+/// An element type the kernels accept: `f32`, `f64`, `f16`, `bf16`, `i64`,
+/// `u8` and `bool`.
+pub trait ReduceElement: Copy + Send + Sync + PartialOrd + Debug + 'static {
+    /// What this type computes and sums in (`f32` for the half types, `i64`
+    /// for integers and `bool`).
+    type Acc: Accumulator;
+    /// Widens one element (exact).
+    fn to_acc(self) -> Self::Acc;
+    /// Narrows an accumulator back: rounds to nearest for floats, wraps for
+    /// integers, "not zero" for `bool`. Exact for any value `to_acc` made.
+    fn from_acc(acc: Self::Acc) -> Self;
+    /// The block (at most [`BLOCK`] elements) widened: the block itself when
+    /// the type is its own accumulator, else converted into `buf`.
+    fn widen<'a>(block: &'a [Self], buf: &'a mut [Self::Acc; BLOCK]) -> &'a [Self::Acc];
+}
+
+macro_rules! identity_element {
+    ($($t:ty),*) => {$(
+        impl ReduceElement for $t {
+            type Acc = $t;
+            #[inline(always)]
+            fn to_acc(self) -> $t {
+                self
+            }
+            #[inline(always)]
+            fn from_acc(acc: $t) -> Self {
+                acc
+            }
+            #[inline(always)]
+            fn widen<'a>(block: &'a [Self], _buf: &'a mut [$t; BLOCK]) -> &'a [$t] {
+                block
+            }
+        }
+    )*};
+}
+identity_element!(f32, f64, i64);
+
+macro_rules! half_element {
+    ($($t:ty),*) => {$(
+        impl ReduceElement for $t {
+            type Acc = f32;
+            #[inline(always)]
+            fn to_acc(self) -> f32 {
+                self.to_f32()
+            }
+            #[inline(always)]
+            fn from_acc(acc: f32) -> Self {
+                <$t>::from_f32(acc)
+            }
+            #[inline]
+            fn widen<'a>(block: &'a [Self], buf: &'a mut [f32; BLOCK]) -> &'a [f32] {
+                let len = block.len().min(BLOCK);
+                let (src, dst) = (&block[..len], &mut buf[..len]);
+                src.convert_to_f32_slice(dst);
+                dst
+            }
+        }
+    )*};
+}
+half_element!(f16, bf16);
+
+/// Small integer types summed in `i64`; `$narrow` maps an accumulator back.
+macro_rules! small_int_element {
+    ($($t:ty => $narrow:expr),*) => {$(
+        impl ReduceElement for $t {
+            type Acc = i64;
+            #[inline(always)]
+            fn to_acc(self) -> i64 {
+                i64::from(self)
+            }
+            #[inline(always)]
+            fn from_acc(acc: i64) -> Self {
+                let narrow: fn(i64) -> $t = $narrow;
+                narrow(acc)
+            }
+            #[inline]
+            fn widen<'a>(block: &'a [Self], buf: &'a mut [i64; BLOCK]) -> &'a [i64] {
+                let len = block.len().min(BLOCK);
+                for (d, &s) in buf.iter_mut().zip(&block[..len]) {
+                    *d = i64::from(s);
+                }
+                &buf[..len]
+            }
+        }
+    )*};
+}
+small_int_element!(u8 => |acc| acc as u8, bool => |acc| acc != 0);
+
+/// An element type stored in memory and computed in a [`Float`]: f32 and f64
+/// are computed as themselves, f16 and bf16 in f32 (rounded once on store).
+/// Every [`ReduceElement`] whose accumulator is a [`Float`] is one.
+pub trait FloatElement: ReduceElement {
+    /// The type arithmetic happens in (the accumulator).
+    type Compute: Float;
+    /// Widens to the compute type (exact).
+    fn load(self) -> Self::Compute;
+    /// Rounds a computed value to this type.
+    fn store(value: Self::Compute) -> Self;
+}
+
+impl<T: ReduceElement> FloatElement for T
+where
+    T::Acc: Float,
+{
+    type Compute = T::Acc;
+    #[inline(always)]
+    fn load(self) -> T::Acc {
+        self.to_acc()
+    }
+    #[inline(always)]
+    fn store(value: T::Acc) -> Self {
+        T::from_acc(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_is_the_repeated_sum() {
+        assert_eq!(1.5f32.times(4), 6.0);
+        assert_eq!(0.25f64.times(3), 0.75);
+        assert_eq!(7i64.times(3), 21);
+        // Wraps like adding i64::MAX twice.
+        assert_eq!(i64::MAX.times(2), i64::MAX.wrapping_add(i64::MAX));
+        assert!(f32::NAN.times(2).is_nan());
+    }
+
+    #[test]
+    fn elements_round_trip_through_their_accumulator() {
+        assert_eq!(f16::from_acc(f16::from_f32(1.5).to_acc()), f16::from_f32(1.5));
+        assert_eq!(bf16::from_f32(-2.0).load(), -2.0f32);
+        assert_eq!(<bf16 as FloatElement>::store(0.5), bf16::from_f32(0.5));
+        assert_eq!(u8::from_acc(300), 44);
+        assert!(bool::from_acc(2) && !bool::from_acc(0));
+        let mut buf = [0i64; BLOCK];
+        assert_eq!(<bool as ReduceElement>::widen(&[true, false, true], &mut buf), [1, 0, 1]);
+        let mut buf = [0f32; BLOCK];
+        let halves = [f16::from_f32(0.5), f16::from_f32(-1.0)];
+        assert_eq!(f16::widen(&halves, &mut buf), [0.5, -1.0]);
+    }
+
+    #[test]
+    fn fast_exp_is_the_vectorisable_one_for_f32_and_libm_for_f64() {
+        assert_eq!(1.0f32.fast_exp(), crate::reduce::exp_f32(1.0));
+        assert_eq!(Float::exp(1.0f32), 1.0f32.exp());
+        assert_eq!(1.0f64.fast_exp(), 1.0f64.exp());
+        let mut out = [0.0f32; 3];
+        f32::exp_shifted(&[1.0, 2.0, 3.0], 1.0, &mut out);
+        assert_eq!(out, [1.0, crate::reduce::exp_f32(1.0), crate::reduce::exp_f32(2.0)]);
+    }
+}
