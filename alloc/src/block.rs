@@ -48,6 +48,18 @@ impl Block {
         self.prev.is_some() || self.next.is_some()
     }
 
+    /// Free, mapped and waiting on no event: what sits in a free list.
+    #[inline]
+    pub fn is_free_and_mapped(&self) -> bool {
+        !self.allocated && self.event_count == 0 && self.mapped
+    }
+
+    /// Whether the block is unmapped (only in expandable segments).
+    #[inline]
+    pub fn is_unmapped(&self) -> bool {
+        !self.mapped
+    }
+
     /// Whether the block counts in the `inactive_split` statistics when free:
     /// a split block of a fixed segment (expandable segments are left out, as
     /// in PyTorch — their free pages can be unmapped).

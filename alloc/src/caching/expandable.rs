@@ -97,26 +97,14 @@ impl<E> State<E> {
         if bytes < self.blocks.get(unmapped).size {
             self.split_off(unmapped, addr + bytes);
         }
-        let block = self.blocks.get_mut(unmapped);
-        block.mapped = true;
-        let (prev, next) = (block.prev, block.next);
+        self.blocks.get_mut(unmapped).mapped = true;
         // One mapped range more, less one for each mapped neighbour it joins.
-        let joined = [prev, next].into_iter().flatten().filter(|id| self.blocks.get(*id).mapped).count();
         self.stats.segment.increase(pool, 1);
-        self.stats.segment.decrease(pool, joined as u64);
+        self.stats.segment.decrease(pool, self.mapped_neighbours(unmapped));
         self.stats.reserved_bytes.increase(pool, bytes as u64);
         self.stats.num_device_alloc += 1;
         self.record(TraceAction::SegmentMap, addr, bytes, bytes, stream);
-
-        let mut survivor = unmapped;
-        if let Some(prev) = prev.filter(|p| self.is_mergeable(*p)) {
-            self.absorb(prev, unmapped);
-            survivor = prev;
-        }
-        if let Some(next) = next.filter(|n| self.is_mergeable(*n)) {
-            self.absorb(survivor, next);
-        }
-        Ok(survivor)
+        Ok(self.merge_with_neighbours(unmapped, Block::is_free_and_mapped))
     }
 
     /// The lowest gap of the stream's expandable segments that holds the
@@ -258,25 +246,14 @@ impl<E> State<E> {
         }
         // SAFETY: `start..end` are whole mapped pages of a free block: nothing uses them.
         unsafe { backend.unmap(start, end - start) };
-        let block = self.blocks.get_mut(hole);
-        block.mapped = false;
-        let (prev, next) = (block.prev, block.next);
+        self.blocks.get_mut(hole).mapped = false;
         // One mapped range fewer, unless the hole cuts one in two (or leaves a side).
-        let kept = [prev, next].into_iter().flatten().filter(|id| self.blocks.get(*id).mapped).count();
         self.stats.segment.decrease(pool, 1);
-        self.stats.segment.increase(pool, kept as u64);
+        self.stats.segment.increase(pool, self.mapped_neighbours(hole));
         self.stats.reserved_bytes.decrease(pool, (end - start) as u64);
         self.stats.num_device_free += 1;
         self.record(TraceAction::SegmentUnmap, start, end - start, end - start, stream);
-
-        let mut survivor = hole;
-        if let Some(prev) = prev.filter(|p| !self.blocks.get(*p).mapped) {
-            self.absorb(prev, hole);
-            survivor = prev;
-        }
-        if let Some(next) = next.filter(|n| !self.blocks.get(*n).mapped) {
-            self.absorb(survivor, next);
-        }
+        self.merge_with_neighbours(hole, Block::is_unmapped);
         self.release_unmapped_segment(backend, segment);
         end - start
     }

@@ -579,19 +579,11 @@ impl<E> State<E> {
     fn free_block(&mut self, id: BlockId) {
         let block = self.blocks.get_mut(id);
         block.requested = 0;
-        let (pool, addr, size, stream, prev, next) =
-            (block.pool, block.addr, block.size, block.stream, block.prev, block.next);
+        let (pool, addr, size, stream) = (block.pool, block.addr, block.size, block.stream);
         self.stats.active.decrease(pool, 1);
         self.stats.active_bytes.decrease(pool, size as u64);
 
-        let mut survivor = id;
-        if let Some(prev) = prev.filter(|p| self.is_mergeable(*p)) {
-            self.absorb(prev, id);
-            survivor = prev;
-        }
-        if let Some(next) = next.filter(|n| self.is_mergeable(*n)) {
-            self.absorb(survivor, next);
-        }
+        let survivor = self.merge_with_neighbours(id, Block::is_free_and_mapped);
         let lookups = self.lookups[pool as usize];
         let block = self.blocks.get_mut(survivor);
         block.freed_at_lookup = lookups;
@@ -607,8 +599,29 @@ impl<E> State<E> {
 
     /// A free mapped block with no pending events (so it is in its free list).
     fn is_mergeable(&self, id: BlockId) -> bool {
+        self.blocks.get(id).is_free_and_mapped()
+    }
+
+    /// Merges a block with its neighbours where `joins` holds for them and
+    /// returns the id of the merged block.
+    fn merge_with_neighbours(&mut self, id: BlockId, joins: fn(&Block) -> bool) -> BlockId {
         let block = self.blocks.get(id);
-        !block.allocated && block.event_count == 0 && block.mapped
+        let (prev, next) = (block.prev, block.next);
+        let mut survivor = id;
+        if let Some(prev) = prev.filter(|p| joins(self.blocks.get(*p))) {
+            self.absorb(prev, id);
+            survivor = prev;
+        }
+        if let Some(next) = next.filter(|n| joins(self.blocks.get(*n))) {
+            self.absorb(survivor, next);
+        }
+        survivor
+    }
+
+    /// How many of a block's neighbours are mapped (0 to 2).
+    fn mapped_neighbours(&self, id: BlockId) -> u64 {
+        let block = self.blocks.get(id);
+        [block.prev, block.next].into_iter().flatten().filter(|n| self.blocks.get(*n).mapped).count() as u64
     }
 
     /// Splits a block at `at` (inside it): the block keeps `[addr, at)` and a
