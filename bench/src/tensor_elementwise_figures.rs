@@ -1,10 +1,6 @@
 //! `tensor.*` elementwise figures: a large `a + b` as users write it (a new
 //! output each call) against a STREAM-style add into a preallocated buffer,
 //! and the latency of a tiny `a + b`.
-//!
-//! The module only uses `Options`, `Figure`, `Better`, `median` and `time`
-//! from `crate::measure`, so `brasa-tensor`'s `elementwise_speed` example
-//! compiles it as is (with a small stand-in for `measure`).
 
 use crate::measure::{median, time, Better, Figure, Options};
 use brasa_tensor::{DType, Device, Tensor};

@@ -34,7 +34,7 @@
 mod columns;
 mod softmax;
 
-/// The floating-point accumulators (`f32`, `f64`): [`Float`](crate::scalar::Float),
+/// The floating-point accumulators (`f32`, `f64`): [`Float`],
 /// under the name the reductions have used.
 pub use crate::scalar::Float as FloatAccumulator;
 pub use crate::scalar::{Accumulator, ReduceElement, BLOCK};

@@ -137,6 +137,17 @@ macro_rules! inherent {
     )*};
 }
 
+/// Trait methods `fn name(self) -> Self` computed by a given function.
+macro_rules! computed_by {
+    ($t:ty: $($name:ident = $f:expr),*) => {$(
+        #[inline(always)]
+        fn $name(self) -> Self {
+            let f: fn($t) -> $t = $f;
+            f(self)
+        }
+    )*};
+}
+
 macro_rules! impl_float {
     ($t:ty, fast_exp: $fast_exp:expr, erf: $erf:expr, erfc: $erfc:expr, gelu: $gelu:expr $(, exp_shifted: $exp_shifted:expr)?) => {
         impl Float for $t {
@@ -157,26 +168,7 @@ macro_rules! impl_float {
             fn powf(self, exponent: Self) -> Self {
                 <$t>::powf(self, exponent)
             }
-            #[inline(always)]
-            fn fast_exp(self) -> Self {
-                let f: fn($t) -> $t = $fast_exp;
-                f(self)
-            }
-            #[inline]
-            fn erf(self) -> Self {
-                let f: fn($t) -> $t = $erf;
-                f(self)
-            }
-            #[inline]
-            fn erfc(self) -> Self {
-                let f: fn($t) -> $t = $erfc;
-                f(self)
-            }
-            #[inline]
-            fn gelu(self) -> Self {
-                let f: fn($t) -> $t = $gelu;
-                f(self)
-            }
+            computed_by!($t: fast_exp = $fast_exp, erf = $erf, erfc = $erfc, gelu = $gelu);
             $(
                 fn exp_shifted(x: &[Self], shift: Self, out: &mut [Self]) {
                     $exp_shifted(x, shift, out)
