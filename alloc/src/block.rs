@@ -42,6 +42,35 @@ pub(crate) struct Block {
 }
 
 impl Block {
+    /// The one free block spanning a new segment (`mapped` false for the
+    /// address range of an expandable segment).
+    pub fn whole_segment(
+        addr: usize,
+        size: usize,
+        (stream, stream_slot): (StreamId, u16),
+        pool: PoolKind,
+        freed_at_lookup: u64,
+        expandable: bool,
+    ) -> Block {
+        Block {
+            addr,
+            size,
+            requested: 0,
+            stream,
+            stream_slot,
+            pool,
+            segment: addr,
+            prev: None,
+            next: None,
+            allocated: false,
+            stream_uses: Vec::new(),
+            event_count: 0,
+            freed_at_lookup,
+            mapped: !expandable,
+            expandable,
+        }
+    }
+
     /// Whether the block shares its segment with other blocks.
     #[inline]
     pub fn is_split(&self) -> bool {

@@ -167,23 +167,14 @@ impl<E> State<E> {
         let size = address_range_bytes(self.capacity, page);
         let base = backend.reserve_address_range(size)?;
         let stream_slot = self.stream_slots.slot(stream);
-        let head = self.blocks.insert(Block {
-            addr: base,
+        let head = self.blocks.insert(Block::whole_segment(
+            base,
             size,
-            requested: 0,
-            stream,
-            stream_slot,
+            (stream, stream_slot),
             pool,
-            segment: base,
-            prev: None,
-            next: None,
-            allocated: false,
-            stream_uses: Vec::new(),
-            event_count: 0,
-            freed_at_lookup: self.lookups[pool as usize],
-            mapped: false,
-            expandable: true,
-        });
+            self.lookups[pool as usize],
+            true,
+        ));
         self.segments.insert(base, Segment { size, pool, stream, head, page: Some(page) });
         Ok(base)
     }

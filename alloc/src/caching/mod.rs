@@ -467,23 +467,14 @@ impl<E> State<E> {
         }
         let addr = backend.allocate(bytes)?;
         let stream_slot = self.stream_slots.slot(stream);
-        let block = self.blocks.insert(Block {
+        let block = self.blocks.insert(Block::whole_segment(
             addr,
-            size: bytes,
-            requested: 0,
-            stream,
-            stream_slot,
+            bytes,
+            (stream, stream_slot),
             pool,
-            segment: addr,
-            prev: None,
-            next: None,
-            allocated: false,
-            stream_uses: Vec::new(),
-            event_count: 0,
-            freed_at_lookup: self.lookups[pool as usize],
-            mapped: true,
-            expandable: false,
-        });
+            self.lookups[pool as usize],
+            false,
+        ));
         self.segments.insert(addr, Segment { size: bytes, pool, stream, head: block, page: None });
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, bytes as u64);
