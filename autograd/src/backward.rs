@@ -74,6 +74,13 @@ fn add_grad(pending: &mut HashMap<usize, Tensor>, key: usize, g: Tensor) -> Resu
 /// Runs backward from `roots` (each with its output gradient) and returns
 /// the gradients reaching `options.capture`, in order.
 pub(crate) fn run_backward(roots: Vec<(Arc<Node>, Tensor)>, options: RunOptions) -> Result<Vec<Option<Tensor>>> {
+    let scope = crate::callbacks::BackwardScope::enter();
+    let captured = run_graph(roots, options)?;
+    scope.finish()?;
+    Ok(captured)
+}
+
+fn run_graph(roots: Vec<(Arc<Node>, Tensor)>, options: RunOptions) -> Result<Vec<Option<Tensor>>> {
     let root_nodes: Vec<Arc<Node>> = roots.iter().map(|(n, _)| Arc::clone(n)).collect();
     let nodes = reachable(&root_nodes);
     let mut dependencies: HashMap<usize, usize> = nodes.iter().map(|n| (Node::key(n), 0)).collect();

@@ -54,6 +54,11 @@ pub enum AutogradError {
         /// The finite-difference estimate.
         numeric: f64,
     },
+    /// A hook or a queued callback written in another crate failed with an
+    /// error of its own (a data-parallel all-reduce that timed out, say);
+    /// `std::error::Error::source` gives it back for downcasting.
+    #[error("{0}")]
+    External(#[source] std::sync::Arc<dyn std::error::Error + Send + Sync>),
     /// Any other invalid argument.
     #[error("{op}: {message}")]
     Invalid {
@@ -65,6 +70,19 @@ pub enum AutogradError {
 }
 
 impl AutogradError {
+    /// An [`AutogradError::External`] carrying `error` with its structure.
+    pub fn external(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        AutogradError::External(std::sync::Arc::new(error))
+    }
+
+    /// The error inside an [`AutogradError::External`], if it is an `E`.
+    pub fn downcast_external<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        match self {
+            AutogradError::External(inner) => inner.downcast_ref::<E>(),
+            _ => None,
+        }
+    }
+
     /// An [`AutogradError::Invalid`] for `op` (for custom [`crate::Function`]s too).
     pub fn invalid(op: &'static str, message: impl Into<String>) -> Self {
         AutogradError::Invalid { op, message: message.into() }

@@ -3,7 +3,7 @@
 //! `Var`. A graph kept alive by mistake (a running loss summed as a `Var`
 //! instead of `item()`) shows up here before it shows up as out-of-memory.
 
-use crate::graph::{live_node_count, reachable, saved_byte_count, NodeKind};
+use crate::graph::{live_node_count, reachable, saved_byte_count, Node, NodeKind};
 use crate::var::Var;
 use std::collections::HashSet;
 
@@ -28,6 +28,23 @@ pub struct GraphStats {
     pub saved_bytes: usize,
 }
 
+/// For each of `leaves`, whether a backward from `outputs` would reach it
+/// (give it a gradient). Data-parallel training asks this after forward to
+/// find parameters the step does not use, which would otherwise leave their
+/// gradient all-reduce waiting forever.
+pub fn leaves_reached(outputs: &[&Var], leaves: &[Var]) -> Vec<bool> {
+    let roots: Vec<_> = outputs.iter().filter_map(|v| v.0.grad_fn.clone()).collect();
+    let reached: HashSet<usize> = reachable(&roots).iter().map(Node::key).collect();
+    leaves
+        .iter()
+        .map(|leaf| {
+            // An output that is itself the leaf reaches it (its gradient is 1).
+            let is_output = outputs.iter().any(|o| o.same_var(leaf) && leaf.requires_grad());
+            is_output || leaf.0.accumulator.get().is_some_and(|node| reached.contains(&Node::key(node)))
+        })
+        .collect()
+}
+
 impl Var {
     /// Nodes and saved bytes of the graph that produced this `Var`.
     pub fn graph_stats(&self) -> GraphStats {
@@ -48,5 +65,22 @@ impl Var {
             }
         }
         stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use brasa_tensor::{DType, Tensor};
+
+    #[test]
+    fn leaves_reached_finds_what_backward_would_reach() -> crate::Result<()> {
+        let used = Var::param(Tensor::ones([2], DType::F32)?);
+        let unused = Var::param(Tensor::ones([2], DType::F32)?);
+        let frozen = Var::new(Tensor::ones([2], DType::F32)?);
+        let y = used.mul(&frozen)?.sum_all()?;
+        assert_eq!(leaves_reached(&[&y], &[used.clone(), unused.clone(), frozen]), [true, false, false]);
+        assert_eq!(leaves_reached(&[&used], &[used.clone(), unused]), [true, false]);
+        Ok(())
     }
 }

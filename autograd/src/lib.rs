@@ -38,6 +38,7 @@
 //! None.
 
 mod backward;
+mod callbacks;
 mod checkpoint;
 mod error;
 mod function;
@@ -51,12 +52,13 @@ mod precision;
 mod var;
 
 pub use backward::grad;
+pub use callbacks::{in_backward, queue_callback};
 pub use checkpoint::{checkpoint, checkpoint_sequential, Layer};
 pub use error::{AutogradError, Result};
 pub use function::{apply, Function, FunctionCtx};
 pub use grad_mode::{enable_grad, is_grad_enabled, no_grad, set_grad_enabled, GradModeGuard};
 pub use gradcheck::gradcheck;
 pub use graph::BackwardCtx;
-pub use introspect::{live_nodes, saved_tensor_bytes, GraphStats};
+pub use introspect::{leaves_reached, live_nodes, saved_tensor_bytes, GraphStats};
 pub use precision::{autocast_inputs, precision_hook, set_precision_hook, PrecisionHook};
 pub use var::Var;

@@ -42,6 +42,7 @@ mod dispatch;
 mod display;
 pub mod dtype;
 mod error;
+mod host_access;
 mod host_devices;
 mod inplace;
 pub mod layout;
@@ -58,6 +59,7 @@ pub use construct::{manual_seed, rng_state, set_rng_state};
 pub use device::{default_device, set_default_device, Device};
 pub use dtype::{convert_slice, DType, DTypeError, WithDType};
 pub use error::{Result, TensorError};
+pub use host_access::{HostBytes, HostBytesMut};
 pub use host_devices::{
     host_device_count, parse_byte_size, set_host_device_count, set_host_memory_limit, HOST_DEVICES_ENV,
     HOST_MEMORY_LIMIT_ENV,

@@ -180,6 +180,21 @@ impl Storage {
         Ok(unsafe { std::slice::from_raw_parts_mut(ptr, self.len) })
     }
 
+    /// The first byte of a host buffer (dangling but aligned when empty).
+    ///
+    /// # Safety
+    /// The caller holds this storage's lock (read to read, write to write)
+    /// for as long as it uses the pointer, within `size_in_bytes`.
+    pub(crate) unsafe fn host_bytes_raw(&self, op: &'static str) -> Result<*mut u8> {
+        let _ = op; // named in the CUDA arm only
+        match &self.buffer {
+            Buffer::Host(block) if self.len == 0 || block.addr() == 0 => Ok(std::ptr::NonNull::dangling().as_ptr()),
+            Buffer::Host(block) => Ok(block.addr() as *mut u8),
+            #[cfg(feature = "cuda")]
+            Buffer::Cuda(_) => Err(crate::cuda::unsupported(op)),
+        }
+    }
+
     /// The raw bytes (host only).
     ///
     /// # Safety

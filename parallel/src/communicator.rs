@@ -1,0 +1,346 @@
+//! [`Communicator`]: one rank's handle on a process group, and [`Backend`],
+//! the narrow interface an engine (in-process threads, Open MPI, later
+//! NCCL) implements to execute collectives.
+//!
+//! Every communicator owns one worker thread, its *communication stream*:
+//! operations run there one after another in submission order, so a
+//! non-blocking collective returns a [`Work`] at once and overlaps with the
+//! caller's computation, and blocking calls are a submission plus a wait.
+//! That is NCCL's model (work enqueued on a stream, one communicator per
+//! device) and what Open MPI needs (it only progresses inside MPI calls, so
+//! a thread that stays inside them is what makes overlap real).
+
+use crate::collective::{Collective, ReduceOp};
+use crate::error::{ParallelError, Result};
+use crate::health::{Abort, Health};
+use crate::work::{Completion, Work};
+use brasa_tensor::{Device, Tensor};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// The engine behind a communicator. It runs on the communicator's worker
+/// thread (created there by the factory given to [`Communicator::start`],
+/// so engines whose handles must stay on one thread, like MPI's, fit), one
+/// operation at a time, already validated for this rank alone. It compares
+/// [`Collective::signature`]s with its peers before moving data and never
+/// blocks longer than its timeout.
+pub trait Backend {
+    /// Executes `op` to completion.
+    fn run(&mut self, op: &Collective) -> Result<()>;
+}
+
+/// Settings of a communicator.
+#[derive(Clone, Debug)]
+pub struct CommOptions {
+    /// How long a rank waits for its peers in one operation before it
+    /// returns [`ParallelError::Timeout`]. Default: 300 s, or the
+    /// `BRASA_COMM_TIMEOUT_S` environment variable.
+    pub timeout: Duration,
+}
+
+impl Default for CommOptions {
+    fn default() -> CommOptions {
+        let seconds = std::env::var("BRASA_COMM_TIMEOUT_S").ok().and_then(|s| s.parse::<f64>().ok());
+        let timeout = match seconds {
+            Some(s) if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s),
+            _ => Duration::from_secs(300),
+        };
+        CommOptions { timeout }
+    }
+}
+
+impl CommOptions {
+    /// These options with `timeout`.
+    pub fn timeout(mut self, timeout: Duration) -> CommOptions {
+        self.timeout = timeout;
+        self
+    }
+}
+
+/// Who a rank is: what every backend reports.
+#[derive(Clone, Debug)]
+pub struct RankInfo {
+    /// This rank, `0..world_size`.
+    pub rank: usize,
+    /// Ranks in the group.
+    pub world_size: usize,
+    /// The device this rank's tensors live on.
+    pub device: Device,
+    /// The engine's name (`in-process`, `mpi`).
+    pub backend: &'static str,
+}
+
+type Job = (Collective, Arc<Completion>);
+
+struct Inner {
+    info: RankInfo,
+    timeout: Duration,
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+    health: Arc<Health>,
+}
+
+/// One rank's handle on a process group. Cheap to clone (all clones share
+/// one communication stream); dropping the last clone leaves the group, so
+/// a rank that returns, fails or panics makes its peers' pending and later
+/// collectives fail fast instead of hanging.
+///
+/// Collectives take tensors on this rank's device and work in place. Each
+/// has a blocking form and an `_async` form returning a [`Work`].
+#[derive(Clone)]
+pub struct Communicator {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.inner.info.rank)
+            .field("world_size", &self.inner.info.world_size)
+            .field("device", &self.inner.info.device)
+            .field("backend", &self.inner.info.backend)
+            .finish()
+    }
+}
+
+impl Communicator {
+    /// Starts a communicator whose engine `make_backend` builds on the new
+    /// worker thread. `abort`, if given, is how this rank leaves the group
+    /// from another thread (on drop or after a failure).
+    pub fn start(
+        info: RankInfo,
+        options: &CommOptions,
+        abort: Option<Arc<dyn Abort>>,
+        make_backend: impl FnOnce() -> Result<Box<dyn Backend>> + Send + 'static,
+    ) -> Result<Communicator> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
+        let health = Arc::new(Health::new(info.rank, abort));
+        let worker_health = Arc::clone(&health);
+        let (rank, backend_name) = (info.rank, info.backend);
+        let worker = std::thread::Builder::new()
+            .name(format!("brasa-comm-{backend_name}-rank{rank}"))
+            .spawn(move || {
+                let mut backend = match make_backend() {
+                    Ok(backend) => {
+                        let _ = ready_tx.send(Ok(()));
+                        backend
+                    }
+                    Err(error) => {
+                        let _ = ready_tx.send(Err(error));
+                        return;
+                    }
+                };
+                while let Ok((op, completion)) = queue.recv() {
+                    let result = worker_health.check().and_then(|()| {
+                        let _range = brasa_profile::record_function(range_name(&op));
+                        backend.run(&op)
+                    });
+                    if let Err(error) = &result {
+                        if !matches!(error, ParallelError::Broken { .. }) {
+                            worker_health.fail(error);
+                        }
+                    }
+                    completion.complete(result);
+                }
+            })
+            .map_err(|e| ParallelError::invalid("Communicator::start", format!("cannot spawn the worker: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                let _ = worker.join();
+                return Err(error);
+            }
+            Err(_) => {
+                let _ = worker.join();
+                return Err(ParallelError::invalid("Communicator::start", "the backend's worker thread panicked"));
+            }
+        }
+        Ok(Communicator {
+            inner: Arc::new(Inner {
+                info,
+                timeout: options.timeout,
+                jobs: Mutex::new(Some(jobs)),
+                worker: Mutex::new(Some(worker)),
+                health,
+            }),
+        })
+    }
+
+    /// This rank, `0..world_size()`.
+    pub fn rank(&self) -> usize {
+        self.inner.info.rank
+    }
+
+    /// Ranks in the group.
+    pub fn world_size(&self) -> usize {
+        self.inner.info.world_size
+    }
+
+    /// The device this rank's tensors live on.
+    pub fn device(&self) -> Device {
+        self.inner.info.device
+    }
+
+    /// The engine's name (`in-process`, `mpi`).
+    pub fn backend(&self) -> &'static str {
+        self.inner.info.backend
+    }
+
+    /// How long one operation may wait for peers.
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// Whether an earlier failure made this communicator refuse work.
+    pub fn is_broken(&self) -> bool {
+        self.inner.health.check().is_err()
+    }
+
+    /// Submits `op` to the communication stream: validated here (errors
+    /// come back at once, in the returned `Work`), run in order on the worker.
+    pub fn submit(&self, op: Collective) -> Work {
+        let (rank, name) = (self.rank(), op.name());
+        let health = Arc::clone(&self.inner.health);
+        if let Err(error) = self.check_submission(&op) {
+            return Work::finished(Err(error), health, name, rank);
+        }
+        let completion = Arc::new(Completion::default());
+        let sent = match &*self.inner.jobs.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(jobs) => jobs.send((op, Arc::clone(&completion))).is_ok(),
+            None => false,
+        };
+        if !sent {
+            let error = ParallelError::Broken { rank, cause: "the communication worker has stopped".into() };
+            return Work::finished(Err(error), health, name, rank);
+        }
+        Work::new(completion, health, name, rank, self.inner.timeout)
+    }
+
+    fn check_submission(&self, op: &Collective) -> Result<()> {
+        self.inner.health.check()?;
+        op.validate(self.rank(), self.world_size())?;
+        let device = self.device();
+        let tensors: Vec<&Tensor> = match op {
+            Collective::AllReduce { tensor, .. }
+            | Collective::Broadcast { tensor, .. }
+            | Collective::Send { tensor, .. }
+            | Collective::Recv { tensor, .. } => vec![tensor],
+            Collective::AllGather { input, output } => vec![input, output],
+            Collective::ReduceScatter { input, output, .. } => vec![input, output],
+            Collective::Barrier => vec![],
+        };
+        for tensor in tensors {
+            if tensor.device() != device {
+                return Err(ParallelError::invalid(
+                    op.name(),
+                    format!("rank {} works on {device} but the tensor is on {}", self.rank(), tensor.device()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reduces `tensor` over all ranks, in place, without blocking.
+    pub fn all_reduce_async(&self, tensor: &Tensor, op: ReduceOp) -> Work {
+        self.submit(Collective::AllReduce { tensor: tensor.clone(), op })
+    }
+
+    /// Reduces `tensor` over all ranks, in place.
+    pub fn all_reduce(&self, tensor: &Tensor, op: ReduceOp) -> Result<()> {
+        self.all_reduce_async(tensor, op).wait()
+    }
+
+    /// Copies `root`'s `tensor` into every rank's, without blocking.
+    pub fn broadcast_async(&self, tensor: &Tensor, root: usize) -> Work {
+        self.submit(Collective::Broadcast { tensor: tensor.clone(), root })
+    }
+
+    /// Copies `root`'s `tensor` into every rank's.
+    pub fn broadcast(&self, tensor: &Tensor, root: usize) -> Result<()> {
+        self.broadcast_async(tensor, root).wait()
+    }
+
+    /// Gathers every rank's `input` into `output` (world × input elements,
+    /// in rank order), without blocking.
+    pub fn all_gather_async(&self, output: &Tensor, input: &Tensor) -> Work {
+        self.submit(Collective::AllGather { input: input.clone(), output: output.clone() })
+    }
+
+    /// Gathers every rank's `input` into `output` (world × input elements,
+    /// in rank order). `input` may be this rank's slice of `output`.
+    pub fn all_gather(&self, output: &Tensor, input: &Tensor) -> Result<()> {
+        self.all_gather_async(output, input).wait()
+    }
+
+    /// Reduces slice `rank` of every rank's `input` into `output`, without
+    /// blocking.
+    pub fn reduce_scatter_async(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Work {
+        self.submit(Collective::ReduceScatter { input: input.clone(), output: output.clone(), op })
+    }
+
+    /// Reduces slice `rank` of every rank's `input` (world × output
+    /// elements) into `output`.
+    pub fn reduce_scatter(&self, output: &Tensor, input: &Tensor, op: ReduceOp) -> Result<()> {
+        self.reduce_scatter_async(output, input, op).wait()
+    }
+
+    /// Sends `tensor` to rank `peer`, without blocking.
+    pub fn send_async(&self, tensor: &Tensor, peer: usize) -> Work {
+        self.submit(Collective::Send { tensor: tensor.clone(), peer })
+    }
+
+    /// Sends `tensor` to rank `peer` (returns once it was received).
+    pub fn send(&self, tensor: &Tensor, peer: usize) -> Result<()> {
+        self.send_async(tensor, peer).wait()
+    }
+
+    /// Receives into `tensor` what rank `peer` sends, without blocking.
+    pub fn recv_async(&self, tensor: &Tensor, peer: usize) -> Work {
+        self.submit(Collective::Recv { tensor: tensor.clone(), peer })
+    }
+
+    /// Receives into `tensor` what rank `peer` sends.
+    pub fn recv(&self, tensor: &Tensor, peer: usize) -> Result<()> {
+        self.recv_async(tensor, peer).wait()
+    }
+
+    /// Returns once every rank called it, without blocking.
+    pub fn barrier_async(&self) -> Work {
+        self.submit(Collective::Barrier)
+    }
+
+    /// Returns once every rank called it.
+    pub fn barrier(&self) -> Result<()> {
+        self.barrier_async().wait()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Leave first, so that peers (and our own worker, if it waits on
+        // them) stop waiting; then let the worker finish and join it.
+        self.health.leave("left the group (its communicator was dropped: the rank returned, failed or panicked)");
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(worker) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+fn range_name(op: &Collective) -> String {
+    let bytes = op.bytes();
+    if matches!(op, Collective::Barrier) {
+        return "comm: barrier".into();
+    }
+    let size = if bytes >= 1 << 20 {
+        format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
+    } else if bytes >= 1 << 10 {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
+    } else {
+        format!("{bytes} B")
+    };
+    format!("comm: {} ({size})", op.name())
+}

@@ -1,0 +1,156 @@
+//! The error every `brasa-parallel` operation returns. Failures of a peer are
+//! values here, never a hang or a panic: a rank that left, a collective that
+//! did not complete within the communicator's timeout, ranks that disagree on
+//! what they are doing (the error names both sides).
+
+use brasa_autograd::AutogradError;
+use brasa_nn::NnError;
+use brasa_tensor::TensorError;
+use std::time::Duration;
+
+/// Why a parallel operation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ParallelError {
+    /// A tensor operation failed (shapes, dtypes, devices, out of memory).
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+    /// An autograd operation failed.
+    #[error(transparent)]
+    Autograd(#[from] AutogradError),
+    /// An `nn` operation (module walk, optimizer) failed.
+    #[error(transparent)]
+    Nn(#[from] NnError),
+    /// A collective did not complete within the communicator's timeout.
+    #[error(
+        "rank {rank}: {op} did not complete within {timeout:?}{}; a peer is slow, stuck, or is not taking part \
+         (raise the timeout with CommOptions::timeout if a step is legitimately this slow)",
+        waiting_on(.waiting_for)
+    )]
+    Timeout {
+        /// The collective.
+        op: &'static str,
+        /// The rank that waited.
+        rank: usize,
+        /// How long it waited.
+        timeout: Duration,
+        /// The ranks that had not arrived (empty when unknown, e.g. under MPI).
+        waiting_for: Vec<usize>,
+    },
+    /// A peer left the group (its communicator was dropped: it returned,
+    /// failed or panicked) while this rank needed it.
+    #[error("rank {rank}: {op} cannot complete: rank {peer} {reason}")]
+    PeerFailed {
+        /// The collective.
+        op: &'static str,
+        /// The rank that noticed.
+        rank: usize,
+        /// The rank that is gone.
+        peer: usize,
+        /// What became of it.
+        reason: String,
+    },
+    /// Ranks called different collectives, or with different sizes or dtypes.
+    #[error("rank {rank}: {op}: this rank has {ours}, rank {peer} has {theirs}")]
+    Mismatch {
+        /// The collective this rank called.
+        op: &'static str,
+        /// This rank.
+        rank: usize,
+        /// What this rank passed.
+        ours: String,
+        /// The disagreeing rank.
+        peer: usize,
+        /// What that rank passed.
+        theirs: String,
+    },
+    /// A communicator that already failed (a timeout or a lost peer) refuses
+    /// further work, as an aborted NCCL communicator does.
+    #[error("rank {rank}: the communicator is unusable after an earlier failure: {cause}")]
+    Broken {
+        /// This rank.
+        rank: usize,
+        /// The first failure.
+        cause: String,
+    },
+    /// A rank's thread panicked (in-process groups).
+    #[error("rank {rank} panicked: {message}")]
+    RankPanicked {
+        /// The rank.
+        rank: usize,
+        /// The panic message.
+        message: String,
+    },
+    /// The MPI library reported an error.
+    #[error("rank {rank}: MPI: {message}")]
+    Mpi {
+        /// This rank.
+        rank: usize,
+        /// What MPI said.
+        message: String,
+    },
+    /// Parameters that got no gradient in a data-parallel backward; their
+    /// all-reduce would never start. Named by their paths in the module.
+    #[error(
+        "rank {rank}: {} parameter(s) received no gradient in this step: {}; if the model really skips them, \
+         construct DistributedDataParallel with DdpConfig {{ find_unused_parameters: true, .. }}",
+        .names.len(),
+        .names.join(", ")
+    )]
+    UnusedParameters {
+        /// This rank.
+        rank: usize,
+        /// The parameters' dotted paths.
+        names: Vec<String>,
+    },
+    /// An invalid argument or configuration, or a call out of order.
+    #[error("{op}: {message}")]
+    Invalid {
+        /// The operation.
+        op: &'static str,
+        /// What was wrong, with the values seen.
+        message: String,
+    },
+}
+
+fn waiting_on(ranks: &[usize]) -> String {
+    match ranks {
+        [] => String::new(),
+        [one] => format!(" (waiting for rank {one})"),
+        many => format!(" (waiting for ranks {many:?})"),
+    }
+}
+
+impl ParallelError {
+    /// A [`ParallelError::Invalid`] for `op`.
+    pub fn invalid(op: &'static str, message: impl Into<String>) -> ParallelError {
+        ParallelError::Invalid { op, message: message.into() }
+    }
+
+    /// The `ParallelError` inside an autograd or nn error (a failure in a
+    /// DDP hook surfaces from `backward()` that way), or this one.
+    pub fn find_in(error: &AutogradError) -> Option<&ParallelError> {
+        error.downcast_external::<ParallelError>()
+    }
+}
+
+impl From<ParallelError> for AutogradError {
+    fn from(error: ParallelError) -> AutogradError {
+        match error {
+            ParallelError::Autograd(inner) => inner,
+            other => AutogradError::external(other),
+        }
+    }
+}
+
+impl From<ParallelError> for NnError {
+    fn from(error: ParallelError) -> NnError {
+        match error {
+            ParallelError::Nn(inner) => inner,
+            ParallelError::Tensor(inner) => NnError::Tensor(inner),
+            other => NnError::Autograd(AutogradError::from(other)),
+        }
+    }
+}
+
+/// `Result` with [`ParallelError`].
+pub type Result<T> = std::result::Result<T, ParallelError>;

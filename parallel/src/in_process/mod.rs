@@ -1,0 +1,48 @@
+//! The in-process backend: a group of ranks that are threads of one
+//! process, each on its own logical host device (`Device::Cpu(rank)`),
+//! exchanging through shared memory with no staging copies.
+
+mod engine;
+mod group;
+mod kernels;
+
+use crate::communicator::{Backend, CommOptions, Communicator, RankInfo};
+use crate::error::{ParallelError, Result};
+use brasa_tensor::Device;
+use engine::{InProcessBackend, LeaveGroup};
+use group::Group;
+use std::sync::Arc;
+
+/// Communicators for an in-process group with one rank per device in
+/// `devices` (rank i works on `devices[i]`). Hand each to its own thread;
+/// [`crate::launch::run_in_process`] does that for you.
+pub fn in_process_group(devices: &[Device], options: &CommOptions) -> Result<Vec<Communicator>> {
+    if devices.is_empty() {
+        return Err(ParallelError::invalid("in_process_group", "a group needs at least one device"));
+    }
+    for (rank, device) in devices.iter().enumerate() {
+        if !device.is_cpu() {
+            return Err(ParallelError::invalid(
+                "in_process_group",
+                format!("rank {rank}'s device is {device}; the in-process backend works on host devices"),
+            ));
+        }
+        if let Some(other) = devices[..rank].iter().position(|d| d == device) {
+            return Err(ParallelError::invalid(
+                "in_process_group",
+                format!("ranks {other} and {rank} are both on {device}; give each rank its own device"),
+            ));
+        }
+    }
+    let group = Arc::new(Group::new(devices.len()));
+    devices
+        .iter()
+        .enumerate()
+        .map(|(rank, device)| {
+            let info = RankInfo { rank, world_size: devices.len(), device: *device, backend: "in-process" };
+            let abort = Arc::new(LeaveGroup { group: Arc::clone(&group), rank });
+            let backend = InProcessBackend { group: Arc::clone(&group), rank, timeout: options.timeout };
+            Communicator::start(info, options, Some(abort), move || Ok(Box::new(backend) as Box<dyn Backend>))
+        })
+        .collect()
+}

@@ -1,0 +1,135 @@
+//! Starting ranks: [`run_in_process`] runs one closure per rank on its own
+//! thread and logical host device, and [`init_from_env`] returns the
+//! communicator the process was launched with (MPI's world under `mpirun`,
+//! else a single rank), so one program runs alone or distributed unchanged.
+
+use crate::communicator::{CommOptions, Communicator};
+use crate::error::{ParallelError, Result};
+use crate::in_process::in_process_group;
+use brasa_tensor::{host_device_count, set_host_device_count, Device};
+
+/// How [`run_in_process`] starts its ranks.
+#[derive(Clone, Debug, Default)]
+pub struct LaunchOptions {
+    /// The communicators' options (timeout).
+    pub comm: CommOptions,
+    /// Threads each rank's tensor ops may use (a rayon pool per rank).
+    /// Default: the machine's cores divided among the ranks, at least 1.
+    pub threads_per_rank: Option<usize>,
+}
+
+/// Makes sure there are at least `world` logical host devices: sets the
+/// count if host devices are not initialized yet, else checks it.
+pub fn ensure_host_devices(world: usize) -> Result<()> {
+    if set_host_device_count(world).is_ok() && host_device_count()? >= world {
+        return Ok(());
+    }
+    let count = host_device_count()?;
+    if count < world {
+        return Err(ParallelError::invalid(
+            "ensure_host_devices",
+            format!(
+                "{world} ranks need {world} logical host devices but the process has {count}; call \
+                 brasa_tensor::set_host_device_count({world}) (or set BRASA_HOST_DEVICES={world}) before the \
+                 first tensor is created"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Runs `rank_main` once per rank, `world` ranks, each on its own thread,
+/// logical host device `Device::Cpu(rank)` and rayon pool, and returns
+/// their results in rank order. A rank that fails or panics leaves the
+/// group, so the others' collectives fail too instead of hanging; the
+/// first failure (lowest rank) is returned, a panic as
+/// [`ParallelError::RankPanicked`].
+pub fn run_in_process<T, F>(world: usize, options: &LaunchOptions, rank_main: F) -> Result<Vec<T>>
+where
+    T: Send,
+    F: Fn(Communicator) -> Result<T> + Sync,
+{
+    ensure_host_devices(world)?;
+    let devices: Vec<Device> = (0..world).map(Device::cpu).collect();
+    let comms = in_process_group(&devices, &options.comm)?;
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let threads = options.threads_per_rank.unwrap_or((cores / world).max(1));
+    let outcomes: Vec<std::thread::Result<Result<T>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let rank_main = &rank_main;
+                std::thread::Builder::new().name(format!("brasa-rank{}", comm.rank())).spawn_scoped(scope, move || {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .thread_name(move |i| format!("brasa-rank-worker-{i}"))
+                        .build()
+                        .map_err(|e| ParallelError::invalid("run_in_process", format!("rayon pool: {e}")))?;
+                    pool.install(|| rank_main(comm))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| match handle {
+                Ok(handle) => handle.join(),
+                Err(e) => Ok(Err(ParallelError::invalid("run_in_process", format!("cannot spawn a rank: {e}")))),
+            })
+            .collect()
+    });
+    let mut results = Vec::with_capacity(world);
+    let mut first_error = None;
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        match outcome {
+            Ok(Ok(value)) => results.push(value),
+            Ok(Err(error)) => {
+                first_error.get_or_insert(error);
+            }
+            Err(payload) => {
+                first_error.get_or_insert(ParallelError::RankPanicked { rank, message: panic_message(&payload) });
+            }
+        }
+    }
+    match first_error {
+        Some(error) => Err(error),
+        None => Ok(results),
+    }
+}
+
+fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(no message)".into()
+    }
+}
+
+/// Whether this process was started by an MPI launcher (`mpirun`,
+/// `mpiexec`, `srun` with PMI).
+pub fn launched_by_mpi() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"].iter().any(|v| std::env::var_os(v).is_some())
+}
+
+/// The communicator this process was launched with: MPI's world when
+/// started by `mpirun` (needs the `mpi` feature: without it, an error that
+/// says so), else a group of one rank on `Device::CPU`.
+pub fn init_from_env(options: &CommOptions) -> Result<Communicator> {
+    if launched_by_mpi() {
+        #[cfg(feature = "mpi")]
+        {
+            return crate::mpi::world(options);
+        }
+        #[cfg(not(feature = "mpi"))]
+        {
+            return Err(ParallelError::invalid(
+                "init_from_env",
+                "this process was started by an MPI launcher but brasa-parallel was built without its `mpi` \
+                 feature; rebuild with --features mpi (or brasa's `mpi` feature)",
+            ));
+        }
+    }
+    let mut comms = in_process_group(&[Device::CPU], options)?;
+    Ok(comms.remove(0))
+}

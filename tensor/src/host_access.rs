@@ -1,0 +1,170 @@
+//! Direct access to a contiguous host tensor's bytes, for code outside brasa
+//! that moves memory itself: collectives (`brasa-parallel` exchanges ranks'
+//! buffers through shared memory or MPI), file and network I/O.
+//!
+//! The guards hold the storage's lock for as long as they live (a read lock
+//! for [`HostBytes`], the write lock for [`HostBytesMut`]), so no brasa op
+//! can change or read the bytes underneath a writer. Taking the write guard
+//! counts as an in-place change: autograd sees the storage's version move.
+//!
+//! ```
+//! use brasa_tensor::{DType, Tensor};
+//!
+//! let t = Tensor::zeros([4], DType::F32)?;
+//! {
+//!     let mut bytes = t.host_bytes_mut()?;
+//!     bytes[0..4].copy_from_slice(&2.5f32.to_ne_bytes());
+//! }
+//! assert_eq!(t.to_vec::<f32>()?, [2.5, 0.0, 0.0, 0.0]);
+//! assert_eq!(t.host_bytes()?.len(), 16);
+//! # Ok::<(), brasa_tensor::TensorError>(())
+//! ```
+
+use crate::error::{Result, TensorError};
+use crate::tensor::Tensor;
+use std::ops::{Deref, DerefMut};
+use std::sync::{RwLockReadGuard, RwLockWriteGuard};
+
+/// The bytes of a contiguous host tensor, read-locked while this lives.
+pub struct HostBytes<'a> {
+    _guard: RwLockReadGuard<'a, ()>,
+    ptr: *const u8,
+    len: usize,
+}
+
+/// The bytes of a contiguous host tensor, write-locked while this lives.
+pub struct HostBytesMut<'a> {
+    _guard: RwLockWriteGuard<'a, ()>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the guards only hand out the bytes through `&self` / `&mut self`,
+// and the lock they hold is what makes sharing sound; moving the guard to
+// another thread is not allowed by the std guard types, so neither is
+// sending these (no `Send`), but sharing a read view is as safe as `&[u8]`.
+unsafe impl Sync for HostBytes<'_> {}
+unsafe impl Sync for HostBytesMut<'_> {}
+
+impl Deref for HostBytes<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` lies in the storage's host block (checked
+        // when the guard was made) and the read lock keeps writers out.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Deref for HostBytesMut<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: as for `HostBytes`, under the write lock.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl DerefMut for HostBytesMut<'_> {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the write lock gives this guard exclusive access, and
+        // `&mut self` makes the slice unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl HostBytesMut<'_> {
+    /// The first byte, for code that hands the buffer to a transport (MPI,
+    /// another thread of a collective) while it holds this guard.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl HostBytes<'_> {
+    /// The first byte.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+}
+
+impl Tensor {
+    /// Checks that the tensor's elements are one host byte range and returns
+    /// where it starts (in bytes from the storage's start) and its length.
+    fn host_byte_range(&self, op: &'static str) -> Result<(usize, usize)> {
+        if !self.device().is_cpu() {
+            return Err(TensorError::invalid(
+                op,
+                format!("the tensor is on {}; only host tensors expose their bytes", self.device()),
+            ));
+        }
+        if !self.is_contiguous() {
+            return Err(TensorError::invalid(
+                op,
+                format!(
+                    "the tensor (shape {:?}, strides {:?}) is not contiguous; call .contiguous() first",
+                    self.dims(),
+                    self.strides()
+                ),
+            ));
+        }
+        let size = self.dtype().size_in_bytes();
+        Ok((self.layout().offset() * size, self.numel() * size))
+    }
+
+    /// The tensor's bytes (host, contiguous), read-locked while the guard lives.
+    pub fn host_bytes(&self) -> Result<HostBytes<'_>> {
+        let (start, len) = self.host_byte_range("host_bytes")?;
+        let guard = self.storage().read_lock();
+        // SAFETY: the read lock is held; the bytes lie inside the storage.
+        let all = unsafe { self.storage().host_bytes_raw("host_bytes")? };
+        Ok(HostBytes { _guard: guard, ptr: all.wrapping_add(start), len })
+    }
+
+    /// The tensor's bytes (host, contiguous), write-locked while the guard
+    /// lives. Counts as an in-place change (the version moves).
+    pub fn host_bytes_mut(&self) -> Result<HostBytesMut<'_>> {
+        let (start, len) = self.host_byte_range("host_bytes_mut")?;
+        let guard = self.storage().write_lock();
+        // SAFETY: the write lock is held; the bytes lie inside the storage.
+        let all = unsafe { self.storage().host_bytes_raw("host_bytes_mut")? };
+        self.storage().bump_version();
+        Ok(HostBytesMut { _guard: guard, ptr: all.wrapping_add(start), len })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    #[test]
+    fn views_expose_their_own_range() -> Result<()> {
+        let t = Tensor::arange(0.0, 8.0, 1.0, DType::F32)?;
+        let tail = t.narrow(0, 4, 4)?;
+        {
+            let bytes = tail.host_bytes()?;
+            assert_eq!(bytes.len(), 16);
+            assert_eq!(f32::from_ne_bytes(bytes[0..4].try_into().unwrap()), 4.0);
+        }
+        let before = t.version();
+        tail.host_bytes_mut()?[0..4].copy_from_slice(&(-1.0f32).to_ne_bytes());
+        assert!(t.version() > before);
+        assert_eq!(t.to_vec::<f32>()?[4], -1.0);
+        Ok(())
+    }
+
+    #[test]
+    fn strided_tensors_are_refused() -> Result<()> {
+        let t = Tensor::zeros([2, 3], DType::F32)?.t()?;
+        let err = t.host_bytes().err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("not contiguous"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn empty_tensors_have_no_bytes() -> Result<()> {
+        let t = Tensor::zeros([0], DType::F64)?;
+        assert!(t.host_bytes()?.is_empty());
+        assert!(t.host_bytes_mut()?.is_empty());
+        Ok(())
+    }
+}
