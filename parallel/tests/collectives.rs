@@ -150,7 +150,7 @@ fn send_recv_in_a_ring_and_async_overlap() -> Result<()> {
                 work.wait()?;
             }
             for x in &xs {
-                assert_eq!(values(&x)?[3], reference(ReduceOp::Sum, world, 3));
+                assert_eq!(values(x)?[3], reference(ReduceOp::Sum, world, 3));
             }
             Ok(())
         })?;
