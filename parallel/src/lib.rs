@@ -40,6 +40,7 @@
 
 mod collective;
 mod communicator;
+mod ddp;
 mod error;
 mod health;
 mod in_process;
@@ -48,6 +49,10 @@ mod work;
 
 pub use collective::{Collective, ReduceOp, Signature};
 pub use communicator::{Backend, CommOptions, Communicator, RankInfo};
+pub use ddp::{
+    assign_buckets, Compression, DdpConfig, DdpStats, DistributedDataParallel, NoSync, BUCKET_CAP_BYTES,
+    FIRST_BUCKET_BYTES,
+};
 pub use error::{ParallelError, Result};
 pub use health::Abort;
 pub use in_process::in_process_group;
