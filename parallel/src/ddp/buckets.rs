@@ -61,11 +61,15 @@ pub(crate) struct Bucket {
     pub(crate) params: Vec<usize>,
     /// Each parameter's element offset in `flat`.
     pub(crate) offsets: Vec<usize>,
+    /// Elements of the buffer (the parameters', padded to a multiple of the
+    /// world size when sharding).
+    pub(crate) numel: usize,
 }
 
 impl Bucket {
-    /// A zeroed buffer for `params` (indices into `all`).
-    pub(crate) fn new(all: &[Var], params: Vec<usize>) -> Result<Bucket> {
+    /// A zeroed buffer for `params` (indices into `all`), its length
+    /// padded to a multiple of `pad_to`.
+    pub(crate) fn new(all: &[Var], params: Vec<usize>, pad_to: usize) -> Result<Bucket> {
         let first = &all[params[0]];
         let mut offsets = Vec::with_capacity(params.len());
         let mut numel = 0;
@@ -73,8 +77,26 @@ impl Bucket {
             offsets.push(numel);
             numel += all[p].numel();
         }
+        let numel = numel.div_ceil(pad_to.max(1)) * pad_to.max(1);
         let flat = Tensor::zeros_on([numel], first.dtype(), first.device())?;
-        Ok(Bucket { flat, params, offsets })
+        Ok(Bucket { flat, params, offsets, numel })
+    }
+
+    /// Whether the buffer was released (ZeRO-2 after backward).
+    pub(crate) fn is_released(&self) -> bool {
+        self.flat.numel() != self.numel
+    }
+
+    /// Releases the buffer's memory (its gradients were reduce-scattered).
+    pub(crate) fn release(&mut self) -> Result<()> {
+        self.flat = Tensor::zeros_on([0], self.flat.dtype(), self.flat.device())?;
+        Ok(())
+    }
+
+    /// Allocates a zeroed buffer again after [`Bucket::release`].
+    pub(crate) fn restore(&mut self) -> Result<()> {
+        self.flat = Tensor::zeros_on([self.numel], self.flat.dtype(), self.flat.device())?;
+        Ok(())
     }
 
     /// The slice of the buffer that is parameter `params[slot]`'s gradient.
@@ -86,7 +108,7 @@ impl Bucket {
 
     /// Bytes of the buffer.
     pub(crate) fn bytes(&self) -> usize {
-        self.flat.numel() * self.flat.dtype().size_in_bytes()
+        self.numel * self.flat.dtype().size_in_bytes()
     }
 }
 

@@ -15,6 +15,18 @@ pub enum Compression {
     Bf16,
 }
 
+/// ZeRO sharding (Rajbhandari et al., SC20) on top of DDP's buckets: each
+/// rank owns 1/N of every bucket, padded to a multiple of the world size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ZeroStage {
+    /// Stage 1: optimizer state sharded; gradients all-reduced whole.
+    One,
+    /// Stage 2: optimizer state and gradients sharded; each bucket's
+    /// gradients are reduce-scattered to their owners during backward and
+    /// the full gradient buffers are released when backward ends.
+    Two,
+}
+
 /// Settings of [`DistributedDataParallel`](super::DistributedDataParallel),
 /// with PyTorch's defaults.
 #[derive(Clone, Debug)]
@@ -35,6 +47,12 @@ pub struct DdpConfig {
     pub rebuild_buckets: bool,
     /// What the all-reduce sends.
     pub compression: Compression,
+    /// Shard optimizer state (and gradients) across ranks: parameters move
+    /// into flat per-bucket buffers (the module's parameters become views
+    /// of them) and a [`ZeroOptimizer`](crate::ZeroOptimizer) updates this
+    /// rank's shard. Buckets are not rebuilt when sharding (parameters live
+    /// in them). `None`: plain DDP.
+    pub zero: Option<ZeroStage>,
 }
 
 impl Default for DdpConfig {
@@ -46,6 +64,7 @@ impl Default for DdpConfig {
             broadcast_buffers: true,
             rebuild_buckets: true,
             compression: Compression::None,
+            zero: None,
         }
     }
 }

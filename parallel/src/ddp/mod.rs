@@ -43,11 +43,12 @@
 
 mod buckets;
 mod config;
+mod flat_params;
 mod reducer;
 mod stats;
 
 pub use buckets::{assign_buckets, BUCKET_CAP_BYTES, FIRST_BUCKET_BYTES};
-pub use config::{Compression, DdpConfig};
+pub use config::{Compression, DdpConfig, ZeroStage};
 pub use stats::DdpStats;
 
 use crate::collective::ReduceOp;
@@ -56,7 +57,7 @@ use crate::error::{ParallelError, Result};
 use brasa_autograd::{is_grad_enabled, no_grad, Var};
 use brasa_nn::{Module, ModuleExt, Parameters, Walk, WalkMut};
 use brasa_tensor::{DType, Tensor};
-use reducer::Reducer;
+pub(crate) use reducer::{Reducer, Shard};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -73,7 +74,7 @@ impl<M: Module> DistributedDataParallel<M> {
     /// Wraps `module` (already on `comm.device()`): checks that every rank
     /// has the same parameters, broadcasts parameters and buffers from rank
     /// 0, lays gradients out in buckets and hooks every parameter.
-    pub fn new(module: M, comm: Communicator, config: DdpConfig) -> Result<Self> {
+    pub fn new(mut module: M, comm: Communicator, config: DdpConfig) -> Result<Self> {
         if config.first_bucket_bytes == 0 || config.bucket_cap_bytes == 0 {
             return Err(ParallelError::invalid("DistributedDataParallel", "bucket sizes must be at least 1 byte"));
         }
@@ -115,7 +116,22 @@ impl<M: Module> DistributedDataParallel<M> {
             }
         }
         let (names, params): (Vec<String>, Vec<Var>) = named.into_iter().unzip();
-        let reducer = Reducer::new(comm, params, names, config)?;
+        let assignment = Reducer::initial_assignment(&params, &config);
+        let (params, flat_params) = match config.zero {
+            None => (params, Vec::new()),
+            Some(_) => {
+                if config.compression != Compression::None {
+                    return Err(ParallelError::invalid(
+                        "DistributedDataParallel",
+                        "ZeRO sharding and gradient compression cannot be combined",
+                    ));
+                }
+                let (views, flats) = flat_params::flatten(&params, &assignment, comm.world_size())?;
+                flat_params::replace_parameters(&mut module, &params, &views)?;
+                (views, flats)
+            }
+        };
+        let reducer = Reducer::new(comm, params, names, config, assignment, flat_params)?;
         Ok(DistributedDataParallel { module, reducer, joining: AtomicBool::new(false) })
     }
 
@@ -153,6 +169,16 @@ impl<M: Module> DistributedDataParallel<M> {
             .into_iter()
             .map(|b| b.into_iter().map(|i| self.reducer.names[i].clone()).collect())
             .collect()
+    }
+
+    pub(crate) fn reducer(&self) -> &Arc<Reducer> {
+        &self.reducer
+    }
+
+    /// Bytes of gradient buckets currently allocated (under ZeRO-2 they are
+    /// released after each synchronised backward).
+    pub fn allocated_bucket_bytes(&self) -> usize {
+        self.reducer.allocated_bucket_bytes()
     }
 
     /// Whether the buckets were rebuilt from the observed gradient order.

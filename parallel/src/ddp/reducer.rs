@@ -13,7 +13,7 @@
 //! returns with gradients synced and optimizers need to know nothing.
 
 use super::buckets::{assign_buckets, Bucket};
-use super::config::{Compression, DdpConfig};
+use super::config::{Compression, DdpConfig, ZeroStage};
 use super::stats::DdpStats;
 use crate::collective::ReduceOp;
 use crate::communicator::Communicator;
@@ -59,6 +59,19 @@ struct Layout {
     place: Vec<(usize, usize)>,
 }
 
+/// This rank's part of one bucket under ZeRO: the parameters it updates
+/// (a view of the flat parameter buffer) and their averaged gradient.
+#[derive(Clone)]
+pub(crate) struct Shard {
+    /// The flat parameter buffer of the bucket (every rank's shards).
+    pub(crate) flat_param: Tensor,
+    /// This rank's shard of it, as a leaf for the inner optimizer.
+    pub(crate) param: Var,
+    /// Its gradient: a view of the gradient bucket (stage 1) or the buffer
+    /// the reduce-scatter writes (stage 2).
+    pub(crate) grad: Tensor,
+}
+
 pub(crate) struct Reducer {
     pub(crate) comm: Communicator,
     pub(crate) params: Vec<Var>,
@@ -71,6 +84,8 @@ pub(crate) struct Reducer {
     /// Whether the buckets were rebuilt from the observed order.
     rebuilt: AtomicBool,
     steps_done: Mutex<u64>,
+    /// Under ZeRO: this rank's shard of every bucket.
+    pub(crate) shards: Vec<Shard>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -80,18 +95,48 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Reducer {
     /// Buckets in reverse parameter order (the order gradients usually
     /// become ready), the first-defined parameters in the small last bucket
-    /// — PyTorch's initial assignment — and hooks on every parameter.
+    /// — PyTorch's initial assignment.
+    pub(crate) fn initial_assignment(params: &[Var], config: &DdpConfig) -> Vec<Vec<usize>> {
+        let sizes: Vec<(usize, DType)> = params.iter().map(|p| (p.numel(), p.dtype())).collect();
+        let forward_order: Vec<usize> = (0..params.len()).collect();
+        let mut assignment = assign_buckets(&sizes, &forward_order, config.first_bucket_bytes, config.bucket_cap_bytes);
+        assignment.reverse();
+        assignment
+    }
+
+    /// Gradient buckets following `assignment` and hooks on every
+    /// parameter; under ZeRO, `flat_params` are the parameter buffers of
+    /// the same buckets.
     pub(crate) fn new(
         comm: Communicator,
         params: Vec<Var>,
         names: Vec<String>,
         config: DdpConfig,
+        assignment: Vec<Vec<usize>>,
+        flat_params: Vec<Tensor>,
     ) -> Result<Arc<Reducer>> {
-        let sizes: Vec<(usize, DType)> = params.iter().map(|p| (p.numel(), p.dtype())).collect();
-        let forward_order: Vec<usize> = (0..params.len()).collect();
-        let mut assignment = assign_buckets(&sizes, &forward_order, config.first_bucket_bytes, config.bucket_cap_bytes);
-        assignment.reverse();
-        let layout = build_layout(&params, assignment)?;
+        let pad_to = if config.zero.is_some() { comm.world_size() } else { 1 };
+        let layout = build_layout(&params, assignment, pad_to)?;
+        let shards = match config.zero {
+            None => Vec::new(),
+            Some(stage) => {
+                let (rank, world) = (comm.rank(), comm.world_size());
+                layout
+                    .buckets
+                    .iter()
+                    .zip(&flat_params)
+                    .map(|(bucket, flat_param)| {
+                        let len = bucket.numel / world;
+                        let grad = match stage {
+                            ZeroStage::One => bucket.flat.narrow(0, rank * len, len)?,
+                            ZeroStage::Two => Tensor::zeros_on([len], bucket.flat.dtype(), bucket.flat.device())?,
+                        };
+                        let param = Var::param(flat_param.narrow(0, rank * len, len)?);
+                        Ok(Shard { flat_param: flat_param.clone(), param, grad })
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            }
+        };
         let reducer = Arc::new(Reducer {
             comm,
             params,
@@ -102,6 +147,7 @@ impl Reducer {
             step: Mutex::new(StepState::default()),
             rebuilt: AtomicBool::new(false),
             steps_done: Mutex::new(0),
+            shards,
         });
         for (index, param) in reducer.params.iter().enumerate() {
             let weak = Arc::downgrade(&reducer);
@@ -111,6 +157,11 @@ impl Reducer {
             })?;
         }
         Ok(reducer)
+    }
+
+    /// Bytes of gradient buckets currently allocated.
+    pub(crate) fn allocated_bucket_bytes(&self) -> usize {
+        lock(&self.layout).buckets.iter().filter(|b| !b.is_released()).map(Bucket::bytes).sum()
     }
 
     /// Bytes of each bucket, in launch order.
@@ -136,6 +187,7 @@ impl Reducer {
     /// the ready order can change from step to step).
     fn should_rebuild(&self) -> bool {
         self.config.rebuild_buckets
+            && self.config.zero.is_none()
             && !self.config.find_unused_parameters
             && !self.has_rebuilt()
             && *lock(&self.steps_done) >= 1
@@ -150,7 +202,10 @@ impl Reducer {
             self.rebuild()?;
         }
         let _no_grad = no_grad();
-        let layout = lock(&self.layout);
+        let mut layout = lock(&self.layout);
+        for bucket in layout.buckets.iter_mut().filter(|b| b.is_released()) {
+            bucket.restore()?;
+        }
         for (index, param) in self.params.iter().enumerate() {
             let (bucket, slot) = layout.place[index];
             let view = layout.buckets[bucket].view(&self.params, slot)?;
@@ -244,9 +299,12 @@ impl Reducer {
         while step.next_bucket < layout.buckets.len() && step.pending[step.next_bucket] == 0 {
             let index = step.next_bucket;
             let bucket = &layout.buckets[index];
-            let (work, compressed) = match self.config.compression {
-                Compression::None => (self.comm.all_reduce_async(&bucket.flat, ReduceOp::Avg), None),
-                Compression::Bf16 => {
+            let (work, compressed) = match (self.config.zero, self.config.compression) {
+                (Some(ZeroStage::Two), _) => {
+                    (self.comm.reduce_scatter_async(&self.shards[index].grad, &bucket.flat, ReduceOp::Avg), None)
+                }
+                (_, Compression::None) => (self.comm.all_reduce_async(&bucket.flat, ReduceOp::Avg), None),
+                (_, Compression::Bf16) => {
                     // PyTorch's bf16_compress_hook: divide, narrow, sum.
                     let _no_grad = no_grad();
                     let wire = bucket.flat.mul_scalar(1.0 / self.comm.world_size() as f64)?.to_dtype(DType::BF16)?;
@@ -305,6 +363,16 @@ impl Reducer {
         if let Some(error) = first_error {
             return Err(error);
         }
+        if self.config.zero == Some(ZeroStage::Two) {
+            // Every gradient now lives in its owner's shard: release the
+            // full buffers (the next forward allocates them again).
+            for param in &self.params {
+                param.set_grad(None);
+            }
+            for bucket in lock(&self.layout).buckets.iter_mut() {
+                bucket.release()?;
+            }
+        }
         let mut step = lock(&self.step);
         step.stats.wait_after_backward = wait_start.elapsed();
         step.stats.backward = step.backward_started.map(|t| wait_start.duration_since(t)).unwrap_or_default();
@@ -340,7 +408,7 @@ impl Reducer {
         }
         let sizes: Vec<(usize, DType)> = self.params.iter().map(|p| (p.numel(), p.dtype())).collect();
         let assignment = assign_buckets(&sizes, &order, self.config.first_bucket_bytes, self.config.bucket_cap_bytes);
-        let layout = build_layout(&self.params, assignment)?;
+        let layout = build_layout(&self.params, assignment, 1)?;
         {
             let _no_grad = no_grad();
             for (index, param) in self.params.iter().enumerate() {
@@ -364,12 +432,18 @@ impl Reducer {
         if self.should_rebuild() {
             self.rebuild()?;
         }
-        let layout = lock(&self.layout);
-        for bucket in &layout.buckets {
+        let mut layout = lock(&self.layout);
+        for (index, bucket) in layout.buckets.iter_mut().enumerate() {
+            if bucket.is_released() {
+                bucket.restore()?;
+            }
             bucket.flat.zero_()?;
-            match self.config.compression {
-                Compression::None => self.comm.all_reduce(&bucket.flat, ReduceOp::Avg)?,
-                Compression::Bf16 => {
+            match (self.config.zero, self.config.compression) {
+                (Some(ZeroStage::Two), _) => {
+                    self.comm.reduce_scatter(&self.shards[index].grad, &bucket.flat, ReduceOp::Avg)?
+                }
+                (_, Compression::None) => self.comm.all_reduce(&bucket.flat, ReduceOp::Avg)?,
+                (_, Compression::Bf16) => {
                     let wire = Tensor::zeros_on([bucket.flat.numel()], DType::BF16, self.comm.device())?;
                     self.comm.all_reduce(&wire, ReduceOp::Sum)?
                 }
@@ -381,14 +455,14 @@ impl Reducer {
     }
 }
 
-fn build_layout(params: &[Var], assignment: Vec<Vec<usize>>) -> Result<Layout> {
+fn build_layout(params: &[Var], assignment: Vec<Vec<usize>>, pad_to: usize) -> Result<Layout> {
     let mut place = vec![(0, 0); params.len()];
     let mut buckets = Vec::with_capacity(assignment.len());
     for (b, members) in assignment.into_iter().enumerate() {
         for (slot, &p) in members.iter().enumerate() {
             place[p] = (b, slot);
         }
-        buckets.push(Bucket::new(params, members)?);
+        buckets.push(Bucket::new(params, members, pad_to)?);
     }
     Ok(Layout { buckets, place })
 }
