@@ -7,11 +7,15 @@
 //! cargo run --release --example train_digits                  # MLP 64-128-10, Adam
 //! cargo run --release --example train_digits -- --model cnn   # a small CNN
 //! cargo run --release --example train_digits -- --profile     # + trace.json and memory.html
+//! cargo run --release --example train_digits -- --devices 2   # DDP over 2 logical host devices
 //! ```
 //!
 //! Three training steps of the first epoch are profiled; their op table is
 //! printed at the end. Options: `--model mlp|cnn`, `--bf16` (train under
-//! bf16 autocast), `--epochs N`,
+//! bf16 autocast), `--devices N` (DistributedDataParallel over N logical
+//! host devices in this process, one thread each; every global batch is
+//! split across them, so hyperparameters and accuracy stay those of one
+//! device), `--epochs N`,
 //! `--batch-size N`, `--lr X`, `--seed N`, `--workers N`, `--profile [DIR]`
 //! (also write the Chrome trace and the memory timeline to DIR, default
 //! `target/profile`).
@@ -27,12 +31,16 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use brasa::nn::Result;
+use brasa::parallel::{
+    ensure_host_devices, run_in_process, Communicator, DdpConfig, DistributedDataParallel, LaunchOptions, ParallelError,
+};
 
 type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 struct Args {
     cnn: bool,
     bf16: bool,
+    devices: usize,
     epochs: usize,
     batch_size: usize,
     lr: f64,
@@ -42,8 +50,17 @@ struct Args {
 }
 
 fn parse_args() -> AnyResult<Args> {
-    let mut args =
-        Args { cnn: false, bf16: false, epochs: 30, batch_size: 32, lr: 2e-3, seed: 0, workers: 1, profile: None };
+    let mut args = Args {
+        cnn: false,
+        bf16: false,
+        devices: 1,
+        epochs: 30,
+        batch_size: 32,
+        lr: 2e-3,
+        seed: 0,
+        workers: 1,
+        profile: None,
+    };
     let mut it = std::env::args().skip(1).peekable();
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
@@ -54,6 +71,7 @@ fn parse_args() -> AnyResult<Args> {
                 other => return Err(format!("--model {other}: expected mlp or cnn").into()),
             },
             "--bf16" => args.bf16 = true,
+            "--devices" => args.devices = value("--devices")?.parse()?,
             "--epochs" => args.epochs = value("--epochs")?.parse()?,
             "--batch-size" => args.batch_size = value("--batch-size")?.parse()?,
             "--lr" => args.lr = value("--lr")?.parse()?,
@@ -68,13 +86,16 @@ fn parse_args() -> AnyResult<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "train_digits [--model mlp|cnn] [--bf16] [--epochs N] [--batch-size N] [--lr X] [--seed N] [--workers N] \
+                    "train_digits [--model mlp|cnn] [--bf16] [--devices N] [--epochs N] [--batch-size N] [--lr X] [--seed N] [--workers N] \
                      [--profile [DIR]]"
                 );
                 std::process::exit(0);
             }
             other => return Err(format!("unknown option {other} (try --help)").into()),
         }
+    }
+    if args.devices == 0 {
+        return Err("--devices must be at least 1".into());
     }
     Ok(args)
 }
@@ -113,14 +134,70 @@ fn mib(bytes: usize) -> String {
     brasa::alloc::format_size(bytes)
 }
 
+/// The model, alone on one device or replicated by DDP on every rank.
+enum Net {
+    Local(Sequential),
+    Ddp(DistributedDataParallel<Sequential>),
+}
+
+impl Net {
+    fn forward(&self, x: &Var) -> brasa::parallel::Result<Var> {
+        match self {
+            Net::Local(model) => Ok(model.forward(x)?),
+            Net::Ddp(ddp) => ddp.forward(x),
+        }
+    }
+
+    fn model(&mut self) -> &mut Sequential {
+        match self {
+            Net::Local(model) => model,
+            Net::Ddp(ddp) => ddp.module_mut(),
+        }
+    }
+}
+
+/// This rank's rows of a global batch: rows [rank·b/n, (rank+1)·b/n).
+fn shard(t: &Tensor, rank: usize, world: usize) -> Result<Tensor> {
+    let rows = t.dims()[0];
+    let (start, end) = (rows * rank / world, rows * (rank + 1) / world);
+    Ok(t.narrow(0, start, end - start)?)
+}
+
 fn main() -> AnyResult<()> {
     let args = parse_args()?;
-    let dev = Device::CPU;
+    if args.devices == 1 {
+        train(&args, None)?;
+        return Ok(());
+    }
+    // Logical host devices must exist before the first tensor.
+    ensure_host_devices(args.devices)?;
+    let threads = (std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) / args.devices).max(1);
+    let options = LaunchOptions { threads_per_rank: Some(threads), ..LaunchOptions::default() };
+    run_in_process(args.devices, &options, |comm| {
+        train(&args, Some(comm)).map_err(|e| match e.downcast::<ParallelError>() {
+            Ok(parallel) => *parallel,
+            Err(other) => ParallelError::invalid("train_digits", other.to_string()),
+        })
+    })?;
+    Ok(())
+}
+
+/// Trains on this rank's share of every batch (the whole batch without a
+/// communicator); rank 0 reports.
+fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<f64> {
+    let (rank, world) = comm.as_ref().map(|c| (c.rank(), c.world_size())).unwrap_or((0, 1));
+    let lead = rank == 0;
+    let dev = comm.as_ref().map(|c| c.device()).unwrap_or(Device::CPU);
     manual_seed(args.seed);
     let digits = Digits::load()?;
     let (train, test) = if args.cnn { digits.train_test_images()? } else { digits.train_test()? };
-    let mut model = if args.cnn { cnn(dev)? } else { mlp(dev)? };
-    let mut opt = Adam::new(model.parameters(), AdamConfig { lr: args.lr, ..Default::default() })?;
+    let model = if args.cnn { cnn(dev)? } else { mlp(dev)? };
+    let mut net = match &comm {
+        // Rank 0's initial weights are broadcast to every rank.
+        Some(comm) => Net::Ddp(DistributedDataParallel::new(model, comm.clone(), DdpConfig::default())?),
+        None => Net::Local(model),
+    };
+    let mut opt = Adam::new(net.model().parameters(), AdamConfig { lr: args.lr, ..Default::default() })?;
     let loader = DataLoader::builder(train.clone())
         .batch_size(args.batch_size)
         .shuffle(true)
@@ -128,38 +205,51 @@ fn main() -> AnyResult<()> {
         .num_workers(args.workers)
         .device(dev)
         .build()?;
-    println!(
-        "digits: {} train / {} test samples · {} · {} parameters · {} epochs of {} batches",
-        train.len(),
-        test.len(),
-        if args.cnn { "CNN" } else { "MLP 64-128-10" },
-        model.num_parameters(),
-        args.epochs,
-        loader.len()
-    );
+    if lead {
+        println!(
+            "digits: {} train / {} test samples · {} · {} parameters · {} epochs of {} batches{}",
+            train.len(),
+            test.len(),
+            if args.cnn { "CNN" } else { "MLP 64-128-10" },
+            net.model().num_parameters(),
+            args.epochs,
+            loader.len(),
+            if world > 1 { format!(" · DDP over {world} devices (cpu:0..cpu:{})", world - 1) } else { String::new() }
+        );
+    }
 
     // Profile steps 2..=4 of the first epoch (step 0 waits, step 1 warms up).
-    let mut profiler =
-        Some(Profiler::builder().record_shapes(true).profile_memory(true).schedule(schedule(1, 1, 3, 1, 0)?).start()?);
+    // The profiler is process-wide: with DDP it records every rank's thread
+    // and communication stream.
+    let mut profiler = if lead {
+        Some(Profiler::builder().record_shapes(true).profile_memory(true).schedule(schedule(1, 1, 3, 1, 0)?).start()?)
+    } else {
+        None
+    };
     let mut op_table = None;
 
     let started = Instant::now();
     let style = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")?.progress_chars("=> ");
     for epoch in 0..args.epochs {
-        let bar = ProgressBar::new(loader.len() as u64).with_style(style.clone());
+        let bar =
+            if lead { ProgressBar::new(loader.len() as u64) } else { ProgressBar::hidden() }.with_style(style.clone());
         bar.set_prefix(format!("epoch {:>2}/{}", epoch + 1, args.epochs));
         let epoch_start = Instant::now();
         let (mut loss_sum, mut seen) = (0.0, 0usize);
         for batch in loader.epoch(epoch as u64) {
             let (x, y) = batch?;
+            if x.dims()[0] < world {
+                continue; // too few rows to give every rank one (same on every rank)
+            }
+            let (x, y) = (shard(&x, rank, world)?, shard(&y, rank, world)?);
             let loss = {
                 let _step = brasa::profile::record_function("train_step");
                 let loss = {
                     // bf16 products and convolutions, f32 softmax and loss (a no-op region without --bf16).
                     let _amp = autocast(if args.bf16 { DType::BF16 } else { DType::F32 });
-                    cross_entropy(&model.forward(&Var::new(x))?, &y)?
+                    cross_entropy(&net.forward(&Var::new(x.contiguous()?))?, &y)?
                 };
-                loss.backward()?;
+                loss.backward()?; // with DDP: gradients averaged across ranks as backward runs
                 opt.step()?;
                 opt.zero_grad()?;
                 loss
@@ -173,7 +263,7 @@ fn main() -> AnyResult<()> {
             bar.set_message(format!(
                 "loss {:.4} · {:.0} samples/s",
                 loss_sum / seen as f64,
-                seen as f64 / epoch_start.elapsed().as_secs_f64()
+                (seen * world) as f64 / epoch_start.elapsed().as_secs_f64()
             ));
         }
         bar.finish_and_clear();
@@ -192,25 +282,36 @@ fn main() -> AnyResult<()> {
                 );
             }
         }
-        let val = accuracy(&mut model, &test)?;
-        println!(
-            "epoch {:>2}/{}  loss {:.4}  val_acc {:.4}  {:.0} samples/s  memory {}: allocated {}, reserved {}, peak {}",
-            epoch + 1,
-            args.epochs,
-            loss_sum / seen.max(1) as f64,
-            val,
-            seen as f64 / epoch_start.elapsed().as_secs_f64(),
-            dev,
-            mib(memory::allocated(dev)?),
-            mib(memory::reserved(dev)?),
-            mib(memory::max_allocated(dev)?),
-        );
+        if lead {
+            let val = accuracy(net.model(), &test)?;
+            println!(
+                "epoch {:>2}/{}  loss {:.4}  val_acc {:.4}  {:.0} samples/s  memory {}: allocated {}, reserved {}, peak {}",
+                epoch + 1,
+                args.epochs,
+                loss_sum / seen.max(1) as f64,
+                val,
+                (seen * world) as f64 / epoch_start.elapsed().as_secs_f64(),
+                dev,
+                mib(memory::allocated(dev)?),
+                mib(memory::reserved(dev)?),
+                mib(memory::max_allocated(dev)?),
+            );
+        }
     }
-    let test_accuracy = accuracy(&mut model, &test)?;
+    if !lead {
+        return Ok(0.0);
+    }
+    let test_accuracy = accuracy(net.model(), &test)?;
     println!("trained in {:.2} s", started.elapsed().as_secs_f64());
+    if world > 1 {
+        for r in 0..world {
+            let d = Device::cpu(r);
+            println!("  {d}: peak {}, reserved {}", mib(memory::max_allocated(d)?), mib(memory::reserved(d)?));
+        }
+    }
     if let Some(table) = op_table {
         println!("\nprofile of three training steps (ops and backward nodes, by self CPU time):\n{table}");
     }
     println!("test_accuracy={test_accuracy:.4}");
-    Ok(())
+    Ok(test_accuracy)
 }

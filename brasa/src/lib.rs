@@ -13,6 +13,7 @@
 //! | [`nn`] | `brasa-nn` | modules, layers, losses, optimizers, schedulers, data loading, state dicts |
 //! | [`amp`] | `brasa-amp` | autocast, the dynamic loss scaler, half-precision models with f32 norms |
 //! | [`profile`] | `brasa-profile` | op tables, Chrome traces, memory timelines |
+//! | [`parallel`] | `brasa-parallel` | communicators (in-process, Open MPI), DataParallel, DDP, ZeRO |
 //!
 //! ```
 //! use brasa::prelude::*;
@@ -40,12 +41,15 @@
 //!
 //! - `cuda`: CUDA devices through `cudarc` (loaded at run time: building
 //!   needs no CUDA toolkit; without a driver, CUDA calls return an error).
+//! - `mpi`: `brasa-parallel`'s Open MPI backend (needs an MPI with `mpicc`
+//!   and libclang at build time), so `init_from_env` joins `mpirun`'s world.
 
 pub use brasa_alloc as alloc;
 pub use brasa_amp as amp;
 pub use brasa_autograd as autograd;
 pub use brasa_kernels as kernels;
 pub use brasa_nn as nn;
+pub use brasa_parallel as parallel;
 pub use brasa_profile as profile;
 pub use brasa_tensor as tensor;
 
