@@ -8,8 +8,10 @@
 mod alloc_figures;
 mod amp_figures;
 mod autograd_figures;
+mod ddp_figures;
 mod measure;
 mod nn_figures;
+mod parallel_figures;
 mod profile_figures;
 mod tensor_elementwise_figures;
 mod tensor_matmul_figures;
@@ -30,17 +32,21 @@ const GROUPS: &[Group] = &[
     Group { prefixes: &["nn."], run: nn_figures::run },
     Group { prefixes: &["amp."], run: amp_figures::run },
     Group { prefixes: &["profile."], run: profile_figures::run },
+    Group { prefixes: &["parallel."], run: parallel_figures::run },
 ];
 
 fn main() {
     let mut options = Options { quick: false, filter: String::new() };
     let mut args = std::env::args().skip(1);
     let mut nn_worker = None;
+    let mut parallel_worker = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => options.quick = true,
             // Internal: one nn workload in its own process (see nn_figures).
             "--nn-worker" => nn_worker = args.next(),
+            // Internal: one parallel figure in its own process (see parallel_figures).
+            "--parallel-worker" => parallel_worker = args.next(),
             "--filter" => options.filter = args.next().unwrap_or_default(),
             other => {
                 eprintln!("brasa-bench: unknown option `{other}` (expected --filter PREFIX, --quick)");
@@ -51,6 +57,13 @@ fn main() {
     if let Some(name) = nn_worker {
         if let Err(e) = nn_figures::worker(&name, options.quick) {
             eprintln!("brasa-bench --nn-worker {name}: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if let Some(name) = parallel_worker {
+        if let Err(e) = parallel_figures::worker(&name, options.quick) {
+            eprintln!("brasa-bench --parallel-worker {name}: {e}");
             std::process::exit(1);
         }
         return;

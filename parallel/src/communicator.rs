@@ -325,7 +325,21 @@ impl Drop for Inner {
         self.health.leave("left the group (its communicator was dropped: the rank returned, failed or panicked)");
         self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(worker) = self.worker.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = worker.join();
+            // The join is bounded: a worker finishes its queue and its
+            // backend's goodbye within the timeout, unless it is stuck in a
+            // call that never returns (an MPI collective whose peer froze
+            // mid-transfer). Such a worker is detached rather than waited
+            // on forever: it owns nothing but its backend, and the process
+            // may exit under it.
+            let deadline = std::time::Instant::now() + self.timeout + Duration::from_secs(1);
+            let mut pause = Duration::from_micros(20);
+            while !worker.is_finished() && std::time::Instant::now() < deadline {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(5));
+            }
+            if worker.is_finished() {
+                let _ = worker.join();
+            }
         }
     }
 }

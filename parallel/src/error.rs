@@ -80,6 +80,22 @@ pub enum ParallelError {
         /// The panic message.
         message: String,
     },
+    /// One replica of a [`DataParallel`](crate::DataParallel) failed; the
+    /// replica's own error is kept whole in `source`.
+    #[error("{op}: replica {rank} on {device}: {source}{}", others_too(.others))]
+    Replica {
+        /// The call that failed.
+        op: &'static str,
+        /// The replica.
+        rank: usize,
+        /// Its device.
+        device: brasa_tensor::Device,
+        /// What went wrong there.
+        #[source]
+        source: Box<ParallelError>,
+        /// Replicas that failed too (usually because of this one).
+        others: Vec<usize>,
+    },
     /// The MPI library reported an error.
     #[error("rank {rank}: MPI: {message}")]
     Mpi {
@@ -110,6 +126,14 @@ pub enum ParallelError {
         /// What was wrong, with the values seen.
         message: String,
     },
+}
+
+fn others_too(ranks: &[usize]) -> String {
+    if ranks.is_empty() {
+        String::new()
+    } else {
+        format!(" (replicas {ranks:?} failed too)")
+    }
 }
 
 fn waiting_on(ranks: &[usize]) -> String {

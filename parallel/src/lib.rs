@@ -40,21 +40,31 @@
 
 mod collective;
 mod communicator;
+mod data_parallel;
 mod ddp;
 mod error;
 mod health;
 mod in_process;
 mod launch;
+mod memory;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod work;
+mod zero;
 
+#[cfg(feature = "mpi")]
+pub use self::mpi::abort_job_on_panic;
 pub use collective::{Collective, ReduceOp, Signature};
 pub use communicator::{Backend, CommOptions, Communicator, RankInfo};
+pub use data_parallel::{chunk_sizes, DataParallel, DataParallelConfig, LossReduction};
 pub use ddp::{
-    assign_buckets, Compression, DdpConfig, DdpStats, DistributedDataParallel, NoSync, BUCKET_CAP_BYTES,
+    assign_buckets, Compression, DdpConfig, DdpStats, DistributedDataParallel, NoSync, ZeroStage, BUCKET_CAP_BYTES,
     FIRST_BUCKET_BYTES,
 };
 pub use error::{ParallelError, Result};
 pub use health::Abort;
 pub use in_process::in_process_group;
 pub use launch::{ensure_host_devices, init_from_env, launched_by_mpi, run_in_process, LaunchOptions};
+pub use memory::MemoryBreakdown;
 pub use work::Work;
+pub use zero::ZeroOptimizer;

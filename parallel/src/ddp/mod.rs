@@ -6,8 +6,9 @@
 //! checked first, and a difference is an error naming both ranks). Each
 //! parameter's gradient then lives as a view into a flat bucket (gradient
 //! memory 1×); buckets follow the reverse parameter order with a small
-//! first bucket (1 MiB) and a cap (25 MiB), and are rebuilt once from the
-//! order gradients actually became ready. In backward, each bucket's
+//! last bucket (1 MiB, holding the gradients that become ready last, so the
+//! all-reduce nothing overlaps is short) and a cap (25 MiB), and are
+//! rebuilt once from the order gradients actually became ready. In backward, each bucket's
 //! all-reduce starts as soon as its last gradient is accumulated, while
 //! backward goes on; `backward()` returns with every gradient averaged.
 //!
