@@ -188,10 +188,19 @@ fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<f64> {
     let (rank, world) = comm.as_ref().map(|c| (c.rank(), c.world_size())).unwrap_or((0, 1));
     let lead = rank == 0;
     let dev = comm.as_ref().map(|c| c.device()).unwrap_or(Device::CPU);
-    manual_seed(args.seed);
     let digits = Digits::load()?;
     let (train, test) = if args.cnn { digits.train_test_images()? } else { digits.train_test()? };
+    // The seeded generator is process-wide and in-process ranks are threads:
+    // rank 0 draws its initial weights (the ones DDP broadcasts) before the
+    // others start drawing, so runs are reproducible.
+    if let (Some(comm), false) = (&comm, lead) {
+        comm.barrier()?;
+    }
+    manual_seed(args.seed);
     let model = if args.cnn { cnn(dev)? } else { mlp(dev)? };
+    if let (Some(comm), true) = (&comm, lead) {
+        comm.barrier()?;
+    }
     let mut net = match &comm {
         // Rank 0's initial weights are broadcast to every rank.
         Some(comm) => Net::Ddp(DistributedDataParallel::new(model, comm.clone(), DdpConfig::default())?),

@@ -59,10 +59,12 @@ where
             .into_iter()
             .map(|comm| {
                 let rank_main = &rank_main;
-                std::thread::Builder::new().name(format!("brasa-rank{}", comm.rank())).spawn_scoped(scope, move || {
+                let rank = comm.rank();
+                std::thread::Builder::new().name(format!("brasa-rank{rank}")).spawn_scoped(scope, move || {
+                    // Named by rank, so profiler tracks say whose work they show.
                     let pool = rayon::ThreadPoolBuilder::new()
                         .num_threads(threads)
-                        .thread_name(move |i| format!("brasa-rank-worker-{i}"))
+                        .thread_name(move |i| format!("brasa-rank{rank}-worker-{i}"))
                         .build()
                         .map_err(|e| ParallelError::invalid("run_in_process", format!("rayon pool: {e}")))?;
                     pool.install(|| rank_main(comm))
