@@ -590,7 +590,7 @@ where
             .enumerate()
             .map(|(rank, handle)| match handle {
                 Ok(handle) => handle.join().unwrap_or_else(|payload| {
-                    Err(ParallelError::RankPanicked { rank, message: panic_message(payload.as_ref()) })
+                    Err(ParallelError::RankPanicked { rank, message: crate::launch::panic_message(payload.as_ref()) })
                 }),
                 Err(e) => {
                     Err(ParallelError::invalid("DataParallel", format!("cannot start replica {rank}'s thread: {e}")))
@@ -598,16 +598,6 @@ where
             })
             .collect()
     })
-}
-
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        s.to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(no message)".into()
-    }
 }
 
 /// Errors unless every parameter and buffer of `model` is on `device`.

@@ -88,7 +88,8 @@ where
                 first_error.get_or_insert(error);
             }
             Err(payload) => {
-                first_error.get_or_insert(ParallelError::RankPanicked { rank, message: panic_message(&payload) });
+                first_error
+                    .get_or_insert(ParallelError::RankPanicked { rank, message: panic_message(payload.as_ref()) });
             }
         }
     }
@@ -98,7 +99,8 @@ where
     }
 }
 
-fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
+/// The text of a panic payload (`panic!` with a literal or a format).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         s.to_string()
     } else if let Some(s) = payload.downcast_ref::<String>() {

@@ -21,69 +21,32 @@ trait Element: Copy + Send + Sync + 'static {
     fn acc_is_nan(acc: Self::Acc) -> bool;
 }
 
-impl Element for f32 {
-    type Acc = f32;
-    fn widen(self) -> f32 {
-        self
-    }
-    fn narrow(acc: f32) -> f32 {
-        acc
-    }
-    fn acc_from_f64(value: f64) -> f32 {
-        value as f32
-    }
-    fn acc_is_nan(acc: f32) -> bool {
-        acc.is_nan()
-    }
+/// `Element` for a type whose accumulator is `$acc`, widened and narrowed
+/// by the given conversions.
+macro_rules! element {
+    ($t:ty, $acc:ty, $widen:expr, $narrow:expr) => {
+        impl Element for $t {
+            type Acc = $acc;
+            fn widen(self) -> $acc {
+                $widen(self)
+            }
+            fn narrow(acc: $acc) -> $t {
+                $narrow(acc)
+            }
+            fn acc_from_f64(value: f64) -> $acc {
+                value as $acc
+            }
+            fn acc_is_nan(acc: $acc) -> bool {
+                acc.is_nan()
+            }
+        }
+    };
 }
 
-impl Element for f64 {
-    type Acc = f64;
-    fn widen(self) -> f64 {
-        self
-    }
-    fn narrow(acc: f64) -> f64 {
-        acc
-    }
-    fn acc_from_f64(value: f64) -> f64 {
-        value
-    }
-    fn acc_is_nan(acc: f64) -> bool {
-        acc.is_nan()
-    }
-}
-
-impl Element for f16 {
-    type Acc = f32;
-    fn widen(self) -> f32 {
-        self.to_f32()
-    }
-    fn narrow(acc: f32) -> f16 {
-        f16::from_f32(acc)
-    }
-    fn acc_from_f64(value: f64) -> f32 {
-        value as f32
-    }
-    fn acc_is_nan(acc: f32) -> bool {
-        acc.is_nan()
-    }
-}
-
-impl Element for bf16 {
-    type Acc = f32;
-    fn widen(self) -> f32 {
-        self.to_f32()
-    }
-    fn narrow(acc: f32) -> bf16 {
-        bf16::from_f32(acc)
-    }
-    fn acc_from_f64(value: f64) -> f32 {
-        value as f32
-    }
-    fn acc_is_nan(acc: f32) -> bool {
-        acc.is_nan()
-    }
-}
+element!(f32, f32, |x: f32| x, |a: f32| a);
+element!(f64, f64, |x: f64| x, |a: f64| a);
+element!(f16, f32, f16::to_f32, f16::from_f32);
+element!(bf16, f32, bf16::to_f32, bf16::from_f32);
 
 /// Combines `value` into `acc` (NaN wins for max and min, as in PyTorch).
 #[inline(always)]
