@@ -82,12 +82,14 @@ fn allreduce_and_memcpy(bytes: usize, reps: usize) -> Result<(f64, f64), String>
     })
     .map_err(err)?;
     // A collective ends when its slowest rank does.
-    let slowest = |pick: fn(&(Vec<f64>, Vec<f64>)) -> &Vec<f64>| -> Vec<f64> {
-        (0..reps).map(|i| results.iter().map(|r| pick(r)[i]).fold(0.0, f64::max)).collect()
+    let slowest = |times: Vec<&Vec<f64>>| -> Vec<f64> {
+        (0..reps).map(|i| times.iter().map(|t| t[i]).fold(0.0, f64::max)).collect()
     };
+    let reduce = slowest(results.iter().map(|r| &r.0).collect());
+    let copies = slowest(results.iter().map(|r| &r.1).collect());
     let world = 2.0;
-    let busbw = bytes as f64 / median(slowest(|r| &r.0)) * 2.0 * (world - 1.0) / world / 1e9;
-    let copy = bytes as f64 / median(slowest(|r| &r.1)) / 1e9;
+    let busbw = bytes as f64 / median(reduce) * 2.0 * (world - 1.0) / world / 1e9;
+    let copy = bytes as f64 / median(copies) / 1e9;
     Ok((busbw, copy))
 }
 

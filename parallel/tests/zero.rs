@@ -43,15 +43,19 @@ fn batch(step: usize, rank: usize, world: usize, dev: Device) -> Result<(Var, Te
     Ok((Var::new(Tensor::from_vec_on(x, [rows, 7], dev)?), Tensor::from_vec_on(y, [rows], dev)?))
 }
 
-fn train(world: usize, zero: Option<ZeroStage>) -> Result<Vec<(Vec<Vec<f32>>, MemoryBreakdown, usize)>> {
+/// What one rank ends with: its parameters, its memory breakdown after the
+/// last step, and how many elements of `exp_avg` its optimizer keeps.
+type RankOutcome = (Vec<Vec<f32>>, MemoryBreakdown, usize);
+
+fn train(world: usize, zero: Option<ZeroStage>) -> Result<Vec<RankOutcome>> {
     run_in_process(world, &options(), |comm| {
         let dev = comm.device();
         let (rank, config) = (comm.rank(), DdpConfig { zero, ..DdpConfig::default() });
         let ddp = DistributedDataParallel::new(model(dev)?, comm.clone(), config)?;
         let adam = AdamConfig { lr: 0.01, ..Default::default() };
         let mut opt: Box<dyn Optimizer> = match zero {
-            None => Box::new(Adam::new(ddp.module().parameters(), adam.clone())?),
-            Some(_) => Box::new(ZeroOptimizer::new(&ddp, |shards| Adam::new(shards, adam.clone()))?),
+            None => Box::new(Adam::new(ddp.module().parameters(), adam)?),
+            Some(_) => Box::new(ZeroOptimizer::new(&ddp, |shards| Adam::new(shards, adam))?),
         };
         let mut breakdown = MemoryBreakdown::default();
         for step in 0..5 {
