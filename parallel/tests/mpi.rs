@@ -13,8 +13,12 @@
 //! Needs Open MPI's `mpirun` on PATH (the `mpi` feature needs it to build
 //! anyway). Run: `cargo test -p brasa-parallel --features mpi --test mpi`.
 
+use brasa_nn::functional::cross_entropy;
+use brasa_nn::optim::{Optimizer, Sgd, SgdConfig};
+use brasa_nn::{Linear, Module, ModuleExt, Relu, Sequential};
 use brasa_parallel::{
-    abort_job_on_panic, init_from_env, launched_by_mpi, CommOptions, Communicator, ParallelError, ReduceOp, Result,
+    abort_job_on_panic, init_from_env, launched_by_mpi, CommOptions, Communicator, DdpConfig, DistributedDataParallel,
+    ParallelError, ReduceOp, Result,
 };
 use brasa_tensor::{DType, Device, Tensor};
 use std::path::{Path, PathBuf};
@@ -528,6 +532,99 @@ fn a_rank_that_returns_early_fails_its_peer_fast() {
     job.assert_failed_without_hanging(Duration::from_secs(30));
 }
 
+// ------------------------------------------------------- DDP across processes
+
+const DDP_BATCH: usize = 16;
+
+/// A small MLP with parameters from a formula (the same in every process
+/// and in the single-process reference).
+fn ddp_model() -> Result<Sequential> {
+    let dev = Device::CPU;
+    let model = Sequential::new().push(Linear::new(6, 16, dev)?).push(Relu).push(Linear::new(16, 3, dev)?);
+    for (k, p) in model.parameters().iter().enumerate() {
+        let scale = 1.0 / (p.dims().last().copied().unwrap_or(1) as f32).sqrt();
+        let v: Vec<f32> = (0..p.numel()).map(|i| (((i * 31 + k * 17) % 41) as f32 - 20.0) / 20.0 * scale).collect();
+        p.tensor().copy_(&Tensor::from_vec_on(v, p.dims().to_vec(), dev)?)?;
+    }
+    Ok(model)
+}
+
+/// Rank `rank`'s rows of the batch of `step` (`world` 1: the full batch).
+fn ddp_batch(step: usize, rank: usize, world: usize) -> Result<(Tensor, Tensor)> {
+    let x: Vec<f32> = (0..DDP_BATCH * 6).map(|i| (((i * 37 + step * 11) % 29) as f32 - 14.0) / 7.0).collect();
+    let y: Vec<i64> = (0..DDP_BATCH).map(|i| ((i * 5 + step) % 3) as i64).collect();
+    let (x, y) =
+        (Tensor::from_vec_on(x, [DDP_BATCH, 6], Device::CPU)?, Tensor::from_vec_on(y, [DDP_BATCH], Device::CPU)?);
+    let rows = DDP_BATCH / world;
+    Ok((x.narrow(0, rank * rows, rows)?.contiguous()?, y.narrow(0, rank * rows, rows)?.contiguous()?))
+}
+
+fn sgd(params: Vec<brasa_autograd::Var>) -> Result<Sgd> {
+    Ok(Sgd::new(params, SgdConfig { lr: 0.1, momentum: 0.9, ..Default::default() })?)
+}
+
+fn parameter_values(model: &Sequential) -> Result<Vec<f32>> {
+    let mut all = Vec::new();
+    for p in model.parameters() {
+        all.extend(p.tensor().to_vec::<f32>()?);
+    }
+    Ok(all)
+}
+
+/// Rank's part: DDP over the job's ranks, step for step equal to one
+/// process on the full batch (computed here too), with small buckets (so
+/// the rebuild happens) and a no_sync micro-batch in every other step.
+/// Prints a marker line when every step matched.
+fn check_ddp(comm: &Communicator, steps: usize) -> Result<()> {
+    let (rank, world) = (comm.rank(), comm.world_size());
+    let reference = ddp_model()?;
+    let mut reference_opt = sgd(reference.parameters())?;
+    let config = DdpConfig { first_bucket_bytes: 64, bucket_cap_bytes: 256, ..DdpConfig::default() };
+    let ddp = DistributedDataParallel::new(ddp_model()?, comm.clone(), config)?;
+    let mut opt = sgd(ddp.module().parameters())?;
+    for step in 0..steps {
+        // Odd steps accumulate a second micro-batch under no_sync first.
+        let micro: Vec<usize> = if step % 2 == 1 { vec![100 + step, step] } else { vec![step] };
+        for (k, &batch) in micro.iter().enumerate() {
+            let (full_x, full_y) = ddp_batch(batch, 0, 1)?;
+            cross_entropy(&reference.forward(&brasa_autograd::Var::new(full_x))?, &full_y)?.backward()?;
+            let (x, y) = ddp_batch(batch, rank, world)?;
+            if k + 1 < micro.len() {
+                let _local = ddp.no_sync();
+                cross_entropy(&ddp.forward(&brasa_autograd::Var::new(x))?, &y)?.backward()?;
+            } else {
+                cross_entropy(&ddp.forward(&brasa_autograd::Var::new(x))?, &y)?.backward()?;
+            }
+        }
+        reference_opt.step()?;
+        reference_opt.zero_grad()?;
+        opt.step()?;
+        opt.zero_grad()?;
+        let (got, want) = (parameter_values(ddp.module())?, parameter_values(&reference)?);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "rank {rank} step {step} parameter {i}: {g} vs {w}");
+        }
+    }
+    assert!(ddp.buckets_rebuilt(), "the buckets were not rebuilt");
+    assert!(ddp.bucket_bytes().len() >= 3, "expected several buckets, got {:?}", ddp.bucket_bytes());
+    println!("BRASA-DDP-OK rank={rank} steps={steps} buckets={}", ddp.bucket_bytes().len());
+    Ok(())
+}
+
+#[test]
+fn ddp_over_two_processes_matches_one_process() {
+    if is_child() {
+        let comm = join(Duration::from_secs(40));
+        check_ddp(&comm, 6).unwrap();
+        drop(comm);
+        return;
+    }
+    let job = run(local_mpirun("ddp_over_two_processes_matches_one_process", ""));
+    job.assert_success();
+    job.assert_marker("BRASA-DDP-OK rank=0");
+    job.assert_marker("BRASA-DDP-OK rank=1");
+}
+
 // ------------------------------------------------ two hosts: network namespaces
 
 /// Two network namespaces joined by a veth pair, each a "host" with one
@@ -716,28 +813,40 @@ fn two_hosts_over_network_namespaces() {
                 println!("BRASA-TCP-OK rank={rank}");
                 drop(comm);
             }
+            "ddp" => {
+                check_ddp(&comm, 6).unwrap();
+                drop(comm);
+            }
             "cut" => {
-                // All-reduce until the parent cuts the link; then this must
-                // be an error (or Open MPI ends the job), never a hang.
+                // DDP training until the parent cuts the link; then a step
+                // must fail (or Open MPI ends the job), never hang.
+                let ddp =
+                    DistributedDataParallel::new(ddp_model().unwrap(), comm.clone(), DdpConfig::default()).unwrap();
+                let mut opt = sgd(ddp.module().parameters()).unwrap();
                 let start = Instant::now();
                 let mut round = 0u64;
                 while start.elapsed() < Duration::from_secs(50) {
-                    let x = input(rank, n, DType::F32).unwrap();
-                    match comm.all_reduce(&x, ReduceOp::Sum) {
+                    let (x, y) = ddp_batch(round as usize % 7, rank, 2).unwrap();
+                    let outcome = ddp.forward(&brasa_autograd::Var::new(x)).and_then(|out| {
+                        cross_entropy(&out, &y)?.backward()?;
+                        opt.step()?;
+                        opt.zero_grad()?;
+                        Ok(())
+                    });
+                    match outcome {
                         Ok(()) => {
-                            assert_close(&values(&x).unwrap(), |i| reference(ReduceOp::Sum, 2, i), DType::F32, "cut");
                             if round == 0 {
                                 println!("BRASA-LOOPING rank={rank}");
                             }
                             round += 1;
                         }
                         Err(error) => {
-                            println!("BRASA-CUT-ERROR rank={rank} after {round} rounds: {error}");
+                            println!("BRASA-CUT-ERROR rank={rank} after {round} steps: {error}");
                             return;
                         }
                     }
                 }
-                panic!("the link was cut but all-reduces kept working for 50 s");
+                panic!("the link was cut but training kept working for 50 s");
             }
             other => panic!("unknown case {other:?}"),
         }
@@ -757,7 +866,13 @@ fn two_hosts_over_network_namespaces() {
     job.assert_marker("BRASA-TCP-OK rank=0");
     job.assert_marker("BRASA-TCP-OK rank=1");
 
-    // 2. Cut the link while they all-reduce: the job ends with an error.
+    // 2. DDP across the two hosts: the same parameters as one process.
+    let job = run(hosts.mpirun(TEST, "ddp"));
+    job.assert_success();
+    job.assert_marker("BRASA-DDP-OK rank=0");
+    job.assert_marker("BRASA-DDP-OK rank=1");
+
+    // 3. Cut the link while they train: the job ends with an error.
     let log = Log::new();
     let mut command = hosts.mpirun(TEST, "cut");
     log.attach(&mut command);
