@@ -83,7 +83,9 @@ impl OutOfMemory {
                  between phases with empty_cache(), a smaller batch, or checkpointing",
                 format_size(self.reserved_unallocated_bytes())
             )
-        } else if let Some(allowed) = self.allowed_bytes.filter(|a| self.reserved_bytes + self.segment_bytes > *a) {
+        } else if let Some(allowed) =
+            self.allowed_bytes.filter(|a| self.reserved_bytes.saturating_add(self.segment_bytes) > *a)
+        {
             format!(
                 "the memory fraction allows {} — raise per_process_memory_fraction, or try a smaller \
                  batch, checkpointing or mixed precision",

@@ -51,26 +51,43 @@ impl PoolKind {
     }
 }
 
-/// The size a request occupies in the cache (PyTorch's `round_size`).
+/// The largest block or segment the allocator handles: 256 TiB less 2 MiB,
+/// more than any device holds. The free lists key blocks by 48 bits of size
+/// (`pool.rs`), and it is a multiple of [`ROUND_LARGE`] so that the segment
+/// of a request of at most this size is too. Larger requests (up to
+/// `usize::MAX`, where rounding in plain arithmetic would wrap to a small
+/// block) fail as out of memory before anything is rounded.
+pub const MAX_BLOCK_SIZE: usize = (1 << 48) - ROUND_LARGE;
+
+/// The size a request occupies in the cache (PyTorch's `round_size`), or
+/// `None` when the rounded size would exceed [`MAX_BLOCK_SIZE`] — a request
+/// no device can serve (rounding it in plain arithmetic would wrap to a
+/// small block).
 ///
 /// Below 512 B everything is 512 B. With `roundup_power2_divisions` set for the
 /// request's size interval, the size is rounded up to the next of that many equal
 /// steps between the surrounding powers of two; otherwise to a multiple of 512.
 #[inline]
-pub fn round_size(size: usize, config: &AllocatorConfig) -> usize {
+pub fn round_size(size: usize, config: &AllocatorConfig) -> Option<usize> {
     if size < MIN_BLOCK_SIZE {
-        return MIN_BLOCK_SIZE;
+        return Some(MIN_BLOCK_SIZE);
     }
+    if size > MAX_BLOCK_SIZE {
+        return None;
+    }
+    // From here on size < 2^48, so no step below can overflow.
     let divisions = config.roundup_power2_divisions_for(size);
-    if divisions > 1 && size > MIN_BLOCK_SIZE * divisions {
+    let rounded = if divisions > 1 && size > MIN_BLOCK_SIZE.saturating_mul(divisions) {
         roundup_power2_next_division(size, divisions)
     } else {
         size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
-    }
+    };
+    (rounded <= MAX_BLOCK_SIZE).then_some(rounded)
 }
 
 /// Rounds `size` up to the next of `divisions` equal steps between the power of
 /// two below it and the one above (powers of two are returned unchanged).
+/// `size` is at most [`MAX_BLOCK_SIZE`], so the result is at most 2^48.
 fn roundup_power2_next_division(size: usize, divisions: usize) -> usize {
     if size.is_power_of_two() {
         return size;
@@ -90,6 +107,8 @@ fn roundup_power2_next_division(size: usize, divisions: usize) -> usize {
 
 /// The size of the segment requested from the backend for a rounded request
 /// that the cache could not serve (PyTorch's `get_allocation_size`).
+/// `rounded` comes from [`round_size`] (at most [`MAX_BLOCK_SIZE`]), so
+/// rounding it up to 2 MiB cannot overflow.
 #[inline]
 pub fn segment_size(rounded: usize) -> usize {
     if rounded <= SMALL_SIZE {
@@ -145,16 +164,34 @@ mod tests {
 
     #[test]
     fn tiny_requests_take_one_min_block() {
-        assert_eq!(round_size(0, &config()), 512);
-        assert_eq!(round_size(1, &config()), 512);
-        assert_eq!(round_size(512, &config()), 512);
+        assert_eq!(round_size(0, &config()).unwrap(), 512);
+        assert_eq!(round_size(1, &config()), Some(512));
+        assert_eq!(round_size(512, &config()), Some(512));
+    }
+
+    #[test]
+    fn sizes_beyond_the_largest_block_do_not_round() {
+        let divided = AllocatorConfig::builder().roundup_power2_divisions(4).build().unwrap();
+        assert_eq!(round_size(MAX_BLOCK_SIZE, &config()), Some(MAX_BLOCK_SIZE));
+        // With power-of-two divisions it would round up to 2^48.
+        assert_eq!(round_size(MAX_BLOCK_SIZE, &divided), None);
+        for config in [config(), divided] {
+            assert_eq!(round_size(MAX_BLOCK_SIZE + 1, &config), None);
+            assert_eq!(round_size(1 << 48, &config), None);
+            assert_eq!(round_size(isize::MAX as usize, &config), None);
+            assert_eq!(round_size(usize::MAX - 511, &config), None, "would wrap to 0");
+            assert_eq!(round_size(usize::MAX, &config), None);
+        }
+        assert_eq!(round_size(MAX_BLOCK_SIZE - 1500, &config()), Some(MAX_BLOCK_SIZE - 1024));
+        assert_eq!(segment_size(MAX_BLOCK_SIZE - 1024), MAX_BLOCK_SIZE);
+        assert_eq!(segment_size(MAX_BLOCK_SIZE), MAX_BLOCK_SIZE);
     }
 
     #[test]
     fn requests_round_to_512_bytes() {
-        assert_eq!(round_size(513, &config()), 1024);
-        assert_eq!(round_size(1025, &config()), 1536);
-        assert_eq!(round_size(3 * MIB + 1, &config()), 3 * MIB + 512);
+        assert_eq!(round_size(513, &config()), Some(1024));
+        assert_eq!(round_size(1025, &config()), Some(1536));
+        assert_eq!(round_size(3 * MIB + 1, &config()), Some(3 * MIB + 512));
     }
 
     #[test]
@@ -218,23 +255,23 @@ mod tests {
     fn power2_divisions_round_between_powers_of_two() {
         let config = AllocatorConfig::builder().roundup_power2_divisions(4).build().unwrap();
         // 1200 KiB lies between 1 MiB and 2 MiB: steps of 256 KiB.
-        assert_eq!(round_size(1200 << 10, &config), 1280 << 10);
+        assert_eq!(round_size(1200 << 10, &config), Some(1280 << 10));
         // Powers of two are unchanged.
-        assert_eq!(round_size(4 * MIB, &config), 4 * MIB);
+        assert_eq!(round_size(4 * MIB, &config), Some(4 * MIB));
         // Below 512 * divisions the 512 B rule applies.
-        assert_eq!(round_size(1500, &config), 1536);
+        assert_eq!(round_size(1500, &config), Some(1536));
         // 5 MiB + 1 lies between 4 and 8 MiB: steps of 1 MiB.
-        assert_eq!(round_size(5 * MIB + 1, &config), 6 * MIB);
+        assert_eq!(round_size(5 * MIB + 1, &config), Some(6 * MIB));
     }
 
     #[test]
     fn power2_divisions_per_interval() {
         let config = AllocatorConfig::from_conf_str("roundup_power2_divisions:[2:1,4:2,>:8]").unwrap();
         // Below 2 MiB: one division, so the 512 B rule.
-        assert_eq!(round_size(MIB + 1000, &config), MIB + 1024);
+        assert_eq!(round_size(MIB + 1000, &config), Some(MIB + 1024));
         // [2 MiB, 4 MiB): two divisions of 1 MiB.
-        assert_eq!(round_size(2 * MIB + 1, &config), 3 * MIB);
+        assert_eq!(round_size(2 * MIB + 1, &config), Some(3 * MIB));
         // 64 MiB and up: eight divisions.
-        assert_eq!(round_size(65 * MIB, &config), 72 * MIB);
+        assert_eq!(round_size(65 * MIB, &config), Some(72 * MIB));
     }
 }

@@ -31,6 +31,8 @@ impl StreamSlots {
 }
 
 const SIZE_BITS: u32 = 48;
+// Every block fits the key: larger requests are refused before they get here.
+const _: () = assert!(crate::policy::MAX_BLOCK_SIZE < 1 << SIZE_BITS);
 
 #[inline]
 fn key(slot: u16, size: usize, addr: usize) -> u128 {

@@ -2,7 +2,10 @@
 
 use crate::backend::StreamId;
 use serde::Serialize;
+use std::any::Any;
 use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// What happened.
@@ -74,6 +77,78 @@ impl<F: Fn(&TraceEntry) + Send + Sync> AllocObserver for F {
 
 /// A shared observer, as [`CachingAllocator::set_observer`](crate::CachingAllocator::set_observer) takes it.
 pub type Observer = Arc<dyn AllocObserver>;
+
+/// The observer as the allocator holds it: a panic in the user's `enabled`,
+/// `on_event` or `Drop` is caught at this boundary, so it can neither take
+/// an allocation's result with it (the block would stay allocated and
+/// reserved for good) nor escape a free running in a `Drop` (a second panic
+/// during unwinding aborts the process). An observer that panicked is
+/// disabled for good, and the panic is reported once on stderr.
+pub(crate) struct GuardedObserver {
+    /// `None` only while it is dropped.
+    inner: Option<Observer>,
+    failed: AtomicBool,
+}
+
+/// Wraps `observer` for the allocator (see [`GuardedObserver`]).
+pub(crate) fn guard_observer(observer: Observer) -> Observer {
+    Arc::new(GuardedObserver { inner: Some(observer), failed: AtomicBool::new(false) })
+}
+
+impl GuardedObserver {
+    fn fail(&self, during: &str, payload: Box<dyn Any + Send>) {
+        let message = panic_message(&*payload);
+        // A payload whose own drop panics must not escape either.
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+        if !self.failed.swap(true, Ordering::Relaxed) {
+            eprintln!("brasa-alloc: the allocator observer panicked in {during} ({message}); it is disabled");
+        }
+    }
+}
+
+impl AllocObserver for GuardedObserver {
+    fn enabled(&self) -> bool {
+        if self.failed.load(Ordering::Relaxed) {
+            return false;
+        }
+        match catch_unwind(AssertUnwindSafe(|| self.inner.as_ref().is_some_and(|o| o.enabled()))) {
+            Ok(enabled) => enabled,
+            Err(payload) => {
+                self.fail("enabled", payload);
+                false
+            }
+        }
+    }
+
+    fn on_event(&self, entry: &TraceEntry) {
+        if self.failed.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(inner) = &self.inner else { return };
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| inner.on_event(entry))) {
+            self.fail("on_event", payload);
+        }
+    }
+}
+
+impl Drop for GuardedObserver {
+    fn drop(&mut self) {
+        let inner = self.inner.take();
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(move || drop(inner))) {
+            self.fail("drop", payload);
+        }
+    }
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        (*text).to_string()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "no message".to_string()
+    }
+}
 
 /// A ring buffer of the most recent events.
 #[derive(Debug, Default)]

@@ -229,3 +229,35 @@ fn a_disabled_observer_receives_nothing() {
     drop(alloc.allocate(1000, S0).unwrap());
     assert_eq!(switch.seen.load(std::sync::atomic::Ordering::Relaxed), 3, "alloc, free requested, free completed");
 }
+
+/// Requests no memory can hold (beyond `isize::MAX` bytes, where rounding to
+/// the allocator's size classes would wrap) fail as out of memory: never a
+/// panic, never a small block handed out as if it were the request.
+#[test]
+fn impossible_sizes_are_out_of_memory() {
+    let configs = [
+        AllocatorConfig::default(),
+        AllocatorConfig::builder().roundup_power2_divisions(4).build().unwrap(),
+        AllocatorConfig::builder().expandable_segments(true).build().unwrap(),
+        AllocatorConfig::builder().memory_fraction(0.5).build().unwrap(),
+    ];
+    let sizes =
+        [usize::MAX, usize::MAX - 511, isize::MAX as usize + 1, isize::MAX as usize, (1 << 62) + 1, 1 << 48, 1 << 45];
+    for config in configs {
+        let backend = FailingBackend::new(64 * MIB);
+        let alloc = CachingAllocator::with_config(backend.clone(), config.clone());
+        let _held = alloc.allocate(1000, S0).unwrap();
+        for size in sizes {
+            let before = alloc.stats();
+            let error = alloc.allocate(size, S0).map(|block| block.size()).unwrap_err();
+            let oom = error.as_out_of_memory().unwrap_or_else(|| panic!("{size}: {error}"));
+            assert_eq!(oom.requested_bytes, size, "{config:?}");
+            assert!(oom.rounded_bytes >= size, "{config:?}: rounded {} < {size}", oom.rounded_bytes);
+            assert!(error.to_string().starts_with("out of memory on"), "{error}");
+            let after = alloc.stats();
+            assert_eq!(after.num_ooms, before.num_ooms + 1);
+            assert_eq!(without_oom_counter(after), without_oom_counter(before));
+        }
+        assert_eq!(alloc.allocated_bytes(), 1024, "nothing handed out");
+    }
+}

@@ -32,7 +32,7 @@
 //! use brasa_autograd::Var;
 //! use brasa_tensor::{DType, Tensor};
 //!
-//! let w = Var::param(Tensor::randn([4, 3], DType::F32)?);
+//! let w = Var::param(Tensor::randn([4, 3], DType::F32)?)?;
 //! let x = Var::new(Tensor::randn([2, 4], DType::F32)?);
 //! let loss = {
 //!     let _amp = autocast(DType::BF16);
@@ -158,8 +158,10 @@ pub fn clear_autocast_cache() {
 /// Not `Send`: the region belongs to the thread that entered it.
 #[must_use = "the region ends when the guard is dropped"]
 pub struct AutocastGuard {
-    /// The number of frames below this guard's.
-    depth: usize,
+    /// The id of the frame this guard opened (found by id, not by depth: a
+    /// frame closed early by an outer guard may have been replaced since by
+    /// a new region at the same depth, which this guard must not close).
+    id: u64,
     _not_send: PhantomData<*const ()>,
 }
 
@@ -167,12 +169,12 @@ impl Drop for AutocastGuard {
     fn drop(&mut self) {
         let (restore, cache) = STATE.with(|state| {
             let mut state = state.borrow_mut();
-            if state.frames.len() <= self.depth {
+            let Some(depth) = state.frames.iter().position(|frame| frame.id == self.id) else {
                 // Closed already, by an outer guard dropped first.
                 return (None, HashMap::new());
-            }
+            };
             // Out-of-order drops also close the regions entered after this one.
-            let closed = state.frames.split_off(self.depth);
+            let closed = state.frames.split_off(depth);
             let previous = closed.into_iter().next().map(|frame| frame.previous);
             let cache = if state.frames.is_empty() { std::mem::take(&mut state.cache) } else { HashMap::new() };
             (previous, cache)
@@ -186,7 +188,7 @@ impl Drop for AutocastGuard {
 
 impl std::fmt::Debug for AutocastGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "AutocastGuard(depth {})", self.depth)
+        write!(f, "AutocastGuard({})", self.id)
     }
 }
 
@@ -194,6 +196,8 @@ impl std::fmt::Debug for AutocastGuard {
 
 /// One region.
 struct Frame {
+    /// Its guard's id.
+    id: u64,
     /// The hook this region installed (`None`: autocast off).
     hook: Option<Arc<AmpHook>>,
     /// The hook it replaced, put back when it ends.
@@ -218,6 +222,8 @@ type CacheKey = (usize, usize, DType);
 #[derive(Default)]
 struct State {
     frames: Vec<Frame>,
+    /// The id of the next frame.
+    next_id: u64,
     cache: HashMap<CacheKey, CacheEntry>,
 }
 
@@ -235,12 +241,14 @@ fn default_policy() -> Arc<Policy> {
 fn push(enabled: bool, hook: AmpHook) -> AutocastGuard {
     let hook = enabled.then(|| Arc::new(hook));
     let previous = set_precision_hook(hook.clone().map(|h| h as Arc<dyn PrecisionHook>));
-    let depth = STATE.with(|state| {
+    let id = STATE.with(|state| {
         let mut state = state.borrow_mut();
-        state.frames.push(Frame { hook, previous });
-        state.frames.len() - 1
+        let id = state.next_id;
+        state.next_id += 1;
+        state.frames.push(Frame { id, hook, previous });
+        id
     });
-    AutocastGuard { depth, _not_send: PhantomData }
+    AutocastGuard { id, _not_send: PhantomData }
 }
 
 /// The precision hook a region installs: its policy and dtype decide, and
@@ -350,7 +358,7 @@ mod tests {
     #[test]
     fn a_captured_hook_carries_the_region() -> brasa_autograd::Result<()> {
         use brasa_autograd::set_precision_hook;
-        let w = Var::param(Tensor::ones([2, 2], DType::F32)?);
+        let w = Var::param(Tensor::ones([2, 2], DType::F32)?)?;
         let captured = {
             let _amp = autocast(DType::BF16);
             precision_hook().expect("installed")
@@ -375,6 +383,21 @@ mod tests {
         assert!(precision_hook().is_none());
         drop(inner);
         assert!(precision_hook().is_none());
+    }
+
+    #[test]
+    fn a_stale_guard_does_not_close_a_newer_region_at_its_depth() {
+        let outer = autocast(DType::F16);
+        let inner = autocast(DType::BF16);
+        drop(outer); // closes both regions
+        let again = autocast(DType::BF16);
+        let newer = autocast(DType::F16); // at the depth `inner` had
+        drop(inner); // closed already: must leave `newer` alone
+        assert_eq!(autocast_dtype(), Some(DType::F16));
+        drop(newer);
+        assert_eq!(autocast_dtype(), Some(DType::BF16));
+        drop(again);
+        assert!(!is_autocast_enabled() && precision_hook().is_none());
     }
 
     #[test]

@@ -15,6 +15,12 @@
 //! step. Small updates are not lost to f16 rounding, and
 //! [`crate::GradScaler::unscale_`] sees f32 gradients.
 //!
+//! Converting again is safe: a half parameter that already has a master
+//! keeps it (a second [`to_half`] returns the same masters, connected as
+//! before, like PyTorch's idempotent `.half()`), and [`to_bf16`] after
+//! [`to_half`] hands the new bf16 parameters' gradients to the existing
+//! masters.
+//!
 //! ```
 //! use brasa_amp::{to_half, GradScaler, MasterOptimizer};
 //! use brasa_nn::{functional::cross_entropy, optim::{Optimizer, Sgd, SgdConfig}, LayerNorm, Linear, Module, ModuleExt, Relu, Sequential};
@@ -41,7 +47,7 @@
 //! ```
 
 use crate::error::{AmpError, Result};
-use brasa_autograd::{no_grad, Var};
+use brasa_autograd::{no_grad, Var, WeakVar};
 use brasa_nn::optim::Optimizer;
 use brasa_nn::{Parameters, StateDict, Visitor, VisitorMut, Walk, WalkMut};
 use brasa_tensor::{DType, Tensor};
@@ -70,6 +76,22 @@ pub fn to_low_precision<M: Parameters + ?Sized>(model: &mut M, dtype: DType) -> 
     let mut convert = Convert { dtype, kept: kept.0, seen: Vec::new(), pairs: Vec::new() };
     model.visit_mut(&mut WalkMut::new(&mut convert))?;
     Ok(MasterWeights { pairs: convert.pairs })
+}
+
+/// Every half parameter made by a conversion, with the master its gradients
+/// go to (both weak: the parameter's hook keeps the master alive as long
+/// as the parameter lives).
+static MASTERS: std::sync::Mutex<Vec<(WeakVar, WeakVar)>> = std::sync::Mutex::new(Vec::new());
+
+fn masters() -> std::sync::MutexGuard<'static, Vec<(WeakVar, WeakVar)>> {
+    MASTERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The master a previous conversion gave `param`, if it has one.
+fn master_of(param: &Var) -> Option<Var> {
+    let mut registry = masters();
+    registry.retain(|(half, _)| half.upgrade().is_some());
+    registry.iter().find(|(half, _)| half.is(param)).and_then(|(_, master)| master.upgrade())
 }
 
 /// The paths of the layers that hold a `KeepFloat32` marker.
@@ -132,23 +154,29 @@ impl VisitorMut for Convert {
         let original = param.clone();
         let requires_grad = param.requires_grad();
         let model = match self.target(path, param.dtype()) {
-            Some(target) => Var::from_tensor(param.tensor().to_dtype(target)?, requires_grad),
+            Some(target) => Var::from_tensor(param.tensor().to_dtype(target)?, requires_grad)?,
             None => param.clone(),
         };
         if requires_grad {
             let master = if !is_half(model.dtype()) {
                 // Kept in f32 (or f64): its own master.
                 model.clone()
+            } else if let Some(existing) = master_of(&original) {
+                // Converted before: its master stays the master (a second
+                // master would never see a gradient, the first hook takes it).
+                existing
             } else if original.dtype() == DType::F32 {
                 // The original f32 parameter becomes the master: an optimizer
                 // built on it before the conversion still trains the model.
                 original.clone()
             } else {
-                Var::param(original.tensor().to_dtype(DType::F32)?)
+                Var::param(original.tensor().to_dtype(DType::F32)?)?
             };
-            if !master.same_var(&model) {
+            let connected = master_of(&model).is_some_and(|m| m.same_var(&master));
+            if !master.same_var(&model) && !connected {
                 let to = master.clone();
                 model.register_post_accumulate_grad_hook(move |half| hand_grad_to_master(half, &to))?;
+                masters().push((model.downgrade(), master.downgrade()));
             }
             self.pairs.push((original.clone(), model.clone(), master));
         }
@@ -169,10 +197,10 @@ impl VisitorMut for Convert {
 /// master, adding it there (micro-batches accumulate in f32).
 fn hand_grad_to_master(half: &Var, master: &Var) -> brasa_autograd::Result<()> {
     let Some(grad) = half.grad() else { return Ok(()) };
-    half.set_grad(None);
+    half.set_grad(None)?;
     match master.grad() {
         Some(existing) => existing.add_(&grad)?,
-        None => master.set_grad(Some(grad.to_dtype(DType::F32)?)),
+        None => master.set_grad(Some(grad.to_dtype(DType::F32)?))?,
     }
     Ok(())
 }
@@ -299,8 +327,8 @@ impl<O: Optimizer> Optimizer for MasterOptimizer<O> {
         self.inner.lr()
     }
 
-    fn set_lr(&mut self, lr: f64) {
-        self.inner.set_lr(lr);
+    fn set_lr(&mut self, lr: f64) -> brasa_nn::Result<()> {
+        self.inner.set_lr(lr)
     }
 
     fn params(&self) -> &[Var] {

@@ -18,12 +18,20 @@
 //!
 //! Defaults: scale 65536 (2¹⁶), ×2 every 2000 clean steps, ×0.5 on
 //! inf/NaN. The scale is an f32 as in PyTorch, and growth never takes it
-//! past f32's range (the step that would is not taken). bf16 keeps f32's
-//! exponent range, so bf16 training does not need a scaler.
+//! past f32's range (the step that would is not taken); backoff never takes
+//! it below the smallest normal f32 (2⁻¹²⁶), whose reciprocal is still
+//! finite — a scale of 0 would unscale every gradient to NaN and skip every
+//! step from then on. Every scale and factor is checked as the f32 it
+//! becomes: an initial scale that underflows to 0, or a growth factor that
+//! rounds to 1, is refused. bf16 keeps f32's exponent range, so bf16
+//! training does not need a scaler.
 //!
 //! Each optimizer goes `READY → UNSCALED → STEPPED` between two
 //! [`GradScaler::update`]s; calling out of order is an
-//! [`crate::AmpError::ScalerOrder`], with PyTorch's messages.
+//! [`crate::AmpError::ScalerOrder`], with PyTorch's messages. An optimizer
+//! is recognised by its parameters (the same `Var`s in the same order), not
+//! by where it lives, so moving or swapping optimizers between `unscale_`
+//! and `step` neither unscales a gradient twice nor steps on scaled ones.
 //!
 //! ```
 //! use brasa_amp::{autocast, GradScaler};
@@ -60,12 +68,14 @@ use brasa_tensor::{DType, Device, Tensor};
 /// How a [`GradScaler`] is built; the default is PyTorch's.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GradScalerConfig {
-    /// The first scale (default 2¹⁶ = 65536).
+    /// The first scale (default 2¹⁶ = 65536), positive, finite and at
+    /// least the smallest normal f32 once converted to f32.
     pub init_scale: f64,
     /// The factor the scale grows by after `growth_interval` clean steps
-    /// (default 2, must be > 1).
+    /// (default 2, must be > 1 as an f32, and finite).
     pub growth_factor: f64,
-    /// The factor the scale shrinks by on inf/NaN (default 0.5, in (0, 1)).
+    /// The factor the scale shrinks by on inf/NaN (default 0.5, in (0, 1)
+    /// as an f32).
     pub backoff_factor: f64,
     /// Clean steps between growths (default 2000, must be > 0).
     pub growth_interval: u32,
@@ -86,22 +96,42 @@ impl Default for GradScalerConfig {
     }
 }
 
+/// The smallest scale: the smallest normal f32, whose reciprocal (the
+/// unscale factor) is still finite in f32.
+const MIN_SCALE: f32 = f32::MIN_POSITIVE;
+
+/// `value` as the f32 scale it becomes, or an error naming `name` when that
+/// is NaN, infinite, or below [`MIN_SCALE`] (0 after underflow, negative).
+fn checked_scale(what: &'static str, name: &str, value: f64) -> Result<f32> {
+    let scale = value as f32;
+    if !(scale.is_finite() && scale >= MIN_SCALE) {
+        return Err(AmpError::invalid(
+            what,
+            format!(
+                "{name} must be positive and finite in f32, at least {MIN_SCALE:e} (it is {scale} as an f32), \
+                 got {value}"
+            ),
+        ));
+    }
+    Ok(scale)
+}
+
 impl GradScalerConfig {
     fn validate(&self) -> Result<()> {
         let what = "GradScaler";
-        if !(self.init_scale.is_finite() && self.init_scale > 0.0 && (self.init_scale as f32).is_finite()) {
+        checked_scale(what, "init_scale", self.init_scale)?;
+        let growth = self.growth_factor as f32;
+        if !(growth.is_finite() && growth > 1.0) {
             return Err(AmpError::invalid(
                 what,
-                format!("init_scale must be positive and finite in f32, got {}", self.init_scale),
+                format!("growth_factor must be finite and > 1 in f32, got {}", self.growth_factor),
             ));
         }
-        if !(self.growth_factor.is_finite() && self.growth_factor > 1.0) {
-            return Err(AmpError::invalid(what, format!("growth_factor must be > 1, got {}", self.growth_factor)));
-        }
-        if !(self.backoff_factor > 0.0 && self.backoff_factor < 1.0) {
+        let backoff = self.backoff_factor as f32;
+        if !(backoff > 0.0 && backoff < 1.0) {
             return Err(AmpError::invalid(
                 what,
-                format!("backoff_factor must be in (0, 1), got {}", self.backoff_factor),
+                format!("backoff_factor must be in (0, 1) in f32, got {}", self.backoff_factor),
             ));
         }
         if self.growth_interval == 0 {
@@ -133,10 +163,12 @@ impl std::fmt::Display for OptimizerStage {
 }
 
 /// One optimizer's state between updates.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct PerOptimizer {
-    /// The optimizer's address (its identity; see [`GradScaler::step`]).
-    id: usize,
+    /// The optimizer's parameters: its identity (see [`GradScaler::step`]).
+    /// Held until the next update, so they cannot be freed and their
+    /// addresses reused by another optimizer's.
+    params: Vec<Var>,
     stage: OptimizerStage,
     /// Set once its gradients were checked.
     found_inf: Option<bool>,
@@ -159,10 +191,10 @@ impl Default for GradScaler {
     }
 }
 
-/// The identity of an optimizer: the data address of the reference (the
-/// same whether it is seen as `&O` or `&dyn Optimizer`).
-fn optimizer_id(opt: &dyn Optimizer) -> usize {
-    opt as *const dyn Optimizer as *const () as usize
+/// Whether `entry` is the state of `params`' optimizer: the same `Var`s in
+/// the same order.
+fn same_params(entry: &[Var], params: &[Var]) -> bool {
+    entry.len() == params.len() && entry.iter().zip(params).all(|(a, b)| a.same_var(b))
 }
 
 impl GradScaler {
@@ -213,27 +245,32 @@ impl GradScaler {
 
     /// Where `opt` is between two updates.
     pub fn stage(&self, opt: &dyn Optimizer) -> OptimizerStage {
-        self.entry(optimizer_id(opt)).map_or(OptimizerStage::Ready, |e| e.stage)
+        self.entry(opt.params()).map_or(OptimizerStage::Ready, |e| e.stage)
     }
 
     /// Whether `opt`'s gradients held an inf or NaN, once they were checked
     /// (by [`GradScaler::unscale_`] or [`GradScaler::step`]) since the last update.
     pub fn found_inf(&self, opt: &dyn Optimizer) -> Option<bool> {
-        self.entry(optimizer_id(opt)).and_then(|e| e.found_inf)
+        self.entry(opt.params()).and_then(|e| e.found_inf)
     }
 
-    fn entry(&self, id: usize) -> Option<&PerOptimizer> {
-        self.optimizers.iter().find(|e| e.id == id)
+    fn entry(&self, params: &[Var]) -> Option<&PerOptimizer> {
+        self.optimizers.iter().find(|e| same_params(&e.params, params))
     }
 
-    fn entry_mut(&mut self, id: usize) -> &mut PerOptimizer {
-        match self.optimizers.iter().position(|e| e.id == id) {
-            Some(i) => &mut self.optimizers[i],
+    fn entry_mut(&mut self, params: &[Var]) -> &mut PerOptimizer {
+        let index = match self.optimizers.iter().position(|e| same_params(&e.params, params)) {
+            Some(i) => i,
             None => {
-                self.optimizers.push(PerOptimizer { id, stage: OptimizerStage::Ready, found_inf: None });
-                self.optimizers.last_mut().expect("just pushed")
+                self.optimizers.push(PerOptimizer {
+                    params: params.to_vec(),
+                    stage: OptimizerStage::Ready,
+                    found_inf: None,
+                });
+                self.optimizers.len() - 1
             }
-        }
+        };
+        &mut self.optimizers[index]
     }
 
     /// Divides `opt`'s gradients by the scale in place and records whether
@@ -245,7 +282,6 @@ impl GradScaler {
         if !self.config.enabled {
             return Ok(());
         }
-        let id = optimizer_id(opt);
         let stage = self.stage(opt);
         match stage {
             OptimizerStage::Unscaled => {
@@ -267,7 +303,7 @@ impl GradScaler {
         // PyTorch's `scale.double().reciprocal().float()`.
         let inv_scale = (1.0 / self.scale as f64) as f32 as f64;
         let found_inf = unscale_grads(opt.params(), inv_scale)?;
-        let entry = self.entry_mut(id);
+        let entry = self.entry_mut(opt.params());
         entry.stage = OptimizerStage::Unscaled;
         entry.found_inf = Some(found_inf);
         Ok(())
@@ -277,9 +313,9 @@ impl GradScaler {
     /// did) and steps it if every gradient is finite; returns whether it
     /// stepped. Once per optimizer between updates.
     ///
-    /// The optimizer is recognised by its address: keep it in one place
-    /// between `unscale_`, `step` and `update` (moving it makes it a new
-    /// optimizer to the scaler).
+    /// The optimizer is recognised by its parameters (the same `Var`s in the
+    /// same order), so it may be moved between `unscale_` and `step`, and
+    /// another optimizer is never taken for it.
     pub fn step(&mut self, opt: &mut dyn Optimizer) -> Result<bool> {
         if !self.config.enabled {
             opt.step()?;
@@ -296,12 +332,11 @@ impl GradScaler {
         if stage == OptimizerStage::Ready {
             self.unscale_(opt)?;
         }
-        let id = optimizer_id(opt);
-        let found_inf = self.entry(id).and_then(|e| e.found_inf).unwrap_or(false);
+        let found_inf = self.entry(opt.params()).and_then(|e| e.found_inf).unwrap_or(false);
         if !found_inf {
             opt.step()?;
         }
-        self.entry_mut(id).stage = OptimizerStage::Stepped;
+        self.entry_mut(opt.params()).stage = OptimizerStage::Stepped;
         Ok(!found_inf)
     }
 
@@ -334,14 +369,7 @@ impl GradScaler {
         if !self.config.enabled {
             return Ok(());
         }
-        let scale = new_scale as f32;
-        if !(scale.is_finite() && scale > 0.0) {
-            return Err(AmpError::invalid(
-                "GradScaler::update_to",
-                format!("the scale must be positive and finite in f32, got {new_scale}"),
-            ));
-        }
-        self.scale = scale;
+        self.scale = checked_scale("GradScaler::update_to", "the scale", new_scale)?;
         self.optimizers.clear();
         Ok(())
     }
@@ -349,7 +377,9 @@ impl GradScaler {
     /// PyTorch's `_amp_update_scale_`, in f32.
     fn apply_rule(&mut self, found_inf: bool) {
         if found_inf {
-            self.scale *= self.config.backoff_factor as f32;
+            // Never below the smallest normal f32: a scale of 0 could never
+            // recover (every unscaled gradient would be NaN).
+            self.scale = (self.scale * self.config.backoff_factor as f32).max(MIN_SCALE);
             self.growth_tracker = 0;
             return;
         }
@@ -409,9 +439,7 @@ impl GradScaler {
             enabled: true,
         };
         config.validate().map_err(|e| AmpError::StateDict(e.to_string()))?;
-        if !(scale > 0.0 && (scale as f32).is_finite()) {
-            return Err(AmpError::StateDict(format!("scale must be positive and finite, got {scale}")));
-        }
+        let scale = checked_scale("GradScaler", "scale", scale).map_err(|e| AmpError::StateDict(e.to_string()))?;
         if !(tracker >= 0.0 && tracker < config.growth_interval as f64 && tracker.fract() == 0.0) {
             return Err(AmpError::StateDict(format!(
                 "_growth_tracker must be a whole number in [0, growth_interval = {}), got {tracker}",
@@ -419,7 +447,7 @@ impl GradScaler {
             )));
         }
         self.config = config;
-        self.scale = scale as f32;
+        self.scale = scale;
         self.growth_tracker = tracker as u32;
         Ok(())
     }
@@ -475,6 +503,20 @@ mod tests {
     }
 
     #[test]
+    fn backoff_never_takes_the_scale_to_zero() -> Result<()> {
+        let config = GradScalerConfig { init_scale: 1e-37, backoff_factor: 1e-3, ..Default::default() };
+        let mut scaler = GradScaler::with_config(config)?;
+        for _ in 0..5 {
+            scaler.apply_rule(true);
+        }
+        assert_eq!(scaler.get_scale(), f32::MIN_POSITIVE as f64);
+        assert!((1.0 / scaler.scale).is_finite(), "its reciprocal unscales to finite values");
+        assert!(scaler.update_to(0.0).is_err() && scaler.update_to(1e-45).is_err());
+        assert!(scaler.update_to(f64::NAN).is_err() && scaler.update_to(-1.0).is_err());
+        Ok(())
+    }
+
+    #[test]
     fn invalid_configs_are_refused() {
         for config in [
             GradScalerConfig { growth_factor: 1.0, ..Default::default() },
@@ -482,6 +524,22 @@ mod tests {
             GradScalerConfig { growth_interval: 0, ..Default::default() },
             GradScalerConfig { init_scale: f64::INFINITY, ..Default::default() },
             GradScalerConfig { init_scale: 1e39, ..Default::default() },
+            // Underflows to 0 (or a subnormal whose reciprocal is inf) in f32.
+            GradScalerConfig { init_scale: 1e-50, ..Default::default() },
+            GradScalerConfig { init_scale: 1e-40, ..Default::default() },
+            GradScalerConfig { init_scale: f64::NAN, ..Default::default() },
+            GradScalerConfig { init_scale: -1.0, ..Default::default() },
+            GradScalerConfig { init_scale: 0.0, ..Default::default() },
+            GradScalerConfig { growth_factor: f64::NAN, ..Default::default() },
+            GradScalerConfig { growth_factor: 1e39, ..Default::default() },
+            // Rounds to 1 in f32: the scale would never grow.
+            GradScalerConfig { growth_factor: 1.0 + 1e-10, ..Default::default() },
+            GradScalerConfig { backoff_factor: f64::NAN, ..Default::default() },
+            GradScalerConfig { backoff_factor: 0.0, ..Default::default() },
+            GradScalerConfig { backoff_factor: 1e-50, ..Default::default() },
+            // Rounds to 1 in f32: the scale would never back off.
+            GradScalerConfig { backoff_factor: 1.0 - 1e-10, ..Default::default() },
+            GradScalerConfig { backoff_factor: -0.5, ..Default::default() },
         ] {
             assert!(GradScaler::with_config(config).is_err(), "{config:?}");
         }

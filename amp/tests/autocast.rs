@@ -17,7 +17,7 @@ fn randn(dims: &[usize]) -> Result<Tensor> {
 }
 
 fn param(dims: &[usize]) -> Result<Var> {
-    Ok(Var::param(randn(dims)?))
+    Ok(Var::param(randn(dims)?)?)
 }
 
 fn input(dims: &[usize]) -> Result<Var> {
@@ -219,7 +219,7 @@ fn parameter_casts_are_cached_until_the_outermost_region_ends() -> Result<()> {
 fn several_steps_in_one_region_train_with_fresh_casts() -> Result<()> {
     // The cache must not hand out a stale weight after an in-place update,
     // nor a graph node that a previous backward released.
-    let w = Var::param(Tensor::from_vec(vec![1.0f32, 2.0], [2, 1])?);
+    let w = Var::param(Tensor::from_vec(vec![1.0f32, 2.0], [2, 1])?)?;
     let x = Var::new(Tensor::from_vec(vec![1.0f32, 1.0], [1, 2])?);
     let _amp = autocast(DType::BF16);
     let mut outputs = Vec::new();
@@ -270,7 +270,7 @@ fn norms_take_half_inputs_with_f32_parameters() -> Result<()> {
     // Outside autocast: a half model with f32 norms (brasa_amp::to_half).
     for low in LOW {
         let x32 = randn(&[8, 4])?;
-        let x = Var::param(x32.to_dtype(low)?);
+        let x = Var::param(x32.to_dtype(low)?)?;
         let (w, b) = (param(&[4])?, param(&[4])?);
         let (mean, var) = (Tensor::zeros([4], DType::F32)?, Tensor::ones([4], DType::F32)?);
         let y = batch_norm(&x, Some(&mean), Some(&var), Some(&w), Some(&b), true, 0.1, 1e-5)?;
@@ -328,7 +328,7 @@ fn half_sums_and_means_accumulate_in_f32() -> Result<()> {
 /// ran in (without that, the recomputation would run in f32 and differ).
 #[test]
 fn checkpoint_recomputes_in_the_forward_dtype() -> brasa_amp::Result<()> {
-    let w = brasa_autograd::Var::param(brasa_tensor::Tensor::randn([8, 8], brasa_tensor::DType::F32)?);
+    let w = brasa_autograd::Var::param(brasa_tensor::Tensor::randn([8, 8], brasa_tensor::DType::F32)?)?;
     let x = brasa_autograd::Var::new(brasa_tensor::Tensor::randn([4, 8], brasa_tensor::DType::F32)?);
     let w2 = w.clone();
     let loss = {

@@ -135,11 +135,11 @@ fn shared_parameters_are_converted_once() -> Result<()> {
         weight: Var,
         keep: KeepFloat32,
     }
-    let shared = Var::param(Tensor::ones([3], DType::F32)?);
+    let shared = Var::param(Tensor::ones([3], DType::F32)?)?;
     let mut tied = Tied {
         a: shared.clone(),
         b: shared,
-        norm_scale: Scale { weight: Var::param(Tensor::ones([3], DType::F32)?), keep: KeepFloat32 },
+        norm_scale: Scale { weight: Var::param(Tensor::ones([3], DType::F32)?)?, keep: KeepFloat32 },
     };
     let masters = to_half(&mut tied)?;
     assert!(tied.a.same_var(&tied.b));
@@ -173,5 +173,47 @@ fn half_training_with_masters_and_a_scaler_lowers_the_loss() -> Result<()> {
     assert!(skipped < 10, "{skipped} skipped");
     let (first, last) = (losses[0], *losses.last().unwrap());
     assert!(last < 0.5 * first, "loss {first} -> {last}");
+    Ok(())
+}
+
+/// One SGD step on a fixed batch; the first layer's half weights before and after.
+fn train_once(m: &Sequential, opt: &mut dyn Optimizer) -> Result<(Vec<f32>, Vec<f32>)> {
+    let x = Var::new(Tensor::randn([16, 6], DType::F32)?.to_dtype(m.parameters()[0].dtype())?);
+    let y = Tensor::from_vec((0..16).map(|i| i % 3).collect::<Vec<i64>>(), [16])?;
+    let before = m.parameters()[0].tensor().to_dtype(DType::F32)?.to_vec::<f32>()?;
+    cross_entropy(&m.forward(&x)?.to_dtype(DType::F32)?, &y)?.backward()?;
+    opt.step()?;
+    opt.zero_grad()?;
+    let after = m.parameters()[0].tensor().to_dtype(DType::F32)?.to_vec::<f32>()?;
+    Ok((before, after))
+}
+
+#[test]
+fn converting_twice_keeps_the_masters_connected() -> Result<()> {
+    for second in [to_half::<Sequential> as fn(&mut Sequential) -> _, to_bf16] {
+        let mut m = model()?;
+        let first = to_half(&mut m)?;
+        let again = second(&mut m)?;
+        // The same masters: a second set would never see a gradient.
+        assert_eq!(again.len(), first.len());
+        assert!(again.parameters().iter().zip(first.parameters()).all(|(a, b)| a.same_var(&b)));
+        let sgd = Sgd::new(again.parameters(), SgdConfig { lr: 0.5, ..Default::default() })?;
+        let mut opt = MasterOptimizer::new(again, sgd)?;
+        let (before, after) = train_once(&m, &mut opt)?;
+        assert_ne!(before, after, "training after the second conversion changes the weights");
+        assert!(opt.masters().parameters().iter().all(|p| p.grad().is_none()));
+    }
+    Ok(())
+}
+
+#[test]
+fn converting_twice_with_the_first_masters_still_trains() -> Result<()> {
+    let mut m = model()?;
+    let first = to_half(&mut m)?;
+    to_half(&mut m)?;
+    let sgd = Sgd::new(first.parameters(), SgdConfig { lr: 0.5, ..Default::default() })?;
+    let mut opt = MasterOptimizer::new(first, sgd)?;
+    let (before, after) = train_once(&m, &mut opt)?;
+    assert_ne!(before, after);
     Ok(())
 }

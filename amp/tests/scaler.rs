@@ -8,7 +8,7 @@ use brasa_nn::StateDict;
 use brasa_tensor::{DType, Tensor};
 
 fn param(values: &[f32]) -> Result<Var> {
-    Ok(Var::param(Tensor::from_vec(values.to_vec(), [values.len()])?))
+    Ok(Var::param(Tensor::from_vec(values.to_vec(), [values.len()])?)?)
 }
 
 fn sgd(params: Vec<Var>) -> Result<Sgd> {
@@ -22,7 +22,7 @@ fn values(t: &Tensor) -> Vec<f32> {
 /// Gives `p` the gradient `scale · values` (what backward of a scaled loss gives).
 fn set_scaled_grad(p: &Var, values: &[f32], scale: f64) -> Result<()> {
     let g = Tensor::from_vec(values.to_vec(), [values.len()])?.mul_scalar(scale)?;
-    p.set_grad(Some(g));
+    p.set_grad(Some(g))?;
     Ok(())
 }
 
@@ -89,7 +89,7 @@ fn nan_gradients_skip_the_step_too() -> Result<()> {
     let mut scaler = GradScaler::new();
     let p = param(&[1.0])?;
     let mut opt = sgd(vec![p.clone()])?;
-    p.set_grad(Some(Tensor::from_vec(vec![f32::NAN], [1])?));
+    p.set_grad(Some(Tensor::from_vec(vec![f32::NAN], [1])?))?;
     assert!(!scaler.step(&mut opt)?);
     assert_eq!(values(p.tensor()), [1.0]);
     scaler.update()?;
@@ -105,7 +105,7 @@ fn growth_that_would_overflow_keeps_the_scale_finite() -> Result<()> {
     let p = param(&[0.0])?;
     let mut opt = sgd(vec![p.clone()])?;
     for _ in 0..3 {
-        p.set_grad(Some(Tensor::zeros([1], DType::F32)?));
+        p.set_grad(Some(Tensor::zeros([1], DType::F32)?))?;
         assert!(scaler.step(&mut opt)?);
         scaler.update()?;
         assert_eq!(scaler.get_scale(), top, "2^128 is inf in f32: the scale stays");
@@ -115,7 +115,7 @@ fn growth_that_would_overflow_keeps_the_scale_finite() -> Result<()> {
     // Long runs of clean steps at the default interval never leave f32's range either.
     let mut scaler = GradScaler::with_config(GradScalerConfig { growth_interval: 1, ..Default::default() })?;
     for _ in 0..200 {
-        p.set_grad(Some(Tensor::zeros([1], DType::F32)?));
+        p.set_grad(Some(Tensor::zeros([1], DType::F32)?))?;
         scaler.step(&mut opt)?;
         scaler.update()?;
     }
@@ -186,7 +186,7 @@ fn optimizers_are_tracked_separately_and_any_inf_backs_off() -> Result<()> {
     let (a, b) = (param(&[1.0])?, param(&[1.0])?);
     let (mut opt_a, mut opt_b) = (sgd(vec![a.clone()])?, sgd(vec![b.clone()])?);
     set_scaled_grad(&a, &[1.0], scaler.get_scale())?;
-    b.set_grad(Some(Tensor::from_vec(vec![f32::INFINITY], [1])?));
+    b.set_grad(Some(Tensor::from_vec(vec![f32::INFINITY], [1])?))?;
     assert!(scaler.step(&mut opt_a)?);
     assert_eq!(scaler.stage(&opt_b), OptimizerStage::Ready);
     assert!(!scaler.step(&mut opt_b)?);
@@ -200,16 +200,16 @@ fn optimizers_are_tracked_separately_and_any_inf_backs_off() -> Result<()> {
 #[test]
 fn fp16_gradients_are_refused() -> Result<()> {
     let mut scaler = GradScaler::new();
-    let p = Var::param(Tensor::ones([2], DType::F16)?);
+    let p = Var::param(Tensor::ones([2], DType::F16)?)?;
     let opt = sgd(vec![p.clone()])?;
-    p.set_grad(Some(Tensor::ones([2], DType::F16)?));
+    p.set_grad(Some(Tensor::ones([2], DType::F16)?))?;
     let err = scaler.unscale_(&opt).unwrap_err();
     assert!(matches!(err, AmpError::Fp16Gradients { index: 0 }), "{err}");
     assert!(err.to_string().contains("FP16 gradients"), "{err}");
     // bf16 gradients keep f32's range: allowed, as in PyTorch.
-    let q = Var::param(Tensor::ones([2], DType::BF16)?);
+    let q = Var::param(Tensor::ones([2], DType::BF16)?)?;
     let opt = sgd(vec![q.clone()])?;
-    q.set_grad(Some(Tensor::ones([2], DType::BF16)?.mul_scalar(65536.0)?));
+    q.set_grad(Some(Tensor::ones([2], DType::BF16)?.mul_scalar(65536.0)?))?;
     scaler.unscale_(&opt)?;
     assert_eq!(values(&q.grad().unwrap()), [1.0, 1.0]);
     Ok(())
@@ -223,7 +223,7 @@ fn state_dict_round_trips() -> Result<()> {
     let mut opt = sgd(vec![p.clone()])?;
     for finite in [true, true, false, true, true, true] {
         let g = if finite { 0.0 } else { f32::INFINITY };
-        p.set_grad(Some(Tensor::from_vec(vec![g], [1])?));
+        p.set_grad(Some(Tensor::from_vec(vec![g], [1])?))?;
         scaler.step(&mut opt)?;
         scaler.update()?;
     }
@@ -245,7 +245,7 @@ fn state_dict_round_trips() -> Result<()> {
     // Both continue identically: two more clean steps grow the scale ×4.
     for s in [&mut scaler, &mut restored] {
         for _ in 0..2 {
-            p.set_grad(Some(Tensor::zeros([1], DType::F32)?));
+            p.set_grad(Some(Tensor::zeros([1], DType::F32)?))?;
             s.step(&mut opt)?;
             s.update()?;
         }
@@ -286,5 +286,72 @@ fn a_disabled_scaler_is_transparent() -> Result<()> {
     assert!(scaler.step(&mut opt)?);
     scaler.update()?;
     assert_eq!(values(p.tensor()), [0.0]);
+    Ok(())
+}
+
+#[test]
+fn a_moved_optimizer_is_not_unscaled_twice() -> Result<()> {
+    let mut scaler = GradScaler::new();
+    let p = param(&[1.0])?;
+    let opt = sgd(vec![p.clone()])?;
+    set_scaled_grad(&p, &[2.0], scaler.get_scale())?;
+    scaler.unscale_(&opt)?;
+    assert_eq!(values(&p.grad().unwrap()), [2.0]);
+    // Moved between unscale_ and step: still the same optimizer.
+    let mut moved = Box::new(opt);
+    assert_eq!(scaler.stage(&*moved), OptimizerStage::Unscaled);
+    let err = scaler.unscale_(&*moved).unwrap_err();
+    assert!(matches!(err, AmpError::ScalerOrder { call: "unscale_", stage: OptimizerStage::Unscaled, .. }), "{err}");
+    assert!(scaler.step(&mut *moved)?);
+    assert_eq!(values(&p.grad().unwrap()), [2.0], "unscaled once");
+    assert_eq!(values(p.tensor()), [-1.0], "1 - lr·2");
+    scaler.update()?;
+    Ok(())
+}
+
+#[test]
+fn swapped_optimizers_are_each_unscaled_once() -> Result<()> {
+    let mut scaler = GradScaler::new();
+    let (a, b) = (param(&[1.0])?, param(&[1.0])?);
+    let (mut opt_a, mut opt_b) = (sgd(vec![a.clone()])?, sgd(vec![b.clone()])?);
+    set_scaled_grad(&a, &[2.0], scaler.get_scale())?;
+    set_scaled_grad(&b, &[4.0], scaler.get_scale())?;
+    scaler.unscale_(&opt_a)?;
+    std::mem::swap(&mut opt_a, &mut opt_b);
+    // `opt_a` now holds b's optimizer, which was not unscaled.
+    assert_eq!(scaler.stage(&opt_a), OptimizerStage::Ready);
+    assert_eq!(scaler.stage(&opt_b), OptimizerStage::Unscaled);
+    assert!(scaler.step(&mut opt_a)?);
+    assert!(scaler.step(&mut opt_b)?);
+    assert_eq!(values(&a.grad().unwrap()), [2.0]);
+    assert_eq!(values(&b.grad().unwrap()), [4.0]);
+    assert_eq!((values(a.tensor()), values(b.tensor())), (vec![-1.0], vec![-3.0]));
+    scaler.update()?;
+    Ok(())
+}
+
+#[test]
+fn scales_that_underflow_or_are_not_finite_are_refused() {
+    for init_scale in [1e-50, 1e-40, 0.0, -1.0, f64::NAN, f64::INFINITY, 1e39] {
+        let err = GradScaler::with_config(GradScalerConfig { init_scale, ..Default::default() }).unwrap_err();
+        assert!(err.to_string().contains("init_scale"), "{init_scale}: {err}");
+    }
+    for (growth_factor, backoff_factor) in [(1.0 + 1e-10, 0.5), (f64::NAN, 0.5), (2.0, 1.0 - 1e-10), (2.0, 1e-50)] {
+        let config = GradScalerConfig { growth_factor, backoff_factor, ..Default::default() };
+        assert!(GradScaler::with_config(config).is_err(), "{config:?}");
+    }
+    let mut scaler = GradScaler::new();
+    for bad in [0.0, 1e-45, -2.0, f64::NAN, f64::INFINITY] {
+        assert!(scaler.update_to(bad).is_err(), "{bad}");
+        assert_eq!(scaler.get_scale(), 65536.0);
+    }
+}
+
+#[test]
+fn set_lr_through_the_scaler_s_optimizers_refuses_nan() -> Result<()> {
+    let p = param(&[1.0])?;
+    let mut opt = sgd(vec![p])?;
+    assert!(opt.set_lr(f64::NAN).is_err());
+    assert_eq!(opt.lr(), 1.0);
     Ok(())
 }

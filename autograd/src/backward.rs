@@ -8,7 +8,7 @@
 use crate::error::{AutogradError, Result};
 use crate::grad_mode::no_grad;
 use crate::graph::{lock, reachable, BackwardCtx, BackwardFn, Node, NodeKind};
-use crate::var::{Var, VarInner};
+use crate::var::{check_grad_fits, check_grad_meta, Var, VarInner};
 use brasa_tensor::Tensor;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -36,14 +36,11 @@ fn owned(g: Tensor) -> Result<Tensor> {
 }
 
 /// Adds `g` into `slot`: in place when a gradient is there (no allocation),
-/// else `g` itself (copied if it is shared or strided).
-pub(crate) fn accumulate_into(slot: &mut Option<Tensor>, g: Tensor, dims: &[usize]) -> Result<()> {
-    if g.dims() != dims {
-        return Err(AutogradError::invalid(
-            "backward",
-            format!("gradient of shape {:?} for a Var of shape {:?}", g.dims(), dims),
-        ));
-    }
+/// else `g` itself (copied if it is shared or strided). `g` must have
+/// `tensor`'s shape and device (a dtype of its own is converted).
+pub(crate) fn accumulate_into(slot: &mut Option<Tensor>, g: Tensor, tensor: &Tensor) -> Result<()> {
+    check_grad_fits("backward", "computed", &g, tensor, false)?;
+    let g = if g.dtype() != tensor.dtype() { g.to_dtype(tensor.dtype())? } else { g };
     match slot {
         Some(existing) => existing.add_(&g)?,
         None => *slot = Some(owned(g)?),
@@ -52,8 +49,7 @@ pub(crate) fn accumulate_into(slot: &mut Option<Tensor>, g: Tensor, dims: &[usiz
 }
 
 fn accumulate_leaf(var: &Arc<VarInner>, g: Tensor) -> Result<()> {
-    let g = if g.dtype() != var.tensor.dtype() { g.to_dtype(var.tensor.dtype())? } else { g };
-    accumulate_into(&mut lock(&var.grad), g, var.tensor.dims())?;
+    accumulate_into(&mut lock(&var.grad), g, &var.tensor)?;
     let hooks = lock(&var.post_accumulate_hooks).clone();
     let handle = Var(Arc::clone(var));
     for hook in hooks {
@@ -136,6 +132,10 @@ fn run_graph(roots: Vec<(Arc<Node>, Tensor)>, options: RunOptions) -> Result<Vec
             let Some(child) = child else { continue };
             let child_key = Node::key(child);
             if let Some(g) = g {
+                // A backward (a custom one above all) that returns a gradient
+                // of another shape or device would otherwise be broadcast or
+                // carried into what follows.
+                check_grad_meta(node.name, "backward returned", &g, &child.meta, false)?;
                 add_grad(&mut pending, child_key, g)?;
             }
             if let Some(count) = dependencies.get_mut(&child_key) {
@@ -153,12 +153,23 @@ fn run_pre_hooks(node: &Node, mut g: Tensor) -> Result<Tensor> {
     let hooks = lock(&node.pre_hooks).clone();
     for hook in hooks {
         if let Some(replaced) = hook(&g)? {
+            // PyTorch: "hook has changed the size / type of value". A
+            // replacement of another shape would be broadcast into `.grad`.
+            check_grad_meta("register_hook", "the hook returned", &replaced, &node.meta, false)?;
+            if replaced.dtype() != g.dtype() {
+                return Err(AutogradError::GradDtype {
+                    op: "register_hook",
+                    context: "the hook returned",
+                    got: replaced.dtype(),
+                    expected: g.dtype(),
+                });
+            }
             g = replaced;
         }
     }
     let retained = lock(&node.retained).as_ref().and_then(std::sync::Weak::upgrade);
     if let Some(var) = retained {
-        accumulate_into(&mut lock(&var.grad), g.clone(), var.tensor.dims())?;
+        accumulate_into(&mut lock(&var.grad), g.clone(), &var.tensor)?;
     }
     Ok(g)
 }
@@ -226,13 +237,12 @@ fn roots_of(outputs: &[&Var], grad_outputs: Option<&[&Tensor]>) -> Result<Vec<(A
         })?;
         let g = match grad_outputs {
             Some(g) => {
-                if g[i].dims() != out.dims() {
-                    return Err(AutogradError::invalid(
-                        "backward",
-                        format!("gradient of shape {:?} for an output of shape {:?}", g[i].dims(), out.dims()),
-                    ));
+                check_grad_fits("backward", "was given", g[i], out.tensor(), false)?;
+                if g[i].dtype() != out.dtype() {
+                    g[i].to_dtype(out.dtype())?
+                } else {
+                    g[i].clone()
                 }
-                g[i].clone()
             }
             None if out.numel() == 1 => out.tensor().ones_like()?,
             None => {
@@ -285,7 +295,7 @@ mod tests {
 
     #[test]
     fn diamond_sums_gradients() -> Result<()> {
-        let x = Var::param(Tensor::from_vec(vec![1.0f64, 2.0], [2])?);
+        let x = Var::param(Tensor::from_vec(vec![1.0f64, 2.0], [2])?)?;
         let a = x.mul_scalar(2.0)?;
         let b = x.mul(&x)?;
         let y = a.add(&b)?.sum_all()?;
@@ -296,7 +306,7 @@ mod tests {
 
     #[test]
     fn accumulates_across_calls_and_second_backward_errors() -> Result<()> {
-        let x = Var::param(Tensor::from_vec(vec![3.0f64], [1])?);
+        let x = Var::param(Tensor::from_vec(vec![3.0f64], [1])?)?;
         let y = x.mul(&x)?.sum_all()?;
         y.backward_opts(None, true)?;
         y.backward()?;
@@ -308,7 +318,7 @@ mod tests {
 
     #[test]
     fn backward_needs_scalar_or_grad() -> Result<()> {
-        let x = Var::param(Tensor::ones([2], DType::F64)?);
+        let x = Var::param(Tensor::ones([2], DType::F64)?)?;
         let y = x.mul_scalar(2.0)?;
         assert!(y.backward().is_err());
         y.backward_with(&Tensor::from_vec(vec![1.0f64, 10.0], [2])?)?;
@@ -320,13 +330,13 @@ mod tests {
 
     #[test]
     fn grad_does_not_touch_dot_grad() -> Result<()> {
-        let x = Var::param(Tensor::from_vec(vec![2.0f64], [1])?);
-        let w = Var::param(Tensor::from_vec(vec![5.0f64], [1])?);
+        let x = Var::param(Tensor::from_vec(vec![2.0f64], [1])?)?;
+        let w = Var::param(Tensor::from_vec(vec![5.0f64], [1])?)?;
         let y = x.mul(&w)?.sum_all()?;
         let g = grad(&[&y], &[&x], None, false)?;
         assert_eq!(vec(g[0].as_ref().unwrap_or(x.tensor())), [5.0]);
         assert!(x.grad().is_none() && w.grad().is_none());
-        let unused = Var::param(Tensor::ones([1], DType::F64)?);
+        let unused = Var::param(Tensor::ones([1], DType::F64)?)?;
         let z = x.exp()?.sum_all()?;
         assert!(grad(&[&z], &[&unused], None, false)?[0].is_none());
         Ok(())
@@ -334,7 +344,7 @@ mod tests {
 
     #[test]
     fn in_place_change_of_saved_tensor_is_an_error() -> Result<()> {
-        let x = Var::param(Tensor::from_vec(vec![1.0f64, 2.0], [2])?);
+        let x = Var::param(Tensor::from_vec(vec![1.0f64, 2.0], [2])?)?;
         let c = Var::new(Tensor::from_vec(vec![3.0f64, 4.0], [2])?);
         let y = x.mul(&c)?.sum_all()?;
         c.tensor().add_scalar_(1.0)?;
@@ -345,7 +355,7 @@ mod tests {
 
     #[test]
     fn deep_chain_does_not_overflow() -> Result<()> {
-        let x = Var::param(Tensor::from_vec(vec![1.0f64], [1])?);
+        let x = Var::param(Tensor::from_vec(vec![1.0f64], [1])?)?;
         let mut y = x.clone();
         for _ in 0..50_000 {
             y = y.add_scalar(1.0)?;

@@ -113,8 +113,8 @@ mod tests {
 
     #[test]
     fn callbacks_run_after_every_leaf_hook() -> Result<()> {
-        let a = Var::param(Tensor::from_vec(vec![1.0f64, 2.0], [2])?);
-        let b = Var::param(Tensor::from_vec(vec![3.0f64], [1])?);
+        let a = Var::param(Tensor::from_vec(vec![1.0f64, 2.0], [2])?)?;
+        let b = Var::param(Tensor::from_vec(vec![3.0f64], [1])?)?;
         let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         for (name, v) in [("a", &a), ("b", &b)] {
             let order = std::sync::Arc::clone(&order);
@@ -143,13 +143,13 @@ mod tests {
 
     #[test]
     fn a_failing_callback_fails_backward_and_is_not_kept() -> Result<()> {
-        let a = Var::param(Tensor::from_vec(vec![1.0f64], [1])?);
+        let a = Var::param(Tensor::from_vec(vec![1.0f64], [1])?)?;
         a.register_post_accumulate_grad_hook(|_| queue_callback(|| Err(AutogradError::invalid("test", "refused"))))?;
         let err = a.sum_all()?.backward().err().map(|e| e.to_string()).unwrap_or_default();
         assert!(err.contains("refused"), "{err}");
         // Nothing left queued: the next backward (whose own callback runs) succeeds.
         let ran = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let b = Var::param(Tensor::from_vec(vec![1.0f64], [1])?);
+        let b = Var::param(Tensor::from_vec(vec![1.0f64], [1])?)?;
         let seen = std::sync::Arc::clone(&ran);
         b.register_post_accumulate_grad_hook(move |_| {
             let seen = std::sync::Arc::clone(&seen);

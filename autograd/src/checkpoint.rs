@@ -75,7 +75,7 @@ where
                 .iter()
                 .zip(needs)
                 .map(|(t, &need)| Var::from_tensor(t.clone(), need && t.dtype().is_float()))
-                .collect();
+                .collect::<Result<_>>()?;
             let out = f(&xs)?;
             (xs, out)
         };

@@ -2,7 +2,7 @@
 //! with the graph itself (released, modified in place, nothing to
 //! differentiate, a checkpoint that recomputed something else).
 
-use brasa_tensor::TensorError;
+use brasa_tensor::{DType, Device, TensorError};
 
 /// Why an autograd operation failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -59,6 +59,53 @@ pub enum AutogradError {
     /// `std::error::Error::source` gives it back for downcasting.
     #[error("{0}")]
     External(#[source] std::sync::Arc<dyn std::error::Error + Send + Sync>),
+    /// `requires_grad` asked of a tensor that cannot have a gradient
+    /// (PyTorch: "only Tensors of floating point dtype can require gradients").
+    #[error("{op}: only tensors of floating-point dtype can require gradients, got {dtype}")]
+    RequiresGradDtype {
+        /// The call that refused it.
+        op: &'static str,
+        /// The tensor's dtype.
+        dtype: DType,
+    },
+    /// A gradient whose shape is not the shape of the tensor it is for
+    /// (a hook that returned another shape, `set_grad` with another shape).
+    #[error("{op}: {context} a gradient of shape {got:?} for a tensor of shape {expected:?}")]
+    GradShape {
+        /// The operation or call that saw it.
+        op: &'static str,
+        /// Where the gradient came from ("the hook returned", "was given").
+        context: &'static str,
+        /// The gradient's shape.
+        got: Vec<usize>,
+        /// The tensor's shape.
+        expected: Vec<usize>,
+    },
+    /// A gradient on another device than the tensor it is for.
+    #[error("{op}: {context} a gradient on {got} for a tensor on {expected}")]
+    GradDevice {
+        /// The operation or call that saw it.
+        op: &'static str,
+        /// Where the gradient came from.
+        context: &'static str,
+        /// The gradient's device.
+        got: Device,
+        /// The tensor's device.
+        expected: Device,
+    },
+    /// A gradient of another dtype than the tensor it is for, where it is
+    /// not converted (PyTorch refuses it in `.grad =` and from hooks).
+    #[error("{op}: {context} a gradient of dtype {got} for a tensor of dtype {expected}")]
+    GradDtype {
+        /// The operation or call that saw it.
+        op: &'static str,
+        /// Where the gradient came from.
+        context: &'static str,
+        /// The gradient's dtype.
+        got: DType,
+        /// The tensor's dtype.
+        expected: DType,
+    },
     /// Any other invalid argument.
     #[error("{op}: {message}")]
     Invalid {

@@ -39,7 +39,7 @@ impl FunctionCtx {
 ///     }
 /// }
 ///
-/// let x = Var::param(Tensor::from_vec(vec![2.0f64], [1])?);
+/// let x = Var::param(Tensor::from_vec(vec![2.0f64], [1])?)?;
 /// apply(Cube, &[&x])?.sum_all()?.backward()?;
 /// assert_eq!(x.grad().unwrap().to_vec::<f64>()?, [12.0]);
 /// # Ok::<(), brasa_autograd::AutogradError>(())

@@ -57,6 +57,22 @@ fn element(t: &Tensor, mut flat: usize) -> Result<Tensor> {
 /// # Ok::<(), brasa_autograd::AutogradError>(())
 /// ```
 pub fn gradcheck(f: impl Fn(&[Var]) -> Result<Var>, inputs: &[Tensor], eps: f64, atol: f64, rtol: f64) -> Result<()> {
+    if !(eps.is_finite() && eps > 0.0) {
+        return Err(AutogradError::invalid("gradcheck", format!("eps must be finite and > 0, got {eps}")));
+    }
+    for (name, value) in [("atol", atol), ("rtol", rtol)] {
+        if !(value.is_finite() && value >= 0.0) {
+            return Err(AutogradError::invalid("gradcheck", format!("{name} must be finite and >= 0, got {value}")));
+        }
+    }
+    // PyTorch: "gradcheck expects at least one input tensor to require
+    // gradient". A check of nothing would pass without checking anything.
+    if inputs.iter().all(|t| !t.dtype().is_float() || t.numel() == 0) {
+        return Err(AutogradError::invalid(
+            "gradcheck",
+            "there is nothing to check: no floating-point input with at least one element",
+        ));
+    }
     for t in inputs.iter().filter(|t| t.dtype().is_float()) {
         if t.dtype() != DType::F64 {
             return Err(AutogradError::invalid(
@@ -68,7 +84,8 @@ pub fn gradcheck(f: impl Fn(&[Var]) -> Result<Var>, inputs: &[Tensor], eps: f64,
             return Err(AutogradError::invalid("gradcheck", "an input has broadcast (stride-0) dims"));
         }
     }
-    let vars: Vec<Var> = inputs.iter().map(|t| Var::from_tensor(t.clone(), t.dtype().is_float())).collect();
+    let vars: Vec<Var> =
+        inputs.iter().map(|t| Var::from_tensor(t.clone(), t.dtype().is_float())).collect::<Result<_>>()?;
     let out = f(&vars)?;
     let v = weights(out.tensor())?;
     let loss = out.mul(&Var::new(v.clone()))?.sum_all()?;
@@ -94,7 +111,10 @@ pub fn gradcheck(f: impl Fn(&[Var]) -> Result<Var>, inputs: &[Tensor], eps: f64,
             let minus = projected(&vars);
             cell.fill_(original)?;
             let numeric = (plus? - minus?) / (2.0 * eps);
-            if (a - numeric).abs() > atol + rtol * numeric.abs() || a.is_nan() != numeric.is_nan() {
+            // Written so that a NaN or infinity on either side fails: two NaNs
+            // (or two infinities) agree on nothing.
+            let close = a.is_finite() && numeric.is_finite() && (a - numeric).abs() <= atol + rtol * numeric.abs();
+            if !close {
                 return Err(AutogradError::GradcheckFailed { input, index, analytic: a, numeric });
             }
         }
@@ -125,6 +145,23 @@ mod tests {
             1e-6,
         );
         assert!(matches!(wrong, Err(AutogradError::GradcheckFailed { input: 0, index: 0, .. })));
+        Ok(())
+    }
+
+    #[test]
+    fn nan_gradients_and_nothing_to_check_fail() -> Result<()> {
+        // sqrt at -1: NaN by backward and by finite differences.
+        let x = Tensor::from_vec(vec![-1.0f64], [1])?;
+        let nan = gradcheck(|v| v[0].sqrt(), std::slice::from_ref(&x), 1e-6, 1e-8, 1e-6);
+        assert!(matches!(nan, Err(AutogradError::GradcheckFailed { .. })), "{nan:?}");
+        // No floating-point input, or only empty ones: nothing was checked.
+        let ints = Tensor::from_vec(vec![1i64, 2], [2])?;
+        let none = gradcheck(|v| Ok(v[0].clone()), &[ints], 1e-6, 1e-8, 1e-6).unwrap_err();
+        assert!(none.to_string().contains("nothing to check"), "{none}");
+        let empty = Tensor::zeros([0], DType::F64)?;
+        assert!(gradcheck(|v| v[0].exp(), &[empty], 1e-6, 1e-8, 1e-6).is_err());
+        assert!(gradcheck(|v| v[0].exp(), std::slice::from_ref(&x), f64::NAN, 1e-8, 1e-6).is_err());
+        assert!(gradcheck(|v| v[0].exp(), &[x], 0.0, 1e-8, 1e-6).is_err());
         Ok(())
     }
 

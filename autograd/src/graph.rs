@@ -9,7 +9,7 @@
 
 use crate::error::{AutogradError, Result};
 use crate::var::{Var, VarInner};
-use brasa_tensor::Tensor;
+use brasa_tensor::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -145,9 +145,26 @@ pub(crate) enum NodeKind {
     Accumulate(Weak<VarInner>),
 }
 
+/// The shape, dtype and device of the tensor a node's gradient is for:
+/// what a gradient reaching the node must fit.
+#[derive(Clone, Debug)]
+pub(crate) struct TensorMeta {
+    pub(crate) dims: Vec<usize>,
+    pub(crate) dtype: DType,
+    pub(crate) device: Device,
+}
+
+impl TensorMeta {
+    pub(crate) fn of(t: &Tensor) -> TensorMeta {
+        TensorMeta { dims: t.dims().to_vec(), dtype: t.dtype(), device: t.device() }
+    }
+}
+
 /// One recorded operation (or a leaf's accumulator).
 pub(crate) struct Node {
     pub(crate) name: &'static str,
+    /// The output this node's incoming gradient is for.
+    pub(crate) meta: TensorMeta,
     /// Per input: the node its gradient goes to (`None`: no gradient needed).
     pub(crate) next: Vec<Option<Arc<Node>>>,
     pub(crate) kind: NodeKind,
@@ -158,10 +175,16 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    pub(crate) fn op(name: &'static str, next: Vec<Option<Arc<Node>>>, backward: OpBackward) -> Arc<Node> {
+    pub(crate) fn op(
+        name: &'static str,
+        next: Vec<Option<Arc<Node>>>,
+        meta: TensorMeta,
+        backward: OpBackward,
+    ) -> Arc<Node> {
         LIVE_NODES.fetch_add(1, Ordering::Relaxed);
         Arc::new(Node {
             name,
+            meta,
             next,
             kind: NodeKind::Op(Mutex::new(Some(backward))),
             pre_hooks: Mutex::new(Vec::new()),
@@ -169,9 +192,10 @@ impl Node {
         })
     }
 
-    pub(crate) fn accumulate(var: Weak<VarInner>) -> Arc<Node> {
+    pub(crate) fn accumulate(var: Weak<VarInner>, meta: TensorMeta) -> Arc<Node> {
         Arc::new(Node {
             name: "accumulate_grad",
+            meta,
             next: Vec::new(),
             kind: NodeKind::Accumulate(var),
             pre_hooks: Mutex::new(Vec::new()),

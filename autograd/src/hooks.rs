@@ -40,8 +40,16 @@ impl Var {
     }
 
     /// Keeps this non-leaf's gradient in `.grad` at the next backward (a
-    /// no-op on leaves, which always do).
+    /// no-op on leaves that require grad, which always do). An error on a
+    /// `Var` that does not require grad: no gradient would ever come
+    /// (PyTorch: "can't retain_grad on Tensor that has requires_grad=False").
     pub fn retain_grad(&self) -> Result<()> {
+        if !self.requires_grad() {
+            return Err(AutogradError::invalid(
+                "retain_grad",
+                "can't retain_grad on a Var that has requires_grad=false (no gradient will reach it)",
+            ));
+        }
         if self.is_leaf() {
             return Ok(());
         }
@@ -63,7 +71,7 @@ mod tests {
 
     #[test]
     fn hook_replaces_gradient() -> Result<()> {
-        let x = Var::param(Tensor::from_vec(vec![1.0f64, 2.0], [2])?);
+        let x = Var::param(Tensor::from_vec(vec![1.0f64, 2.0], [2])?)?;
         let y = x.mul_scalar(3.0)?;
         y.register_hook(|g| Ok(Some(g.mul_scalar(10.0)?)))?;
         y.retain_grad()?;
@@ -75,7 +83,7 @@ mod tests {
 
     #[test]
     fn leaf_hooks_run_once_with_the_summed_gradient() -> Result<()> {
-        let x = Var::param(Tensor::from_vec(vec![1.0f64], [1])?);
+        let x = Var::param(Tensor::from_vec(vec![1.0f64], [1])?)?;
         let calls = Arc::new(AtomicUsize::new(0));
         let seen = Arc::clone(&calls);
         x.register_post_accumulate_grad_hook(move |v| {

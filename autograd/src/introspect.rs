@@ -75,8 +75,8 @@ mod tests {
 
     #[test]
     fn leaves_reached_finds_what_backward_would_reach() -> crate::Result<()> {
-        let used = Var::param(Tensor::ones([2], DType::F32)?);
-        let unused = Var::param(Tensor::ones([2], DType::F32)?);
+        let used = Var::param(Tensor::ones([2], DType::F32)?)?;
+        let unused = Var::param(Tensor::ones([2], DType::F32)?)?;
         let frozen = Var::new(Tensor::ones([2], DType::F32)?);
         let y = used.mul(&frozen)?.sum_all()?;
         assert_eq!(leaves_reached(&[&y], &[used.clone(), unused.clone(), frozen]), [true, false, false]);

@@ -12,7 +12,7 @@
 //! use brasa_autograd::{live_nodes, Var};
 //! use brasa_tensor::{DType, Tensor};
 //!
-//! let w = Var::param(Tensor::randn([4, 3], DType::F32)?);   // a leaf that requires grad
+//! let w = Var::param(Tensor::randn([4, 3], DType::F32)?)?;   // a leaf that requires grad
 //! let x = Var::new(Tensor::ones([2, 4], DType::F32)?);       // an input
 //! let loss = x.matmul(&w)?.relu()?.mean_all()?;
 //! let mut running_loss = 0.0;
@@ -61,4 +61,4 @@ pub use gradcheck::gradcheck;
 pub use graph::BackwardCtx;
 pub use introspect::{leaves_reached, live_nodes, saved_tensor_bytes, GraphStats};
 pub use precision::{autocast_inputs, precision_hook, set_precision_hook, PrecisionHook};
-pub use var::Var;
+pub use var::{Var, WeakVar};

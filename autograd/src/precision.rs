@@ -26,7 +26,7 @@
 //! }
 //!
 //! let previous = set_precision_hook(Some(Arc::new(Bf16Matmul)));
-//! let a = Var::param(Tensor::ones([2, 3], DType::F32)?);
+//! let a = Var::param(Tensor::ones([2, 3], DType::F32)?)?;
 //! let y = a.matmul(&a.t()?)?;
 //! assert_eq!(y.dtype(), DType::BF16);
 //! y.to_dtype(DType::F32)?.sum_all()?.backward()?;
@@ -145,7 +145,7 @@ mod tests {
         assert!(precision_hook().is_none());
         let previous = set_precision_hook(Some(Arc::new(Always(DType::F16))));
         assert!(previous.is_none());
-        let x = Var::param(Tensor::ones([2], DType::F32)?);
+        let x = Var::param(Tensor::ones([2], DType::F32)?)?;
         let ids = Var::new(Tensor::zeros([2], DType::I64)?);
         let cast = autocast_inputs("anything", &[&x, &ids])?.expect("cast");
         assert_eq!((cast[0].dtype(), cast[1].dtype()), (DType::F16, DType::I64));

@@ -3,7 +3,7 @@
 
 use crate::error::{AutogradError, Result};
 use crate::grad_mode::is_grad_enabled;
-use crate::graph::{lock, BackwardCtx, BackwardFn, Node, OpBackward, PostAccumulateHook, SavedTensors};
+use crate::graph::{lock, BackwardCtx, BackwardFn, Node, OpBackward, PostAccumulateHook, SavedTensors, TensorMeta};
 use brasa_tensor::{DType, Device, Shape, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -43,14 +43,21 @@ impl Var {
         Var::make(tensor, false, None)
     }
 
-    /// A leaf that requires grad (a parameter).
-    pub fn param(tensor: Tensor) -> Var {
-        Var::make(tensor, true, None)
+    /// A leaf that requires grad (a parameter). Only floating-point tensors
+    /// can require grad: another dtype is an
+    /// [`AutogradError::RequiresGradDtype`] (PyTorch's "only Tensors of
+    /// floating point dtype can require gradients").
+    pub fn param(tensor: Tensor) -> Result<Var> {
+        Var::from_tensor(tensor, true)
     }
 
-    /// A leaf that requires grad or not.
-    pub fn from_tensor(tensor: Tensor, requires_grad: bool) -> Var {
-        Var::make(tensor, requires_grad, None)
+    /// A leaf that requires grad or not; requiring grad needs a
+    /// floating-point tensor (see [`Var::param`]).
+    pub fn from_tensor(tensor: Tensor, requires_grad: bool) -> Result<Var> {
+        if requires_grad {
+            check_differentiable("Var::from_tensor", tensor.dtype())?;
+        }
+        Ok(Var::make(tensor, requires_grad, None))
     }
 
     /// The tensor (a cheap handle to the same storage).
@@ -72,11 +79,8 @@ impl Var {
                 "a non-leaf Var always requires grad; use detach() for a Var outside the graph",
             ));
         }
-        if requires_grad && !self.dtype().is_float() {
-            return Err(AutogradError::invalid(
-                "requires_grad_",
-                format!("only floating-point Vars can require grad, got {}", self.dtype()),
-            ));
+        if requires_grad {
+            check_differentiable("requires_grad_", self.dtype())?;
         }
         self.0.requires_grad.store(requires_grad, Ordering::Relaxed);
         Ok(self)
@@ -97,9 +101,16 @@ impl Var {
         lock(&self.0.grad).clone()
     }
 
-    /// Replaces the gradient.
-    pub fn set_grad(&self, grad: Option<Tensor>) {
+    /// Replaces the gradient (`None` drops it). A gradient must have this
+    /// `Var`'s shape, dtype and device, as PyTorch's `.grad =` demands
+    /// ("assigned grad has data of a different size / type / device"):
+    /// otherwise an error, and the gradient is left as it was.
+    pub fn set_grad(&self, grad: Option<Tensor>) -> Result<()> {
+        if let Some(g) = &grad {
+            check_grad_fits("set_grad", "was given", g, self.tensor(), true)?;
+        }
         *lock(&self.0.grad) = grad;
+        Ok(())
     }
 
     /// Clears the gradient: `set_to_none` drops it (frees its memory, PyTorch's
@@ -159,6 +170,12 @@ impl Var {
         Arc::ptr_eq(&self.0, &other.0)
     }
 
+    /// A handle that does not keep this `Var` alive (for registries keyed
+    /// by `Var`s, which must not extend their lives).
+    pub fn downgrade(&self) -> WeakVar {
+        WeakVar(Arc::downgrade(&self.0))
+    }
+
     /// Where this `Var`'s gradient goes: its producing node, or its
     /// accumulator when it is a leaf that requires grad.
     pub(crate) fn grad_node(&self) -> Option<Arc<Node>> {
@@ -166,7 +183,11 @@ impl Var {
             return Some(Arc::clone(node));
         }
         if self.requires_grad() {
-            return Some(Arc::clone(self.0.accumulator.get_or_init(|| Node::accumulate(Arc::downgrade(&self.0)))));
+            return Some(Arc::clone(
+                self.0
+                    .accumulator
+                    .get_or_init(|| Node::accumulate(Arc::downgrade(&self.0), TensorMeta::of(&self.0.tensor))),
+            ));
         }
         None
     }
@@ -179,6 +200,28 @@ impl Var {
     }
 }
 
+/// A [`Var`] that is not kept alive by this handle ([`Var::downgrade`]).
+#[derive(Clone)]
+pub struct WeakVar(std::sync::Weak<VarInner>);
+
+impl WeakVar {
+    /// The `Var`, if it is still alive.
+    pub fn upgrade(&self) -> Option<Var> {
+        self.0.upgrade().map(Var)
+    }
+
+    /// Whether this handle points to `var`.
+    pub fn is(&self, var: &Var) -> bool {
+        std::ptr::eq(self.0.as_ptr(), Arc::as_ptr(&var.0))
+    }
+}
+
+impl std::fmt::Debug for WeakVar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WeakVar({})", if self.0.strong_count() > 0 { "alive" } else { "dropped" })
+    }
+}
+
 impl std::fmt::Debug for Var {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Var[{:?}, requires_grad {}", self.0.tensor, self.requires_grad())?;
@@ -187,6 +230,48 @@ impl std::fmt::Debug for Var {
         }
         write!(f, "]")
     }
+}
+
+/// An error unless tensors of `dtype` can require grad (floating point).
+pub(crate) fn check_differentiable(op: &'static str, dtype: DType) -> Result<()> {
+    if dtype.is_float() {
+        Ok(())
+    } else {
+        Err(AutogradError::RequiresGradDtype { op, dtype })
+    }
+}
+
+/// An error unless gradient `grad` fits `tensor`: the same shape and device,
+/// and, when `same_dtype`, the same dtype. `context` says where the gradient
+/// came from, for the message.
+pub(crate) fn check_grad_fits(
+    op: &'static str,
+    context: &'static str,
+    grad: &Tensor,
+    tensor: &Tensor,
+    same_dtype: bool,
+) -> Result<()> {
+    check_grad_meta(op, context, grad, &TensorMeta::of(tensor), same_dtype)
+}
+
+/// [`check_grad_fits`] against a tensor's recorded shape, dtype and device.
+pub(crate) fn check_grad_meta(
+    op: &'static str,
+    context: &'static str,
+    grad: &Tensor,
+    meta: &TensorMeta,
+    same_dtype: bool,
+) -> Result<()> {
+    if grad.dims() != meta.dims.as_slice() {
+        return Err(AutogradError::GradShape { op, context, got: grad.dims().to_vec(), expected: meta.dims.clone() });
+    }
+    if grad.device() != meta.device {
+        return Err(AutogradError::GradDevice { op, context, got: grad.device(), expected: meta.device });
+    }
+    if same_dtype && grad.dtype() != meta.dtype {
+        return Err(AutogradError::GradDtype { op, context, got: grad.dtype(), expected: meta.dtype });
+    }
+    Ok(())
 }
 
 /// Whether an operation on `inputs` is recorded.
@@ -239,11 +324,14 @@ fn record_node(
     saved: impl FnOnce() -> Vec<Tensor>,
     f: BackwardFn,
 ) -> Var {
-    if !is_grad_enabled() {
+    // An integer or bool result has no gradient: it cuts the graph (a cast
+    // to an integer dtype, an argmax), as in PyTorch.
+    if !is_grad_enabled() || !output.dtype().is_float() {
         return Var::new(output);
     }
     let next = inputs.iter().map(|v| v.grad_node()).collect();
-    let node = Node::op(name, next, OpBackward { saved: SavedTensors::new(saved()), f });
+    let meta = TensorMeta::of(&output);
+    let node = Node::op(name, next, meta, OpBackward { saved: SavedTensors::new(saved()), f });
     Var::make(output, true, Some(node))
 }
 
@@ -253,7 +341,7 @@ mod tests {
 
     #[test]
     fn leaf_flags_and_detach() -> Result<()> {
-        let w = Var::param(Tensor::ones([3], DType::F32)?);
+        let w = Var::param(Tensor::ones([3], DType::F32)?)?;
         assert!(w.is_leaf() && w.requires_grad());
         let y = w.mul_scalar(3.0)?;
         assert!(!y.is_leaf() && y.requires_grad());

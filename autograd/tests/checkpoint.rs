@@ -34,8 +34,8 @@ fn params(n: usize, width: usize, dev: Device, dtype: DType) -> Vec<Var> {
     (0..n)
         .flat_map(|i| {
             [
-                Var::param(filled(&[width, width], dev, i as f64, dtype)),
-                Var::param(filled(&[width], dev, 100.0 + i as f64, dtype)),
+                Var::param(filled(&[width, width], dev, i as f64, dtype)).unwrap(),
+                Var::param(filled(&[width], dev, 100.0 + i as f64, dtype)).unwrap(),
             ]
         })
         .collect()
@@ -50,7 +50,7 @@ fn grads(vars: &[Var]) -> Vec<Vec<f64>> {
 fn same_gradients_as_without_checkpoint_dropout_included() -> Result<()> {
     let dev = cpu(0);
     let ps = params(6, 8, dev, DType::F64);
-    let x = Var::param(filled(&[5, 8], dev, 0.5, DType::F64));
+    let x = Var::param(filled(&[5, 8], dev, 0.5, DType::F64))?;
     let ls = layers(&ps, 0.3);
     let run = |segments: Option<usize>| -> Result<(Vec<Vec<f64>>, f64)> {
         for p in ps.iter().chain([&x]) {
@@ -124,7 +124,7 @@ fn checkpoint_lowers_peak_memory() -> Result<()> {
 
 #[test]
 fn a_recomputation_that_differs_is_an_error() -> Result<()> {
-    let w = Var::param(filled(&[4], cpu(0), 0.0, DType::F64));
+    let w = Var::param(filled(&[4], cpu(0), 0.0, DType::F64))?;
     let calls = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&calls);
     let w2 = w.clone();
@@ -138,7 +138,7 @@ fn a_recomputation_that_differs_is_an_error() -> Result<()> {
                 h.narrow(0, 0, 2)
             }
         },
-        &[&Var::param(filled(&[4], cpu(0), 1.0, DType::F64))],
+        &[&Var::param(filled(&[4], cpu(0), 1.0, DType::F64))?],
     )?;
     let err = y.sum_all()?.backward().unwrap_err();
     assert!(matches!(err, AutogradError::CheckpointMismatch(_)), "{err}");
@@ -148,7 +148,7 @@ fn a_recomputation_that_differs_is_an_error() -> Result<()> {
 
 #[test]
 fn parameters_get_gradients_when_the_input_does_not_require_grad() -> Result<()> {
-    let w = Var::param(filled(&[3], cpu(0), 0.0, DType::F64));
+    let w = Var::param(filled(&[3], cpu(0), 0.0, DType::F64))?;
     let x = Var::new(filled(&[3], cpu(0), 2.0, DType::F64));
     let w2 = w.clone();
     let y = checkpoint(move |xs: &[Var]| xs[0].mul(&w2)?.exp(), &[&x])?;
@@ -162,7 +162,7 @@ fn parameters_get_gradients_when_the_input_does_not_require_grad() -> Result<()>
 #[test]
 fn segment_rule_and_bad_segment_counts() -> Result<()> {
     let ps = params(5, 3, cpu(0), DType::F64);
-    let x = Var::param(filled(&[2, 3], cpu(0), 0.3, DType::F64));
+    let x = Var::param(filled(&[2, 3], cpu(0), 0.3, DType::F64))?;
     let ls = layers(&ps, 0.0);
     assert!(checkpoint_sequential(&ls, 0, &x).is_err());
     assert!(checkpoint_sequential(&ls, 6, &x).is_err());

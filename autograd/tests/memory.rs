@@ -32,7 +32,7 @@ struct Mlp {
 impl Mlp {
     fn new(dev: Device) -> Mlp {
         let shapes: [&[usize]; 6] = [&[128, 64], &[128], &[128, 128], &[128], &[128, 128], &[128]];
-        Mlp { params: shapes.iter().enumerate().map(|(i, s)| Var::param(filled(s, dev, i as f64))).collect() }
+        Mlp { params: shapes.iter().enumerate().map(|(i, s)| Var::param(filled(s, dev, i as f64)).unwrap()).collect() }
     }
 
     fn forward(&self, x: &Var) -> Result<Var> {

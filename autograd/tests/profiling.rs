@@ -7,7 +7,7 @@ use brasa_tensor::{DType, Tensor};
 
 #[test]
 fn backward_nodes_show_up_as_ranges() -> Result<()> {
-    let w = Var::param(Tensor::ones([3, 4], DType::F32)?);
+    let w = Var::param(Tensor::ones([3, 4], DType::F32)?)?;
     let x = Var::new(Tensor::ones([2, 4], DType::F32)?);
     let profiler = Profiler::builder().record_shapes(true).start().expect("no other profiler runs in this test");
     {

@@ -36,7 +36,7 @@ fn linear_params(fan_in: usize, fan_out: usize) -> Result<(Var, Var)> {
     let scale = (1.0 / fan_in as f64).sqrt();
     let w = Tensor::randn_on([fan_out, fan_in], DType::F32, DEV)?.mul_scalar(scale)?;
     let b = Tensor::zeros_on([fan_out], DType::F32, DEV)?;
-    Ok((Var::param(w), Var::param(b)))
+    Ok((Var::param(w)?, Var::param(b)?))
 }
 
 /// One training step's measurements: saved bytes at the end of forward,

@@ -71,7 +71,7 @@ struct PReluLinear {
 
 impl PReluLinear {
     fn new(in_features: usize, out_features: usize, dev: Device) -> brasa::nn::Result<PReluLinear> {
-        let slope = Var::param(Tensor::full_on([out_features], 0.25, DType::F32, dev)?);
+        let slope = Var::param(Tensor::full_on([out_features], 0.25, DType::F32, dev)?)?;
         Ok(PReluLinear { linear: Linear::new(in_features, out_features, dev)?, slope })
     }
 }

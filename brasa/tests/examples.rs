@@ -43,8 +43,8 @@ fn normal(generator: &mut Generator, dims: &[usize], dev: Device) -> TestResult<
 fn linear(generator: &mut Generator, in_features: usize, out_features: usize, dev: Device) -> TestResult<Linear> {
     let bound = 1.0 / (in_features as f32).sqrt();
     Ok(Linear {
-        weight: Var::param(uniform(generator, &[out_features, in_features], bound, dev)?),
-        bias: Some(Var::param(uniform(generator, &[out_features], bound, dev)?)),
+        weight: Var::param(uniform(generator, &[out_features, in_features], bound, dev)?)?,
+        bias: Some(Var::param(uniform(generator, &[out_features], bound, dev)?)?),
     })
 }
 

@@ -69,8 +69,12 @@ impl Conv2dGeometry {
         let out_w = extent("width", input.1, kernel.1, stride.1, padding.1, dilation.1)
             .map_err(|detail| KernelError::ShapeMismatch { detail })?;
         let geometry = Conv2dGeometry { channels, input, kernel, stride, padding, dilation, output: (out_h, out_w) };
-        // The column matrix must be addressable.
-        geometry.col_rows().checked_mul(out_h * out_w).ok_or(KernelError::Overflow { operand: "col" })?;
+        // The column matrix must be addressable: then every size derived
+        // from the geometry (`col_rows`, `col_len`, ...) fits a usize.
+        let overflow = KernelError::Overflow { operand: "col" };
+        let col_rows = channels.checked_mul(kernel.0).and_then(|x| x.checked_mul(kernel.1)).ok_or(overflow.clone())?;
+        let col_cols = out_h.checked_mul(out_w).ok_or(overflow.clone())?;
+        col_rows.checked_mul(col_cols).ok_or(overflow)?;
         Ok(geometry)
     }
 

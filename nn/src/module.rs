@@ -22,7 +22,7 @@
 //!     }
 //! }
 //!
-//! let block = Residual { inner: Linear::new(4, 4, Device::CPU)?, gate: Var::param(Tensor::ones([1], DType::F32)?) };
+//! let block = Residual { inner: Linear::new(4, 4, Device::CPU)?, gate: Var::param(Tensor::ones([1], DType::F32)?)? };
 //! let names: Vec<String> = block.named_parameters().into_iter().map(|(name, _)| name).collect();
 //! assert_eq!(names, ["inner.weight", "inner.bias", "gate"]);
 //! # Ok::<(), brasa_nn::NnError>(())
@@ -250,8 +250,18 @@ pub trait ModuleExt: Parameters {
     }
 
     /// Converts every floating-point parameter and buffer to `dtype`
-    /// (integer buffers such as counters are left as they are).
+    /// (integer buffers such as counters are left as they are). `dtype`
+    /// must be a floating-point type: an integer or bool model would keep
+    /// parameters that require grad but can have no gradient, so another
+    /// dtype is an error and nothing is converted (PyTorch: "nn.Module.to
+    /// only accepts floating point or complex dtypes").
     fn to_dtype(&mut self, dtype: DType) -> Result<()> {
+        if !dtype.is_float() {
+            return Err(crate::NnError::invalid(
+                "to_dtype",
+                format!("a module converts only to floating-point dtypes, got {dtype}"),
+            ));
+        }
         self.visit_mut(&mut WalkMut::new(&mut Convert { device: None, dtype: Some(dtype) }))
     }
 
@@ -301,7 +311,7 @@ impl Convert {
 impl VisitorMut for Convert {
     fn param(&mut self, _path: &str, param: &mut Var) -> Result<()> {
         if let Some(tensor) = self.convert(param.tensor())? {
-            *param = Var::from_tensor(tensor, param.requires_grad());
+            *param = Var::from_tensor(tensor, param.requires_grad())?;
         }
         Ok(())
     }

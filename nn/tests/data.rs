@@ -105,7 +105,7 @@ fn every_sample_comes_once_per_epoch() {
             assert!(batches[..10].iter().all(|b| b.len() == 10));
             assert_eq!(batches[10].len(), 3);
             let mut seen: Vec<i64> = batches.concat();
-            assert_eq!(seen, loader.sample_order(epoch).iter().map(|&i| i as i64).collect::<Vec<_>>());
+            assert_eq!(seen, loader.sample_order(epoch).iter().map(|i| i as i64).collect::<Vec<_>>());
             seen.sort();
             assert_eq!(seen, (0..103).collect::<Vec<i64>>(), "workers {workers}, epoch {epoch}");
         }
@@ -546,4 +546,90 @@ fn even_a_panic_whose_payload_panics_is_contained() {
         assert!(items[1].as_ref().unwrap_err().to_string().contains("(no message)"));
         assert_eq!(items.iter().filter_map(|i| i.as_ref().ok().copied()).collect::<Vec<_>>(), [0, 2, 3, 4, 5]);
     }
+}
+
+// ----- hardening: timeouts, lengths and read-ahead --------------------------------
+
+#[test]
+fn a_timed_out_read_is_joined_when_the_loader_drops() {
+    let mut stalled = Flaky::new(4, usize::MAX, false);
+    stalled.delay = Duration::from_millis(400);
+    let dataset = Arc::new(stalled);
+    let loader = DataLoader::builder(Arc::clone(&dataset))
+        .batch_size(2)
+        .num_workers(1)
+        .timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let items: Vec<_> = loader.iter().collect();
+    assert_eq!(items.len(), 1);
+    assert!(items[0].as_ref().unwrap_err().to_string().contains("not ready after 50ms"));
+    let start = Instant::now();
+    drop(loader);
+    assert!(start.elapsed() < brasa_nn::data::SHUTDOWN_GRACE, "{:?}", start.elapsed());
+    // No worker thread outlives the loader: none holds the dataset any more.
+    assert_eq!(Arc::strong_count(&dataset), 1, "a worker thread is still running");
+    let reads = dataset.reads.load(Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(dataset.reads.load(Ordering::SeqCst), reads, "nothing is read after the drop");
+}
+
+#[test]
+fn a_zero_timeout_means_no_timeout() {
+    let mut slow = Flaky::new(8, usize::MAX, false);
+    slow.delay = Duration::from_millis(20);
+    let loader = DataLoader::builder(slow).batch_size(2).num_workers(2).timeout(Duration::ZERO).build().unwrap();
+    let items: Vec<_> = loader.iter().collect();
+    assert_eq!(items.len(), 4);
+    assert!(items.iter().all(Result::is_ok), "{items:?}");
+}
+
+/// A dataset far larger than memory could index: each sample is its index.
+struct Endless;
+
+impl Dataset for Endless {
+    type Batch = Vec<usize>;
+
+    fn len(&self) -> usize {
+        usize::MAX / 2
+    }
+
+    fn get_batch(&self, indices: &[usize]) -> Result<Vec<usize>> {
+        Ok(indices.to_vec())
+    }
+}
+
+#[test]
+fn a_huge_dataset_is_sampled_lazily() {
+    for (shuffle, workers) in [(false, 0), (false, 2), (true, 0), (true, 2)] {
+        let loader = DataLoader::builder(Endless).batch_size(4).shuffle(shuffle).num_workers(workers).build().unwrap();
+        assert_eq!(loader.len(), (usize::MAX / 2).div_ceil(4));
+        let order = loader.sample_order(0);
+        assert_eq!(order.len(), usize::MAX / 2);
+        let batches: Vec<Vec<usize>> = loader.epoch(0).take(3).map(Result::unwrap).collect();
+        assert_eq!(batches.len(), 3);
+        let seen: Vec<usize> = batches.concat();
+        assert_eq!(seen, order.iter().take(12).collect::<Vec<_>>());
+        assert!(seen.iter().all(|&i| i < usize::MAX / 2));
+        let mut distinct = seen.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 12, "shuffle {shuffle}: {seen:?}");
+        if !shuffle {
+            assert_eq!(seen, (0..12).collect::<Vec<_>>());
+        }
+    }
+}
+
+#[test]
+fn a_large_prefetch_factor_reserves_nothing_up_front() {
+    // Bounded by the epoch: a small dataset with any prefetch factor works.
+    let loader =
+        DataLoader::builder(numbered(10)).batch_size(3).num_workers(3).prefetch_factor(usize::MAX).build().unwrap();
+    assert_eq!(epoch_labels(&loader, 0).concat(), (0..10).collect::<Vec<i64>>());
+    // A window the dataset could fill is refused, naming the setting.
+    let error = DataLoader::builder(Endless).num_workers(2).prefetch_factor(usize::MAX).build().unwrap_err();
+    assert!(error.to_string().contains("prefetch_factor"), "{error}");
+    let error = DataLoader::builder(Endless).num_workers(usize::MAX).prefetch_factor(2).build().unwrap_err();
+    assert!(error.to_string().contains("num_workers"), "{error}");
 }

@@ -380,7 +380,7 @@ fn batch_norm_of_half_inputs_computes_in_f32() -> Result<()> {
 
 #[test]
 fn batch_norm_saves_little_for_backward() -> Result<()> {
-    let x = Var::param(Tensor::zeros([16, 8, 8, 8], DType::F32)?.add_scalar(1.0)?);
+    let x = Var::param(Tensor::zeros([16, 8, 8, 8], DType::F32)?.add_scalar(1.0)?)?;
     let bn = BatchNorm2d::new(8, DEV)?;
     let y = bn.forward(&x)?;
     let stats = y.graph_stats();
@@ -581,7 +581,7 @@ fn gradcheck_layer_norm() -> Result<()> {
 #[test]
 fn layers_backpropagate_to_their_parameters() -> Result<()> {
     let ln = LayerNorm::with_config([4], LayerNormConfig::new().dtype(DType::F64), DEV)?;
-    let x = Var::param(tensor_f64(&[3, 4], 0.1));
+    let x = Var::param(tensor_f64(&[3, 4], 0.1))?;
     ln.forward(&x)?.mul(&Var::new(tensor_f64(&[3, 4], 3.0)))?.sum_all()?.backward()?;
     assert_eq!(ln.weight.as_ref().unwrap().grad().unwrap().dims(), &[4]);
     assert_eq!(ln.bias.as_ref().unwrap().grad().unwrap().dims(), &[4]);

@@ -195,7 +195,7 @@ fn cross_entropy_gradcheck_every_option() -> TestResult {
 #[test]
 fn cross_entropy_gradient_is_softmax_minus_one_hot_over_n() -> TestResult {
     let x = values(6, 6);
-    let logits = Var::param(f64s(&x, &[2, 3]));
+    let logits = Var::param(f64s(&x, &[2, 3]))?;
     cross_entropy(&logits, &i64s(&[1, 2], &[2]))?.backward()?;
     let grad = logits.grad().unwrap().to_vec::<f64>()?;
     for row in 0..2 {
@@ -212,7 +212,7 @@ fn cross_entropy_gradient_is_softmax_minus_one_hot_over_n() -> TestResult {
 
 #[test]
 fn ignored_positions_contribute_nothing_even_with_infinite_logits() -> TestResult {
-    let logits = Var::param(f64s(&[1.0, 2.0, 0.5, f64::NEG_INFINITY, f64::NEG_INFINITY, 0.0], &[2, 3]));
+    let logits = Var::param(f64s(&[1.0, 2.0, 0.5, f64::NEG_INFINITY, f64::NEG_INFINITY, 0.0], &[2, 3]))?;
     let target = i64s(&[1, -100], &[2]);
     let options = CrossEntropyOptions { label_smoothing: 0.1, ..Default::default() };
     let loss = cross_entropy_with(&logits, &target, &options)?;
@@ -226,7 +226,7 @@ fn ignored_positions_contribute_nothing_even_with_infinite_logits() -> TestResul
 
 #[test]
 fn all_ignored_mean_is_nan_and_sum_is_zero_as_in_pytorch() -> TestResult {
-    let logits = Var::param(f64s(&values(6, 7), &[2, 3]));
+    let logits = Var::param(f64s(&values(6, 7), &[2, 3]))?;
     let target = i64s(&[-100, -100], &[2]);
     let mean = cross_entropy(&logits, &target)?;
     assert!(mean.item()?.is_nan());
@@ -244,7 +244,7 @@ fn cross_entropy_in_f32_agrees_with_f64() -> TestResult {
     let target = i64s(&[0, 1, 2, 3, 4, 0, 1, 2], &[8]);
     let options = CrossEntropyOptions { label_smoothing: 0.1, ..Default::default() };
     let l64 = cross_entropy_with(&Var::new(f64s(&x, &[8, 5])), &target, &options)?.item()?;
-    let x32 = Var::param(f64s(&x, &[8, 5]).to_dtype(DType::F32)?);
+    let x32 = Var::param(f64s(&x, &[8, 5]).to_dtype(DType::F32)?)?;
     let l32 = cross_entropy_with(&x32, &target, &options)?;
     assert!((l32.item()? - l64).abs() < 1e-6);
     l32.backward()?;
@@ -259,8 +259,8 @@ fn cross_entropy_equals_nll_of_log_softmax() -> TestResult {
     let weight = f64s(&[1.0, 0.5, 2.0], &[3]);
     let ce = CrossEntropyOptions { weight: Some(weight.clone()), ..Default::default() };
     let nll = NllLossOptions { weight: Some(weight), ..Default::default() };
-    let a = Var::param(x.clone());
-    let b = Var::param(x.affine(1.0, 0.0)?);
+    let a = Var::param(x.clone())?;
+    let b = Var::param(x.affine(1.0, 0.0)?)?;
     let la = cross_entropy_with(&a, &target, &ce)?;
     let lb = nll_loss_with(&b.log_softmax(1)?, &target, &nll)?;
     assert!((la.item()? - lb.item()?).abs() < 1e-15);
@@ -336,7 +336,7 @@ fn mse_and_l1_values_and_gradients() -> TestResult {
         gradcheck(|v| ag(l1_loss(&v[0], &v[1], reduction)), &inputs, 1e-6, 1e-9, 1e-6)?;
     }
     // The gradient of |x − y| at 0 is 0, as in PyTorch.
-    let p = Var::param(f64s(&[1.0], &[1]));
+    let p = Var::param(f64s(&[1.0], &[1]))?;
     l1_loss(&p, &Var::new(f64s(&[1.0], &[1])), Reduction::Sum)?.backward()?;
     assert_eq!(p.grad().unwrap().to_vec::<f64>()?, [0.0]);
     let err = mse_loss(&x, &Var::new(f64s(&[1.0, 2.0], &[2])), Reduction::Mean).err().unwrap().to_string();
@@ -373,7 +373,7 @@ fn bce_with_logits_values_are_stable() -> TestResult {
 #[test]
 fn bce_with_logits_gradients() -> TestResult {
     // At x = 0 the gradient is σ(0) − t exactly (composing min and |x| would get this wrong).
-    let x = Var::param(f64s(&[0.0, 0.0], &[2]));
+    let x = Var::param(f64s(&[0.0, 0.0], &[2]))?;
     let t = Var::new(f64s(&[1.0, 0.25], &[2]));
     binary_cross_entropy_with_logits(&x, &t, Reduction::Sum, None)?.backward()?;
     assert_eq!(x.grad().unwrap().to_vec::<f64>()?, [-0.5, 0.25]);

@@ -57,10 +57,10 @@ fn values(shape: &[usize], salt: f64) -> Tensor {
 fn block(width: usize) -> Block {
     Block {
         fc: Linear::new(width, width, Device::CPU).unwrap(),
-        scale: Var::param(values(&[width], 1.0)),
+        scale: Var::param(values(&[width], 1.0)).unwrap(),
         running: Tensor::zeros([width], DType::F32).unwrap(),
         mode: Training::default(),
-        cache: vec![Var::param(values(&[2], 0.0))],
+        cache: vec![Var::param(values(&[2], 0.0)).unwrap()],
         width,
     }
 }
@@ -130,6 +130,22 @@ fn to_dtype_converts_floats_and_keeps_requires_grad() -> Result<()> {
     let y = model.forward(&Var::new(values(&[2, 4], 3.0).to_dtype(DType::F64)?))?;
     assert_eq!((y.dims(), y.dtype()), (&[2, 3][..], DType::F64));
     model.to_device(Device::CPU)?;
+    Ok(())
+}
+
+#[test]
+fn to_dtype_refuses_integer_and_bool_dtypes_and_changes_nothing() -> Result<()> {
+    let mut model = net();
+    let before: Vec<Var> = model.parameters();
+    for dtype in [DType::I64, DType::U8, DType::Bool] {
+        let err = model.to_dtype(dtype).unwrap_err();
+        assert!(matches!(err, NnError::Invalid { what: "to_dtype", .. }), "{err}");
+        assert!(err.to_string().contains("floating-point") && err.to_string().contains(&dtype.to_string()), "{err}");
+    }
+    // Nothing was converted: the same parameters, still f32 and trainable.
+    let after = model.parameters();
+    assert!(before.iter().zip(&after).all(|(a, b)| a.same_var(b)));
+    assert!(after.iter().all(|p| p.dtype() == DType::F32 && p.requires_grad()));
     Ok(())
 }
 

@@ -72,13 +72,13 @@ fn sgd_follows_pytorch_for_every_option() -> TestResult {
     ];
     for config in configs {
         let start = [0.5, -1.25, 2.0, 0.75];
-        let param = Var::param(f64s(&start, &[2, 2]));
-        let frozen = Var::param(f64s(&[1.0, 2.0], &[2]));
+        let param = Var::param(f64s(&start, &[2, 2]))?;
+        let frozen = Var::param(f64s(&[1.0, 2.0], &[2]))?;
         let mut opt = Sgd::new(vec![param.clone(), frozen.clone()], config)?;
         let (mut want, mut buffer) = (start.to_vec(), None);
         for step in 0..3 {
             let g = synthetic_grad(&param.tensor().to_vec::<f64>()?, step);
-            param.set_grad(Some(f64s(&g, &[2, 2])));
+            param.set_grad(Some(f64s(&g, &[2, 2])))?;
             opt.step()?;
             reference_sgd(&mut want, &g, &mut buffer, &config);
             assert_close(&param.tensor().to_vec::<f64>()?, &want, 1e-14, &format!("{config:?} step {step}"));
@@ -144,8 +144,8 @@ fn adam_and_adamw_follow_pytorch() -> TestResult {
     for config in configs {
         for decoupled in [false, true] {
             let start = [0.5, -1.25, 2.0, 0.75, 0.0, -0.3];
-            let param = Var::param(f64s(&start, &[3, 2]));
-            let other = Var::param(f64s(&[3.0], &[1]));
+            let param = Var::param(f64s(&start, &[3, 2]))?;
+            let other = Var::param(f64s(&[3.0], &[1]))?;
             let params = vec![param.clone(), other.clone()];
             let mut opt: Box<dyn Optimizer> =
                 if decoupled { Box::new(AdamW::new(params, config)?) } else { Box::new(Adam::new(params, config)?) };
@@ -155,7 +155,7 @@ fn adam_and_adamw_follow_pytorch() -> TestResult {
                 let scale = [1.0, -0.2, 0.5][step];
                 let g: Vec<f64> =
                     synthetic_grad(&param.tensor().to_vec::<f64>()?, step).iter().map(|g| g * scale).collect();
-                param.set_grad(Some(f64s(&g, &[3, 2])));
+                param.set_grad(Some(f64s(&g, &[3, 2])))?;
                 opt.step()?;
                 reference.update(&mut want, &g, &config, decoupled);
                 let context = format!("{config:?} decoupled {decoupled} step {step}");
@@ -171,10 +171,10 @@ fn adam_and_adamw_follow_pytorch() -> TestResult {
 #[test]
 fn adam_exposes_its_moments() -> TestResult {
     devices();
-    let w = Var::param(f64s(&[1.0, 2.0], &[2]));
+    let w = Var::param(f64s(&[1.0, 2.0], &[2]))?;
     let mut opt = Adam::new(vec![w.clone()], AdamConfig::default())?;
     assert!(opt.moments(0).is_none());
-    w.set_grad(Some(f64s(&[0.5, -1.0], &[2])));
+    w.set_grad(Some(f64s(&[0.5, -1.0], &[2])))?;
     opt.step()?;
     let (step, m, v) = opt.moments(0).unwrap();
     assert_eq!(step, 1);
@@ -293,13 +293,13 @@ fn accumulated_micro_batches_give_the_full_batch_update() -> TestResult {
 fn schedules_follow_pytorch_closed_forms() -> TestResult {
     devices();
     let new_opt = |lr: f64| {
-        Sgd::new(vec![Var::param(Tensor::zeros([1], DType::F32).unwrap())], SgdConfig { lr, ..Default::default() })
+        Sgd::new(vec![Var::param(Tensor::zeros([1], DType::F32).unwrap())?], SgdConfig { lr, ..Default::default() })
     };
     let mut opt = new_opt(0.1)?;
     let mut step_lr = StepLr::new(&opt, 3, 0.1)?;
     let mut seen = vec![opt.lr()];
     for _ in 0..7 {
-        step_lr.step(&mut opt);
+        step_lr.step(&mut opt)?;
         seen.push(opt.lr());
     }
     assert_close(&seen, &[0.1, 0.1, 0.1, 0.01, 0.01, 0.01, 0.001, 0.001], 1e-15, "StepLR");
@@ -307,7 +307,7 @@ fn schedules_follow_pytorch_closed_forms() -> TestResult {
     let mut opt = new_opt(0.1)?;
     let mut cosine = CosineAnnealingLr::new(&opt, 10, 0.001)?;
     for t in 1..=12 {
-        cosine.step(&mut opt);
+        cosine.step(&mut opt)?;
         let want = 0.001 + (0.1 - 0.001) * (1.0 + (std::f64::consts::PI * t as f64 / 10.0).cos()) / 2.0;
         assert_close(&[opt.lr(), cosine.lr()], &[want, want], 1e-15, "CosineAnnealingLR");
     }
@@ -320,7 +320,7 @@ fn schedules_follow_pytorch_closed_forms() -> TestResult {
     let mut warm = LinearWarmup::new(&mut opt, 4, 0.25, Some(Box::new(inner)))?;
     let mut seen = vec![opt.lr()];
     for _ in 0..8 {
-        warm.step(&mut opt);
+        warm.step(&mut opt)?;
         seen.push(opt.lr());
     }
     let want = [0.025, 0.04375, 0.0625, 0.08125, 0.1, 0.1, 0.05, 0.05, 0.025];
@@ -357,7 +357,7 @@ fn fixed_steps(opt: &mut dyn Optimizer, params: &[Var], steps: usize) -> TestRes
     for step in 0..steps {
         for p in params {
             let g = synthetic_grad(&p.tensor().to_vec::<f64>()?, step);
-            p.set_grad(Some(Tensor::from_vec(g, p.dims())?));
+            p.set_grad(Some(Tensor::from_vec(g, p.dims())?))?;
         }
         opt.step()?;
         opt.zero_grad()?;
@@ -366,7 +366,9 @@ fn fixed_steps(opt: &mut dyn Optimizer, params: &[Var], steps: usize) -> TestRes
 }
 
 fn twin_params() -> (Vec<Var>, Vec<Var>) {
-    let make = || vec![Var::param(f64s(&[0.5, -1.0, 2.0, 0.25], &[2, 2])), Var::param(f64s(&[1.5, -0.5], &[2]))];
+    let make = || {
+        vec![Var::param(f64s(&[0.5, -1.0, 2.0, 0.25], &[2, 2])).unwrap(), Var::param(f64s(&[1.5, -0.5], &[2])).unwrap()]
+    };
     (make(), make())
 }
 
@@ -420,7 +422,7 @@ fn state_dict_names_follow_pytorch() -> TestResult {
     devices();
     let (a, _) = twin_params();
     let mut adam = Adam::new(a.clone(), AdamConfig { amsgrad: true, ..Default::default() })?;
-    a[0].set_grad(Some(Tensor::ones([2, 2], DType::F64)?));
+    a[0].set_grad(Some(Tensor::ones([2, 2], DType::F64)?))?;
     adam.step()?;
     let dict = adam.state_dict()?;
     let names: Vec<&str> = dict.names().collect();
@@ -487,7 +489,7 @@ fn mismatched_optimizer_states_are_refused_by_name() -> TestResult {
 #[test]
 fn invalid_configurations_are_errors() -> TestResult {
     devices();
-    let w = || vec![Var::param(Tensor::zeros([2], DType::F32).unwrap())];
+    let w = || vec![Var::param(Tensor::zeros([2], DType::F32).unwrap()).unwrap()];
     let nesterov = Sgd::new(w(), SgdConfig { nesterov: true, ..Default::default() }).err().unwrap().to_string();
     assert_eq!(
         nesterov,
@@ -499,10 +501,10 @@ fn invalid_configurations_are_errors() -> TestResult {
     assert_eq!(betas, "Adam: betas.1 must be in [0, 1), got 1");
     assert!(AdamW::new(w(), AdamConfig { eps: -1.0, ..Default::default() }).is_err());
     assert!(Sgd::new(Vec::new(), SgdConfig::default()).err().unwrap().to_string().contains("empty parameter list"));
-    let p = Var::param(Tensor::zeros([2], DType::F32)?);
+    let p = Var::param(Tensor::zeros([2], DType::F32)?)?;
     let twice = Adam::new(vec![p.clone(), p], AdamConfig::default()).err().unwrap().to_string();
     assert!(twice.contains("parameters 0 and 1 are the same Var"), "{twice}");
-    let x = Var::param(Tensor::zeros([2], DType::F32)?);
+    let x = Var::param(Tensor::zeros([2], DType::F32)?)?;
     assert!(Sgd::new(vec![x.mul_scalar(2.0)?], SgdConfig::default()).err().unwrap().to_string().contains("not a leaf"));
     Ok(())
 }
@@ -510,7 +512,7 @@ fn invalid_configurations_are_errors() -> TestResult {
 #[test]
 fn zero_grad_can_keep_the_buffers() -> TestResult {
     devices();
-    let w = Var::param(f64s(&[1.0, 2.0], &[2]));
+    let w = Var::param(f64s(&[1.0, 2.0], &[2]))?;
     let mut opt = Sgd::new(vec![w.clone()], SgdConfig::default())?;
     w.mul(&w)?.sum_all()?.backward()?;
     let grad = w.grad().unwrap();
@@ -520,5 +522,80 @@ fn zero_grad_can_keep_the_buffers() -> TestResult {
     assert_eq!(kept.to_vec::<f64>()?, [0.0, 0.0]);
     opt.zero_grad()?;
     assert!(w.grad().is_none());
+    Ok(())
+}
+
+#[test]
+fn learning_rates_that_would_poison_training_are_refused() -> TestResult {
+    devices();
+    let w = Var::param(f64s(&[1.0, -2.0], &[2]))?;
+    let mut optimizers: Vec<Box<dyn Optimizer>> = vec![
+        Box::new(Sgd::new(vec![w.clone()], SgdConfig { lr: 0.1, ..Default::default() })?),
+        Box::new(Adam::new(vec![w.clone()], AdamConfig { lr: 0.1, ..Default::default() })?),
+        Box::new(AdamW::new(vec![w.clone()], AdamConfig { lr: 0.1, ..AdamConfig::adamw() })?),
+    ];
+    for opt in &mut optimizers {
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, -1e-3] {
+            let err = opt.set_lr(bad).unwrap_err();
+            assert!(err.to_string().contains("lr must be finite and >= 0"), "{err}");
+            assert_eq!(opt.lr(), 0.1, "a refused rate leaves the rate as it was");
+        }
+        opt.set_lr(0.0)?;
+        opt.set_lr(0.05)?;
+        assert_eq!(opt.lr(), 0.05);
+        // Training goes on with finite weights.
+        w.mul(&w)?.sum_all()?.backward()?;
+        opt.step()?;
+        opt.zero_grad()?;
+        assert!(w.tensor().to_vec::<f64>()?.iter().all(|v| v.is_finite()));
+    }
+    Ok(())
+}
+
+#[test]
+fn out_of_range_hyperparameters_are_refused_by_every_optimizer() -> TestResult {
+    devices();
+    let w = || vec![Var::param(Tensor::zeros([2], DType::F32).unwrap()).unwrap()];
+    for config in [
+        SgdConfig { lr: f64::NAN, ..Default::default() },
+        SgdConfig { momentum: -0.5, ..Default::default() },
+        SgdConfig { weight_decay: -1e-4, ..Default::default() },
+        SgdConfig { weight_decay: f64::INFINITY, ..Default::default() },
+        SgdConfig { dampening: f64::NAN, ..Default::default() },
+    ] {
+        assert!(Sgd::new(w(), config).is_err(), "{config:?}");
+    }
+    for config in [
+        AdamConfig { lr: -1.0, ..Default::default() },
+        AdamConfig { betas: (1.0, 0.999), ..Default::default() },
+        AdamConfig { betas: (0.9, f64::NAN), ..Default::default() },
+        AdamConfig { betas: (-0.1, 0.999), ..Default::default() },
+        AdamConfig { eps: -1e-8, ..Default::default() },
+        AdamConfig { eps: f64::NAN, ..Default::default() },
+        AdamConfig { weight_decay: -0.01, ..Default::default() },
+    ] {
+        assert!(Adam::new(w(), config).is_err(), "{config:?}");
+        assert!(AdamW::new(w(), config).is_err(), "{config:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_gradient_of_another_shape_never_reaches_the_update() -> TestResult {
+    devices();
+    for kind in 0..3 {
+        let w = Var::param(f64s(&[1.0, 2.0, 3.0, 4.0], &[2, 2]))?;
+        let mut opt: Box<dyn Optimizer> = match kind {
+            0 => Box::new(Sgd::new(vec![w.clone()], SgdConfig { lr: 0.1, momentum: 0.9, ..Default::default() })?),
+            1 => Box::new(Adam::new(vec![w.clone()], AdamConfig::default())?),
+            _ => Box::new(AdamW::new(vec![w.clone()], AdamConfig::adamw())?),
+        };
+        // A [2] gradient would broadcast over the [2, 2] parameter.
+        let err = w.set_grad(Some(f64s(&[1.0, 1.0], &[2]))).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("[2]") && text.contains("[2, 2]"), "{text}");
+        opt.step()?;
+        assert_eq!(w.tensor().to_vec::<f64>()?, [1.0, 2.0, 3.0, 4.0], "optimizer {kind} changed nothing");
+    }
     Ok(())
 }

@@ -439,10 +439,13 @@ impl<M: Module, O: Optimizer> DataParallel<M, O> {
     }
 
     /// Sets every device's learning rate (schedules call this between steps).
-    pub fn set_lr(&mut self, lr: f64) {
+    /// A rate the optimizers refuse (NaN, infinite, negative) is an error,
+    /// and then no device's rate changes.
+    pub fn set_lr(&mut self, lr: f64) -> Result<()> {
         for optimizer in self.optimizers.iter_mut().flatten() {
-            optimizer.set_lr(lr);
+            optimizer.set_lr(lr)?;
         }
+        Ok(())
     }
 
     /// The total gradient norm before clipping, measured at the last

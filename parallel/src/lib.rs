@@ -37,6 +37,48 @@
 //! - `mpi`: the Open MPI backend (the `mpi` crate; needs an MPI with `mpicc`
 //!   and libclang when building).
 //! - `cuda`: CUDA tensors through `brasa-tensor`.
+//!
+//! ## MPI (feature `mpi`)
+//!
+//! Build needs Open MPI's `mpicc` and libclang (Debian:
+//! `libopenmpi-dev openmpi-bin libclang1-14 libclang-common-14-dev`). Under
+//! `mpirun`, [`init_from_env`] returns this process's rank of
+//! `MPI_COMM_WORLD`, a [`Communicator`] like any other: every collective on
+//! f32/f64/f16/bf16 (copies of any dtype), in place on host tensors, with
+//! the same signature checks (a [`ParallelError::Mismatch`] naming both
+//! ranks) and timeouts (a [`ParallelError::Timeout`], never a hang).
+//!
+//! ```no_run
+//! # #[cfg(feature = "mpi")]
+//! # fn main() -> brasa_parallel::Result<()> {
+//! // mpirun -np 2 --bind-to none target/release/examples/mpi_allreduce
+//! use brasa_parallel::{abort_job_on_panic, init_from_env, CommOptions, ReduceOp};
+//! use brasa_tensor::{DType, Device, Tensor};
+//!
+//! abort_job_on_panic(); // a panic on any rank ends the job at once
+//! let comm = init_from_env(&CommOptions::default())?;
+//! let x = Tensor::full_on([4], (comm.rank() + 1) as f64, DType::F32, Device::CPU)?;
+//! comm.all_reduce(&x, ReduceOp::Sum)?;
+//! drop(comm); // say goodbye: MPI finalizes once every rank did
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "mpi"))]
+//! # fn main() {}
+//! ```
+//!
+//! - One rank per process; MPI initialises once per process (clone the
+//!   communicator rather than asking again). Only the communicator's worker
+//!   thread calls MPI after initialisation (`MPI_THREAD_SERIALIZED`).
+//! - Dropping the last handle says goodbye: when every rank has, MPI is
+//!   finalized and the job can exit 0; a peer still in a collective gets
+//!   [`ParallelError::PeerFailed`]. After a timeout or an MPI error MPI is
+//!   left unfinalized on purpose (`MPI_Finalize` would wait for a peer that
+//!   is stuck), so the process exits without it and `mpirun` fails the job.
+//! - Call `abort_job_on_panic()` first thing in `main`, and pass `mpirun
+//!   --timeout N` as the last line of defence.
+//! - `examples/mpi_allreduce.rs` measures the all-reduce bus bandwidth;
+//!   `tests/mpi.rs` runs 2-rank jobs, including two "hosts" in network
+//!   namespaces over TCP.
 
 mod collective;
 mod communicator;

@@ -103,7 +103,7 @@ impl<O: Optimizer> ZeroOptimizer<O> {
 impl<O: Optimizer> Optimizer for ZeroOptimizer<O> {
     fn step(&mut self) -> brasa_nn::Result<()> {
         for shard in &self.shards {
-            shard.param.set_grad(Some(shard.grad.clone()));
+            shard.param.set_grad(Some(shard.grad.clone()))?;
         }
         self.inner.step()?;
         let _no_grad = no_grad();
@@ -132,7 +132,7 @@ impl<O: Optimizer> Optimizer for ZeroOptimizer<O> {
         self.inner.lr()
     }
 
-    fn set_lr(&mut self, lr: f64) {
+    fn set_lr(&mut self, lr: f64) -> brasa_nn::Result<()> {
         self.inner.set_lr(lr)
     }
 

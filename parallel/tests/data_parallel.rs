@@ -461,7 +461,7 @@ impl Optimizer for FailingSgd {
     fn lr(&self) -> f64 {
         self.inner.lr()
     }
-    fn set_lr(&mut self, lr: f64) {
+    fn set_lr(&mut self, lr: f64) -> brasa_nn::Result<()> {
         self.inner.set_lr(lr)
     }
     fn params(&self) -> &[Var] {

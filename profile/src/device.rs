@@ -116,8 +116,11 @@ impl ActiveSpan {
     #[cold]
     #[inline(never)]
     fn finish(self) {
-        match self.timer.record_marker() {
-            Ok(end) => {
+        // Runs in the span's `drop`: a timer that panics loses this interval
+        // instead of panicking out of a drop.
+        let marker = crate::user_code::call_user(|| self.timer.record_marker());
+        match marker {
+            Ok(Ok(end)) => {
                 let mut buffer = lock(&self.buffer);
                 if !buffer.closed {
                     buffer.device.push(RawDeviceInterval {
@@ -131,7 +134,9 @@ impl ActiveSpan {
                     });
                 }
             }
-            Err(_) => self.timer.release_marker(self.start),
+            Ok(Err(_)) | Err(_) => {
+                let _ = crate::user_code::call_user(|| self.timer.release_marker(self.start));
+            }
         }
     }
 }

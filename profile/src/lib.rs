@@ -56,6 +56,7 @@ mod result;
 mod schedule;
 mod session;
 mod units;
+mod user_code;
 mod utilization;
 
 pub use clock::{Clock, HostClock, ManualClock};

@@ -11,6 +11,7 @@ use crate::range::{open_range, OpenRange};
 use crate::result::ProfileResult;
 use crate::schedule::{ProfilerAction, Schedule};
 use crate::session::{begin_session, enabled, end_session, Session, SessionConfig};
+use crate::user_code::{call_user, drop_user};
 
 /// Only one profiler records at a time: the recording switch is process-wide.
 static PROFILER_RUNNING: AtomicBool = AtomicBool::new(false);
@@ -72,6 +73,12 @@ impl ProfilerBuilder {
 
     /// Called with each saved trace: at the last active step of every schedule
     /// cycle, and at stop if the profiler was recording then.
+    ///
+    /// A panic in the callback does not escape (it may run in the profiler's
+    /// `drop`, where a second panic would abort the process): it is caught,
+    /// the callback is disabled for the rest of the session, and the panic's
+    /// message is kept in [`Profiler::trace_ready_panic`] and added to the
+    /// trace's `warnings`.
     pub fn on_trace_ready(mut self, callback: impl FnMut(&ProfileResult) + Send + 'static) -> Self {
         self.on_trace_ready = Some(Box::new(callback));
         self
@@ -113,6 +120,7 @@ impl ProfilerBuilder {
             last: None,
             traces_saved: 0,
             pending_warnings: Vec::new(),
+            trace_ready_panic: None,
             stopped: false,
         };
         profiler.action = profiler.action_at(0);
@@ -141,6 +149,8 @@ pub struct Profiler {
     last: Option<ProfileResult>,
     traces_saved: u64,
     pending_warnings: Vec<String>,
+    /// The message of a panic of `on_trace_ready`, which disabled it.
+    trace_ready_panic: Option<String>,
     stopped: bool,
 }
 
@@ -183,6 +193,12 @@ impl Profiler {
     /// without a callback).
     pub fn traces_saved(&self) -> u64 {
         self.traces_saved
+    }
+
+    /// The message of the panic that disabled the `on_trace_ready` callback,
+    /// if it panicked (see [`ProfilerBuilder::on_trace_ready`]).
+    pub fn trace_ready_panic(&self) -> Option<&str> {
+        self.trace_ready_panic.as_deref()
     }
 
     /// The most recently collected trace, if any.
@@ -292,9 +308,30 @@ impl Profiler {
 
     fn trace_ready(&mut self) {
         self.traces_saved += 1;
-        if let (Some(callback), Some(result)) = (self.on_trace_ready.as_mut(), self.last.as_ref()) {
-            callback(result);
+        let (Some(callback), Some(result)) = (self.on_trace_ready.as_mut(), self.last.as_mut()) else {
+            return;
+        };
+        if let Err(message) = call_user(|| callback(result)) {
+            result.warnings.push(format!("on_trace_ready panicked ({message}); it is disabled from now on"));
+            self.trace_ready_panic = Some(message);
+            if let Some(callback) = self.on_trace_ready.take() {
+                drop_user(callback);
+            }
         }
+    }
+
+    /// What `shutdown` guarantees, after user code (a clock, a device timer)
+    /// panicked in the middle of it: recording off, the profiler released.
+    fn abandon(&mut self) {
+        if let Some(range) = self.step_range.take() {
+            drop_user(range);
+        }
+        if let Some(session) = self.session.take() {
+            end_session(&session);
+            session.discard();
+        }
+        self.stopped = true;
+        PROFILER_RUNNING.store(false, Ordering::Release);
     }
 
     fn open_step_range(&mut self) {
@@ -313,7 +350,11 @@ impl Profiler {
 
 impl Drop for Profiler {
     fn drop(&mut self) {
-        self.shutdown();
+        // User code runs in `shutdown` (the callback is guarded already; a
+        // clock or a device timer may panic too): nothing may escape a drop.
+        if call_user(|| self.shutdown()).is_err() {
+            self.abandon();
+        }
     }
 }
 

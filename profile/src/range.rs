@@ -33,7 +33,9 @@ impl OpenRange {
     #[inline(never)]
     pub(crate) fn close(self) {
         // Read the clock outside the buffer lock: a user clock may itself record.
-        let now = self.clock.now_ns();
+        // This runs in guards' `drop`: a clock that panics closes the range
+        // where it began (end = start) instead of panicking out of a drop.
+        let now = crate::user_code::call_user(|| self.clock.now_ns()).unwrap_or(0);
         lock(&self.buffer).close(self.index, now);
     }
 }

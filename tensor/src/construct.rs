@@ -8,8 +8,9 @@
 
 use crate::device::{default_device, Device};
 use crate::dispatch::dispatch_dtype;
-use crate::dtype::{DType, WithDType};
+use crate::dtype::{checked_scalar, DType, WithDType};
 use crate::error::{Result, TensorError};
+use crate::layout::Layout;
 use crate::rng::{Generator, GeneratorState};
 use crate::shape::Shape;
 use crate::storage::Storage;
@@ -67,7 +68,9 @@ fn require_float(op: &'static str, dtype: DType) -> Result<()> {
     }
 }
 
-/// Fills with `draw` in f32 (or f64 for f64 tensors), converting to the dtype.
+/// Fills with `draw` in f32 (or f64 for f64 tensors), converting to the
+/// dtype. `draw` is first called on no elements, which checks its arguments
+/// before anything is allocated or drawn.
 fn random(
     op: &'static str,
     shape: Shape,
@@ -77,34 +80,74 @@ fn random(
     draw64: impl Fn(&Generator, &mut [f64], u64) -> std::result::Result<(), crate::rng::RngError> + Sync,
 ) -> Result<Tensor> {
     require_float(op, dtype)?;
-    let numel = shape.numel();
-    let values = match dtype {
-        DType::F64 => {
-            let mut values = vec![0f64; numel];
-            parallel_fill(&mut values, draw64)?;
-            Tensor::from_vec_on(values, shape, device)?
+    with_generator(|g| match dtype {
+        DType::F64 => draw64(g, &mut [], 0),
+        _ => draw32(g, &mut [], 0),
+    })?;
+    if !device.is_cpu() {
+        return random(op, shape, dtype, Device::CPU, draw32, draw64)?.to(device);
+    }
+    // Drawn into the tensor's own storage (f32 for the half types), so the
+    // allocator, not a Vec, answers for the size.
+    let draw_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+    let values = Tensor::uninit(shape, draw_dtype, device)?;
+    // SAFETY (both arms): the storage is new and ours alone.
+    match draw_dtype {
+        DType::F64 => parallel_fill(unsafe { values.storage().host_slice_mut::<f64>(op)? }, draw64)?,
+        _ => parallel_fill(unsafe { values.storage().host_slice_mut::<f32>(op)? }, draw32)?,
+    }
+    values.to_dtype(dtype)
+}
+
+/// An `n`-element 1-d tensor of `dtype` on `device` with element `i` equal
+/// to `value(i)` (computed in f64, converted to the dtype: truncated for
+/// integers). For an integer dtype the first and last values are checked to
+/// fit it, without the wrapping of negative integers that u8 fill values
+/// get (`arange(-3, 0)` in u8 is an error, not 253, 254, 255); `value` is
+/// monotonic, so every value between them fits too.
+fn sequence(op: &'static str, n: usize, dtype: DType, device: Device, value: impl Fn(usize) -> f64) -> Result<Tensor> {
+    if !device.is_cpu() {
+        return sequence(op, n, dtype, Device::CPU, value)?.to(device);
+    }
+    if n > 0 && dtype.is_integral() {
+        for end in [value(0), value(n - 1)] {
+            if !dtype.can_hold(end) || (dtype == DType::U8 && end <= -1.0) {
+                return Err(TensorError::ValueOutOfRange { op, value: end, dtype });
+            }
         }
-        _ => {
-            let mut values = vec![0f32; numel];
-            parallel_fill(&mut values, draw32)?;
-            Tensor::from_vec_on(values, shape, device)?.to_dtype(dtype)?
+    }
+    let out = Tensor::uninit([n], dtype, device)?;
+    dispatch_dtype!(dtype, T => {
+        // SAFETY: the storage is new and ours alone.
+        let data = unsafe { out.storage().host_slice_mut::<T>(op)? };
+        for (i, element) in data.iter_mut().enumerate() {
+            *element = T::from_f64(value(i));
         }
-    };
-    Ok(values)
+    });
+    Ok(out)
 }
 
 impl Tensor {
     /// A tensor of `shape` with every element `value` (converted to `dtype`).
+    ///
+    /// A value the dtype cannot hold is an error, as in PyTorch
+    /// ([`DType::can_hold`]): NaN, an infinity or an out-of-range value for
+    /// an integer dtype (`full(300, u8)`), a finite value beyond a float
+    /// dtype's largest (`full(1e6, f16)`). A fraction truncates into an
+    /// integer dtype (`full(1.9, i64)` is 1), and an integer from -255 to -1
+    /// wraps into u8 (`-1` is 255), as PyTorch does.
     pub fn full_on(shape: impl Into<Shape>, value: f64, dtype: DType, device: Device) -> Result<Tensor> {
-        let shape = shape.into();
-        let storage = Storage::uninit(device, dtype, shape.numel())?;
+        if !device.is_cpu() {
+            return Self::full_on(shape, value, dtype, Device::CPU)?.to(device);
+        }
         dispatch_dtype!(dtype, T => {
+            let value = checked_scalar::<T>("full", value)?;
+            let out = Tensor::uninit(shape, dtype, device)?;
             // SAFETY: the storage is new and ours alone.
-            let data = unsafe { storage.host_slice_mut::<T>("full")? };
-            let value = T::from_f64(value);
+            let data = unsafe { out.storage().host_slice_mut::<T>("full")? };
             data.par_chunks_mut(RNG_CHUNK).for_each(|chunk| chunk.fill(value));
-        });
-        Ok(Tensor::from_storage(storage, shape))
+            Ok(out)
+        })
     }
 
     /// [`Tensor::full_on`] on the default device.
@@ -114,8 +157,9 @@ impl Tensor {
 
     /// Zeros.
     pub fn zeros_on(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
-        let shape = shape.into();
-        Ok(Tensor::from_storage(Storage::zeros(device, dtype, shape.numel())?, shape))
+        let layout = Layout::contiguous(shape)?;
+        let storage = Storage::zeros(device, dtype, layout.numel())?;
+        Ok(Tensor::from_storage(storage, layout))
     }
 
     /// Zeros on the default device.
@@ -146,19 +190,20 @@ impl Tensor {
     /// A copy of `data` with `shape` (the element counts must match).
     pub fn from_slice_on<T: WithDType>(data: &[T], shape: impl Into<Shape>, device: Device) -> Result<Tensor> {
         let shape = shape.into();
-        if shape.numel() != data.len() {
+        let numel = shape.try_numel()?;
+        if numel != data.len() {
             return Err(TensorError::shape(
                 "from_slice",
-                format!("shape {:?} holds {} elements but {} were given", shape.dims(), shape.numel(), data.len()),
+                format!("shape {:?} holds {numel} elements but {} were given", shape.dims(), data.len()),
             ));
         }
         if !device.is_cpu() {
             return Self::from_slice_on(data, shape, Device::CPU)?.to(device);
         }
-        let storage = Storage::uninit(device, T::DTYPE, data.len())?;
+        let out = Tensor::uninit(shape, T::DTYPE, device)?;
         // SAFETY: the storage is new and ours alone.
-        unsafe { storage.host_slice_mut::<T>("from_slice")? }.copy_from_slice(data);
-        Ok(Tensor::from_storage(storage, shape))
+        unsafe { out.storage().host_slice_mut::<T>("from_slice")? }.copy_from_slice(data);
+        Ok(out)
     }
 
     /// [`Tensor::from_slice_on`] on the default device.
@@ -171,17 +216,37 @@ impl Tensor {
         Self::from_slice_on(&[value], Shape::scalar(), device)
     }
 
-    /// `start, start + step, ...` below `end` (PyTorch's `arange`).
+    /// `start, start + step, ...` up to `end` excluded (PyTorch's `arange`),
+    /// computed in f64 and converted to `dtype`.
+    ///
+    /// Errors, as in PyTorch: bounds that are not finite, a step that is 0
+    /// or not finite, a step whose sign points away from `end` ("upper bound
+    /// and larger bound inconsistent with step sign"; equal bounds give an
+    /// empty range whatever the step), more elements than a tensor can hold;
+    /// and, where PyTorch would wrap, values an integer dtype cannot hold
+    /// (`arange(0, 300)` in u8).
     pub fn arange_on(start: f64, end: f64, step: f64, dtype: DType, device: Device) -> Result<Tensor> {
-        if step == 0.0 || !step.is_finite() || !start.is_finite() || !end.is_finite() {
-            return Err(TensorError::invalid(
-                "arange",
-                format!("start {start}, end {end}, step {step}: need finite values and a non-zero step"),
+        const OP: &str = "arange";
+        let invalid = |message: String| Err(TensorError::invalid(OP, message));
+        if !start.is_finite() || !end.is_finite() {
+            return invalid(format!("unsupported range: {start} -> {end} (the bounds must be finite)"));
+        }
+        if step == 0.0 || !step.is_finite() {
+            return invalid(format!("step must be nonzero and finite, got {step}"));
+        }
+        if (step > 0.0 && end < start) || (step < 0.0 && end > start) {
+            return invalid(format!(
+                "upper bound and larger bound inconsistent with step sign: start {start}, end {end}, step {step}"
             ));
         }
-        let count = ((end - start) / step).ceil().max(0.0) as usize;
-        let values: Vec<f64> = (0..count).map(|i| start + i as f64 * step).collect();
-        Tensor::from_vec_on(values, [count], device)?.to_dtype(dtype)
+        let count = ((end - start) / step).ceil();
+        // Not finite when end - start overflows f64.
+        if !(count.is_finite() && count <= Shape::MAX_NUMEL as f64) {
+            return invalid(format!(
+                "invalid size, possible overflow: start {start}, end {end}, step {step} give {count} elements"
+            ));
+        }
+        sequence(OP, count as usize, dtype, device, |i| start + i as f64 * step)
     }
 
     /// [`Tensor::arange_on`] on the default device.
@@ -189,20 +254,18 @@ impl Tensor {
         Self::arange_on(start, end, step, dtype, default_device())
     }
 
-    /// `steps` evenly spaced values from `start` to `end` inclusive.
+    /// `steps` evenly spaced values from `start` to `end` inclusive,
+    /// computed in f64 and converted to `dtype`. More steps than a tensor
+    /// can hold, and ends an integer dtype cannot hold (NaN, infinities,
+    /// out of range), are errors.
     pub fn linspace_on(start: f64, end: f64, steps: usize, dtype: DType, device: Device) -> Result<Tensor> {
-        let values: Vec<f64> = match steps {
-            0 => Vec::new(),
-            1 => vec![start],
-            _ => {
-                let step = (end - start) / (steps - 1) as f64;
-                // The second half counts back from `end` so both ends are exact, as PyTorch does.
-                (0..steps)
-                    .map(|i| if i < steps / 2 { start + step * i as f64 } else { end - step * (steps - 1 - i) as f64 })
-                    .collect()
-            }
-        };
-        Tensor::from_vec_on(values, [steps], device)?.to_dtype(dtype)
+        let step = (end - start) / steps.saturating_sub(1).max(1) as f64;
+        sequence("linspace", steps, dtype, device, |i| match steps {
+            1 => start,
+            // The second half counts back from `end` so both ends are exact, as PyTorch does.
+            _ if i < steps / 2 => start + step * i as f64,
+            _ => end - step * (steps - 1 - i) as f64,
+        })
     }
 
     /// [`Tensor::linspace_on`] on the default device.
@@ -212,11 +275,19 @@ impl Tensor {
 
     /// The `n × n` identity matrix.
     pub fn eye_on(n: usize, dtype: DType, device: Device) -> Result<Tensor> {
-        let mut values = vec![0f64; n * n];
-        for i in 0..n {
-            values[i * n + i] = 1.0;
+        if !device.is_cpu() {
+            return Self::eye_on(n, dtype, Device::CPU)?.to(device);
         }
-        Tensor::from_vec_on(values, [n, n], device)?.to_dtype(dtype)
+        // Checks that n * n elements fit before anything is written.
+        let out = Self::zeros_on([n, n], dtype, device)?;
+        dispatch_dtype!(dtype, T => {
+            // SAFETY: the storage is new and ours alone.
+            let data = unsafe { out.storage().host_slice_mut::<T>("eye")? };
+            for diagonal in data.iter_mut().step_by(n + 1) {
+                *diagonal = T::ONE;
+            }
+        });
+        Ok(out)
     }
 
     /// [`Tensor::eye_on`] on the default device.
@@ -272,10 +343,19 @@ impl Tensor {
 
     /// 1 with probability `p`, else 0, in `dtype` (any dtype).
     pub fn bernoulli_on(shape: impl Into<Shape>, p: f64, dtype: DType, device: Device) -> Result<Tensor> {
-        let shape = shape.into();
-        let mut values = vec![0u8; shape.numel()];
-        parallel_fill(&mut values, |g, out, at| g.fill_bernoulli_at(out, at, p))?;
-        Tensor::from_vec_on(values, shape, device)?.to_dtype(dtype)
+        with_generator(|g| g.fill_bernoulli_at::<u8>(&mut [], 0, p))?;
+        if !device.is_cpu() {
+            return Self::bernoulli_on(shape, p, dtype, Device::CPU)?.to(device);
+        }
+        // Drawn straight into the tensor: the values are 0 and 1 in any dtype.
+        let out = Tensor::uninit(shape, dtype, device)?;
+        dispatch_dtype!(dtype, T => {
+            // SAFETY: the storage is new and ours alone.
+            parallel_fill(unsafe { out.storage().host_slice_mut::<T>("bernoulli")? }, |g, out, at| {
+                g.fill_bernoulli_at(out, at, p)
+            })?;
+        });
+        Ok(out)
     }
 
     /// [`Tensor::bernoulli_on`] on the default device.

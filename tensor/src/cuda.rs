@@ -5,6 +5,7 @@
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::layout::Layout;
 use crate::storage::{lock_storages, Buffer, Storage};
 use crate::tensor::Tensor;
 use brasa_alloc::{AllocatorConfig, CachingAllocator, CudaBackend};
@@ -57,7 +58,7 @@ pub(crate) fn copy_between(tensor: &Tensor, device: Device, dtype: DType) -> Res
                         .map_err(|e| TensorError::Device(format!("{}: copy to host failed: {e:?}", tensor.device())))?;
                 }
             }
-            Tensor::from_storage(out, tensor.shape().clone()).to_dtype(dtype)?
+            Tensor::from_storage(out, Layout::contiguous(tensor.shape().clone())?).to_dtype(dtype)?
         }
     };
     match device {
@@ -76,7 +77,7 @@ pub(crate) fn copy_between(tensor: &Tensor, device: Device, dtype: DType) -> Res
                         .map_err(|e| TensorError::Device(format!("{device}: copy from host failed: {e:?}")))?;
                 }
             }
-            Ok(Tensor::from_storage(out, host.shape().clone()))
+            Ok(Tensor::from_storage(out, Layout::contiguous(host.shape().clone())?))
         }
     }
 }

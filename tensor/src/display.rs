@@ -14,15 +14,68 @@ const PREFIX: &str = "tensor(";
 
 impl fmt::Display for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let values: Vec<String> = match dispatch_dtype!(self.dtype(), T => self.to_vec::<T>().map(|v| format_values(&v, self.dtype())))
-        {
-            Ok(values) => values,
+        let summarize = self.numel() > THRESHOLD;
+        let shown = match dispatch_dtype!(self.dtype(), T => self.shown_values::<T>(summarize)) {
+            Ok(shown) => shown,
             Err(error) => return write!(f, "tensor(<unreadable: {error}>)"),
         };
-        let width = values.iter().map(String::len).max().unwrap_or(0);
         let mut text = String::from(PREFIX);
-        write_nested(&mut text, &values, self.dims(), 0, width, self.numel() > THRESHOLD);
+        match shown {
+            // Nothing to show (PyTorch prints `tensor([], size=...)`).
+            None => text.push_str("[]"),
+            Some((values, dims)) => {
+                let width = values.iter().map(String::len).max().unwrap_or(0);
+                let layout = Nesting { dims: &dims, full: self.dims(), width, summarize };
+                write_nested(&mut text, &values, &layout, 0);
+            }
+        }
         write!(f, "{text}, shape={:?}, dtype={}, device={})", self.dims(), self.dtype(), self.device())
+    }
+}
+
+/// The element indices shown along a dim of `size`: all of them, or the
+/// first and last [`EDGE_ITEMS`] when summarizing.
+fn shown_indices(size: usize, summarize: bool) -> Vec<usize> {
+    if summarize && size > 2 * EDGE_ITEMS {
+        (0..EDGE_ITEMS).chain(size - EDGE_ITEMS..size).collect()
+    } else {
+        (0..size).collect()
+    }
+}
+
+impl Tensor {
+    /// The formatted values of the elements printed, row-major, with the
+    /// dims of the grid they make; `None` for an empty tensor. Only those
+    /// elements are read (at most 6 per dim when summarizing), so printing
+    /// a huge or expanded tensor costs what printing a small one does.
+    fn shown_values<T: WithDType>(&self, summarize: bool) -> crate::Result<Option<(Vec<String>, Vec<usize>)>> {
+        if self.numel() == 0 {
+            return Ok(None);
+        }
+        if !self.device().is_cpu() {
+            return self.to(crate::Device::CPU)?.shown_values::<T>(summarize);
+        }
+        let kept: Vec<Vec<usize>> = self.dims().iter().map(|&size| shown_indices(size, summarize)).collect();
+        let dims: Vec<usize> = kept.iter().map(Vec::len).collect();
+        let _guard = crate::storage::lock_storages(&[self.storage()], &[]);
+        // SAFETY: the read lock is held while the slice lives.
+        let data = unsafe { self.storage().host_slice::<T>("display")? };
+        let mut values = Vec::with_capacity(dims.iter().product());
+        let mut index = vec![0usize; dims.len()];
+        loop {
+            // In range, so within the layout's bounds: no overflow.
+            let offset = index
+                .iter()
+                .zip(&kept)
+                .zip(self.strides())
+                .fold(self.layout().offset() as isize, |at, ((&k, shown), &stride)| at + shown[k] as isize * stride);
+            values.push(data[offset as usize]);
+            // Odometer over the shown indices, last dim fastest.
+            let Some(d) = (0..dims.len()).rev().find(|&d| index[d] + 1 < dims[d]) else { break };
+            index[d] += 1;
+            index[d + 1..].fill(0);
+        }
+        Ok(Some((format_values(&values, self.dtype()), dims)))
     }
 }
 
@@ -50,33 +103,44 @@ fn format_values<T: WithDType>(values: &[T], dtype: DType) -> Vec<String> {
         .collect()
 }
 
-/// Writes `values` (row-major) with shape `dims`, nested `depth` levels deep.
-fn write_nested(out: &mut String, values: &[String], dims: &[usize], depth: usize, width: usize, summarize: bool) {
-    let Some((&size, inner_dims)) = dims.split_first() else {
+/// How the shown values nest: the grid they make (`dims`), the tensor's
+/// dims (`full`, where a summarized dim gets its `...`), the column width.
+struct Nesting<'a> {
+    dims: &'a [usize],
+    full: &'a [usize],
+    width: usize,
+    summarize: bool,
+}
+
+/// Writes `values` (row-major over `layout.dims[depth..]`), nested from
+/// `depth` on.
+fn write_nested(out: &mut String, values: &[String], layout: &Nesting<'_>, depth: usize) {
+    let Some(&size) = layout.dims.get(depth) else {
         out.push_str(values.first().map(String::as_str).unwrap_or(""));
         return;
     };
-    let inner: usize = inner_dims.iter().product();
-    let shown: Vec<Option<usize>> = if summarize && size > 2 * EDGE_ITEMS {
-        (0..EDGE_ITEMS).map(Some).chain([None]).chain((size - EDGE_ITEMS..size).map(Some)).collect()
-    } else {
-        (0..size).map(Some).collect()
-    };
+    let inner_rank = layout.dims.len() - depth - 1;
+    let inner: usize = layout.dims[depth + 1..].iter().product();
+    let elided = layout.summarize && layout.full[depth] > 2 * EDGE_ITEMS;
     // Rows of a matrix go on new lines, aligned under the opening bracket.
-    let separator = if inner_dims.is_empty() {
+    let separator = if inner_rank == 0 {
         ", ".to_string()
     } else {
-        format!(",{}{}", "\n".repeat(inner_dims.len()), " ".repeat(PREFIX.len() + depth + 1))
+        format!(",{}{}", "\n".repeat(inner_rank), " ".repeat(PREFIX.len() + depth + 1))
     };
     out.push('[');
-    for (k, index) in shown.iter().enumerate() {
-        if k > 0 {
+    for i in 0..size {
+        if i > 0 {
             out.push_str(&separator);
         }
-        match index {
-            None => out.push_str("..."),
-            Some(i) if inner_dims.is_empty() => out.push_str(&format!("{:>width$}", values[*i])),
-            Some(i) => write_nested(out, &values[i * inner..(i + 1) * inner], inner_dims, depth + 1, width, summarize),
+        if elided && i == EDGE_ITEMS {
+            out.push_str("...");
+            out.push_str(&separator);
+        }
+        if inner_rank == 0 {
+            out.push_str(&format!("{:>width$}", values[i], width = layout.width));
+        } else {
+            write_nested(out, &values[i * inner..(i + 1) * inner], layout, depth + 1);
         }
     }
     out.push(']');
@@ -100,6 +164,19 @@ mod tests {
         let t = Tensor::arange_on(0.0, 2000.0, 1.0, DType::I64, Device::CPU).unwrap();
         let text = t.to_string();
         assert!(text.starts_with("tensor([   0,    1,    2, ..., 1997, 1998, 1999]"), "{text}");
+    }
+
+    #[test]
+    fn huge_expanded_and_empty_tensors_print_without_reading_everything() {
+        let one = Tensor::scalar_on(7i64, Device::CPU).unwrap();
+        let text = one.expand([1 << 40, 1 << 20]).unwrap().to_string();
+        assert!(text.starts_with("tensor([[7, 7, 7, ..., 7, 7, 7],\n        [7, 7, 7"), "{text}");
+        assert!(text.ends_with("shape=[1099511627776, 1048576], dtype=i64, device=cpu:0)"), "{text}");
+        let empty = Tensor::zeros_on([1 << 44, 0], DType::F32, Device::CPU).unwrap();
+        assert_eq!(empty.to_string(), "tensor([], shape=[17592186044416, 0], dtype=f32, device=cpu:0)");
+        let rows = Tensor::arange_on(0.0, 2002.0, 1.0, DType::I64, Device::CPU).unwrap().reshape(&[1001, 2]).unwrap();
+        let text = rows.t().unwrap().to_string();
+        assert!(text.starts_with("tensor([[   0,    2,    4, ..., 1996, 1998, 2000],\n        [   1,"), "{text}");
     }
 
     #[test]

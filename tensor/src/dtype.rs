@@ -5,6 +5,7 @@ use std::any::TypeId;
 use std::fmt;
 use std::str::FromStr;
 
+use crate::error::TensorError;
 use brasa_kernels::convert::{bf16_to_f32, f32_to_bf16, narrow_bf16_slice, widen_bf16_slice};
 use half::{bf16, f16};
 
@@ -73,6 +74,34 @@ impl DType {
     /// True for `Bool`.
     pub const fn is_bool(self) -> bool {
         matches!(self, DType::Bool)
+    }
+
+    /// Whether a scalar can be stored in this dtype without overflow, by
+    /// PyTorch's rule for scalars put into a tensor (c10's `checked_convert`,
+    /// behind `full`, `fill_` and `new_full`):
+    ///
+    /// - bool takes anything (non-zero, NaN included, is true);
+    /// - float dtypes take NaN, the infinities, and finite values up to their
+    ///   largest finite value (`1e6` does not fit f16, `1e39` not f32);
+    /// - integer dtypes take finite values whose integer part they hold; the
+    ///   fraction is dropped (`1.9` becomes 1). Into u8, an integral value
+    ///   from -255 to -1 wraps as two's complement (`-1` becomes 255), as
+    ///   PyTorch does with a Python `int`; a negative fraction does not fit,
+    ///   as a Python `float` does not (an `f64` with no fractional part stands
+    ///   for an `int`, as everywhere in brasa's scalar rules).
+    pub fn can_hold(self, value: f64) -> bool {
+        /// 2^63: i64 holds `-2^63..2^63` (NaN is in no range).
+        const I64_BOUND: f64 = 9_223_372_036_854_775_808.0;
+        let within = |max: f64| !value.is_finite() || value.abs() <= max;
+        match self {
+            DType::Bool | DType::F64 => true,
+            DType::F32 => within(f64::from(f32::MAX)),
+            DType::F16 => within(f16::MAX.to_f64()),
+            DType::BF16 => within(bf16::MAX.to_f64()),
+            DType::I64 => (-I64_BOUND..I64_BOUND).contains(&value),
+            DType::U8 if value.fract() == 0.0 => (-255.0..=255.0).contains(&value),
+            DType::U8 => (0.0..=255.0).contains(&value),
+        }
     }
 
     /// The dtype a binary op on `a` and `b` computes in, following PyTorch's
@@ -335,6 +364,25 @@ impl WithDType for bool {
     }
 }
 
+/// `value` as a `T`, or an error naming `op` when `T`'s dtype cannot hold it
+/// ([`DType::can_hold`]). Integer dtypes drop the fraction and wrap negative
+/// integers into u8, as PyTorch does; the others convert by
+/// [`WithDType::from_f64`].
+pub(crate) fn checked_scalar<T: WithDType>(op: &'static str, value: f64) -> Result<T, TensorError> {
+    if !T::DTYPE.can_hold(value) {
+        return Err(TensorError::ValueOutOfRange { op, value, dtype: T::DTYPE });
+    }
+    // In range, so `as i64` truncates without saturating.
+    Ok(if T::DTYPE.is_integral() { T::from_i64(value as i64) } else { T::from_f64(value) })
+}
+
+/// An integral scalar combined with an integer tensor (it stands for a
+/// Python `int`) as an i64, or an error naming `op` when it is beyond i64
+/// (PyTorch cannot take such an `int` either).
+pub(crate) fn integer_scalar(op: &'static str, value: f64) -> Result<i64, TensorError> {
+    checked_scalar::<i64>(op, value)
+}
+
 /// `value` as an f32 rounded to odd: truncated toward zero, then the lowest
 /// mantissa bit set when the truncation was inexact. A later round-to-nearest
 /// to a format with at least two fewer mantissa bits (f16, bf16) is then
@@ -586,6 +634,56 @@ mod tests {
         assert_eq!(65_504i64.cast::<f16>(), f16::MAX);
         assert_eq!(i64::MAX.cast::<i64>(), i64::MAX, "i64 → i64 is lossless");
         assert_eq!((1i64 << 53) + 1, ((1i64 << 53) + 1).cast::<i64>());
+    }
+
+    #[test]
+    fn which_scalars_each_dtype_holds() {
+        use DType::*;
+        let fits = [
+            (Bool, f64::NAN),
+            (Bool, 1e300),
+            (F64, f64::MAX),
+            (F32, f64::from(f32::MAX)),
+            (F32, f64::NEG_INFINITY),
+            (F16, 65504.0),
+            (F16, f64::NAN),
+            (BF16, -3.0e38),
+            (I64, -9_223_372_036_854_775_808.0),
+            (I64, 1.9),
+            (I64, -0.5),
+            (U8, -255.0),
+            (U8, 255.0),
+            (U8, 0.5),
+        ];
+        for (dtype, value) in fits {
+            assert!(dtype.can_hold(value), "{value} into {dtype}");
+        }
+        let overflows = [
+            (F32, 1e39),
+            (F16, 65505.0),
+            (BF16, 4e38),
+            (I64, 9_223_372_036_854_775_808.0),
+            (I64, f64::NAN),
+            (I64, f64::INFINITY),
+            (U8, 256.0),
+            (U8, -256.0),
+            (U8, -0.5),
+            (U8, 255.5),
+            (U8, f64::NEG_INFINITY),
+        ];
+        for (dtype, value) in overflows {
+            assert!(!dtype.can_hold(value), "{value} into {dtype}");
+        }
+        assert_eq!(checked_scalar::<u8>("fill_", -1.0).unwrap(), 255);
+        assert_eq!(checked_scalar::<u8>("fill_", 7.9).unwrap(), 7);
+        assert_eq!(checked_scalar::<i64>("fill_", -2.5).unwrap(), -2);
+        assert!(checked_scalar::<bool>("fill_", f64::NAN).unwrap());
+        assert_eq!(
+            checked_scalar::<u8>("full", 300.0).unwrap_err().to_string(),
+            "full: value 300 cannot be converted to u8 without overflow"
+        );
+        assert_eq!(integer_scalar("add_scalar", -9e18).unwrap(), -9_000_000_000_000_000_000);
+        assert!(integer_scalar("add_scalar", 1e19).is_err());
     }
 
     #[test]

@@ -61,6 +61,19 @@ pub enum TensorError {
         /// What was wrong.
         message: String,
     },
+    /// A scalar the dtype cannot hold: NaN, an infinity or an out-of-range
+    /// value for an integer dtype, a finite value beyond a float dtype's
+    /// largest (PyTorch: "value cannot be converted to type uint8_t without
+    /// overflow").
+    #[error("{op}: value {value} cannot be converted to {dtype} without overflow")]
+    ValueOutOfRange {
+        /// The operation.
+        op: &'static str,
+        /// The scalar given.
+        value: f64,
+        /// The dtype it was to be stored in.
+        dtype: DType,
+    },
 }
 
 impl TensorError {

@@ -2,20 +2,26 @@
 //! version, which autograd uses to catch a tensor changed after it was saved.
 
 use crate::dispatch::dispatch_dtype;
-use crate::dtype::WithDType;
+use crate::dtype::{checked_scalar, WithDType};
 use crate::error::{Result, TensorError};
 use crate::storage::lock_storages;
 use crate::tensor::Tensor;
 
 impl Tensor {
-    /// Sets every element (of this view) to `value`.
+    /// Sets every element (of this view) to `value`. A value the dtype
+    /// cannot hold is an error and nothing is written (see
+    /// [`Tensor::full_on`] for the rule, PyTorch's). An expanded view is
+    /// allowed, as in PyTorch: its shared elements all get the one value,
+    /// each written once.
     pub fn fill_(&self, value: f64) -> Result<()> {
-        let _guard = lock_storages(&[], &[self.storage()]);
         dispatch_dtype!(self.dtype(), T => {
+            let value = checked_scalar::<T>("fill_", value)?;
+            // Broadcast dims repeat their element: walk each one once.
+            let layout = self.layout().without_broadcast_dims();
+            let _guard = lock_storages(&[], &[self.storage()]);
             // SAFETY: the write lock is held; this is the only slice of the storage.
             let data = unsafe { self.storage().host_slice_mut::<T>("fill_")? };
-            let value = T::from_f64(value);
-            for run in self.layout().contiguous_runs() {
+            for run in layout.contiguous_runs() {
                 data[run].fill(value);
             }
         });
@@ -29,8 +35,11 @@ impl Tensor {
     }
 
     /// Copies `src` into this tensor, broadcasting it to this shape and
-    /// converting its dtype; across devices too.
+    /// converting its dtype; across devices too. This tensor must not be a
+    /// view whose elements share memory (an expanded one): that is an error
+    /// naming its shape and strides, as in PyTorch.
     pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        self.check_writable("copy_")?;
         let src = src.broadcast_as(self.shape().clone()).map_err(|_| {
             TensorError::shape(
                 "copy_",

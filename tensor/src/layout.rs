@@ -53,6 +53,12 @@ pub enum LayoutError {
     BeforeStorageStart { shape: Shape, strides: Vec<isize>, offset: usize, lowest: i128 },
     #[error("layout: shape {shape} with strides {strides:?} and offset {offset} addresses storage elements beyond isize::MAX")]
     OffsetOverflow { shape: Shape, strides: Vec<isize>, offset: usize },
+    #[error(
+        "shape {shape} is too large: the product of its sizes (size-0 dims counted as 1) exceeds isize::MAX = {}, \
+         the most elements a tensor can have",
+        isize::MAX
+    )]
+    TooLarge { shape: Shape },
 }
 
 fn dim_range(rank: usize) -> String {
@@ -66,11 +72,14 @@ fn dim_range(rank: usize) -> String {
 /// A strided view of storage: logical element `[i0, i1, ..]` lives at storage
 /// element `offset + i0 * strides[0] + i1 * strides[1] + ..`.
 ///
-/// Invariants: one stride per dim, and every element the layout addresses
-/// lies in `0..=isize::MAX`. [`Layout::new`] checks them; every view keeps
-/// them; [`Layout::contiguous`] assumes `offset + numel <= isize::MAX`, which
-/// holds for anything that fits in memory. Strides may be zero (broadcast
-/// dims) or negative (only through [`Layout::new`]).
+/// Invariants: the shape passes [`Shape::try_numel`] (so its element count,
+/// its contiguous strides and each size fit an `isize`), there is one stride
+/// per dim, and every element the layout addresses lies in
+/// `0..=isize::MAX`. Every constructor checks them ([`Layout::contiguous`],
+/// [`Layout::new`], [`Layout::broadcast_as`], [`Layout::reshape`]) and every
+/// view keeps them, so code walking a layout trusts its sizes without
+/// checking again. Strides may be zero (broadcast dims) or negative (only
+/// through [`Layout::new`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Layout {
     shape: Shape,
@@ -79,21 +88,40 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// A row-major layout of `shape` starting at storage element 0.
-    pub fn contiguous(shape: impl Into<Shape>) -> Self {
+    /// A row-major layout of `shape` starting at storage element 0; an error
+    /// when the shape is too large for a tensor ([`Shape::try_numel`]).
+    pub fn contiguous(shape: impl Into<Shape>) -> Result<Self, LayoutError> {
         Self::contiguous_with_offset(shape, 0)
     }
 
-    /// A row-major layout of `shape` starting at storage element `offset`.
-    pub fn contiguous_with_offset(shape: impl Into<Shape>, offset: usize) -> Self {
+    /// A row-major layout of `shape` starting at storage element `offset`;
+    /// an error when the shape is too large or its last element would lie
+    /// beyond `isize::MAX`.
+    pub fn contiguous_with_offset(shape: impl Into<Shape>, offset: usize) -> Result<Self, LayoutError> {
         let shape = shape.into();
+        let numel = shape.try_numel()?;
+        // An empty layout addresses nothing, so any offset will do (as in `new`).
+        if numel > 0 && offset.checked_add(numel - 1).is_none_or(|last| last > Shape::MAX_NUMEL) {
+            let strides = shape.contiguous_strides();
+            return Err(LayoutError::OffsetOverflow { shape, strides, offset });
+        }
         let strides = shape.contiguous_strides();
-        Layout { shape, strides, offset }
+        Ok(Layout { shape, strides, offset })
+    }
+
+    /// A row-major layout of this layout's shape at offset 0: what an op's
+    /// output of the same shape gets. Infallible, and cheaper than
+    /// [`Layout::contiguous`]: the shape was checked when `self` was built.
+    pub fn dense_like(&self) -> Self {
+        let shape = self.shape.clone();
+        let strides = shape.contiguous_strides();
+        Layout { shape, strides, offset: 0 }
     }
 
     /// A layout with explicit strides, checked against the invariants.
     pub fn new(shape: impl Into<Shape>, strides: Vec<isize>, offset: usize) -> Result<Self, LayoutError> {
         let shape = shape.into();
+        shape.try_numel()?;
         if strides.len() != shape.rank() {
             return Err(LayoutError::StrideCountMismatch { shape, strides: strides.len() });
         }
@@ -202,10 +230,14 @@ impl Layout {
         Ok(position as usize)
     }
 
-    /// Swaps two dims.
+    /// Swaps two dims. A 0-d layout accepts dims 0 and -1 and stays as it
+    /// is (as in PyTorch).
     pub fn transpose(&self, dim0: impl DimIndex, dim1: impl DimIndex) -> Result<Self, LayoutError> {
-        let a = resolve_dim(dim0, self.rank(), "transpose")?;
-        let b = resolve_dim(dim1, self.rank(), "transpose")?;
+        let a = resolve_dim(dim0, self.rank().max(1), "transpose")?;
+        let b = resolve_dim(dim1, self.rank().max(1), "transpose")?;
+        if self.rank() == 0 {
+            return Ok(self.clone());
+        }
         let mut dims = self.dims().to_vec();
         let mut strides = self.strides.clone();
         dims.swap(a, b);
@@ -260,9 +292,13 @@ impl Layout {
 
     /// Removes dim `dim`, which must have size 1. (PyTorch silently returns
     /// the input when the size is not 1; here that is an error, because it is
-    /// almost always a bug in the caller's idea of the shape.)
+    /// almost always a bug in the caller's idea of the shape.) A 0-d layout
+    /// accepts dims 0 and -1 and stays as it is, as in PyTorch.
     pub fn squeeze(&self, dim: impl DimIndex) -> Result<Self, LayoutError> {
-        let d = resolve_dim(dim, self.rank(), "squeeze")?;
+        let d = resolve_dim(dim, self.rank().max(1), "squeeze")?;
+        if self.rank() == 0 {
+            return Ok(self.clone());
+        }
         let size = self.dims()[d];
         if size != 1 {
             return Err(LayoutError::SqueezeNonUnit { dim: d, size });
@@ -304,9 +340,13 @@ impl Layout {
     /// `expand`): dims are aligned at the end, new leading dims and dims of
     /// size 1 stretched to the target size get stride 0, and every other dim
     /// must already have the target size.
+    /// The target must not be too large for a tensor ([`Shape::try_numel`]),
+    /// even though the view addresses no more storage than `self`: its
+    /// element count is what every op on it computes with.
     #[doc(alias = "expand")]
     pub fn broadcast_as(&self, target: impl Into<Shape>) -> Result<Self, LayoutError> {
         let target = target.into();
+        target.try_numel()?;
         let fail = || LayoutError::BroadcastTo { from: self.shape.clone(), to: target.clone() };
         let lead = target.rank().checked_sub(self.rank()).ok_or_else(fail)?;
         let mut strides = vec![0isize; target.rank()];
@@ -325,20 +365,17 @@ impl Layout {
 
     /// The same elements in the same row-major order, seen as `shape`, without
     /// copying — or `Ok(None)` when the strides make that impossible and the
-    /// caller must copy (PyTorch's `view` vs `reshape`). Fails only when the
-    /// element counts differ.
+    /// caller must copy (PyTorch's `view` vs `reshape`). Fails when the
+    /// element counts differ or `shape` is too large ([`Shape::try_numel`];
+    /// an empty layout has as many elements as `[0, 2^62, 4]`, but that
+    /// shape's strides would overflow).
     ///
     /// Follows PyTorch's `computeStride`: the old dims are cut into chunks that
     /// are each contiguous in memory, and every new dim must fall inside one
     /// chunk.
     pub fn reshape(&self, shape: impl Into<Shape>) -> Result<Option<Self>, LayoutError> {
         let shape = shape.into();
-        // Exact counts: saturated ones could compare equal by accident.
-        let counts_match = matches!(
-            (self.shape.checked_numel(), shape.checked_numel()),
-            (Some(old), Some(new)) if old == new
-        );
-        if !counts_match {
+        if shape.try_numel()? != self.numel() {
             return Err(LayoutError::ReshapeElementCount { from: self.shape.clone(), to: shape });
         }
         Ok(view_strides(self.dims(), &self.strides, shape.dims()).map(|strides| Layout {
@@ -417,6 +454,25 @@ impl Layout {
             coalesced
         };
         ContiguousRuns { starts: StridedOffsets::new(&outer), run_len }
+    }
+
+    /// Whether several elements of this layout are one storage element:
+    /// a broadcast dim (stride 0) of size above 1, as `expand` makes. Writing
+    /// through such a layout would store several values in one place, so
+    /// in-place ops refuse it, as PyTorch does (which, like this, only rules
+    /// on the certain case; `Layout::new` could make other overlaps, which no
+    /// tensor op does).
+    pub fn has_internal_overlap(&self) -> bool {
+        self.dims().iter().zip(&self.strides).any(|(&size, &stride)| size > 1 && stride == 0)
+    }
+
+    /// This layout with every broadcast dim (stride 0) cut to size 1: the
+    /// same storage elements, each addressed once per remaining position.
+    /// A walk over it costs what the layout before `expand` did.
+    pub fn without_broadcast_dims(&self) -> Self {
+        let dims =
+            self.dims().iter().zip(&self.strides).map(|(&size, &stride)| if stride == 0 { size.min(1) } else { size });
+        self.with(dims.collect(), self.strides.clone(), self.offset)
     }
 
     /// A layout over the same storage with new dims and strides. Callers

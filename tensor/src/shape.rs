@@ -11,7 +11,14 @@ use crate::layout::LayoutError;
 pub struct Shape(Vec<usize>);
 
 impl Shape {
-    /// A shape with these dimension sizes.
+    /// The most elements a tensor may have: `isize::MAX`, so that element
+    /// counts, strides and offsets all fit an `isize` (PyTorch's limit too:
+    /// its element count is an `i64`). Larger shapes are refused when a
+    /// layout is built ([`Shape::try_numel`]).
+    pub const MAX_NUMEL: usize = isize::MAX as usize;
+
+    /// A shape with these dimension sizes (any sizes: they are checked when
+    /// a layout or tensor is made of the shape).
     pub fn new(dims: impl Into<Vec<usize>>) -> Self {
         Shape(dims.into())
     }
@@ -32,8 +39,11 @@ impl Shape {
     }
 
     /// The number of elements: the product of the sizes (1 for a scalar).
-    /// Saturates at `usize::MAX` for shapes too large to exist in memory; use
-    /// [`Shape::checked_numel`] where that must be told apart.
+    ///
+    /// Exact for every shape [`Shape::try_numel`] accepts, which includes the
+    /// shape of every [`Layout`](crate::Layout) and so of every tensor: sizes
+    /// are checked once, when a layout is built, and trusted afterwards. For
+    /// other shapes it saturates at `usize::MAX` (it never wraps).
     pub fn numel(&self) -> usize {
         if self.0.contains(&0) {
             return 0;
@@ -41,9 +51,26 @@ impl Shape {
         self.0.iter().fold(1usize, |acc, &d| acc.saturating_mul(d))
     }
 
-    /// The number of elements, or `None` when it does not fit a `usize`.
+    /// The number of elements, or an error when the shape is too large for a
+    /// tensor: when the product of the sizes, with size-0 dims counted as 1,
+    /// exceeds [`Shape::MAX_NUMEL`]. Counting empty dims as 1 bounds the
+    /// contiguous strides too (`[0, 2^62, 4]` holds nothing, but its first
+    /// stride would be 2^64), so for an accepted shape neither the element
+    /// count, nor any stride, nor any size converted to `isize` overflows.
+    pub fn try_numel(&self) -> Result<usize, LayoutError> {
+        let mut extent = 1usize;
+        for &size in &self.0 {
+            extent = extent
+                .checked_mul(size.max(1))
+                .filter(|&e| e <= Self::MAX_NUMEL)
+                .ok_or_else(|| LayoutError::TooLarge { shape: self.clone() })?;
+        }
+        Ok(if self.0.contains(&0) { 0 } else { extent })
+    }
+
+    /// [`Shape::try_numel`] as an `Option`.
     pub fn checked_numel(&self) -> Option<usize> {
-        self.0.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        self.try_numel().ok()
     }
 
     /// True for the rank-0 shape.
@@ -235,7 +262,11 @@ pub fn broadcast_shapes(a: &Shape, b: &Shape) -> Result<Shape, LayoutError> {
             }
         };
     }
-    Ok(Shape(dims))
+    let shape = Shape(dims);
+    // Two shapes that each fit can broadcast to one that does not
+    // (`[2^40, 1]` and `[1, 2^40]`).
+    shape.try_numel()?;
+    Ok(shape)
 }
 
 /// The size `from_end` dims before the last, or 1 past the front.
@@ -261,6 +292,20 @@ mod tests {
         assert_eq!(Shape::from([usize::MAX, 2]).checked_numel(), None);
         assert_eq!(Shape::from([usize::MAX, 2]).numel(), usize::MAX);
         assert_eq!(Shape::from([usize::MAX, 2, 0]).numel(), 0);
+        assert_eq!(Shape::from([0, isize::MAX as usize]).try_numel(), Ok(0));
+        assert_eq!(Shape::from([1 << 31, 1 << 31, 1]).try_numel(), Ok(1 << 62));
+        assert_eq!(Shape::from([isize::MAX as usize]).try_numel(), Ok(Shape::MAX_NUMEL));
+        for too_large in [
+            &[usize::MAX, 2][..],
+            &[1 << 31, 1 << 31, 2],
+            &[isize::MAX as usize + 1],
+            &[0, usize::MAX],
+            &[2, 0, 1 << 62, 2],
+        ] {
+            let error = Shape::from(too_large).try_numel().unwrap_err();
+            assert_eq!(error, LayoutError::TooLarge { shape: Shape::from(too_large) });
+            assert!(error.to_string().contains(&format!("{too_large:?} is too large")), "{error}");
+        }
         assert_eq!(shape.to_string(), "[2, 3, 4]");
     }
 

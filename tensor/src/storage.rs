@@ -44,10 +44,12 @@ impl std::fmt::Debug for Storage {
 impl Storage {
     /// Storage for `len` elements whose contents the caller must write before
     /// anything reads them (fresh pages are zero; reused blocks hold old values).
+    ///
+    /// The byte count is checked here; a count no device can hold is then the
+    /// allocator's out-of-memory error. So `len * size_in_bytes` never
+    /// overflows for a storage that exists.
     pub(crate) fn uninit(device: Device, dtype: DType, len: usize) -> Result<Storage> {
-        let bytes = len
-            .checked_mul(dtype.size_in_bytes())
-            .ok_or_else(|| TensorError::invalid("allocate", format!("{len} elements of {dtype} overflow usize")))?;
+        let bytes = byte_count("allocate", dtype, len)?;
         let buffer = match device {
             Device::Cpu(index) => Buffer::Host(host_allocator(index)?.allocate(bytes, StreamId::DEFAULT)?),
             Device::Cuda(index) => cuda_buffer(index, bytes)?,
@@ -57,9 +59,7 @@ impl Storage {
 
     /// Like [`Storage::uninit`], in page-locked host memory.
     pub(crate) fn uninit_pinned(dtype: DType, len: usize) -> Result<Storage> {
-        let bytes = len
-            .checked_mul(dtype.size_in_bytes())
-            .ok_or_else(|| TensorError::invalid("pin_memory", format!("{len} elements of {dtype} overflow usize")))?;
+        let bytes = byte_count("pin_memory", dtype, len)?;
         let buffer = Buffer::Host(crate::host_devices::pinned_allocator()?.allocate(bytes, StreamId::DEFAULT)?);
         Ok(Storage {
             buffer,
@@ -232,6 +232,20 @@ impl Storage {
     pub(crate) fn buffer(&self) -> &Buffer {
         &self.buffer
     }
+}
+
+/// The bytes `len` elements of `dtype` take, or an error naming `op` when
+/// that is more than a `usize` counts.
+fn byte_count(op: &'static str, dtype: DType, len: usize) -> Result<usize> {
+    len.checked_mul(dtype.size_in_bytes()).ok_or_else(|| {
+        TensorError::invalid(
+            op,
+            format!(
+                "{len} elements of {dtype} take {} bytes, more than usize::MAX",
+                len as u128 * dtype.size_in_bytes() as u128
+            ),
+        )
+    })
 }
 
 #[cfg(feature = "cuda")]

@@ -150,8 +150,9 @@ impl Tensor {
         if self.is_pinned() {
             return Ok(self.clone());
         }
-        let pinned = crate::storage::Storage::uninit_pinned(self.dtype(), self.numel())?;
-        let out = Tensor::from_storage(pinned, self.shape().clone());
+        let layout = crate::layout::Layout::contiguous(self.shape().clone())?;
+        let pinned = crate::storage::Storage::uninit_pinned(self.dtype(), layout.numel())?;
+        let out = Tensor::from_storage(pinned, layout);
         out.copy_(self)?;
         Ok(out)
     }

@@ -19,9 +19,33 @@ pub struct Tensor {
 }
 
 impl Tensor {
-    /// A contiguous tensor over fresh storage.
-    pub(crate) fn from_storage(storage: Storage, shape: Shape) -> Tensor {
-        Tensor { storage: Arc::new(storage), layout: Layout::contiguous(shape) }
+    /// A contiguous tensor of `shape` over fresh storage whose elements the
+    /// caller writes before anything reads them (it is their only owner
+    /// until it hands the tensor out). This is the door new tensors come
+    /// through, and where their sizes are checked, once: the shape by
+    /// [`Layout::contiguous`] (element count and strides fit an `isize`), the
+    /// byte count by the storage, the rounded block by the allocator. Code
+    /// that works on the tensor afterwards trusts them.
+    pub(crate) fn uninit(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
+        let layout = Layout::contiguous(shape)?;
+        let storage = Storage::uninit(device, dtype, layout.numel())?;
+        Ok(Tensor::from_storage(storage, layout))
+    }
+
+    /// [`Tensor::uninit`] with the shape of `like` (any tensor or view):
+    /// that shape was checked when `like` was made, so only the storage is.
+    /// The output of most ops is made this way.
+    #[inline]
+    pub(crate) fn uninit_like(like: &Tensor, dtype: DType, device: Device) -> Result<Tensor> {
+        let storage = Storage::uninit(device, dtype, like.numel())?;
+        Ok(Tensor::from_storage(storage, like.layout.dense_like()))
+    }
+
+    /// A tensor over fresh `storage` seen through `layout` (checked when it
+    /// was built); the storage must hold what the layout addresses.
+    pub(crate) fn from_storage(storage: Storage, layout: Layout) -> Tensor {
+        debug_assert!(layout.required_storage_len() <= storage.len());
+        Tensor { storage: Arc::new(storage), layout }
     }
 
     /// The same storage seen through another layout.
@@ -94,6 +118,27 @@ impl Tensor {
         self.storage.version()
     }
 
+    /// Errors unless in-place writes through this view are sound: several of
+    /// its elements must not share one memory location
+    /// ([`Layout::has_internal_overlap`], e.g. an expanded view), or one
+    /// write would land on another. Every in-place writer that stores
+    /// per-element values calls this (PyTorch's `assert_no_internal_overlap`).
+    pub(crate) fn check_writable(&self, op: &'static str) -> Result<()> {
+        if self.layout.has_internal_overlap() {
+            return Err(TensorError::invalid(
+                op,
+                format!(
+                    "unsupported operation: more than one element of the written-to tensor refers to a single \
+                     memory location (shape {:?}, strides {:?}, e.g. an expanded view); write into a contiguous \
+                     copy (.contiguous()) instead",
+                    self.dims(),
+                    self.strides()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     // ----- views -----------------------------------------------------------
 
     /// Swaps two dimensions (a view).
@@ -101,12 +146,17 @@ impl Tensor {
         Ok(self.with_layout(self.layout.transpose(dim0, dim1)?))
     }
 
-    /// The transpose of a matrix (a view); rank must be 2.
+    /// The transpose of a matrix (a view). As in PyTorch, a 0-d or 1-d
+    /// tensor is its own transpose; more than 2 dims is an error.
     pub fn t(&self) -> Result<Tensor> {
-        if self.rank() != 2 {
-            return Err(TensorError::shape("t", format!("expected a 2-d tensor, got shape {:?}", self.dims())));
+        match self.rank() {
+            0 | 1 => Ok(self.clone()),
+            2 => self.transpose(0, 1),
+            _ => Err(TensorError::shape(
+                "t",
+                format!("expected a tensor with at most 2 dims, got shape {:?}; use transpose", self.dims()),
+            )),
         }
-        self.transpose(0, 1)
     }
 
     /// Reorders the dimensions (a view).
@@ -150,7 +200,7 @@ impl Tensor {
         let target = self.shape().infer_reshape(shape)?;
         match self.layout.reshape(target.clone())? {
             Some(layout) => Ok(self.with_layout(layout)),
-            None => Ok(self.contiguous()?.with_layout(Layout::contiguous(target))),
+            None => Ok(self.contiguous()?.with_layout(Layout::contiguous(target)?)),
         }
     }
 
@@ -170,7 +220,8 @@ impl Tensor {
         }
     }
 
-    /// Flattens dimensions `start..=end` into one.
+    /// Flattens dimensions `start..=end` into one. A 0-d tensor (dims 0 or
+    /// -1) becomes shape `[1]`, as in PyTorch.
     pub fn flatten(&self, start: impl DimIndex, end: impl DimIndex) -> Result<Tensor> {
         let rank = self.rank().max(1);
         let start = crate::shape::resolve_dim(start, rank, "flatten")?;
@@ -178,10 +229,14 @@ impl Tensor {
         if start > end {
             return Err(TensorError::invalid("flatten", format!("start dim {start} is after end dim {end}")));
         }
-        let dims = self.dims();
-        let mut shape: Vec<isize> = dims[..start].iter().map(|d| *d as isize).collect();
-        shape.push(dims[start..=end.min(dims.len().saturating_sub(1))].iter().product::<usize>() as isize);
-        shape.extend(dims[(end + 1).min(dims.len())..].iter().map(|d| *d as isize));
+        if self.rank() == 0 {
+            return self.reshape(&[1]);
+        }
+        // Sizes of a tensor's shape fit an isize, and so does their product.
+        let dims: Vec<isize> = self.dims().iter().map(|&d| d as isize).collect();
+        let mut shape = dims[..start].to_vec();
+        shape.push(dims[start..=end].iter().product());
+        shape.extend_from_slice(&dims[end + 1..]);
         self.reshape(&shape)
     }
 
@@ -203,10 +258,23 @@ impl Tensor {
         if !self.device().is_cpu() {
             return self.to(Device::CPU)?.to_vec();
         }
+        // An expanded view can have far more elements than memory holds:
+        // that is an error, not an abort.
+        let mut out = Vec::new();
+        out.try_reserve_exact(self.numel()).map_err(|_| {
+            TensorError::invalid(
+                "to_vec",
+                format!(
+                    "cannot allocate {} elements of {} on the host (shape {:?})",
+                    self.numel(),
+                    T::DTYPE,
+                    self.dims()
+                ),
+            )
+        })?;
         let _guard = lock_storages(&[&self.storage], &[]);
         // SAFETY: the read lock is held for the slice's life.
         let data = unsafe { self.storage.host_slice::<T>("to_vec")? };
-        let mut out = Vec::with_capacity(self.numel());
         for run in self.layout.contiguous_runs() {
             out.extend_from_slice(&data[run]);
         }
@@ -255,16 +323,16 @@ impl Tensor {
                 self.device()
             )));
         }
-        let out = Storage::uninit(device, dtype, self.numel())?;
+        let out = Tensor::uninit_like(self, dtype, device)?;
         {
             let _guard = lock_storages(&[&self.storage], &[]);
             dispatch_dtype!(self.dtype(), S => dispatch_dtype!(dtype, D => {
                 // SAFETY: the source's read lock is held; `out` is new and ours alone.
-                let (src, dst) = unsafe { (self.storage.host_slice::<S>("copy")?, out.host_slice_mut::<D>("copy")?) };
+                let (src, dst) = unsafe { (self.storage.host_slice::<S>("copy")?, out.storage.host_slice_mut::<D>("copy")?) };
                 copy_strided(src, &self.layout, dst);
             }));
         }
-        Ok(Tensor::from_storage(out, self.shape().clone()))
+        Ok(out)
     }
 }
 

@@ -726,7 +726,7 @@ fn errors_name_the_op_and_what_was_wrong() {
         .add_scalar_(1.0)
         .unwrap_err()
         .to_string()
-        .starts_with("add_scalar_: cannot write in place"));
+        .starts_with("add_scalar_: unsupported operation: more than one element of the written-to tensor"));
 }
 
 trait WhereOnDevices {

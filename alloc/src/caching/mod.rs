@@ -33,7 +33,7 @@ use crate::policy::{oversize_rule_allows, round_size, segment_size, should_split
 use crate::pool::{FreeList, StreamSlots};
 use crate::snapshot::{FragmentationReport, Snapshot};
 use crate::stats::MemoryStats;
-use crate::trace::{History, Observer, TraceAction, TraceEntry};
+use crate::trace::{guard_observer, History, Observer, TraceAction, TraceEntry};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -212,8 +212,12 @@ impl<B: Backend> CachingAllocator<B> {
 
     /// Registers a function called with every event (or removes it with `None`).
     /// It runs after the allocator's lock is released, on the thread that caused the event.
+    /// A panic in it is caught (the allocation or free completes as if it had
+    /// not been observed), disables it and is reported once on stderr.
     pub fn set_observer(&self, observer: Option<Observer>) {
-        self.shared.lock().observer = observer;
+        let previous = std::mem::replace(&mut self.shared.lock().observer, observer.map(guard_observer));
+        // Dropped outside the lock: an observer's drop may call back in.
+        drop(previous);
     }
 
     /// Segments with their blocks and states, plus the recorded history.
@@ -331,7 +335,9 @@ impl<E> State<E> {
         stream: StreamId,
     ) -> Result<(BlockId, usize, usize), AllocError> {
         self.process_events(backend);
-        let rounded = round_size(size, &self.config);
+        let Some(rounded) = round_size(size, &self.config) else {
+            return Err(self.too_large(backend, stream, size));
+        };
         let pool = PoolKind::for_size(rounded);
         let block = match self.take_free_block(pool, stream, rounded) {
             Some(block) => block,
@@ -400,6 +406,16 @@ impl<E> State<E> {
             }
         }
         Err(self.out_of_memory(backend, stream, requested, rounded, bytes))
+    }
+
+    /// The error for a request larger than any block ([`round_size`] gave
+    /// up on it): no device has that much, and nothing in the cache can
+    /// serve it, so it is an out-of-memory error at once (as in PyTorch).
+    /// Kept out of line: the hot path only tests for it.
+    #[cold]
+    #[inline(never)]
+    fn too_large<B: Backend<Event = E>>(&mut self, backend: &B, stream: StreamId, size: usize) -> AllocError {
+        self.out_of_memory(backend, stream, size, size, size)
     }
 
     fn out_of_memory<B: Backend<Event = E>>(

@@ -282,6 +282,21 @@ impl Var {
         self.affine(-1.0, value)
     }
 
+    /// A copy on another device, recorded in the graph: backward moves the
+    /// gradient back to this `Var`'s device. This is what makes the
+    /// model-parallel pattern `stage2(stage1(x).to(dev1))` train: without
+    /// it, re-wrapping the moved tensor would cut the graph and the first
+    /// stage would get no gradient. Moving to the same device is a no-op
+    /// that returns this `Var` itself.
+    pub fn to(&self, device: brasa_tensor::Device) -> Result<Var> {
+        let from = self.device();
+        if from == device {
+            return Ok(self.clone());
+        }
+        let out = self.tensor().to(device)?;
+        Ok(record("to_device", &[self], out, Vec::new, move |c| Ok(vec![Some(c.grad.to(from)?)])))
+    }
+
     /// A copy in another dtype (the gradient goes back to this dtype).
     pub fn to_dtype(&self, dtype: brasa_tensor::DType) -> Result<Var> {
         let from = self.dtype();

@@ -136,9 +136,9 @@ fn parse(path: &Path, mut bytes: Vec<u8>) -> Result<Idx> {
     }
     let dims: Vec<usize> =
         bytes[4..header].chunks_exact(4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize).collect();
-    let expected = dims
-        .iter()
-        .try_fold(kind.size(), |total, &d| total.checked_mul(d))
+    // A dim of 0 means no data, however large the others are.
+    let count = |dims: &[usize]| dims.iter().try_fold(kind.size(), |total, &d| total.checked_mul(d));
+    let expected = if dims.contains(&0) { Some(0) } else { count(&dims) }
         .ok_or_else(|| bad(format!("the dims {dims:?} of {} values overflow the address space", kind.name())))?;
     let found = bytes.len() - header;
     if found < expected {
@@ -320,6 +320,9 @@ mod tests {
         assert!(error(padded).contains("1 bytes after"));
         let huge = header(0x0E, &[u32::MAX, u32::MAX, u32::MAX]);
         assert!(error(huge).contains("overflow"));
+        // No data, however large the other dims (found by the `idx` fuzz target).
+        let empty = parse_bytes(header(0x0D, &[2048, 1 << 20, u32::MAX, 0])).unwrap();
+        assert_eq!((empty.dims.as_slice(), empty.data.len()), (&[2048, 1 << 20, u32::MAX as usize, 0][..], 0));
     }
 
     #[test]

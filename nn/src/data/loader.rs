@@ -3,15 +3,22 @@
 //! (`torch.utils.data.DataLoader`).
 //!
 //! How an epoch runs:
-//! - The sample order is fixed up front: `0..N`, or with shuffling a
+//! - The sample order is fixed by the settings: `0..N`, or with shuffling a
 //!   permutation drawn from a generator seeded by `(seed, epoch)`. It does not
-//!   depend on the number of workers.
+//!   depend on the number of workers. It is a [`SampleOrder`], computed as
+//!   batches are read rather than stored: the permutation of a dataset of up
+//!   to 2²⁰ samples is drawn once per epoch (Fisher–Yates, 8 bytes a sample),
+//!   a larger one is a keyed bijection evaluated per position (no memory at
+//!   all), so a dataset of any length can be loaded.
 //! - With `num_workers = 0` each batch is read in the calling thread when the
 //!   iterator is advanced. With workers, batch `b` goes to worker
 //!   `b % num_workers` (std threads, spawned on the first `next`); at most
 //!   `prefetch_factor` batches per worker are queued or ready at any time
-//!   (bounded channels), and the iterator hands them out in batch order, so
-//!   the batches are the same as with no workers.
+//!   (bounded channels, sized for at most the epoch's batches: a large
+//!   prefetch factor on a small dataset reserves nothing more, and a
+//!   read-ahead window above [`MAX_READ_AHEAD`] batches is refused by
+//!   `build`), and the iterator hands them out in batch order, so the batches
+//!   are the same as with no workers.
 //! - In the worker (or the calling thread) a batch is read with
 //!   [`Dataset::get_batch`], passed through the optional transform, pinned
 //!   if asked, and copied to the target device with `to_non_blocking`, so the
@@ -21,8 +28,14 @@
 //!   that disappears without answering ends the epoch with an `Err`, never a
 //!   hang; with a `timeout`, so does a batch that takes longer than it.
 //! - Dropping the iterator stops the workers: they skip queued batches, finish
-//!   the one they are reading, and are joined before `drop` returns (with a
-//!   `timeout`, a worker still reading after it is left to finish alone).
+//!   the one they are reading, and are joined before `drop` returns. A worker
+//!   still reading after the `timeout` (or, without one, after
+//!   [`SHUTDOWN_GRACE`]) is handed to the loader instead, so that dropping the
+//!   epoch does not wait on a stalled read; the loader joins such workers when
+//!   it is dropped (with its last epoch), waiting at most [`SHUTDOWN_GRACE`]
+//!   in all. A thread cannot be killed: one whose read still has not returned
+//!   then is reported on stderr and left to exit when the read returns (its
+//!   queues are closed, so it reads nothing more).
 
 use super::dataset::Dataset;
 use crate::error::{NnError, Result};
@@ -39,6 +52,22 @@ use std::time::{Duration, Instant};
 /// How long the iterator waits on the workers before checking that the one
 /// owing the next batch is still alive.
 const LIVENESS_POLL: Duration = Duration::from_millis(50);
+
+/// How long dropping a loader waits, in all, for worker threads still in a
+/// dataset read (PyTorch waits as long for its worker processes before it
+/// terminates them, `MP_STATUS_CHECK_INTERVAL`); also how long dropping an
+/// epoch without a `timeout` waits for each before handing it to the loader.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The most batches an epoch may have read ahead at once
+/// (`num_workers × prefetch_factor`, or the epoch's batches if fewer): the
+/// channels reserve room for that many, and the loader refuses more.
+pub const MAX_READ_AHEAD: usize = 1 << 16;
+
+/// Datasets up to this many samples have their shuffle drawn by
+/// Fisher–Yates into a vector once per epoch; larger ones use the lazy
+/// [`FeistelPermutation`].
+const MATERIALIZED_SHUFFLE: usize = 1 << 20;
 
 // ----- batches of tensors -------------------------------------------------------
 
@@ -130,6 +159,127 @@ fn epoch_seed(seed: u64, epoch: u64) -> u64 {
     SplitMix64(seed ^ SplitMix64(epoch).next_u64()).next_u64()
 }
 
+/// A random permutation of `0..n` evaluated one position at a time, without
+/// storing it: a balanced Feistel network over the smallest `2^(2k) >= n`
+/// with a SplitMix64 round function keyed by the seed, walked until it lands
+/// below `n` (cycle walking keeps it a bijection of `0..n`; fewer than four
+/// steps on average as the domain is less than `4n`).
+#[derive(Clone, Copy, Debug)]
+struct FeistelPermutation {
+    n: u64,
+    /// Bits of each half of the domain.
+    half_bits: u32,
+    keys: [u64; FeistelPermutation::ROUNDS],
+}
+
+impl FeistelPermutation {
+    const ROUNDS: usize = 6;
+
+    fn new(n: usize, seed: u64) -> FeistelPermutation {
+        let n = n as u64;
+        let bits = (64 - n.saturating_sub(1).leading_zeros()).max(2);
+        let half_bits = bits.div_ceil(2);
+        let mut rng = SplitMix64(seed);
+        let keys = std::array::from_fn(|_| rng.next_u64());
+        FeistelPermutation { n, half_bits, keys }
+    }
+
+    fn round(&self, value: u64) -> u64 {
+        let mask = (1u64 << self.half_bits) - 1;
+        let (mut left, mut right) = (value >> self.half_bits, value & mask);
+        for key in self.keys {
+            let mixed = SplitMix64(right ^ key).next_u64() & mask;
+            (left, right) = (right, left ^ mixed);
+        }
+        (left << self.half_bits) | right
+    }
+
+    /// The sample at `position` (`position < n`).
+    fn get(&self, position: usize) -> usize {
+        let mut value = self.round(position as u64);
+        while value >= self.n {
+            value = self.round(value);
+        }
+        value as usize
+    }
+}
+
+/// The order in which an epoch visits the samples (see the module docs):
+/// `0..N`, or a seeded permutation of it. Computed per position, so it costs
+/// no memory for sequential or very large datasets.
+#[derive(Clone, Debug)]
+pub struct SampleOrder {
+    len: usize,
+    kind: OrderKind,
+}
+
+#[derive(Clone, Debug)]
+enum OrderKind {
+    Sequential,
+    Drawn(Arc<[usize]>),
+    Lazy(FeistelPermutation),
+}
+
+impl SampleOrder {
+    /// `0..len`.
+    pub fn sequential(len: usize) -> SampleOrder {
+        SampleOrder { len, kind: OrderKind::Sequential }
+    }
+
+    /// A permutation of `0..len` determined by `seed` alone: [`permutation`]
+    /// up to 2²⁰ samples, a lazily evaluated one above.
+    pub fn shuffled(len: usize, seed: u64) -> SampleOrder {
+        SampleOrder::shuffled_with_threshold(len, seed, MATERIALIZED_SHUFFLE)
+    }
+
+    fn shuffled_with_threshold(len: usize, seed: u64, materialized: usize) -> SampleOrder {
+        let kind = if len <= materialized {
+            OrderKind::Drawn(permutation(len, seed).into())
+        } else {
+            OrderKind::Lazy(FeistelPermutation::new(len, seed))
+        };
+        SampleOrder { len, kind }
+    }
+
+    /// The number of samples.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are no samples.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The sample visited at `position`, if `position < len`.
+    pub fn get(&self, position: usize) -> Option<usize> {
+        if position >= self.len {
+            return None;
+        }
+        Some(match &self.kind {
+            OrderKind::Sequential => position,
+            OrderKind::Drawn(order) => order[position],
+            OrderKind::Lazy(permutation) => permutation.get(position),
+        })
+    }
+
+    /// The samples of positions `start..end` (clamped to the length).
+    pub fn range(&self, start: usize, end: usize) -> Vec<usize> {
+        let end = end.min(self.len);
+        let start = start.min(end);
+        match &self.kind {
+            OrderKind::Sequential => (start..end).collect(),
+            OrderKind::Drawn(order) => order[start..end].to_vec(),
+            OrderKind::Lazy(permutation) => (start..end).map(|p| permutation.get(p)).collect(),
+        }
+    }
+
+    /// The samples in order.
+    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.len).map(|p| self.get(p).unwrap_or(p))
+    }
+}
+
 // ----- the loader --------------------------------------------------------------------
 
 /// A step applied to each batch after it is read (in the worker).
@@ -202,10 +352,11 @@ impl<D: Dataset> DataLoaderBuilder<D> {
     /// How long the training loop waits for a worker's batch before the
     /// epoch ends with an `Err` (default: no limit; `timeout` in PyTorch).
     /// For datasets that can stall (network or disk reads). Workers stuck past
-    /// it are left to finish on their own instead of being joined. Applies
-    /// only with workers.
+    /// it are not waited for when the epoch ends; the loader joins them when
+    /// it is dropped (see the module docs). Applies only with workers. Zero
+    /// means no limit, as PyTorch's `timeout=0`.
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.settings.timeout = Some(timeout);
+        self.settings.timeout = (!timeout.is_zero()).then_some(timeout);
         self
     }
 
@@ -241,6 +392,15 @@ where
     }
 }
 
+/// The batches of an epoch over `samples`.
+fn batch_count(samples: usize, batch_size: usize, drop_last: bool) -> usize {
+    if drop_last {
+        samples / batch_size
+    } else {
+        samples.div_ceil(batch_size)
+    }
+}
+
 /// The pin-and-move step for these settings, if there is anything to do.
 fn placement<B: TensorBatch + 'static>(settings: Settings) -> Option<Stage<B>> {
     let (pin, device) = (settings.pin_memory, settings.device);
@@ -257,13 +417,28 @@ fn placement<B: TensorBatch + 'static>(settings: Settings) -> Option<Stage<B>> {
 }
 
 impl<D: Dataset> DataLoaderBuilder<D> {
-    /// The loader, or an error for a zero batch size or prefetch factor.
+    /// The loader, or an error for a zero batch size or prefetch factor, or
+    /// a read-ahead window (`num_workers × prefetch_factor`, at most the
+    /// epoch's batches) above [`MAX_READ_AHEAD`] batches.
     pub fn build(self) -> Result<DataLoader<D>> {
-        if self.settings.batch_size == 0 {
+        let s = &self.settings;
+        if s.batch_size == 0 {
             return Err(NnError::invalid("DataLoader", "batch_size must be at least 1"));
         }
-        if self.settings.prefetch_factor == 0 {
+        if s.prefetch_factor == 0 {
             return Err(NnError::invalid("DataLoader", "prefetch_factor must be at least 1"));
+        }
+        let batches = batch_count(self.dataset.len(), s.batch_size, s.drop_last);
+        let window = s.num_workers.saturating_mul(s.prefetch_factor).min(batches);
+        if window > MAX_READ_AHEAD {
+            return Err(NnError::invalid(
+                "DataLoader",
+                format!(
+                    "num_workers ({}) × prefetch_factor ({}) would read {window} batches ahead; at most \
+                     {MAX_READ_AHEAD} can be (lower prefetch_factor)",
+                    s.num_workers, s.prefetch_factor
+                ),
+            ));
         }
         Ok(DataLoader {
             dataset: Arc::new(self.dataset),
@@ -271,6 +446,7 @@ impl<D: Dataset> DataLoaderBuilder<D> {
             transform: self.transform,
             placement: self.placement,
             next_epoch: AtomicU64::new(0),
+            stragglers: Arc::new(Stragglers::default()),
         })
     }
 }
@@ -287,6 +463,8 @@ pub struct DataLoader<D: Dataset> {
     transform: Option<Stage<D::Batch>>,
     placement: Option<Stage<D::Batch>>,
     next_epoch: AtomicU64,
+    /// Workers of past epochs still in a read when their epoch ended.
+    stragglers: Arc<Stragglers>,
 }
 
 impl<D: Dataset> DataLoader<D> {
@@ -319,12 +497,7 @@ impl<D: Dataset> DataLoader<D> {
 
     /// The number of batches in an epoch.
     pub fn len(&self) -> usize {
-        let (n, size) = (self.dataset.len(), self.settings.batch_size);
-        if self.settings.drop_last {
-            n / size
-        } else {
-            n.div_ceil(size)
-        }
+        batch_count(self.dataset.len(), self.settings.batch_size, self.settings.drop_last)
     }
 
     /// Whether an epoch has no batches.
@@ -369,13 +542,14 @@ impl<D: Dataset> DataLoader<D> {
     }
 
     /// The order in which epoch `epoch` visits the samples: `0..N`, or the
-    /// epoch's permutation when shuffling.
-    pub fn sample_order(&self, epoch: u64) -> Vec<usize> {
+    /// epoch's permutation when shuffling (computed as it is read, see
+    /// [`SampleOrder`]).
+    pub fn sample_order(&self, epoch: u64) -> SampleOrder {
         let n = self.dataset.len();
         if self.settings.shuffle {
-            permutation(n, epoch_seed(self.settings.seed, epoch))
+            SampleOrder::shuffled(n, epoch_seed(self.settings.seed, epoch))
         } else {
-            (0..n).collect()
+            SampleOrder::sequential(n)
         }
     }
 
@@ -388,6 +562,9 @@ impl<D: Dataset> DataLoader<D> {
     /// Runs epoch `epoch`, whose order depends only on the seed and `epoch`.
     /// Does not change which epoch [`DataLoader::iter`] runs next.
     pub fn epoch(&self, epoch: u64) -> Epoch<D> {
+        self.stragglers.reap();
+        let batches = self.len();
+        let num_workers = self.settings.num_workers.min(batches);
         Epoch {
             epoch,
             job: Arc::new(Job {
@@ -397,10 +574,19 @@ impl<D: Dataset> DataLoader<D> {
             }),
             order: self.sample_order(epoch),
             batch_size: self.settings.batch_size,
-            batches: self.len(),
-            num_workers: self.settings.num_workers,
-            prefetch_factor: self.settings.prefetch_factor,
+            batches,
+            // More workers than batches would only idle.
+            num_workers,
+            // Nor can a worker hold more batches ahead than the epoch has, nor
+            // all of them more than `MAX_READ_AHEAD` (only possible for a
+            // dataset that grew since `build` checked it).
+            prefetch_factor: self
+                .settings
+                .prefetch_factor
+                .min(batches.max(1))
+                .min((MAX_READ_AHEAD / num_workers.max(1)).max(1)),
             timeout: self.settings.timeout,
+            stragglers: Arc::clone(&self.stragglers),
             next_yield: 0,
             next_send: 0,
             pool: None,
@@ -491,6 +677,57 @@ type Task = (usize, Vec<usize>);
 /// A batch read: its number and the outcome.
 type Outcome<B> = (usize, Result<B>);
 
+/// Worker threads still in a dataset read when their epoch ended, joined
+/// when the loader and its last epoch are gone (at most [`SHUTDOWN_GRACE`]
+/// in all), and reaped as they finish whenever an epoch starts.
+#[derive(Default)]
+struct Stragglers {
+    threads: std::sync::Mutex<Vec<(String, JoinHandle<()>)>>,
+}
+
+impl Stragglers {
+    fn threads(&self) -> std::sync::MutexGuard<'_, Vec<(String, JoinHandle<()>)>> {
+        self.threads.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn adopt(&self, name: String, thread: JoinHandle<()>) {
+        self.threads().push((name, thread));
+    }
+
+    /// Joins the ones that have finished.
+    fn reap(&self) {
+        let mut threads = self.threads();
+        let (done, running): (Vec<_>, Vec<_>) = threads.drain(..).partition(|(_, t)| t.is_finished());
+        *threads = running;
+        drop(threads);
+        for (_, thread) in done {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Stragglers {
+    fn drop(&mut self) {
+        let threads = std::mem::take(&mut *self.threads());
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
+        for (name, thread) in threads {
+            while !thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            } else {
+                // Threads cannot be killed; its queues are closed, so it exits
+                // as soon as the dataset returns.
+                eprintln!(
+                    "brasa-nn DataLoader: worker thread {name} is still in a dataset read {SHUTDOWN_GRACE:?} after \
+                     the loader was dropped; leaving it to exit when the read returns"
+                );
+            }
+        }
+    }
+}
+
 /// One worker thread and the queue of batches it owes.
 struct Worker {
     tasks: Option<SyncSender<Task>>,
@@ -502,9 +739,11 @@ struct Pool<B> {
     workers: Vec<Worker>,
     results: Option<Receiver<Outcome<B>>>,
     stop: Arc<AtomicBool>,
-    /// With a timeout, how long `drop` waits for each worker before leaving
-    /// it to finish alone; without one, `drop` joins them all.
-    timeout: Option<Duration>,
+    /// How long `drop` waits for the workers before handing those still
+    /// reading to the loader (the timeout, else [`SHUTDOWN_GRACE`]).
+    grace: Duration,
+    /// Where workers still reading after `grace` go.
+    stragglers: Arc<Stragglers>,
 }
 
 impl<B> Drop for Pool<B> {
@@ -518,18 +757,18 @@ impl<B> Drop for Pool<B> {
             worker.tasks = None;
         }
         self.results = None;
-        let deadline = self.timeout.map(|timeout| Instant::now() + timeout);
+        let deadline = Instant::now() + self.grace;
         for worker in &mut self.workers {
             let Some(thread) = worker.thread.take() else { continue };
-            if let Some(deadline) = deadline {
-                while !thread.is_finished() && Instant::now() < deadline {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                if !thread.is_finished() {
-                    // Stalled in the dataset past the timeout: detach it; it
-                    // exits when the read returns, as its queues are closed.
-                    continue;
-                }
+            while !thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if !thread.is_finished() {
+                // Stalled in the dataset: the loader joins it later; it exits
+                // when the read returns, as its queues are closed.
+                let name = thread.thread().name().unwrap_or("brasa-data").to_string();
+                self.stragglers.adopt(name, thread);
+                continue;
             }
             // A worker's panics are caught per batch; one that escaped has
             // already been reported as a lost worker.
@@ -543,12 +782,13 @@ impl<B> Drop for Pool<B> {
 pub struct Epoch<D: Dataset> {
     epoch: u64,
     job: Arc<Job<D>>,
-    order: Vec<usize>,
+    order: SampleOrder,
     batch_size: usize,
     batches: usize,
     num_workers: usize,
     prefetch_factor: usize,
     timeout: Option<Duration>,
+    stragglers: Arc<Stragglers>,
     /// The batch the iterator hands out next.
     next_yield: usize,
     /// The next batch to give a worker.
@@ -576,10 +816,9 @@ impl<D: Dataset> Epoch<D> {
     }
 
     /// The samples of batch `batch`.
-    fn indices(&self, batch: usize) -> &[usize] {
-        let start = batch * self.batch_size;
-        let end = (start + self.batch_size).min(self.order.len());
-        &self.order[start..end]
+    fn indices(&self, batch: usize) -> Vec<usize> {
+        let start = batch.saturating_mul(self.batch_size);
+        self.order.range(start, start.saturating_add(self.batch_size))
     }
 
     /// Starts the worker threads; an error if the system refuses a thread.
@@ -587,14 +826,17 @@ impl<D: Dataset> Epoch<D> {
     where
         D: 'static,
     {
-        let capacity = self.num_workers * self.prefetch_factor;
+        // At most this many batches are outstanding (see `dispatch`), and never
+        // more than the epoch has: the channels reserve no more than that.
+        let capacity = self.num_workers.saturating_mul(self.prefetch_factor).min(self.batches);
         let (results_tx, results_rx) = sync_channel::<Outcome<D::Batch>>(capacity);
         let stop = Arc::new(AtomicBool::new(false));
         let mut pool = Pool {
             workers: Vec::with_capacity(self.num_workers),
             results: Some(results_rx),
             stop,
-            timeout: self.timeout,
+            grace: self.timeout.unwrap_or(SHUTDOWN_GRACE),
+            stragglers: Arc::clone(&self.stragglers),
         };
         for w in 0..self.num_workers {
             let (tasks_tx, tasks_rx) = sync_channel::<Task>(self.prefetch_factor);
@@ -622,10 +864,11 @@ impl<D: Dataset> Epoch<D> {
     /// Queues batches on their workers until each holds `prefetch_factor`
     /// (counting the ones ready and not yet handed out).
     fn dispatch(&mut self) {
-        let limit = self.batches.min(self.next_yield + self.num_workers * self.prefetch_factor);
+        let ahead = self.num_workers.saturating_mul(self.prefetch_factor);
+        let limit = self.batches.min(self.next_yield.saturating_add(ahead));
         while self.next_send < limit {
             let batch = self.next_send;
-            let task = (batch, self.indices(batch).to_vec());
+            let task = (batch, self.indices(batch));
             let Some(pool) = &self.pool else { return };
             if let Some(tasks) = &pool.workers[batch % self.num_workers].tasks {
                 // Does not block: a worker has at most `prefetch_factor`
@@ -709,7 +952,7 @@ impl<D: Dataset + 'static> Iterator for Epoch<D> {
         let batch = self.next_yield;
         if self.num_workers == 0 {
             self.next_yield += 1;
-            return Some(self.job.run(batch, self.indices(batch), None));
+            return Some(self.job.run(batch, &self.indices(batch), None));
         }
         if self.pool.is_none() {
             if let Err(error) = self.start_pool() {
@@ -756,6 +999,25 @@ mod tests {
         assert_ne!(a, permutation(1000, 6));
         assert!(permutation(0, 1).is_empty());
         assert_eq!(permutation(1, 1), [0]);
+    }
+
+    #[test]
+    fn lazy_permutations_are_seeded_bijections() {
+        for n in [1usize, 2, 3, 17, 1000, 4097] {
+            let order = SampleOrder::shuffled_with_threshold(n, 9, 0);
+            assert!(matches!(order.kind, OrderKind::Lazy(_)));
+            let mut seen: Vec<usize> = order.iter().collect();
+            assert_eq!(seen, order.range(0, n));
+            seen.sort();
+            assert_eq!(seen, (0..n).collect::<Vec<_>>(), "n = {n}");
+        }
+        let (a, b) =
+            (SampleOrder::shuffled_with_threshold(1000, 9, 0), SampleOrder::shuffled_with_threshold(1000, 10, 0));
+        assert_ne!(a.range(0, 1000), b.range(0, 1000));
+        assert_ne!(a.range(0, 1000), (0..1000).collect::<Vec<_>>());
+        // Small datasets keep the drawn permutation.
+        assert_eq!(SampleOrder::shuffled(1000, 5).range(0, 1000), permutation(1000, 5));
+        assert_eq!(SampleOrder::sequential(3).get(3), None);
     }
 
     #[test]

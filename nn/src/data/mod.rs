@@ -46,4 +46,6 @@ mod loader;
 pub use dataset::{collate, random_split, Dataset, Subset, TensorDataset};
 pub use digits::Digits;
 pub use idx::{read_idx, read_idx_images, read_idx_labels, Mnist};
-pub use loader::{permutation, DataLoader, DataLoaderBuilder, Epoch, TensorBatch};
+pub use loader::{
+    permutation, DataLoader, DataLoaderBuilder, Epoch, SampleOrder, TensorBatch, MAX_READ_AHEAD, SHUTDOWN_GRACE,
+};

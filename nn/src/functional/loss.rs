@@ -23,7 +23,7 @@
 //! use brasa_autograd::Var;
 //! use brasa_tensor::{Device, Tensor};
 //!
-//! let logits = Var::param(Tensor::from_vec(vec![2.0f32, 0.0, 0.0, 0.0, 1.0, 0.0], [2, 3])?);
+//! let logits = Var::param(Tensor::from_vec(vec![2.0f32, 0.0, 0.0, 0.0, 1.0, 0.0], [2, 3])?)?;
 //! let target = Tensor::from_vec(vec![0i64, 1], [2])?;
 //! let loss = cross_entropy(&logits, &target)?;
 //! loss.backward()?;
@@ -801,7 +801,7 @@ mod tests {
 
     #[test]
     fn cross_entropy_saves_the_logits_and_small_tensors_only() -> Result<()> {
-        let logits = Var::param(Tensor::randn([64, 100], DType::F32)?);
+        let logits = Var::param(Tensor::randn([64, 100], DType::F32)?)?;
         let target = Tensor::from_vec((0..64).map(|i| i % 100).collect::<Vec<i64>>(), [64])?;
         let loss = cross_entropy(&logits, &target)?;
         let stats = loss.graph_stats();

@@ -112,8 +112,8 @@ pub fn batch_norm(
     if running_mean.is_some() != running_var.is_some() {
         return Err(NnError::invalid("batch_norm", "give both running_mean and running_var, or neither"));
     }
-    if eps.is_nan() || eps < 0.0 {
-        return Err(NnError::invalid("batch_norm", format!("eps must be non-negative, got {eps}")));
+    if !eps.is_finite() || eps < 0.0 {
+        return Err(NnError::invalid("batch_norm", format!("eps must be finite and non-negative, got {eps}")));
     }
 
     let dtype = compute_dtype(input.dtype());
@@ -318,8 +318,8 @@ pub fn layer_norm(
             }
         }
     }
-    if eps.is_nan() || eps < 0.0 {
-        return Err(NnError::invalid("layer_norm", format!("eps must be non-negative, got {eps}")));
+    if !eps.is_finite() || eps < 0.0 {
+        return Err(NnError::invalid("layer_norm", format!("eps must be finite and non-negative, got {eps}")));
     }
     let width: usize = normalized_shape.iter().product();
     let mut inputs = vec![input];

@@ -92,8 +92,8 @@ fn initial(layer: &'static str, num_features: usize, config: &BatchNormConfig, d
     if num_features == 0 {
         return Err(NnError::invalid(layer, "num_features must be positive, got 0"));
     }
-    if config.eps.is_nan() || config.eps < 0.0 {
-        return Err(NnError::invalid(layer, format!("eps must be non-negative, got {}", config.eps)));
+    if !config.eps.is_finite() || config.eps < 0.0 {
+        return Err(NnError::invalid(layer, format!("eps must be finite and non-negative, got {}", config.eps)));
     }
     if let Some(m) = config.momentum {
         if !(0.0..=1.0).contains(&m) {
@@ -106,8 +106,8 @@ fn initial(layer: &'static str, num_features: usize, config: &BatchNormConfig, d
     let (shape, dtype) = ([num_features], config.dtype);
     let (weight, bias) = if config.affine {
         (
-            Some(Var::param(Tensor::ones_on(shape, dtype, device)?)),
-            Some(Var::param(Tensor::zeros_on(shape, dtype, device)?)),
+            Some(Var::param(Tensor::ones_on(shape, dtype, device)?)?),
+            Some(Var::param(Tensor::zeros_on(shape, dtype, device)?)?),
         )
     } else {
         (None, None)

@@ -165,11 +165,11 @@ impl Conv2d {
         let bias = if config.bias {
             let (fan_in, _) = init::fans(&shape)?;
             let bound = 1.0 / (fan_in as f64).sqrt();
-            Some(Var::param(init::uniform(&[out_channels], bound, config.dtype, device)?))
+            Some(Var::param(init::uniform(&[out_channels], bound, config.dtype, device)?)?)
         } else {
             None
         };
-        Ok(Conv2d { weight: Var::param(weight), bias, params: config.params(), in_channels })
+        Ok(Conv2d { weight: Var::param(weight)?, bias, params: config.params(), in_channels })
     }
 
     /// `in_channels`.

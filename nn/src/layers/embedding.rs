@@ -38,7 +38,7 @@ impl Embedding {
             return Err(NnError::invalid("Embedding", format!("the weight must be floating point, got {dtype}")));
         }
         let weight = Tensor::randn_on([num_embeddings, embedding_dim], dtype, device)?;
-        Ok(Embedding { weight: Var::param(weight) })
+        Ok(Embedding { weight: Var::param(weight)? })
     }
 
     /// A table holding `weight` (`[num_embeddings, embedding_dim]`), trained
@@ -54,7 +54,7 @@ impl Embedding {
                 ),
             ));
         }
-        Ok(Embedding { weight: Var::from_tensor(weight, !freeze) })
+        Ok(Embedding { weight: Var::from_tensor(weight, !freeze)? })
     }
 
     /// `num_embeddings`.

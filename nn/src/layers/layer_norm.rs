@@ -105,8 +105,11 @@ impl LayerNorm {
                 format!("normalized_shape must be non-empty with positive sizes, got {normalized_shape:?}"),
             ));
         }
-        if config.eps.is_nan() || config.eps < 0.0 {
-            return Err(NnError::invalid("LayerNorm", format!("eps must be non-negative, got {}", config.eps)));
+        if !config.eps.is_finite() || config.eps < 0.0 {
+            return Err(NnError::invalid(
+                "LayerNorm",
+                format!("eps must be finite and non-negative, got {}", config.eps),
+            ));
         }
         if !config.dtype.is_float() {
             return Err(NnError::invalid(
@@ -115,9 +118,9 @@ impl LayerNorm {
             ));
         }
         let (weight, bias) = if config.elementwise_affine {
-            let weight = Var::param(Tensor::ones_on(normalized_shape.as_slice(), config.dtype, device)?);
+            let weight = Var::param(Tensor::ones_on(normalized_shape.as_slice(), config.dtype, device)?)?;
             let bias = if config.bias {
-                Some(Var::param(Tensor::zeros_on(normalized_shape.as_slice(), config.dtype, device)?))
+                Some(Var::param(Tensor::zeros_on(normalized_shape.as_slice(), config.dtype, device)?)?)
             } else {
                 None
             };

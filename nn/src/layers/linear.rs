@@ -44,11 +44,11 @@ impl Linear {
         let weight = init::kaiming_uniform(&[out_features, in_features], 5f64.sqrt(), dtype, device)?;
         let bias = if bias {
             let bound = 1.0 / (in_features.max(1) as f64).sqrt();
-            Some(Var::param(init::uniform(&[out_features], bound, dtype, device)?))
+            Some(Var::param(init::uniform(&[out_features], bound, dtype, device)?)?)
         } else {
             None
         };
-        Ok(Linear { weight: Var::param(weight), bias })
+        Ok(Linear { weight: Var::param(weight)?, bias })
     }
 
     /// `in_features`.

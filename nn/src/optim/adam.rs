@@ -20,7 +20,7 @@
 //! large as the largest parameter and shared by all, so a step allocates
 //! nothing after the first.
 
-use super::{check_non_negative, check_params, state_name, write_group, Optimizer, Scratch, StateReader};
+use super::{check_non_negative, check_params, checked_grad, state_name, write_group, Optimizer, Scratch, StateReader};
 use crate::error::{NnError, Result};
 use crate::state_dict::StateDict;
 use brasa_autograd::{no_grad, Var};
@@ -103,7 +103,7 @@ impl AdamCore {
         let _guard = no_grad();
         self.scratch.ensure(&self.params)?;
         for index in 0..self.params.len() {
-            if let Some(grad) = self.params[index].grad() {
+            if let Some(grad) = checked_grad(self.what, &self.params[index])? {
                 self.update(index, &grad)?;
             }
         }
@@ -248,7 +248,7 @@ macro_rules! adam_optimizer {
         /// use brasa_autograd::Var;
         /// use brasa_tensor::Tensor;
         ///
-        /// let w = Var::param(Tensor::from_vec(vec![1.0f64, -2.0], [2])?);
+        /// let w = Var::param(Tensor::from_vec(vec![1.0f64, -2.0], [2])?)?;
         #[doc = concat!("let mut opt = ", stringify!($name), "::new(vec![w.clone()], AdamConfig { lr: 0.1, ..Default::default() })?;")]
         /// w.mul(&w)?.sum_all()?.backward()?;
         /// opt.step()?;                              // the first step moves each weight by about lr
@@ -287,8 +287,10 @@ macro_rules! adam_optimizer {
                 self.0.config.lr
             }
 
-            fn set_lr(&mut self, lr: f64) {
+            fn set_lr(&mut self, lr: f64) -> Result<()> {
+                check_non_negative(self.0.what, "lr", lr)?;
                 self.0.config.lr = lr;
+                Ok(())
             }
 
             fn params(&self) -> &[Var] {

@@ -12,8 +12,8 @@
 //! use brasa_autograd::Var;
 //! use brasa_tensor::Tensor;
 //!
-//! let w = Var::param(Tensor::zeros([2], brasa_tensor::DType::F64)?);
-//! w.set_grad(Some(Tensor::from_vec(vec![3.0f64, 4.0], [2])?));
+//! let w = Var::param(Tensor::zeros([2], brasa_tensor::DType::F64)?)?;
+//! w.set_grad(Some(Tensor::from_vec(vec![3.0f64, 4.0], [2])?))?;
 //! let norm = clip_grad_norm_(&[w.clone()], 1.0, 2.0)?;
 //! assert_eq!(norm, 5.0);                          // the norm before clipping
 //! let g = w.grad().unwrap().to_vec::<f64>()?;
@@ -131,14 +131,14 @@ mod tests {
     use super::*;
 
     fn with_grad(values: &[f64]) -> Var {
-        let v = Var::param(Tensor::zeros([values.len()], DType::F64).unwrap());
-        v.set_grad(Some(Tensor::from_slice(values, [values.len()]).unwrap()));
+        let v = Var::param(Tensor::zeros([values.len()], DType::F64).unwrap()).unwrap();
+        v.set_grad(Some(Tensor::from_slice(values, [values.len()]).unwrap())).unwrap();
         v
     }
 
     #[test]
     fn norms_of_every_order() -> Result<()> {
-        let params = [with_grad(&[3.0, -4.0]), with_grad(&[12.0]), Var::param(Tensor::zeros([3], DType::F64)?)];
+        let params = [with_grad(&[3.0, -4.0]), with_grad(&[12.0]), Var::param(Tensor::zeros([3], DType::F64)?)?];
         assert_eq!(grad_norm(&params, 2.0)?, 13.0);
         assert_eq!(grad_norm(&params, 1.0)?, 19.0);
         assert_eq!(grad_norm(&params, f64::INFINITY)?, 12.0);
@@ -186,8 +186,8 @@ mod tests {
 
     #[test]
     fn half_gradients_do_not_overflow() -> Result<()> {
-        let v = Var::param(Tensor::zeros([4], DType::F16)?);
-        v.set_grad(Some(Tensor::full([4], 60000.0, DType::F16)?));
+        let v = Var::param(Tensor::zeros([4], DType::F16)?)?;
+        v.set_grad(Some(Tensor::full([4], 60000.0, DType::F16)?))?;
         assert_eq!(grad_norm(&[v], 2.0)?, 120000.0);
         Ok(())
     }

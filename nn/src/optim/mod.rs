@@ -34,7 +34,7 @@
 //!     mse_loss(&model.forward(&x)?, &y, Reduction::Mean)?.backward()?;
 //!     opt.step()?;
 //!     opt.zero_grad()?;
-//!     schedule.step(&mut opt);
+//!     schedule.step(&mut opt)?;
 //! }
 //! assert_eq!(opt.lr(), 0.01 * 0.25);
 //! # Ok::<(), brasa_nn::NnError>(())
@@ -54,7 +54,7 @@ pub use sgd::{Sgd, SgdConfig};
 
 use crate::error::{NnError, Result};
 use crate::state_dict::StateDict;
-use brasa_autograd::Var;
+use brasa_autograd::{AutogradError, Var};
 use brasa_tensor::{DType, Device, Tensor};
 use std::collections::HashSet;
 
@@ -85,8 +85,11 @@ pub trait Optimizer: Send {
     /// The learning rate.
     fn lr(&self) -> f64;
 
-    /// Sets the learning rate (schedulers call this between steps).
-    fn set_lr(&mut self, lr: f64);
+    /// Sets the learning rate (schedulers call this between steps). A rate
+    /// that is NaN, infinite or negative is an error and the rate stays as
+    /// it was: PyTorch's constructors refuse `lr < 0`, and a NaN rate would
+    /// silently turn every parameter into NaN at the next step.
+    fn set_lr(&mut self, lr: f64) -> Result<()>;
 
     /// The parameters, in the order given at construction (state entries
     /// are numbered by this order).
@@ -134,6 +137,43 @@ pub(crate) fn check_non_negative(what: &'static str, name: &str, value: f64) -> 
         return Err(NnError::invalid(what, format!("{name} must be finite and >= 0, got {value}")));
     }
     Ok(())
+}
+
+/// Parameter `index`'s gradient, if it has one, checked to fit it: a
+/// gradient of another shape would be broadcast over the parameter by the
+/// in-place update (and one of another dtype or device refused by it less
+/// clearly), so it is an error naming both shapes.
+pub(crate) fn checked_grad(what: &'static str, param: &Var) -> Result<Option<Tensor>> {
+    let Some(grad) = param.grad() else { return Ok(None) };
+    let tensor = param.tensor();
+    if grad.dims() != tensor.dims() {
+        return Err(AutogradError::GradShape {
+            op: what,
+            context: "the parameter's .grad holds",
+            got: grad.dims().to_vec(),
+            expected: tensor.dims().to_vec(),
+        }
+        .into());
+    }
+    if grad.device() != tensor.device() {
+        return Err(AutogradError::GradDevice {
+            op: what,
+            context: "the parameter's .grad holds",
+            got: grad.device(),
+            expected: tensor.device(),
+        }
+        .into());
+    }
+    if grad.dtype() != tensor.dtype() {
+        return Err(AutogradError::GradDtype {
+            op: what,
+            context: "the parameter's .grad holds",
+            got: grad.dtype(),
+            expected: tensor.dtype(),
+        }
+        .into());
+    }
+    Ok(Some(grad))
 }
 
 /// The name of parameter `index`'s state entry `key`.

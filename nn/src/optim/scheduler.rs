@@ -17,13 +17,13 @@
 //! use brasa_autograd::Var;
 //! use brasa_tensor::{DType, Tensor};
 //!
-//! let w = Var::param(Tensor::zeros([3], DType::F32)?);
+//! let w = Var::param(Tensor::zeros([3], DType::F32)?)?;
 //! let mut opt = Sgd::new(vec![w], SgdConfig { lr: 0.1, ..Default::default() })?;
 //! let cosine = CosineAnnealingLr::new(&opt, 100, 0.0)?;
 //! let mut schedule = LinearWarmup::new(&mut opt, 10, 0.01, Some(Box::new(cosine)))?;
 //! assert_eq!(opt.lr(), 0.1 * 0.01);               // step 0 of the warm-up
 //! for _ in 0..10 {
-//!     schedule.step(&mut opt);
+//!     schedule.step(&mut opt)?;
 //! }
 //! assert_eq!(opt.lr(), 0.1);                      // the cosine's step 0
 //! # Ok::<(), brasa_nn::NnError>(())
@@ -36,7 +36,10 @@ use crate::error::{NnError, Result};
 /// sets the optimizer's learning rate.
 pub trait LrScheduler: Send {
     /// Advances one step and sets `opt`'s learning rate to the new value.
-    fn step(&mut self, opt: &mut dyn Optimizer);
+    /// A rate the optimizer refuses (one that overflowed to infinity after
+    /// many steps of a `gamma > 1`, say) is an error, and then the
+    /// optimizer keeps its rate.
+    fn step(&mut self, opt: &mut dyn Optimizer) -> Result<()>;
 
     /// The learning rate of the current step.
     fn lr(&self) -> f64;
@@ -63,14 +66,15 @@ pub struct StepLr {
 }
 
 impl StepLr {
-    /// A schedule from `opt`'s learning rate; `step_size >= 1`, `gamma` finite.
+    /// A schedule from `opt`'s learning rate; `step_size >= 1`, `gamma`
+    /// finite and >= 0 (a negative one would make every other rate negative).
     pub fn new(opt: &dyn Optimizer, step_size: usize, gamma: f64) -> Result<StepLr> {
         check_base("StepLr", opt.lr())?;
         if step_size == 0 {
             return Err(NnError::invalid("StepLr", "step_size must be at least 1"));
         }
-        if !gamma.is_finite() {
-            return Err(NnError::invalid("StepLr", format!("gamma must be finite, got {gamma}")));
+        if !gamma.is_finite() || gamma < 0.0 {
+            return Err(NnError::invalid("StepLr", format!("gamma must be finite and >= 0, got {gamma}")));
         }
         Ok(StepLr { base: opt.lr(), step_size, gamma, t: 0 })
     }
@@ -83,9 +87,9 @@ impl StepLr {
 }
 
 impl LrScheduler for StepLr {
-    fn step(&mut self, opt: &mut dyn Optimizer) {
+    fn step(&mut self, opt: &mut dyn Optimizer) -> Result<()> {
         self.t += 1;
-        opt.set_lr(self.lr());
+        opt.set_lr(self.lr())
     }
 
     fn lr(&self) -> f64 {
@@ -105,14 +109,18 @@ pub struct CosineAnnealingLr {
 }
 
 impl CosineAnnealingLr {
-    /// A schedule from `opt`'s learning rate; `t_max >= 1`, `eta_min` finite.
+    /// A schedule from `opt`'s learning rate; `t_max >= 1`, `eta_min`
+    /// finite and >= 0 (the rates lie between it and the base rate).
     pub fn new(opt: &dyn Optimizer, t_max: usize, eta_min: f64) -> Result<CosineAnnealingLr> {
         check_base("CosineAnnealingLr", opt.lr())?;
         if t_max == 0 {
             return Err(NnError::invalid("CosineAnnealingLr", "t_max must be at least 1"));
         }
-        if !eta_min.is_finite() {
-            return Err(NnError::invalid("CosineAnnealingLr", format!("eta_min must be finite, got {eta_min}")));
+        if !eta_min.is_finite() || eta_min < 0.0 {
+            return Err(NnError::invalid(
+                "CosineAnnealingLr",
+                format!("eta_min must be finite and >= 0, got {eta_min}"),
+            ));
         }
         Ok(CosineAnnealingLr { base: opt.lr(), t_max, eta_min, t: 0 })
     }
@@ -125,9 +133,9 @@ impl CosineAnnealingLr {
 }
 
 impl LrScheduler for CosineAnnealingLr {
-    fn step(&mut self, opt: &mut dyn Optimizer) {
+    fn step(&mut self, opt: &mut dyn Optimizer) -> Result<()> {
         self.t += 1;
-        opt.set_lr(self.lr());
+        opt.set_lr(self.lr())
     }
 
     fn lr(&self) -> f64 {
@@ -168,7 +176,7 @@ impl LinearWarmup {
             ));
         }
         let schedule = LinearWarmup { base: opt.lr(), warmup_steps, start_factor, then, t: 0 };
-        opt.set_lr(schedule.lr());
+        opt.set_lr(schedule.lr())?;
         Ok(schedule)
     }
 
@@ -197,14 +205,14 @@ impl std::fmt::Debug for LinearWarmup {
 }
 
 impl LrScheduler for LinearWarmup {
-    fn step(&mut self, opt: &mut dyn Optimizer) {
+    fn step(&mut self, opt: &mut dyn Optimizer) -> Result<()> {
         self.t += 1;
         if self.t > self.warmup_steps {
             if let Some(inner) = self.then.as_mut() {
-                inner.step(opt);
+                inner.step(opt)?;
             }
         }
-        opt.set_lr(self.lr());
+        opt.set_lr(self.lr())
     }
 
     fn lr(&self) -> f64 {
@@ -223,7 +231,7 @@ mod tests {
     use brasa_tensor::{DType, Tensor};
 
     fn sgd(lr: f64) -> Sgd {
-        let w = Var::param(Tensor::zeros([1], DType::F32).unwrap());
+        let w = Var::param(Tensor::zeros([1], DType::F32).unwrap()).unwrap();
         Sgd::new(vec![w], SgdConfig { lr, ..Default::default() }).unwrap()
     }
 
@@ -231,10 +239,28 @@ mod tests {
     fn invalid_arguments_are_errors() {
         let mut opt = sgd(0.1);
         assert!(StepLr::new(&opt, 0, 0.5).is_err());
+        for gamma in [f64::NAN, f64::INFINITY, -0.5] {
+            assert!(StepLr::new(&opt, 2, gamma).unwrap_err().to_string().contains("gamma"), "{gamma}");
+        }
         assert!(CosineAnnealingLr::new(&opt, 0, 0.0).is_err());
+        for eta_min in [f64::NAN, f64::NEG_INFINITY, -1e-3] {
+            assert!(CosineAnnealingLr::new(&opt, 10, eta_min).is_err(), "{eta_min}");
+        }
         assert!(LinearWarmup::new(&mut opt, 5, 0.0, None).unwrap_err().to_string().contains("(0, 1]"));
         assert!(LinearWarmup::new(&mut opt, 0, 0.5, None).is_err());
         assert_eq!(opt.lr(), 0.1);
+    }
+
+    #[test]
+    fn a_rate_the_optimizer_refuses_is_an_error_and_changes_nothing() {
+        let mut opt = sgd(1.0);
+        // γ = 1e300: the second decay overflows to infinity.
+        let mut grow = StepLr::new(&opt, 1, 1e300).unwrap();
+        grow.step(&mut opt).unwrap();
+        assert_eq!(opt.lr(), 1e300);
+        let err = grow.step(&mut opt).unwrap_err();
+        assert!(err.to_string().contains("lr must be finite"), "{err}");
+        assert_eq!(opt.lr(), 1e300, "the optimizer keeps its rate");
     }
 
     #[test]
@@ -243,7 +269,7 @@ mod tests {
         let mut warm = LinearWarmup::new(&mut opt, 4, 0.5, None).unwrap();
         let mut seen = vec![opt.lr()];
         for _ in 0..6 {
-            warm.step(&mut opt);
+            warm.step(&mut opt).unwrap();
             seen.push(opt.lr());
         }
         let want = [0.1, 0.125, 0.15, 0.175, 0.2, 0.2, 0.2];

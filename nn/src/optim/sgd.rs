@@ -15,7 +15,7 @@
 //! (which allocates the momentum buffers). Without momentum there is no
 //! state at all.
 
-use super::{check_non_negative, check_params, state_name, write_group, Optimizer, StateReader};
+use super::{check_non_negative, check_params, checked_grad, state_name, write_group, Optimizer, StateReader};
 use crate::error::{NnError, Result};
 use crate::state_dict::StateDict;
 use brasa_autograd::{no_grad, Var};
@@ -74,7 +74,7 @@ impl SgdConfig {
 /// use brasa_autograd::Var;
 /// use brasa_tensor::Tensor;
 ///
-/// let w = Var::param(Tensor::from_vec(vec![1.0f64, -2.0], [2])?);
+/// let w = Var::param(Tensor::from_vec(vec![1.0f64, -2.0], [2])?)?;
 /// let mut opt = Sgd::new(vec![w.clone()], SgdConfig { lr: 0.25, momentum: 0.9, ..Default::default() })?;
 /// w.mul(&w)?.sum_all()?.backward()?;      // grad = 2w
 /// opt.step()?;
@@ -156,7 +156,7 @@ impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
         let _guard = no_grad();
         for index in 0..self.params.len() {
-            if let Some(grad) = self.params[index].grad() {
+            if let Some(grad) = checked_grad("Sgd::step", &self.params[index])? {
                 self.update(index, &grad)?;
             }
         }
@@ -167,8 +167,10 @@ impl Optimizer for Sgd {
         self.config.lr
     }
 
-    fn set_lr(&mut self, lr: f64) {
+    fn set_lr(&mut self, lr: f64) -> Result<()> {
+        check_non_negative("Sgd::set_lr", "lr", lr)?;
         self.config.lr = lr;
+        Ok(())
     }
 
     fn params(&self) -> &[Var] {

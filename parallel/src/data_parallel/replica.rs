@@ -99,9 +99,9 @@ impl<M: Module> Replica<M> {
         let mut replacements = Vec::with_capacity(trainable.len());
         let mut grad_views = Vec::with_capacity(trainable.len());
         for (slot, old) in layout.slots.iter().zip(&trainable) {
-            let new = Var::param(view_of(&flat_params[slot.group], slot.range(), &slot.dims)?);
+            let new = Var::param(view_of(&flat_params[slot.group], slot.range(), &slot.dims)?)?;
             let grad = view_of(&flat_grads[slot.group], slot.range(), &slot.dims)?;
-            new.set_grad(Some(grad.clone()));
+            new.set_grad(Some(grad.clone()))?;
             replacements.push(((*old).clone(), new));
             grad_views.push(grad);
         }
@@ -125,7 +125,7 @@ impl<M: Module> Replica<M> {
         for piece in layout.pieces(rank) {
             let shard = layout.shard(piece.group, rank);
             let len = piece.flat.len();
-            owned.push(Var::param(flat_params[piece.group].narrow(0, piece.flat.start, len)?));
+            owned.push(Var::param(flat_params[piece.group].narrow(0, piece.flat.start, len)?)?);
             owned_grads.push(grad_shards[piece.group].narrow(0, piece.flat.start - shard.start, len)?);
         }
         let buffers = module.named_buffers().into_iter().map(|(_, b)| b).collect();
@@ -156,7 +156,7 @@ impl<M: Module> Replica<M> {
                 Some(grad) => view.copy_(&grad)?,
                 None => view.zero_()?,
             }
-            param.set_grad(Some(view.clone()));
+            param.set_grad(Some(view.clone()))?;
         }
         Ok(())
     }
@@ -262,7 +262,7 @@ impl<M: Module> Replica<M> {
             .collect();
         wait_all(works)?;
         for (var, grad) in self.owned.iter().zip(&self.owned_grads) {
-            var.set_grad(Some(grad.clone()));
+            var.set_grad(Some(grad.clone()))?;
         }
         let norm = match config.max_grad_norm {
             Some(max_norm) => Some(self.clip(comm, max_norm)?),

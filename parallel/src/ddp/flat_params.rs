@@ -26,7 +26,7 @@ pub(crate) fn flatten(params: &[Var], assignment: &[Vec<usize>], world: usize) -
             let dims: Vec<isize> = param.dims().iter().map(|d| *d as isize).collect();
             let view = flat.narrow(0, offset, param.numel())?.reshape(&dims)?;
             view.copy_(param.tensor())?;
-            views[p] = Some(Var::param(view));
+            views[p] = Some(Var::param(view)?);
             offset += param.numel();
         }
         flats.push(flat);

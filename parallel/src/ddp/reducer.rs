@@ -131,7 +131,7 @@ impl Reducer {
                             ZeroStage::One => bucket.flat.narrow(0, rank * len, len)?,
                             ZeroStage::Two => Tensor::zeros_on([len], bucket.flat.dtype(), bucket.flat.device())?,
                         };
-                        let param = Var::param(flat_param.narrow(0, rank * len, len)?);
+                        let param = Var::param(flat_param.narrow(0, rank * len, len)?)?;
                         Ok(Shard { flat_param: flat_param.clone(), param, grad })
                     })
                     .collect::<Result<Vec<_>>>()?
@@ -234,7 +234,7 @@ impl Reducer {
             Some(grad) => view.copy_(&grad)?,
             None => view.zero_()?,
         }
-        param.set_grad(Some(view));
+        param.set_grad(Some(view))?;
         Ok(())
     }
 
@@ -374,7 +374,7 @@ impl Reducer {
             // Every gradient now lives in its owner's shard: release the
             // full buffers (the next forward allocates them again).
             for param in &self.params {
-                param.set_grad(None);
+                param.set_grad(None)?;
             }
             for bucket in lock(&self.layout).buckets.iter_mut() {
                 bucket.release()?;
@@ -433,7 +433,7 @@ impl Reducer {
                 if let Some(grad) = param.grad() {
                     view.copy_(&grad)?;
                 }
-                param.set_grad(Some(view));
+                param.set_grad(Some(view))?;
             }
         }
         *lock(&self.layout) = layout;

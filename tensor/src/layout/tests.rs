@@ -9,7 +9,7 @@ fn offsets(layout: &Layout) -> Vec<usize> {
 
 #[test]
 fn contiguous_layout_basics() {
-    let layout = Layout::contiguous([2, 3, 4]);
+    let layout = Layout::contiguous([2, 3, 4]).unwrap();
     assert_eq!(layout.strides(), &[12, 4, 1]);
     assert!(layout.is_contiguous());
     assert_eq!(layout.required_storage_len(), 24);
@@ -22,7 +22,7 @@ fn contiguous_layout_basics() {
     );
     assert!(layout.offset_of(&[1, 2]).is_err());
 
-    let scalar = Layout::contiguous_with_offset((), 7);
+    let scalar = Layout::contiguous_with_offset((), 7).unwrap();
     assert_eq!(offsets(&scalar), vec![7]);
     assert_eq!(scalar.required_storage_len(), 8);
     assert!(scalar.is_contiguous());
@@ -30,17 +30,17 @@ fn contiguous_layout_basics() {
 
 #[test]
 fn error_messages_name_the_problem() {
-    let layout = Layout::contiguous([2, 4]);
+    let layout = Layout::contiguous([2, 4]).unwrap();
     assert_eq!(
         layout.narrow(1, 3, 2).unwrap_err().to_string(),
         "narrow: dim 1 has size 4 but start 3 + length 2 = 5 exceeds it"
     );
     assert_eq!(
-        Layout::contiguous([2, 3, 4]).permute(&[0, 0, 2]).unwrap_err().to_string(),
+        Layout::contiguous([2, 3, 4]).unwrap().permute(&[0, 0, 2]).unwrap_err().to_string(),
         "permute: expected a permutation of 0..3, got [0, 0, 2]"
     );
     assert_eq!(
-        Layout::contiguous([2, 3]).broadcast_as([4, 2]).unwrap_err().to_string(),
+        Layout::contiguous([2, 3]).unwrap().broadcast_as([4, 2]).unwrap_err().to_string(),
         "cannot broadcast shape [2, 3] to [4, 2]"
     );
     assert_eq!(
@@ -85,14 +85,57 @@ fn new_checks_strides_and_bounds() {
     assert_eq!(wide.unsqueeze(0).unwrap().strides()[0], isize::MAX);
     assert_eq!(wide.coalesced(), wide);
     assert!(!wide.is_contiguous());
-    let broadcast = Layout::contiguous([1]).broadcast_as(huge).unwrap();
+    assert_eq!(
+        Layout::new(huge, vec![0, 0, 1], 0).unwrap_err(),
+        LayoutError::TooLarge { shape: Shape::from(huge) },
+        "even when the strides address little storage"
+    );
+    assert!(Layout::contiguous([1]).unwrap().broadcast_as(huge).is_err());
+    let big = [1 << 31, 1 << 31, 1];
+    let broadcast = Layout::contiguous([1]).unwrap().broadcast_as(big).unwrap();
+    assert_eq!(broadcast.numel(), 1 << 62);
     assert!(broadcast.reshape([usize::MAX, 2, usize::MAX]).is_err());
+    assert!(broadcast.broadcast_as([2, 1 << 31, 1 << 31, 1]).is_err());
     assert_eq!(broadcast.offsets().take(2).collect::<Vec<_>>(), vec![0, 0]);
+    assert_eq!(broadcast.without_broadcast_dims().dims(), [1, 1, 1]);
+    assert!(broadcast.has_internal_overlap());
+}
+
+#[test]
+fn constructors_refuse_shapes_too_large_for_a_tensor() {
+    for dims in [&[usize::MAX][..], &[1 << 32, 1 << 32], &[0, usize::MAX], &[0, 1 << 62, 4]] {
+        let error = Layout::contiguous(dims).unwrap_err();
+        assert_eq!(error, LayoutError::TooLarge { shape: Shape::from(dims) });
+        assert!(Layout::new(dims, vec![0; dims.len()], 0).is_err());
+    }
+    let most = isize::MAX as usize;
+    assert_eq!(Layout::contiguous([most]).unwrap().numel(), most);
+    assert!(Layout::contiguous_with_offset([most], 1).is_ok(), "its last element is isize::MAX");
+    assert!(Layout::contiguous_with_offset([most], 2).is_err(), "its last element would be past isize::MAX");
+    assert!(Layout::contiguous_with_offset([0], usize::MAX).is_ok(), "no element, no bound");
+    assert!(Layout::contiguous_with_offset((), most).is_ok());
+    let empty = Layout::contiguous([0]).unwrap();
+    assert_eq!(
+        empty.reshape([0, 1 << 62, 4]).unwrap_err(),
+        LayoutError::TooLarge { shape: Shape::from([0, 1 << 62, 4]) }
+    );
+    assert!(empty.reshape([0, most]).unwrap().is_some());
+}
+
+#[test]
+fn zero_dim_layouts_transpose_and_squeeze_to_themselves() {
+    let scalar = Layout::contiguous_with_offset((), 3).unwrap();
+    assert_eq!(scalar.transpose(0, -1).unwrap(), scalar);
+    assert_eq!(scalar.squeeze(-1).unwrap(), scalar);
+    assert!(scalar.transpose(0, 1).is_err());
+    assert!(scalar.squeeze(1).is_err());
+    assert_eq!(scalar.unsqueeze(0).unwrap().dims(), [1]);
+    assert!(!scalar.has_internal_overlap());
 }
 
 #[test]
 fn views_move_strides_and_offset() {
-    let layout = Layout::contiguous([2, 3, 4]);
+    let layout = Layout::contiguous([2, 3, 4]).unwrap();
     let t = layout.transpose(0, -1).unwrap();
     assert_eq!(t.dims(), &[4, 3, 2]);
     assert_eq!(t.strides(), &[1, 4, 12]);
@@ -114,7 +157,7 @@ fn views_move_strides_and_offset() {
     assert_eq!(u.squeeze(1).unwrap(), layout);
     assert_eq!(u.squeeze_all(), layout);
 
-    let b = Layout::contiguous([3, 1]).broadcast_as([2, 3, 4]).unwrap();
+    let b = Layout::contiguous([3, 1]).unwrap().broadcast_as([2, 3, 4]).unwrap();
     assert_eq!(b.strides(), &[0, 1, 0]);
     assert_eq!(offsets(&b).len(), 24);
     assert_eq!(&offsets(&b)[..8], &[0, 0, 0, 0, 1, 1, 1, 1]);
@@ -123,9 +166,11 @@ fn views_move_strides_and_offset() {
 
 #[test]
 fn empty_layouts_yield_nothing() {
-    for layout in
-        [Layout::contiguous([0]), Layout::contiguous([3, 0, 2]), Layout::contiguous([2, 3]).narrow(1, 3, 0).unwrap()]
-    {
+    for layout in [
+        Layout::contiguous([0]).unwrap(),
+        Layout::contiguous([3, 0, 2]).unwrap(),
+        Layout::contiguous([2, 3]).unwrap().narrow(1, 3, 0).unwrap(),
+    ] {
         assert_eq!(layout.offsets().count(), 0);
         assert_eq!(layout.contiguous_runs().count(), 0);
         assert_eq!(layout.inner_contiguous_run(), 0);
@@ -136,7 +181,7 @@ fn empty_layouts_yield_nothing() {
 
 #[test]
 fn reshape_views_and_refusals() {
-    let layout = Layout::contiguous([2, 3, 4]);
+    let layout = Layout::contiguous([2, 3, 4]).unwrap();
     let v = layout.reshape([6, 4]).unwrap().unwrap();
     assert_eq!(v.strides(), &[4, 1]);
     // Transposed inner dims cannot be flattened without a copy...
@@ -150,23 +195,23 @@ fn reshape_views_and_refusals() {
     let split = every_other.reshape([2, 2]).unwrap().unwrap();
     assert_eq!((split.strides(), split.offset()), (&[4, 2][..], 1));
     // Broadcast dims can be split but not merged with real ones.
-    let b = Layout::contiguous([3]).broadcast_as([4, 3]).unwrap();
+    let b = Layout::contiguous([3]).unwrap().broadcast_as([4, 3]).unwrap();
     assert_eq!(b.reshape([12]).unwrap(), None);
     assert_eq!(b.reshape([2, 2, 3]).unwrap().unwrap().strides(), &[0, 0, 1]);
     // Scalars and empties.
-    assert_eq!(Layout::contiguous(()).reshape([1, 1]).unwrap().unwrap().strides(), &[1, 1]);
-    assert!(Layout::contiguous([0, 3]).reshape([3, 0]).unwrap().is_some());
+    assert_eq!(Layout::contiguous(()).unwrap().reshape([1, 1]).unwrap().unwrap().strides(), &[1, 1]);
+    assert!(Layout::contiguous([0, 3]).unwrap().reshape([3, 0]).unwrap().is_some());
 }
 
 #[test]
 fn coalescing_merges_what_it_can() {
-    let layout = Layout::contiguous([2, 1, 3, 4]);
+    let layout = Layout::contiguous([2, 1, 3, 4]).unwrap();
     let c = layout.coalesced();
     assert_eq!((c.dims(), c.strides()), (&[24][..], &[1][..]));
-    let t = Layout::contiguous([2, 3, 4]).transpose(0, 1).unwrap();
+    let t = Layout::contiguous([2, 3, 4]).unwrap().transpose(0, 1).unwrap();
     let c = t.coalesced();
     assert_eq!((c.dims(), c.strides()), (&[3, 2, 4][..], &[4, 12, 1][..]));
-    let b = Layout::contiguous([4]).broadcast_as([5, 3, 4]).unwrap();
+    let b = Layout::contiguous([4]).unwrap().broadcast_as([5, 3, 4]).unwrap();
     let c = b.coalesced();
     assert_eq!((c.dims(), c.strides()), (&[15, 4][..], &[0, 1][..]));
     assert_eq!(b.contiguous_runs().run_len(), 4);
@@ -358,7 +403,7 @@ fn random_view() -> impl Strategy<Value = (Layout, Dense)> {
         proptest::collection::vec((any::<u8>(), any::<[usize; 4]>()), 0..8),
     )
         .prop_map(|(dims, offset, raw_ops)| {
-            let mut layout = Layout::contiguous_with_offset(dims.clone(), offset);
+            let mut layout = Layout::contiguous_with_offset(dims.clone(), offset).unwrap();
             let mut dense = Dense::contiguous(&dims, offset);
             for (kind, r) in raw_ops {
                 if let Some(op) = choose_op(&dense.dims, kind, &r) {
@@ -479,7 +524,7 @@ proptest! {
         dims in proptest::collection::vec(0usize..6, 1..4),
         dim: usize, start in 0usize..8, len in 0usize..8,
     ) {
-        let layout = Layout::contiguous(dims.clone());
+        let layout = Layout::contiguous(dims.clone()).unwrap();
         let dim = dim % dims.len();
         let result = layout.narrow(dim, start, len);
         prop_assert_eq!(result.is_ok(), start + len <= dims[dim]);

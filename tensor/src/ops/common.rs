@@ -4,7 +4,6 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::shape::Shape;
-use crate::storage::Storage;
 use crate::tensor::Tensor;
 
 /// Errors unless every tensor is on the first one's device.
@@ -45,7 +44,9 @@ pub(crate) fn expect_rank(op: &'static str, tensor: &Tensor, rank: usize) -> Res
     }
 }
 
-/// Fresh, uninitialized output storage: the op must write every element.
-pub(crate) fn output(device: Device, dtype: DType, shape: &Shape) -> Result<Storage> {
-    Storage::uninit(device, dtype, shape.numel())
+/// A fresh contiguous output tensor of `shape` ([`Tensor::uninit`]: its
+/// size is checked here): the op must write every element before handing
+/// it out.
+pub(crate) fn output(device: Device, dtype: DType, shape: &Shape) -> Result<Tensor> {
+    Tensor::uninit(shape.clone(), dtype, device)
 }

@@ -84,9 +84,11 @@ impl Tensor {
         let mut dims = first.dims().to_vec();
         dims[d] = total;
         let shape = Shape::from(dims);
+        // Checks the size first: then the products below cannot overflow.
+        let result = output(first.device(), first.dtype(), &shape)?;
+        let storage = result.storage();
         let outer: usize = shape.dims()[..d].iter().product();
         let inner: usize = shape.dims()[d + 1..].iter().product();
-        let storage = output(first.device(), first.dtype(), &shape)?;
         let mut start = 0usize;
         for t in tensors {
             let len = t.dims()[d];
@@ -105,7 +107,7 @@ impl Tensor {
             }
             start += len;
         }
-        Ok(Tensor::from_storage(storage, shape))
+        Ok(result)
     }
 
     /// Stacks tensors of one shape along a new dim `dim` (which may be their
@@ -150,7 +152,19 @@ impl Tensor {
         if size == 0 {
             return Ok(vec![self.clone()]);
         }
-        (0..size).step_by(split_size).map(|start| self.narrow(d, start, split_size.min(size - start))).collect()
+        // An expanded dim can be far longer than memory allows pieces for.
+        let pieces = size.div_ceil(split_size);
+        let mut views = Vec::new();
+        views.try_reserve_exact(pieces).map_err(|_| {
+            TensorError::invalid(
+                OP,
+                format!("splitting dim {d} of size {size} into {pieces} pieces takes too much memory"),
+            )
+        })?;
+        for start in (0..size).step_by(split_size) {
+            views.push(self.narrow(d, start, split_size.min(size - start))?);
+        }
+        Ok(views)
     }
 
     /// Splits `dim` into `chunks` views as PyTorch does: pieces of

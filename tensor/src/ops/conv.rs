@@ -331,7 +331,8 @@ impl Tensor {
         let grad = self.contiguous()?;
         let [n, c, h, w] = [grad.dims()[0], grad.dims()[1], grad.dims()[2], grad.dims()[3]];
         let plane = h * w;
-        let storage = output(self.device(), self.dtype(), &Shape::from([c]))?;
+        let result = output(self.device(), self.dtype(), &Shape::from([c]))?;
+        let storage = result.storage();
         let _guard = lock_storages(&[grad.storage()], &[]);
         crate::dispatch::dispatch_dtype!(self.dtype(), T => {
             // SAFETY: the read lock is held; the output storage is new and ours alone.
@@ -346,7 +347,7 @@ impl Tensor {
                 *o = T::from_f64(sum);
             });
         });
-        Ok(Tensor::from_storage(storage, Shape::from([c])))
+        Ok(result)
     }
 }
 
@@ -423,7 +424,8 @@ fn forward<T: ConvFloat>(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>,
     // Read before the locks are taken: `to_vec` takes its own.
     let b: Option<Vec<T>> = bias.map(|b| b.to_vec::<T>()).transpose()?;
     let shape = plan.output_shape();
-    let storage = output(input.device(), input.dtype(), &shape)?;
+    let result = output(input.device(), input.dtype(), &shape)?;
+    let storage = result.storage();
     {
         let _guard = lock_storages(&[input.storage(), weight.storage()], &[]);
         // SAFETY: the read locks are held for the slices' lives; the output
@@ -464,7 +466,7 @@ fn forward<T: ConvFloat>(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>,
             Ok(())
         })?;
     }
-    Ok(Tensor::from_storage(storage, shape))
+    Ok(result)
 }
 
 fn backward_input<T: ConvFloat>(grad: &Tensor, weight: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
@@ -479,7 +481,8 @@ fn backward_input<T: ConvFloat>(grad: &Tensor, weight: &Tensor, plan: &ConvPlan)
     let (h, w_in) = geometry.input();
     let g_n = strides4(&grad)[0];
     let shape = plan.input_shape();
-    let storage = output(grad.device(), grad.dtype(), &shape)?;
+    let result = output(grad.device(), grad.dtype(), &shape)?;
+    let storage = result.storage();
     {
         let _guard = lock_storages(&[grad.storage(), weight.storage()], &[]);
         // SAFETY: the read locks are held for the slices' lives; the output
@@ -516,7 +519,7 @@ fn backward_input<T: ConvFloat>(grad: &Tensor, weight: &Tensor, plan: &ConvPlan)
             Ok(())
         })?;
     }
-    Ok(Tensor::from_storage(storage, shape))
+    Ok(result)
 }
 
 fn backward_weight<T: ConvFloat>(input: &Tensor, grad: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
@@ -532,7 +535,8 @@ fn backward_weight<T: ConvFloat>(input: &Tensor, grad: &Tensor, plan: &ConvPlan)
     let g_n = strides4(&grad)[0];
     let pointwise = if geometry.is_pointwise() { merged_stride(&input.dims()[2..], &[s_h, s_w]) } else { None };
     let shape = plan.weight_shape();
-    let storage = output(input.device(), input.dtype(), &shape)?;
+    let result = output(input.device(), input.dtype(), &shape)?;
+    let storage = result.storage();
     {
         let _guard = lock_storages(&[input.storage(), grad.storage()], &[]);
         // SAFETY: the read locks are held for the slices' lives; the output
@@ -596,7 +600,7 @@ fn backward_weight<T: ConvFloat>(input: &Tensor, grad: &Tensor, plan: &ConvPlan)
             accumulate(0..plan.batch, out, &mut col, &GemmOptions::default())?;
         }
     }
-    Ok(Tensor::from_storage(storage, shape))
+    Ok(result)
 }
 
 #[cfg(test)]

@@ -324,24 +324,6 @@ pub(crate) fn prepare_in_place(op: &'static str, dst: &Tensor, src: &Tensor) -> 
     }
 }
 
-/// Errors when `dst` has broadcast (stride-0) dims: an in-place write would
-/// hit one element several times.
-fn check_writable(op: &'static str, dst: &Tensor) -> Result<()> {
-    let overlapping = dst.dims().iter().zip(dst.strides()).any(|(&size, &stride)| size > 1 && stride == 0);
-    if overlapping {
-        return Err(TensorError::invalid(
-            op,
-            format!(
-                "cannot write in place to a tensor whose elements share memory (shape {:?}, strides {:?}, e.g. an \
-                 expanded view); make it contiguous first",
-                dst.dims(),
-                dst.strides()
-            ),
-        ));
-    }
-    Ok(())
-}
-
 // ----- out-of-place drivers ----------------------------------------------------
 
 /// A new contiguous tensor of dtype `D` with `out[i] = kernel(x)[i]`, the
@@ -356,12 +338,12 @@ pub(crate) fn map_unary<S: WithDType, D: WithDType>(
     let _guard = lock_storages(&[x.storage()], &[]);
     // SAFETY: the read lock is held while the slice lives.
     let src = unsafe { x.storage().host_slice::<S>(op)? };
-    let out = Storage::uninit(x.device(), D::DTYPE, x.numel())?;
+    let out = Tensor::uninit_like(x, D::DTYPE, x.device())?;
     // SAFETY: the storage is new and ours alone.
-    let dst = unsafe { out.host_slice_mut::<D>(op)? };
+    let dst = unsafe { out.storage().host_slice_mut::<D>(op)? };
     let plan = Plan::new(x.dims(), &[x.layout()]);
     plan.run(dst, cost, |starts, row| kernel(operand(src, &plan, 0, &starts), row).map_err(kernel_error(op)))?;
-    Ok(Tensor::from_storage(out, x.shape().clone()))
+    Ok(out)
 }
 
 /// A new contiguous tensor with `out[i] = kernel(a, b)[i]`; `a` and `b` have
@@ -377,14 +359,14 @@ pub(crate) fn map_binary<A: WithDType, B: WithDType, D: WithDType>(
     let _guard = lock_storages(&[a.storage(), b.storage()], &[]);
     // SAFETY: the read locks are held while the slices live.
     let (da, db) = unsafe { (a.storage().host_slice::<A>(op)?, b.storage().host_slice::<B>(op)?) };
-    let out = Storage::uninit(a.device(), D::DTYPE, a.numel())?;
+    let out = Tensor::uninit_like(a, D::DTYPE, a.device())?;
     // SAFETY: the storage is new and ours alone.
-    let dst = unsafe { out.host_slice_mut::<D>(op)? };
+    let dst = unsafe { out.storage().host_slice_mut::<D>(op)? };
     let plan = Plan::new(a.dims(), &[a.layout(), b.layout()]);
     plan.run(dst, cost, |starts, row| {
         kernel(operand(da, &plan, 0, &starts), operand(db, &plan, 1, &starts), row).map_err(kernel_error(op))
     })?;
-    Ok(Tensor::from_storage(out, a.shape().clone()))
+    Ok(out)
 }
 
 /// A new contiguous tensor with `out[i] = kernel(a, b, c)[i]`; the operands
@@ -401,16 +383,16 @@ pub(crate) fn map_ternary<A: WithDType, B: WithDType, C: WithDType, D: WithDType
     let (da, db, dc) = unsafe {
         (a.storage().host_slice::<A>(op)?, b.storage().host_slice::<B>(op)?, c.storage().host_slice::<C>(op)?)
     };
-    let out = Storage::uninit(a.device(), D::DTYPE, a.numel())?;
+    let out = Tensor::uninit_like(a, D::DTYPE, a.device())?;
     // SAFETY: the storage is new and ours alone.
-    let dst = unsafe { out.host_slice_mut::<D>(op)? };
+    let dst = unsafe { out.storage().host_slice_mut::<D>(op)? };
     let plan = Plan::new(a.dims(), &[a.layout(), b.layout(), c.layout()]);
     plan.run(dst, cost, |starts, row| {
         let (x, y, z) =
             (operand(da, &plan, 0, &starts), operand(db, &plan, 1, &starts), operand(dc, &plan, 2, &starts));
         kernel(x, y, z, row).map_err(kernel_error(op))
     })?;
-    Ok(Tensor::from_storage(out, a.shape().clone()))
+    Ok(out)
 }
 
 // ----- in-place driver ------------------------------------------------------------
@@ -428,7 +410,7 @@ pub(crate) fn update_in_place<T: WithDType, const N: usize>(
     kernel: impl Fn(StridedMut<'_, T>, [Strided<'_, T>; N]) -> std::result::Result<(), KernelError> + Sync,
 ) -> Result<()> {
     let _range = brasa_profile::record_op(op, &[dst.dims()]);
-    check_writable(op, dst)?;
+    dst.check_writable(op)?;
     let reads: Vec<&Storage> = operands.iter().map(|t| &**t.storage()).collect();
     let _guard = lock_storages(&reads, &[dst.storage()]);
     let mut sources: [&[T]; N] = [&[]; N];
@@ -474,7 +456,9 @@ pub(crate) trait IntElement: WithDType + Ord {
     fn wrapping_mul(self, other: Self) -> Self;
     fn wrapping_abs(self) -> Self;
     /// `self^exponent`, wrapping; a negative exponent gives the truncated
-    /// quotient `1 / self^|exponent|` (0 unless self is ±1; 0 for 0).
+    /// quotient `1 / self^|exponent|` (0 unless self is ±1; 0 for 0), as
+    /// PyTorch's integer `pow` of two tensors does. At most 64 squarings,
+    /// whatever the exponent (`i64::MIN` included).
     fn int_pow(self, exponent: Self) -> Self;
 }
 
@@ -506,9 +490,12 @@ macro_rules! impl_int_element {
             fn int_pow(self, exponent: Self) -> Self {
                 let negative: fn($t) -> bool = $negative;
                 if negative(exponent) {
+                    // Only the parity of the exponent matters for -1; negating
+                    // it instead would leave i64::MIN negative, forever.
                     return match self.to_i64() {
                         1 => 1 as $t,
-                        -1 => self.int_pow(exponent.wrapping_neg()),
+                        -1 if exponent.to_i64() & 1 == 0 => 1 as $t,
+                        -1 => self,
                         _ => 0 as $t,
                     };
                 }
@@ -551,8 +538,8 @@ mod tests {
 
     #[test]
     fn contiguous_and_scalar_operands_collapse_to_one_row() {
-        let a = Layout::contiguous([2, 3, 4]);
-        let s = Layout::contiguous_with_offset(Shape::scalar(), 5).broadcast_as([2, 3, 4]).unwrap();
+        let a = Layout::contiguous([2, 3, 4]).unwrap();
+        let s = Layout::contiguous_with_offset(Shape::scalar(), 5).unwrap().broadcast_as([2, 3, 4]).unwrap();
         let plan = Plan::new(&[2, 3, 4], &[&a, &s]);
         assert!(plan.outer.is_empty());
         assert_eq!((plan.inner_len, plan.inner_stride(0), plan.inner_stride(1)), (24, 1, 0));
@@ -561,13 +548,13 @@ mod tests {
 
     #[test]
     fn row_broadcast_walks_rows_and_splits_at_chunk_edges() {
-        let a = Layout::contiguous([3, 4]);
-        let bias = Layout::contiguous([4]).broadcast_as([3, 4]).unwrap();
+        let a = Layout::contiguous([3, 4]).unwrap();
+        let bias = Layout::contiguous([4]).unwrap().broadcast_as([3, 4]).unwrap();
         let plan = Plan::new(&[3, 4], &[&a, &bias]);
         assert_eq!(plan.outer.len(), 1);
         assert_eq!(rows(&plan, 2..11), [(0, 2, [2, 2, 0, 0]), (2, 4, [4, 0, 0, 0]), (6, 3, [8, 0, 0, 0])]);
         // A transposed operand keeps its strides.
-        let t = Layout::contiguous([4, 3]).transpose(0, 1).unwrap();
+        let t = Layout::contiguous([4, 3]).unwrap().transpose(0, 1).unwrap();
         let plan = Plan::new(&[3, 4], &[&a, &t]);
         assert_eq!(rows(&plan, 4..8), [(0, 4, [4, 1, 0, 0])]);
         assert_eq!(plan.inner_stride(1), 3);
@@ -575,9 +562,9 @@ mod tests {
 
     #[test]
     fn empty_and_zero_dim_plans() {
-        let e = Layout::contiguous([2, 0, 3]);
+        let e = Layout::contiguous([2, 0, 3]).unwrap();
         assert!(rows(&Plan::new(&[2, 0, 3], &[&e]), 0..6).is_empty());
-        let z = Layout::contiguous_with_offset(Shape::scalar(), 7);
+        let z = Layout::contiguous_with_offset(Shape::scalar(), 7).unwrap();
         assert_eq!(rows(&Plan::new(&[], &[&z]), 0..1), [(0, 1, [7, 0, 0, 0])]);
     }
 
@@ -594,7 +581,14 @@ mod tests {
         assert_eq!(3i64.int_pow(4), 81);
         assert_eq!(2u8.int_pow(9), 0, "wraps");
         assert_eq!((-1i64).int_pow(-3), -1);
+        assert_eq!((-1i64).int_pow(-4), 1);
+        assert_eq!((-1i64).int_pow(i64::MIN), 1, "even, and returns");
+        assert_eq!((-1i64).int_pow(i64::MAX), -1);
+        assert_eq!(2i64.int_pow(i64::MIN), 0);
+        assert_eq!(0i64.int_pow(-1), 0);
+        assert_eq!(1i64.int_pow(i64::MIN), 1);
         assert_eq!(2i64.int_pow(-1), 0);
+        assert_eq!(3i64.int_pow(64), 3i64.wrapping_pow(64), "wraps");
         assert_eq!(i64::MIN.wrapping_abs(), i64::MIN);
     }
 }

@@ -136,7 +136,16 @@ impl Tensor {
             return Err(TensorError::shape(OP, format!("indices must be 0-d or 1-d, got shape {:?}", indices.dims())));
         }
         if self.rank() == 0 {
-            return Err(TensorError::shape(OP, "needs a tensor with at least one dim, got a 0-d tensor"));
+            // As in PyTorch: dim 0 or -1, exactly one index (which must be 0),
+            // and a 0-d result.
+            resolve_dim(dim, 1, OP)?;
+            if indices.numel() != 1 {
+                return Err(TensorError::shape(
+                    OP,
+                    format!("index to a 0-d tensor can have only 1 value, got {} values", indices.numel()),
+                ));
+            }
+            return self.reshape(&[1])?.index_select(0, &indices.reshape(&[1])?)?.reshape(&[]);
         }
         let d = resolve_dim(dim, self.rank(), OP)?;
         let ids = index_values(OP, indices)?;
@@ -161,7 +170,8 @@ impl Tensor {
     ) -> Result<Tensor> {
         kernels::check_indices(ids, size).map_err(|e| index_error(op, what, &[ids.len()], e))?;
         let (x, offset) = contiguous_source(self)?;
-        let storage = output(x.device(), x.dtype(), &shape)?;
+        let result = output(x.device(), x.dtype(), &shape)?;
+        let storage = result.storage();
         {
             let _guard = lock_storages(&[x.storage()], &[]);
             dispatch_dtype!(x.dtype(), T => {
@@ -181,7 +191,7 @@ impl Tensor {
                 }
             });
         }
-        Ok(Tensor::from_storage(storage, shape))
+        Ok(result)
     }
 
     /// Looks up rows of `weight` (`[vocabulary, dim]`) for `ids` (`i64`, any
@@ -232,7 +242,8 @@ impl Tensor {
         let size = x.dims()[d];
         let stride = usize::try_from(x.strides()[d]).unwrap_or(0);
         let bases = bases_layout(OP, &x, index.dims(), d)?;
-        let storage = output(x.device(), x.dtype(), index.shape())?;
+        let result = output(x.device(), x.dtype(), index.shape())?;
+        let storage = result.storage();
         {
             let _guard = lock_storages(&[x.storage()], &[]);
             dispatch_dtype!(x.dtype(), T => {
@@ -242,7 +253,7 @@ impl Tensor {
                     .map_err(|e| index_error(OP, &format!("dim {d}"), index.dims(), e))?;
             });
         }
-        Ok(Tensor::from_storage(storage, out_shape))
+        Ok(result.with_layout(Layout::contiguous(out_shape)?))
     }
 
     /// PyTorch's `scatter_add` without modifying this tensor: a copy of it
@@ -267,17 +278,7 @@ impl Tensor {
         let d = resolve_dim(dim, x.rank(), OP)?;
         check_index_shape(OP, &index, &x, "self", d, false)?;
         check_index_shape(OP, &index, &src, "src", d, true)?;
-        if x.dims().iter().zip(x.strides()).any(|(&size, &stride)| size > 1 && stride == 0) {
-            return Err(TensorError::invalid(
-                OP,
-                format!(
-                    "self (shape {:?}, strides {:?}) is expanded: several elements share one memory location; \
-                     write into a contiguous copy",
-                    x.dims(),
-                    x.strides()
-                ),
-            ));
-        }
+        x.check_writable(OP)?;
         let ids = index_values(OP, &index)?;
         // Only the part of src that index covers is read.
         let mut src = src;
@@ -313,7 +314,8 @@ impl Tensor {
         let mut shape = self.dims().to_vec();
         shape.push(num_classes);
         let shape = Shape::from(shape);
-        let storage = output(self.device(), DType::I64, &shape)?;
+        let result = output(self.device(), DType::I64, &shape)?;
+        let storage = result.storage();
         // SAFETY: the storage is new and ours alone.
         let out = unsafe { storage.host_slice_mut::<i64>(OP)? };
         kernels::one_hot(&ids, num_classes, out).map_err(|e| match e {
@@ -327,7 +329,7 @@ impl Tensor {
             }
             other => index_error(OP, "the classes", self.dims(), other),
         })?;
-        Ok(Tensor::from_storage(storage, shape))
+        Ok(result)
     }
 }
 

@@ -14,7 +14,7 @@
 //! scalar, and `div_` needs a float tensor.
 
 use crate::dispatch::{dispatch_float, dispatch_int};
-use crate::dtype::{DType, WithDType};
+use crate::dtype::{integer_scalar, DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::ops::elementwise::{check_can_cast, prepare_in_place, scalar_result_dtype, update_in_place, Cost};
 use crate::ops::unary::{clamp_bounds, int_bound};
@@ -103,7 +103,7 @@ fn affine_in_place(name: &'static str, dst: &Tensor, mul: f64, add: f64) -> Resu
     let op = UnaryOp::Affine { mul, add };
     dispatch_float!(dtype, T => update_in_place::<T, 0>(name, dst, [], Cost::Cheap, |d, []| unary_update(op, d)),
         dispatch_int!(dtype, T => {
-            let (m, a) = (T::from_i64(mul as i64), T::from_i64(add as i64));
+            let (m, a) = (T::from_i64(integer_scalar(name, mul)?), T::from_i64(integer_scalar(name, add)?));
             update_in_place::<T, 0>(name, dst, [], Cost::Cheap, |d, []| update0(d, |v| v.wrapping_mul(m).wrapping_add(a)))
         }, Err(TensorError::invalid(name, format!("is not supported for {dtype} tensors")))))
 }
@@ -179,7 +179,7 @@ impl Tensor {
         let x = prepare_in_place(name, self, x)?;
         dispatch_float!(dtype, T => update_in_place::<T, 1>(name, self, [&x], Cost::Cheap, |d, [x]| axpy(alpha, x, d)),
             dispatch_int!(dtype, T => {
-                let a = T::from_i64(alpha as i64);
+                let a = T::from_i64(integer_scalar(name, alpha)?);
                 update_in_place::<T, 1>(name, self, [&x], Cost::Cheap, |d, [x]| {
                     update1(d, x, |v, w: T| v.wrapping_add(w.wrapping_mul(a)))
                 })
@@ -247,7 +247,7 @@ mod tests {
         assert_eq!(x.to_vec::<f32>().unwrap(), [1.0, 4.0, 3.0, 1.0, 4.0, 3.0]);
         assert_eq!(x.version(), 2);
         let expanded = Tensor::zeros_on([3], DType::F32, Device::CPU).unwrap().expand([2, 3]).unwrap();
-        assert!(expanded.add_scalar_(1.0).unwrap_err().to_string().contains("share memory"));
+        assert!(expanded.add_scalar_(1.0).unwrap_err().to_string().contains("refers to a single memory location"));
     }
 
     #[test]

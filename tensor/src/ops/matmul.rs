@@ -103,7 +103,8 @@ impl Tensor {
         let (a, a_layout) = non_negative(&a, a_layout)?;
         let (b, b_layout) = non_negative(&b, b_layout)?;
 
-        let storage = output(device, dtype, &full)?;
+        let result = output(device, dtype, &full)?;
+        let storage = result.storage();
         if full.numel() > 0 {
             let _guard = lock_storages(&[a.storage(), b.storage()], &[]);
             let problem = Problem { a: &a_layout, b: &b_layout, batch: batch.dims(), m, n, k };
@@ -138,7 +139,7 @@ impl Tensor {
         if rhs.rank() > 1 {
             dims.push(n);
         }
-        Ok(Tensor::from_storage(storage, Shape::from(dims)))
+        Ok(result.with_layout(Layout::contiguous(dims)?))
     }
 }
 

@@ -57,7 +57,11 @@ impl PoolPlan {
                 format!("input {input:?} with kernel {kernel:?}, stride {stride:?}, padding {padding:?}: {detail}"),
             )
         })?;
-        Ok(PoolPlan { lead: lead.to_vec(), geometry, window: kernel.0 * kernel.1 })
+        // The kernels divide by a window's size: it must be countable.
+        let window = kernel.0.checked_mul(kernel.1).ok_or_else(|| {
+            TensorError::invalid(op, format!("kernel {kernel:?} has more elements than a usize counts"))
+        })?;
+        Ok(PoolPlan { lead: lead.to_vec(), geometry, window })
     }
 
     fn output_shape(&self) -> Shape {
@@ -148,12 +152,14 @@ impl Tensor {
         let plan = PoolPlan::new(OP, self.dims(), kernel, stride, padding)?;
         let input = non_negative(self)?;
         let shape = plan.output_shape();
-        let values = output(self.device(), self.dtype(), &shape)?;
-        let indices = output(self.device(), DType::I64, &shape)?;
+        let values_tensor = output(self.device(), self.dtype(), &shape)?;
+        let values = values_tensor.storage();
+        let indices_tensor = output(self.device(), DType::I64, &shape)?;
+        let indices = indices_tensor.storage();
         let (offsets, strides) = plan.plane_offsets(input.layout())?;
         let geometry = plan.geometry;
         let olen = geometry.output_len();
-        let per_task = plan.planes_per_task(olen * plan.window);
+        let per_task = plan.planes_per_task(olen.saturating_mul(plan.window));
         {
             let _guard = lock_storages(&[input.storage()], &[]);
             dispatch_dtype!(self.dtype(), T => {
@@ -173,7 +179,7 @@ impl Tensor {
                     .map_err(pool_error(OP))?;
             });
         }
-        Ok((Tensor::from_storage(values, shape.clone()), Tensor::from_storage(indices, shape)))
+        Ok((values_tensor, indices_tensor))
     }
 
     /// The gradient of [`Tensor::max_pool2d`] with respect to its input: this
@@ -212,16 +218,17 @@ impl Tensor {
         let indices = indices.contiguous()?;
         let olen = self.dims()[self.rank() - 2] * self.dims()[self.rank() - 1];
         let ilen = input[input.len() - 2] * input[input.len() - 1];
-        let storage = output(self.device(), self.dtype(), &input_shape)?;
+        let result = output(self.device(), self.dtype(), &input_shape)?;
+        let storage = result.storage();
         let planes = (&grad, &indices, olen, ilen);
         match self.dtype() {
-            DType::F32 => max_backward::<f32>(planes, &storage),
-            DType::F64 => max_backward::<f64>(planes, &storage),
-            DType::F16 => max_backward::<half::f16>(planes, &storage),
-            DType::BF16 => max_backward::<half::bf16>(planes, &storage),
+            DType::F32 => max_backward::<f32>(planes, storage),
+            DType::F64 => max_backward::<f64>(planes, storage),
+            DType::F16 => max_backward::<half::f16>(planes, storage),
+            DType::BF16 => max_backward::<half::bf16>(planes, storage),
             other => Err(TensorError::invalid(OP, format!("needs a floating-point tensor, got {other}"))),
         }?;
-        Ok(Tensor::from_storage(storage, input_shape))
+        Ok(result)
     }
 
     /// Average pooling over `kernel` windows moved by `stride` over this
@@ -306,11 +313,12 @@ fn avg_forward<T: AvgPoolElement + WithDType>(
     const OP: &str = "avg_pool2d";
     let input = non_negative(input)?;
     let shape = plan.output_shape();
-    let storage = output(input.device(), input.dtype(), &shape)?;
+    let result = output(input.device(), input.dtype(), &shape)?;
+    let storage = result.storage();
     let (offsets, strides) = plan.plane_offsets(input.layout())?;
     let geometry = plan.geometry;
     let olen = geometry.output_len();
-    let per_task = plan.planes_per_task(olen * plan.window);
+    let per_task = plan.planes_per_task(olen.saturating_mul(plan.window));
     {
         let _guard = lock_storages(&[input.storage()], &[]);
         // SAFETY: the read lock is held; the output is new and ours alone.
@@ -321,7 +329,7 @@ fn avg_forward<T: AvgPoolElement + WithDType>(
             .try_for_each(|(o, &offset)| avg_pool2d_plane(&geometry, x, offset, strides, o, count_include_pad))
             .map_err(pool_error(OP))?;
     }
-    Ok(Tensor::from_storage(storage, shape))
+    Ok(result)
 }
 
 fn avg_backward<T: AvgPoolElement + WithDType>(
@@ -332,10 +340,11 @@ fn avg_backward<T: AvgPoolElement + WithDType>(
     const OP: &str = "avg_pool2d_backward";
     let grad = grad.contiguous()?;
     let shape = plan.input_shape();
-    let storage = output(grad.device(), grad.dtype(), &shape)?;
+    let result = output(grad.device(), grad.dtype(), &shape)?;
+    let storage = result.storage();
     let geometry = plan.geometry;
     let (olen, ilen) = (geometry.output_len(), geometry.input_len());
-    let per_task = plan.planes_per_task(olen * plan.window);
+    let per_task = plan.planes_per_task(olen.saturating_mul(plan.window));
     {
         let _guard = lock_storages(&[grad.storage()], &[]);
         // SAFETY: the read lock is held; the output is new and ours alone.
@@ -347,7 +356,7 @@ fn avg_backward<T: AvgPoolElement + WithDType>(
             .try_for_each(|(o, g)| avg_pool2d_backward_plane(&geometry, g, o, count_include_pad))
             .map_err(pool_error(OP))?;
     }
-    Ok(Tensor::from_storage(storage, shape))
+    Ok(result)
 }
 
 #[cfg(test)]

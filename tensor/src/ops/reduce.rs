@@ -118,17 +118,16 @@ fn reduced_mask(x: &Tensor, op: &'static str, dims: &[isize]) -> Result<Vec<bool
     if dims.is_empty() {
         return Ok(vec![true; rank]);
     }
-    let mut mask = vec![false; rank];
+    // A 0-d tensor accepts dim 0 or -1 (once), as in PyTorch: it reduces
+    // like a tensor of shape [1] and keeps no dim.
+    let mut mask = vec![false; rank.max(1)];
     for &dim in dims {
-        // A 0-d tensor accepts dim 0 or -1, as in PyTorch.
         let d = resolve_dim(dim, rank.max(1), op)?;
-        if rank == 0 {
-            continue;
-        }
         if std::mem::replace(&mut mask[d], true) {
             return Err(TensorError::invalid(op, format!("dim {d} appears more than once in the dims {dims:?}")));
         }
     }
+    mask.truncate(rank);
     Ok(mask)
 }
 
@@ -253,7 +252,8 @@ fn kernel_error(op: &'static str, error: brasa_kernels::KernelError) -> TensorEr
 fn execute<T: WithDType, R: Reduction<T>>(op: &'static str, plan: &Plan, reduction: &R) -> Result<Tensor> {
     let _range = brasa_profile::record_op(op, &[]);
     let source = &plan.source;
-    let storage = output(source.device(), R::Out::DTYPE, &plan.computed_shape)?;
+    let result = output(source.device(), R::Out::DTYPE, &plan.computed_shape)?;
+    let storage = result.storage();
     {
         // SAFETY: the storage is new and ours alone.
         let out = unsafe { storage.host_slice_mut::<R::Out>(op)? };
@@ -270,7 +270,7 @@ fn execute<T: WithDType, R: Reduction<T>>(op: &'static str, plan: &Plan, reducti
             }
         }
     }
-    let computed = Tensor::from_storage(storage, plan.computed_shape.clone());
+    let computed = result;
     if plan.computed_shape == plan.out_shape {
         return Ok(computed);
     }

@@ -10,7 +10,7 @@
 
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
-use crate::ops::common::{expect_float, output};
+use crate::ops::common::expect_float;
 use crate::ops::reduce::PARALLEL_MIN_WORK;
 use crate::shape::{resolve_dim, DimIndex};
 use crate::storage::lock_storages;
@@ -139,7 +139,8 @@ fn softmax_impl(x: &Tensor, op: &'static str, dim: impl DimIndex, log: bool) -> 
     let dims = x.dims();
     let n = dims.get(d).copied().unwrap_or(1);
     let inner: usize = dims.get(d + 1..).map_or(1, |rest| rest.iter().product());
-    let storage = output(x.device(), x.dtype(), x.shape())?;
+    let result = Tensor::uninit_like(&x, x.dtype(), x.device())?;
+    let storage = result.storage();
     if x.numel() > 0 {
         let _guard = lock_storages(&[x.storage()], &[]);
         let offset = x.layout().offset();
@@ -169,7 +170,7 @@ fn softmax_impl(x: &Tensor, op: &'static str, dim: impl DimIndex, log: bool) -> 
             other => return Err(TensorError::invalid(op, format!("needs a floating-point tensor, got {other}"))),
         }
     }
-    Ok(Tensor::from_storage(storage, x.shape().clone()))
+    Ok(result)
 }
 
 impl Tensor {

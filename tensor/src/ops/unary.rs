@@ -12,12 +12,16 @@
 //!   PyTorch: `neg` of u8 is `256 - x`) and refuse bool.
 //! - With a scalar operand, an integer tensor keeps its dtype when the scalar
 //!   has no fractional part (it stands for a Python `int`) and becomes f32
-//!   otherwise; bool becomes i64 or f32 likewise.
+//!   otherwise; bool becomes i64 or f32 likewise. An integral scalar beyond
+//!   i64 is an error (PyTorch cannot take such an `int` either); one beyond
+//!   u8 wraps into a u8 tensor's arithmetic, as PyTorch's does.
+//! - `powf` of an integer or bool tensor with a negative integral exponent is
+//!   an error, as in PyTorch.
 
 use crate::dispatch::{dispatch_float, dispatch_int};
-use crate::dtype::{DType, WithDType};
+use crate::dtype::{integer_scalar, DType, WithDType};
 use crate::error::{Result, TensorError};
-use crate::ops::elementwise::{map_unary, scalar_result_dtype, Cost, IntElement};
+use crate::ops::elementwise::{is_integral, map_unary, scalar_result_dtype, Cost, IntElement};
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::{map1, unary, UnaryOp};
 
@@ -152,27 +156,42 @@ impl Tensor {
     }
 
     /// `x^exponent`. Integer tensors stay integers (wrapping) for a
-    /// non-negative integral exponent and go to f32 otherwise; bool is
-    /// treated as an integer tensor (result i64) likewise.
+    /// non-negative integral exponent and go to f32 for a fractional one;
+    /// bool is treated as an integer tensor (result i64) likewise. A negative
+    /// integral exponent of an integer or bool tensor is an error, as in
+    /// PyTorch ("Integers to negative integer powers are not allowed"), and
+    /// so is an integral one beyond i64.
     pub fn powf(&self, exponent: f64) -> Result<Tensor> {
         let dtype = scalar_result_dtype(self.dtype(), &[exponent]);
         if dtype.is_float() {
             return float_op(&self.to_dtype(dtype)?, UnaryOp::Powf(exponent), "powf", IntegerInput::Refuse);
         }
-        if exponent < 0.0 {
-            return float_op(&self.to_dtype(DType::F32)?, UnaryOp::Powf(exponent), "powf", IntegerInput::Refuse);
+        let e = integer_scalar("powf", exponent)?;
+        if e < 0 {
+            return Err(TensorError::invalid(
+                "powf",
+                format!(
+                    "Integers to negative integer powers are not allowed: a {} tensor to the power {exponent}; \
+                     convert it to a float dtype first",
+                    self.dtype()
+                ),
+            ));
         }
         let x = self.to_dtype(dtype)?;
         dispatch_int!(dtype, T => {
-            let e = T::from_f64(exponent);
-            int_map::<T>(&x, "powf", move |v| v.int_pow(e))
+            // In i64, wrapping, then narrowed: the same result modulo 2^8 for
+            // u8, with exponents past 255 taken as they are.
+            int_map::<T>(&x, "powf", move |v| T::from_i64(v.to_i64().int_pow(e)))
         }, Err(TensorError::invalid("powf", format!("unsupported dtype {dtype}"))))
     }
 
     /// `min(max(x, min), max)` with either bound optional (at least one is
     /// needed); NaN stays NaN; with `min > max` every element becomes `max`
     /// (as in PyTorch). Integer tensors with integral bounds keep their dtype,
-    /// fractional bounds make the result f32; an error for bool.
+    /// fractional bounds make the result f32; an error for bool. A bound
+    /// beyond an integer dtype's range (`clamp(u8, min = -5)`) clamps
+    /// nothing on its side: unlike a fill value it is not stored, so the
+    /// result is exact and no error is needed.
     pub fn clamp(&self, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
         let (lo, hi) = clamp_bounds("clamp", self, min, max)?;
         let dtype = scalar_result_dtype(self.dtype(), &[lo, hi].map(|b| if b.is_infinite() { 0.0 } else { b }));
@@ -196,7 +215,13 @@ impl Tensor {
 
     /// `self - value`.
     pub fn sub_scalar(&self, value: f64) -> Result<Tensor> {
-        scalar_arith(self, "sub_scalar", 1.0, -value)
+        // For an integer result, negate in i64 (wrapping, so i64::MIN works).
+        let add = if !self.dtype().is_float() && is_integral(value) {
+            integer_scalar("sub_scalar", value)?.wrapping_neg() as f64
+        } else {
+            -value
+        };
+        scalar_arith(self, "sub_scalar", 1.0, add)
     }
 
     /// `self * value`.
@@ -240,9 +265,10 @@ fn scalar_arith(x: &Tensor, name: &'static str, mul: f64, add: f64) -> Result<Te
     if dtype.is_float() {
         return float_op(&x, UnaryOp::Affine { mul, add }, name, IntegerInput::Refuse);
     }
+    let (mul, add) = (integer_scalar(name, mul)?, integer_scalar(name, add)?);
     dispatch_int!(dtype, T => {
-        // Integral scalars (checked by the dtype rule); `from_i64` wraps like PyTorch.
-        let (m, a) = (T::from_i64(mul as i64), T::from_i64(add as i64));
+        // Integral scalars within i64 (checked above); `from_i64` wraps into u8 like PyTorch.
+        let (m, a) = (T::from_i64(mul), T::from_i64(add));
         int_map::<T>(&x, name, move |v| v.wrapping_mul(m).wrapping_add(a))
     }, Err(TensorError::invalid(name, format!("unsupported dtype {dtype}"))))
 }
