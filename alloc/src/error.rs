@@ -5,13 +5,16 @@ use crate::config::ConfigError;
 use std::fmt;
 
 /// Everything the caching allocator can fail with.
-#[derive(Debug, Clone, thiserror::Error)]
+///
+/// An out-of-memory error's [`std::error::Error::source`] is its
+/// [`OutOfMemory`] report, so the `source()` chain of any error that wraps
+/// this one (tensor, autograd, nn, amp and parallel errors, boxed or behind an
+/// `Arc`) leads to the report: [`find_out_of_memory`] walks it.
+#[derive(Debug, Clone)]
 pub enum AllocError {
     /// The device has no room for the request, even after releasing the cache.
-    #[error("{0}")]
     OutOfMemory(Box<OutOfMemory>),
     /// The backend failed for another reason.
-    #[error("device error on {device}: {message}")]
     Backend {
         /// The device's name.
         device: String,
@@ -19,8 +22,35 @@ pub enum AllocError {
         message: String,
     },
     /// A bad configuration.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(ConfigError),
+}
+
+impl From<ConfigError> for AllocError {
+    fn from(error: ConfigError) -> AllocError {
+        AllocError::Config(error)
+    }
+}
+
+impl fmt::Display for AllocError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AllocError::OutOfMemory(oom) => fmt::Display::fmt(oom, f),
+            AllocError::Backend { device, message } => write!(f, "device error on {device}: {message}"),
+            AllocError::Config(error) => fmt::Display::fmt(error, f),
+        }
+    }
+}
+
+impl std::error::Error for AllocError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            // The report itself, so that a walk of the chain can downcast to it.
+            AllocError::OutOfMemory(oom) => Some(&**oom),
+            AllocError::Backend { .. } => None,
+            // Transparent, as before.
+            AllocError::Config(error) => std::error::Error::source(error),
+        }
+    }
 }
 
 impl AllocError {
@@ -31,6 +61,35 @@ impl AllocError {
             _ => None,
         }
     }
+}
+
+/// The out-of-memory report anywhere in `error`'s [`source`] chain (`error`
+/// included): the one way to ask an error of any type — a brasa error, one
+/// boxed in `Box<dyn Error>`, one inside another crate's error that keeps it
+/// as its source — "is this an out of memory, on which device, for how many
+/// bytes". The typed errors' `as_out_of_memory` methods
+/// ([`AllocError::as_out_of_memory`], `TensorError::as_out_of_memory`, ...)
+/// answer the same question.
+///
+/// ```
+/// # use brasa_alloc::{find_out_of_memory, AllocError};
+/// let error = AllocError::Backend { device: "cpu:0".into(), message: "gone".into() };
+/// assert!(find_out_of_memory(&error).is_none());
+/// ```
+///
+/// [`source`]: std::error::Error::source
+pub fn find_out_of_memory<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a OutOfMemory> {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(oom) = error.downcast_ref::<OutOfMemory>() {
+            return Some(oom);
+        }
+        if let Some(oom) = error.downcast_ref::<AllocError>().and_then(AllocError::as_out_of_memory) {
+            return Some(oom);
+        }
+        next = error.source();
+    }
+    None
 }
 
 /// What a person needs to understand an out-of-memory error and act on it.
@@ -98,6 +157,10 @@ impl OutOfMemory {
         }
     }
 }
+
+/// The report is an error of its own: the [`std::error::Error::source`] of
+/// [`AllocError::OutOfMemory`].
+impl std::error::Error for OutOfMemory {}
 
 impl fmt::Display for OutOfMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -180,6 +243,21 @@ mod tests {
         assert!(text.contains("largest free block 18.00 MiB"), "{text}");
         assert!(text.contains("max_split_size_mb:96"), "{text}");
         assert!(text.contains("expandable_segments:True"), "{text}");
+    }
+
+    #[test]
+    fn the_source_chain_leads_to_the_report() {
+        use std::error::Error;
+        let error = AllocError::OutOfMemory(Box::new(report()));
+        let source = error.source().expect("the report is the source");
+        assert_eq!(source.downcast_ref::<OutOfMemory>(), Some(&report()));
+        assert_eq!(error.to_string(), report().to_string());
+        // Boxed and wrapped in another error's chain, it is still found.
+        let boxed: Box<dyn Error + Send + Sync> = Box::new(error.clone());
+        assert_eq!(find_out_of_memory(&*boxed), Some(&report()));
+        assert_eq!(find_out_of_memory(source), Some(&report()));
+        let other = AllocError::Backend { device: "cpu:0".into(), message: "lost".into() };
+        assert!(other.source().is_none() && find_out_of_memory(&other).is_none());
     }
 
     #[test]

@@ -61,7 +61,7 @@ pub use caching::{Allocation, CachingAllocator};
 pub use config::{AllocatorConfig, AllocatorConfigBuilder, ConfigError, ENV_VAR, VALID_KEYS};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
-pub use error::{format_size, AllocError, OutOfMemory};
+pub use error::{find_out_of_memory, format_size, AllocError, OutOfMemory};
 pub use failing::{FailingBackend, TestEvent};
 pub use host::{HostBackend, HOST_ALIGNMENT};
 pub use policy::PoolKind;

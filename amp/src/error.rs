@@ -61,6 +61,17 @@ pub enum AmpError {
 pub type Result<T> = std::result::Result<T, AmpError>;
 
 impl AmpError {
+    /// The allocator's out-of-memory report, if this error is (or wraps) an
+    /// out of memory from the tensor, autograd or nn operations it ran.
+    pub fn as_out_of_memory(&self) -> Option<&brasa_alloc::OutOfMemory> {
+        match self {
+            AmpError::Tensor(error) => error.as_out_of_memory(),
+            AmpError::Autograd(error) => error.as_out_of_memory(),
+            AmpError::Nn(error) => error.as_out_of_memory(),
+            _ => None,
+        }
+    }
+
     /// An [`AmpError::Invalid`] for `what`.
     pub fn invalid(what: &'static str, message: impl Into<String>) -> AmpError {
         AmpError::Invalid { what, message: message.into() }

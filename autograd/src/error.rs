@@ -122,6 +122,24 @@ impl AutogradError {
         AutogradError::External(std::sync::Arc::new(error))
     }
 
+    /// The allocator's out-of-memory report, if this error is (or wraps) an
+    /// out of memory: from a tensor operation, or from an error of another
+    /// crate carried by [`AutogradError::External`] (a data-parallel hook's
+    /// error, say), found through its `source()` chain with
+    /// [`brasa_alloc::find_out_of_memory`]. Gives the device and the bytes
+    /// requested; see `examples/oom_recovery.rs` of the `brasa` crate for
+    /// "empty the cache, halve the batch, retry".
+    pub fn as_out_of_memory(&self) -> Option<&brasa_alloc::OutOfMemory> {
+        match self {
+            AutogradError::Tensor(error) => error.as_out_of_memory(),
+            AutogradError::External(inner) => {
+                let inner: &(dyn std::error::Error + 'static) = &**inner;
+                brasa_alloc::find_out_of_memory(inner)
+            }
+            _ => None,
+        }
+    }
+
     /// The error inside an [`AutogradError::External`], if it is an `E`.
     pub fn downcast_external<E: std::error::Error + 'static>(&self) -> Option<&E> {
         match self {

@@ -48,6 +48,17 @@ impl NnError {
         NnError::Invalid { what, message: message.into() }
     }
 
+    /// The allocator's out-of-memory report, if this error is (or wraps) an
+    /// out of memory: from a tensor or autograd operation a layer, loss or
+    /// optimizer ran (see [`AutogradError::as_out_of_memory`]).
+    pub fn as_out_of_memory(&self) -> Option<&brasa_alloc::OutOfMemory> {
+        match self {
+            NnError::Tensor(error) => error.as_out_of_memory(),
+            NnError::Autograd(error) => error.as_out_of_memory(),
+            _ => None,
+        }
+    }
+
     /// An [`NnError::File`] for `path`.
     pub fn file(path: impl AsRef<std::path::Path>, message: impl std::fmt::Display) -> NnError {
         NnError::File { path: path.as_ref().display().to_string(), message: message.to_string() }

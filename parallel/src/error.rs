@@ -150,6 +150,20 @@ impl ParallelError {
         ParallelError::Invalid { op, message: message.into() }
     }
 
+    /// The allocator's out-of-memory report, if this error is (or wraps) an
+    /// out of memory: from a tensor, autograd or nn operation, or from the
+    /// replica a [`ParallelError::Replica`] names (its device is in the
+    /// report).
+    pub fn as_out_of_memory(&self) -> Option<&brasa_alloc::OutOfMemory> {
+        match self {
+            ParallelError::Tensor(error) => error.as_out_of_memory(),
+            ParallelError::Autograd(error) => error.as_out_of_memory(),
+            ParallelError::Nn(error) => error.as_out_of_memory(),
+            ParallelError::Replica { source, .. } => source.as_out_of_memory(),
+            _ => None,
+        }
+    }
+
     /// The `ParallelError` inside an autograd or nn error (a failure in a
     /// DDP hook surfaces from `backward()` that way), or this one.
     pub fn find_in(error: &AutogradError) -> Option<&ParallelError> {

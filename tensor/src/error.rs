@@ -85,7 +85,10 @@ impl TensorError {
         TensorError::Invalid { op, message: message.into() }
     }
 
-    /// The out-of-memory report, if this is one.
+    /// The allocator's out-of-memory report, if this is one: the device's
+    /// name and the bytes requested, among others. Every brasa error type has
+    /// this method, and [`brasa_alloc::find_out_of_memory`] finds the report
+    /// in any error's `source()` chain.
     pub fn as_out_of_memory(&self) -> Option<&brasa_alloc::OutOfMemory> {
         match self {
             TensorError::Alloc(error) => error.as_out_of_memory(),
