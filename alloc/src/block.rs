@@ -39,6 +39,10 @@ pub(crate) struct Block {
     pub mapped: bool,
     /// Whether the block belongs to an expandable segment.
     pub expandable: bool,
+    /// Set when the block was freed but the device could not be synchronised
+    /// with the streams that used it: work may still read or write it, so it
+    /// is never reused, merged or given back (see `State::quarantine`).
+    pub quarantined: bool,
 }
 
 impl Block {
@@ -68,6 +72,7 @@ impl Block {
             freed_at_lookup,
             mapped: !expandable,
             expandable,
+            quarantined: false,
         }
     }
 
@@ -80,7 +85,7 @@ impl Block {
     /// Free, mapped and waiting on no event: what sits in a free list.
     #[inline]
     pub fn is_free_and_mapped(&self) -> bool {
-        !self.allocated && self.event_count == 0 && self.mapped
+        !self.allocated && self.event_count == 0 && self.mapped && !self.quarantined
     }
 
     /// Whether the block is unmapped (only in expandable segments).

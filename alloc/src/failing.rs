@@ -37,6 +37,7 @@ struct Inner {
     memory: HostBackend,
     fail_next: AtomicUsize,
     fail_all: AtomicBool,
+    fail_sync: AtomicBool,
     auto_complete: AtomicBool,
     allocations: AtomicU64,
     frees: AtomicU64,
@@ -57,6 +58,7 @@ impl FailingBackend {
                 memory: HostBackend::named("test:0", Some(capacity)),
                 fail_next: AtomicUsize::new(0),
                 fail_all: AtomicBool::new(false),
+                fail_sync: AtomicBool::new(false),
                 auto_complete: AtomicBool::new(false),
                 allocations: AtomicU64::new(0),
                 frees: AtomicU64::new(0),
@@ -73,6 +75,20 @@ impl FailingBackend {
     /// Every allocation fails while `fail` is true.
     pub fn fail_all_allocations(&self, fail: bool) {
         self.inner.fail_all.store(fail, Ordering::SeqCst);
+    }
+
+    /// While `fail` is true, the device cannot be synchronised: recording an
+    /// event, waiting for one and waiting for the device all fail (a lost
+    /// device or a sticky CUDA error), and events never complete.
+    pub fn fail_synchronization(&self, fail: bool) {
+        self.inner.fail_sync.store(fail, Ordering::SeqCst);
+    }
+
+    fn sync_failure(&self, what: &str) -> Result<(), BackendError> {
+        if self.inner.fail_sync.load(Ordering::SeqCst) {
+            return Err(BackendError::Device(format!("{what} failed on test:0 (injected)")));
+        }
+        Ok(())
     }
 
     /// When true, events are complete as soon as they are recorded.
@@ -139,6 +155,7 @@ impl Backend for FailingBackend {
     }
 
     fn record_event(&self, stream: StreamId) -> Result<TestEvent, BackendError> {
+        self.sync_failure("record_event")?;
         let done = self.inner.auto_complete.load(Ordering::SeqCst);
         let event = TestEvent { done: Arc::new(AtomicBool::new(done)), stream };
         if !done {
@@ -149,16 +166,18 @@ impl Backend for FailingBackend {
     }
 
     fn event_completed(&self, event: &TestEvent) -> bool {
-        event.done.load(Ordering::SeqCst)
+        !self.inner.fail_sync.load(Ordering::SeqCst) && event.done.load(Ordering::SeqCst)
     }
 
     fn synchronize_event(&self, event: &TestEvent) -> Result<(), BackendError> {
+        self.sync_failure("synchronize_event")?;
         // Waiting for the stream means its work, and so the event, is done.
         event.done.store(true, Ordering::SeqCst);
         Ok(())
     }
 
     fn synchronize_device(&self) -> Result<(), BackendError> {
+        self.sync_failure("synchronize_device")?;
         self.complete_events();
         Ok(())
     }

@@ -18,9 +18,10 @@
 //!                     "total_reserved": 2097152}]}
 //! ```
 //! `state` is `active_allocated`, `active_awaiting_free` (freed, waiting on a
-//! stream event) or `inactive`; `action` is `alloc`, `free_requested`,
+//! stream event), `inactive` or `quarantined` (freed when its streams could
+//! not be waited for: never reused); `action` is `alloc`, `free_requested`,
 //! `free_completed`, `segment_alloc`, `segment_free`, `segment_map`,
-//! `segment_unmap` or `oom`. Segments also carry `"expandable": false`, or
+//! `segment_unmap`, `oom` or `quarantine`. Segments also carry `"expandable": false`, or
 //! `true` for a mapped range of an expandable segment: each contiguous mapped
 //! range of one is listed as a segment of its own (its unmapped address space
 //! is not memory), so segments always add up to the reserved bytes.
@@ -40,6 +41,9 @@ pub enum BlockState {
     ActiveAwaitingFree,
     /// Free in the cache.
     Inactive,
+    /// Dropped while the device could not be synchronised with the streams
+    /// that used it: held for good, never reused.
+    Quarantined,
 }
 
 /// One block of a segment.
@@ -91,7 +95,7 @@ impl SegmentSnapshot {
             blocks.iter().filter(|b| keep(b)).map(|b| b.size).sum()
         };
         let allocated_size = sum(&|b| b.state == BlockState::ActiveAllocated);
-        let active_size = sum(&|b| b.state != BlockState::Inactive);
+        let active_size = sum(&|b| matches!(b.state, BlockState::ActiveAllocated | BlockState::ActiveAwaitingFree));
         let requested_size = blocks.iter().map(|b| b.requested_size).sum();
         SegmentSnapshot {
             address,

@@ -127,6 +127,14 @@ pub struct MemoryStats {
     pub num_device_free: u64,
     /// The configured `max_split_size` in bytes (`usize::MAX` when off).
     pub max_split_size: usize,
+    /// Blocks freed while the device could not be synchronised with the
+    /// streams that used them (a failed event record, event wait and device
+    /// wait): kept out of the cache for good, since work may still use them.
+    /// PyTorch raises here; a `Drop` cannot, so the allocator counts them,
+    /// traces them (`quarantine`) and shows them in snapshots.
+    pub quarantined_blocks: u64,
+    /// Bytes of the quarantined blocks (still part of `reserved_bytes`).
+    pub quarantined_bytes: u64,
 }
 
 impl MemoryStats {

@@ -1,5 +1,6 @@
 //! The statistics as a text table, laid out like `torch.cuda.memory_summary()`.
 
+use crate::error::format_size;
 use crate::stats::{MemoryStats, Stat, StatArray};
 use std::fmt::Write;
 
@@ -13,9 +14,15 @@ pub fn memory_summary(device: &str, stats: &MemoryStats, abbreviated: bool) -> S
         centre(&format!("brasa memory summary, device {device}")),
         "-".repeat(WIDTH),
         centre(&format!("OOMs: {:<12} | allocation retries: {:<8}", stats.num_ooms, stats.num_alloc_retries)),
-        "=".repeat(WIDTH),
-        "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ".to_string(),
     ];
+    if stats.quarantined_blocks > 0 {
+        lines.push(centre(&format!(
+            "QUARANTINED (streams could not be waited for): {} blocks, {}",
+            stats.quarantined_blocks,
+            format_size(stats.quarantined_bytes as usize)
+        )));
+    }
+    lines.extend(["=".repeat(WIDTH), "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ".to_string()]);
     let byte_groups: [(&StatArray, &str); 5] = [
         (&stats.allocated_bytes, "Allocated memory"),
         (&stats.active_bytes, "Active memory"),

@@ -28,6 +28,9 @@ pub enum TraceAction {
     SegmentUnmap,
     /// An allocation failed.
     Oom,
+    /// A freed block was quarantined: the device could not be synchronised
+    /// with the streams that used it, so it is never reused.
+    Quarantine,
 }
 
 /// One allocator event (PyTorch's `TraceEntry`).

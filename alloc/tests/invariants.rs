@@ -1,5 +1,6 @@
 //! Property tests: random alloc / free / record_stream / event / empty_cache
-//! sequences keep the allocator's accounting exact.
+//! sequences, with spells where the device cannot be synchronised (blocks
+//! freed then are quarantined), keep the allocator's accounting exact.
 
 use brasa_alloc::{
     Allocation, AllocatorConfig, Backend, BlockState, CachingAllocator, FailingBackend, MemoryStats, Snapshot, Stat,
@@ -16,6 +17,8 @@ enum Op {
     RecordStream { index: usize, stream: u64 },
     CompleteEvents,
     EmptyCache,
+    /// The device cannot be synchronised (`true`) or can again (`false`).
+    SyncFailure(bool),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -27,6 +30,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (any::<usize>(), 0u64..3).prop_map(|(index, stream)| Op::RecordStream { index, stream }),
         1 => Just(Op::CompleteEvents),
         1 => Just(Op::EmptyCache),
+        1 => any::<bool>().prop_map(Op::SyncFailure),
     ]
 }
 
@@ -64,6 +68,7 @@ fn check_pools_add_up(array: &StatArray, name: &str) {
 fn check(snapshot: &Snapshot, stats: &MemoryStats, backend: &FailingBackend, live: &[Allocation<FailingBackend>]) {
     let mut segment_end = 0;
     let (mut allocated, mut active, mut inactive_split, mut reserved, mut allocations) = (0, 0, 0, 0, 0);
+    let mut quarantined = 0;
     for segment in &snapshot.segments {
         assert!(segment.address >= segment_end, "segments overlap");
         segment_end = segment.address + segment.total_size;
@@ -80,6 +85,7 @@ fn check(snapshot: &Snapshot, stats: &MemoryStats, backend: &FailingBackend, liv
                     allocations += 1;
                 }
                 BlockState::ActiveAwaitingFree => active += block.size,
+                BlockState::Quarantined => quarantined += block.size,
                 BlockState::Inactive => {
                     // Free blocks of expandable segments are not "inactive split" (PyTorch).
                     if segment.blocks.len() > 1 && !segment.expandable {
@@ -99,6 +105,7 @@ fn check(snapshot: &Snapshot, stats: &MemoryStats, backend: &FailingBackend, liv
     assert_eq!(stats.allocation.all.current as usize, allocations);
     assert_eq!(allocations, live.len());
     assert_eq!(stats.active_bytes.all.current as usize, active);
+    assert_eq!(stats.quarantined_bytes as usize, quarantined);
     assert_eq!(stats.inactive_split_bytes.all.current as usize, inactive_split);
     assert_eq!(stats.reserved_bytes.all.current as usize, reserved, "reserved = segments");
     assert_eq!(stats.segment.all.current as usize, snapshot.segments.len());
@@ -149,11 +156,13 @@ proptest! {
                 }
                 Op::CompleteEvents => backend.complete_events(),
                 Op::EmptyCache => alloc.empty_cache(),
+                Op::SyncFailure(fail) => backend.fail_synchronization(fail),
                 _ => {}
             }
             check(&alloc.snapshot(), &alloc.stats(), &backend, &live);
         }
         live.clear();
+        backend.fail_synchronization(false);
         backend.complete_events();
         // One allocation processes the completed events; then everything is free.
         drop(alloc.allocate(512, StreamId(0)));
@@ -161,8 +170,18 @@ proptest! {
         prop_assert_eq!(stats.allocated_bytes.all.current, 0);
         prop_assert_eq!(stats.active_bytes.all.current, 0);
         alloc.empty_cache();
-        prop_assert_eq!(alloc.reserved_bytes(), 0);
-        prop_assert_eq!(backend.bytes_in_use(), 0);
-        check(&alloc.snapshot(), &alloc.stats(), &backend, &live);
+        // All that stays reserved is the memory around quarantined blocks.
+        let snapshot = alloc.snapshot();
+        for segment in &snapshot.segments {
+            prop_assert!(
+                segment.blocks.iter().any(|b| b.state == BlockState::Quarantined),
+                "a segment without a quarantined block survived empty_cache: {:?}", segment
+            );
+        }
+        if stats.quarantined_blocks == 0 {
+            prop_assert_eq!(alloc.reserved_bytes(), 0);
+            prop_assert_eq!(backend.bytes_in_use(), 0);
+        }
+        check(&snapshot, &alloc.stats(), &backend, &live);
     }
 }

@@ -627,7 +627,7 @@ impl<'a> Soak<'a> {
                 TraceAction::FreeRequested => self.replay_allocated -= event.size,
                 TraceAction::SegmentAlloc | TraceAction::SegmentMap => self.replay_reserved += event.size,
                 TraceAction::SegmentFree | TraceAction::SegmentUnmap => self.replay_reserved -= event.size,
-                TraceAction::FreeCompleted | TraceAction::Oom => {}
+                TraceAction::FreeCompleted | TraceAction::Oom | TraceAction::Quarantine => {}
             }
             ensure!(
                 ctx,

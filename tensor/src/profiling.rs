@@ -30,7 +30,7 @@ impl AllocObserver for ProfileForwarder {
             | TraceAction::SegmentFree
             | TraceAction::SegmentMap
             | TraceAction::SegmentUnmap => MemoryEvent::alloc(self.device, addr, 0, allocated, reserved),
-            TraceAction::FreeCompleted | TraceAction::Oom => return,
+            TraceAction::FreeCompleted | TraceAction::Oom | TraceAction::Quarantine => return,
         };
         brasa_profile::record_memory_event(event);
     }

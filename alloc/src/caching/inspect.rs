@@ -21,7 +21,9 @@ impl<E> State<E> {
                         runs.extend((!run.is_empty()).then(|| std::mem::take(&mut run)));
                         continue;
                     }
-                    let state = if block.allocated {
+                    let state = if block.quarantined {
+                        BlockState::Quarantined
+                    } else if block.allocated {
                         BlockState::ActiveAllocated
                     } else if block.event_count > 0 {
                         BlockState::ActiveAwaitingFree

@@ -388,10 +388,8 @@ impl<E> State<E> {
         }
         match obtain(self) {
             Ok(block) => return Ok(block),
-            Err(BackendError::Device(message)) => {
-                return Err(AllocError::Backend { device: backend.device_name(), message })
-            }
             Err(BackendError::OutOfMemory { .. }) => {}
+            Err(source) => return Err(AllocError::Backend { device: backend.device_name(), source }),
         }
         if self.config.max_split_size != usize::MAX && self.release_available_cached_blocks(backend, stream, rounded) {
             if let Ok(block) = obtain(self) {
@@ -564,6 +562,7 @@ impl<E> State<E> {
             self.stats.oversize_allocations.decrease(1);
         }
         self.record(TraceAction::FreeRequested, addr, size, requested, stream);
+        let mut unsynchronised = false;
         for use_stream in stream_uses {
             match backend.record_event(use_stream) {
                 Ok(event) => {
@@ -571,15 +570,39 @@ impl<E> State<E> {
                     self.pending_event_count += 1;
                     self.blocks.get_mut(id).event_count += 1;
                 }
-                // Without an event, only waiting for the whole device makes reuse safe.
-                Err(_) => {
-                    let _ = backend.synchronize_device();
-                }
+                // Without an event, only waiting for the whole device makes
+                // reuse safe; if that fails too, the stream may still be
+                // using the block.
+                Err(_) => unsynchronised |= backend.synchronize_device().is_err(),
             }
         }
-        if self.blocks.get(id).event_count == 0 {
+        if unsynchronised {
+            self.quarantine(id);
+        } else if self.blocks.get(id).event_count == 0 {
             self.free_block(id);
         }
+    }
+
+    /// Takes a freed block out of circulation for good: a stream that used
+    /// it could not be waited for, so its work may still read or write it.
+    /// PyTorch raises at this point; a free comes from a `Drop`, which
+    /// cannot, so the block leaves the active statistics for the quarantine
+    /// counters, is traced (`quarantine`), shows as quarantined in
+    /// snapshots, and keeps its segment reserved: it is never merged,
+    /// reused, unmapped or given back to the backend.
+    fn quarantine(&mut self, id: BlockId) {
+        let block = self.blocks.get_mut(id);
+        if block.quarantined {
+            return;
+        }
+        block.quarantined = true;
+        block.requested = 0;
+        let (pool, addr, size, stream) = (block.pool, block.addr, block.size, block.stream);
+        self.stats.active.decrease(pool, 1);
+        self.stats.active_bytes.decrease(pool, size as u64);
+        self.stats.quarantined_blocks += 1;
+        self.stats.quarantined_bytes += size as u64;
+        self.record(TraceAction::Quarantine, addr, size, size, stream);
     }
 
     /// Returns a block to its free list, merging it with free neighbours.
@@ -706,7 +729,7 @@ impl<E> State<E> {
         self.pending_event_count -= 1;
         let block = self.blocks.get_mut(id);
         block.event_count -= 1;
-        if block.event_count == 0 {
+        if block.event_count == 0 && !block.quarantined {
             self.free_block(id);
         }
     }

@@ -17,8 +17,11 @@ impl<E> State<E> {
         self.stats.num_sync_all_streams += 1;
         let queues = std::mem::take(&mut self.pending_events);
         for (event, id) in queues.into_values().flatten() {
-            if backend.synchronize_event(&event).is_err() {
-                let _ = backend.synchronize_device();
+            // Reuse is safe once the event's work is done: waited for on the
+            // event, or, failing that, on the whole device. If both waits
+            // fail, the stream may still use the block: quarantine it.
+            if backend.synchronize_event(&event).is_err() && backend.synchronize_device().is_err() {
+                self.quarantine(id);
             }
             self.event_done(id);
         }
