@@ -1,6 +1,9 @@
 //! Criterion micro-benchmarks of the caching allocator's hot path, against the
 //! host backend it sits on.
 
+// Benchmark code: a failed unwrap aborts the benchmark with its message.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_alloc::{Backend, CachingAllocator, HostBackend, StreamId};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use std::hint::black_box;

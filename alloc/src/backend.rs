@@ -22,6 +22,7 @@ impl fmt::Display for StreamId {
 
 /// Why a backend could not do what it was asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum BackendError {
     /// The device has no room for `requested` more bytes. The caching
     /// allocator answers this by releasing cached memory and retrying.
@@ -30,9 +31,20 @@ pub enum BackendError {
         /// Bytes asked for.
         requested: usize,
     },
-    /// Anything else the device or its driver reported.
+    /// Anything else the device reported, in words.
     #[error("{0}")]
     Device(String),
+    /// The CUDA driver failed a call (feature `cuda`); the driver's error
+    /// is the [`std::error::Error::source`].
+    #[cfg(feature = "cuda")]
+    #[error("{what}: {source}")]
+    Cuda {
+        /// The call or what it was for (`cuMemAlloc`, `no CUDA device 3`).
+        what: String,
+        /// The driver's error code.
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
 }
 
 /// Raw device memory, as the caching allocator sees it.

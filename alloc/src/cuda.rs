@@ -11,12 +11,12 @@
 //! granule can be unmapped and released on its own.
 
 use crate::backend::{Backend, BackendError, StreamId};
-use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
-fn device_error(what: &str, error: impl std::fmt::Debug) -> BackendError {
-    BackendError::Device(format!("{what}: {error:?}"))
+fn device_error(what: &str, source: DriverError) -> BackendError {
+    BackendError::Cuda { what: what.to_string(), source }
 }
 
 /// A pool of reusable timing-disabled events.
@@ -78,7 +78,7 @@ fn check(what: &str, code: sys::CUresult) -> Result<(), BackendError> {
     match code {
         sys::cudaError_enum::CUDA_SUCCESS => Ok(()),
         sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => Err(BackendError::OutOfMemory { requested: 0 }),
-        other => Err(device_error(what, other)),
+        other => Err(device_error(what, DriverError(other))),
     }
 }
 
@@ -186,8 +186,8 @@ impl Backend for CudaBackend {
 
     fn synchronize_event(&self, event: &CudaEvent) -> Result<(), BackendError> {
         match &event.raw {
-            // SAFETY: the event handle is live while `event` is.
             Some(raw) => {
+                // SAFETY: the event handle is live while `event` is.
                 unsafe { result::event::synchronize(raw.0) }.map_err(|e| device_error("cuEventSynchronize", e))
             }
             None => Ok(()),

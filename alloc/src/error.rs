@@ -1,6 +1,6 @@
 //! Errors of the caching allocator, and the out-of-memory report.
 
-use crate::backend::StreamId;
+use crate::backend::{BackendError, StreamId};
 use crate::config::ConfigError;
 use std::fmt;
 
@@ -11,15 +11,17 @@ use std::fmt;
 /// this one (tensor, autograd, nn, amp and parallel errors, boxed or behind an
 /// `Arc`) leads to the report: [`find_out_of_memory`] walks it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum AllocError {
     /// The device has no room for the request, even after releasing the cache.
     OutOfMemory(Box<OutOfMemory>),
-    /// The backend failed for another reason.
+    /// The backend failed for another reason; its error is the
+    /// [`std::error::Error::source`].
     Backend {
         /// The device's name.
         device: String,
         /// What the backend said.
-        message: String,
+        source: BackendError,
     },
     /// A bad configuration.
     Config(ConfigError),
@@ -35,7 +37,7 @@ impl fmt::Display for AllocError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AllocError::OutOfMemory(oom) => fmt::Display::fmt(oom, f),
-            AllocError::Backend { device, message } => write!(f, "device error on {device}: {message}"),
+            AllocError::Backend { device, source } => write!(f, "device error on {device}: {source}"),
             AllocError::Config(error) => fmt::Display::fmt(error, f),
         }
     }
@@ -46,7 +48,7 @@ impl std::error::Error for AllocError {
         match self {
             // The report itself, so that a walk of the chain can downcast to it.
             AllocError::OutOfMemory(oom) => Some(&**oom),
-            AllocError::Backend { .. } => None,
+            AllocError::Backend { source, .. } => Some(source),
             // Transparent, as before.
             AllocError::Config(error) => std::error::Error::source(error),
         }
@@ -72,8 +74,8 @@ impl AllocError {
 /// answer the same question.
 ///
 /// ```
-/// # use brasa_alloc::{find_out_of_memory, AllocError};
-/// let error = AllocError::Backend { device: "cpu:0".into(), message: "gone".into() };
+/// # use brasa_alloc::{find_out_of_memory, AllocError, BackendError};
+/// let error = AllocError::Backend { device: "cpu:0".into(), source: BackendError::Device("gone".into()) };
 /// assert!(find_out_of_memory(&error).is_none());
 /// ```
 ///
@@ -256,8 +258,10 @@ mod tests {
         let boxed: Box<dyn Error + Send + Sync> = Box::new(error.clone());
         assert_eq!(find_out_of_memory(&*boxed), Some(&report()));
         assert_eq!(find_out_of_memory(source), Some(&report()));
-        let other = AllocError::Backend { device: "cpu:0".into(), message: "lost".into() };
-        assert!(other.source().is_none() && find_out_of_memory(&other).is_none());
+        let other = AllocError::Backend { device: "cpu:0".into(), source: BackendError::Device("lost".into()) };
+        assert!(find_out_of_memory(&other).is_none());
+        let backend = other.source().and_then(|e| e.downcast_ref::<BackendError>());
+        assert_eq!(backend, Some(&BackendError::Device("lost".into())));
     }
 
     #[test]

@@ -22,7 +22,10 @@ pub fn memory_summary(device: &str, stats: &MemoryStats, abbreviated: bool) -> S
             format_size(stats.quarantined_bytes as usize)
         )));
     }
-    lines.extend(["=".repeat(WIDTH), "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ".to_string()]);
+    lines.extend([
+        "=".repeat(WIDTH),
+        "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ".to_string(),
+    ]);
     let byte_groups: [(&StatArray, &str); 5] = [
         (&stats.allocated_bytes, "Allocated memory"),
         (&stats.active_bytes, "Active memory"),

@@ -2,6 +2,9 @@
 //! by page, with whole free pages unmapped by `empty_cache` and the
 //! out-of-memory ladder.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_alloc::{
     AllocatorConfig, Backend, BackendError, BlockState, CachingAllocator, FailingBackend, HostBackend, StreamId,
     TraceAction,

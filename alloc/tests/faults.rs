@@ -1,6 +1,9 @@
 //! Fault injection with the failing backend, the out-of-memory report, and
 //! several threads at once.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_alloc::{AllocError, AllocatorConfig, CachingAllocator, FailingBackend, MemoryStats, StreamId, TraceAction};
 use std::sync::{Arc, Mutex};
 

@@ -2,6 +2,9 @@
 //! sequences, with spells where the device cannot be synchronised (blocks
 //! freed then are quarantined), keep the allocator's accounting exact.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_alloc::{
     Allocation, AllocatorConfig, Backend, BlockState, CachingAllocator, FailingBackend, MemoryStats, Snapshot, Stat,
     StatArray, StreamId,
@@ -12,9 +15,17 @@ const MIB: usize = 1 << 20;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Alloc { size: usize, stream: u64 },
-    Free { index: usize },
-    RecordStream { index: usize, stream: u64 },
+    Alloc {
+        size: usize,
+        stream: u64,
+    },
+    Free {
+        index: usize,
+    },
+    RecordStream {
+        index: usize,
+        stream: u64,
+    },
     CompleteEvents,
     EmptyCache,
     /// The device cannot be synchronised (`true`) or can again (`false`).

@@ -2,6 +2,9 @@
 //! still reaches its caller (nothing stays allocated or reserved), a free in
 //! a `Drop` does not abort the process, and the observer is disabled.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_alloc::{AllocObserver, CachingAllocator, FailingBackend, StreamId, TraceEntry};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};

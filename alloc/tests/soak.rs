@@ -39,6 +39,9 @@
 //! `BRASA_SOAK_SEED=<n>` changes the seed (the default is fixed); a failure
 //! names the configuration, seed and step, which replays it exactly.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_alloc::{
     Allocation, AllocatorConfig, BlockState, CachingAllocator, FailingBackend, MemoryStats, Snapshot, Stat, StatArray,
     StreamId, TraceAction, TraceEntry,

@@ -6,10 +6,11 @@
 use crate::scaler::OptimizerStage;
 use brasa_autograd::AutogradError;
 use brasa_nn::NnError;
-use brasa_tensor::TensorError;
+use brasa_tensor::{ErrorBox, TensorError};
 
 /// Why a mixed-precision operation failed.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum AmpError {
     /// A tensor operation failed (shapes, dtypes, devices, out of memory).
     #[error(transparent)]
@@ -55,6 +56,15 @@ pub enum AmpError {
     /// wrong value, empty dict from a disabled scaler).
     #[error("GradScaler state dict: {0}")]
     StateDict(String),
+    /// A [`crate::GradScaler`] state dict whose values the scaler's own
+    /// checks refuse (a growth factor below 1, a scale that is not finite);
+    /// the refusal is the source.
+    #[error("GradScaler state dict: {source}")]
+    StateDictValue {
+        /// The check that refused a value.
+        #[source]
+        source: ErrorBox<AmpError>,
+    },
 }
 
 /// `Result` with [`AmpError`].
@@ -68,6 +78,7 @@ impl AmpError {
             AmpError::Tensor(error) => error.as_out_of_memory(),
             AmpError::Autograd(error) => error.as_out_of_memory(),
             AmpError::Nn(error) => error.as_out_of_memory(),
+            AmpError::StateDictValue { source } => source.as_out_of_memory(),
             _ => None,
         }
     }
@@ -80,14 +91,14 @@ impl AmpError {
 
 /// A `brasa-amp` error inside an optimizer or another `brasa-nn` API:
 /// tensor, autograd and nn errors keep their kind, misuses become
-/// [`NnError::Invalid`].
+/// [`NnError::External`] with the `AmpError` whole as the source.
 impl From<AmpError> for NnError {
     fn from(error: AmpError) -> NnError {
         match error {
             AmpError::Tensor(e) => NnError::Tensor(e),
             AmpError::Autograd(e) => NnError::Autograd(e),
             AmpError::Nn(e) => e,
-            other => NnError::invalid("brasa-amp", other.to_string()),
+            other => NnError::external(other),
         }
     }
 }

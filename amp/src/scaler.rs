@@ -201,7 +201,12 @@ impl GradScaler {
     /// A scaler with PyTorch's defaults (65536, ×2 every 2000 clean steps,
     /// ×0.5 on inf/NaN).
     pub fn new() -> GradScaler {
-        GradScaler::with_config(GradScalerConfig::default()).expect("the default configuration is valid")
+        // Built directly rather than through `with_config`: the default
+        // configuration is valid (the `default_config_is_valid` test checks
+        // it against `validate`), so there is no error to return.
+        let config = GradScalerConfig::default();
+        debug_assert!(config.validate().is_ok());
+        GradScaler { config, scale: config.init_scale as f32, growth_tracker: 0, optimizers: Vec::new() }
     }
 
     /// A scaler built as `config` says (growth > 1, backoff in (0, 1), a
@@ -438,8 +443,9 @@ impl GradScaler {
             init_scale: self.config.init_scale,
             enabled: true,
         };
-        config.validate().map_err(|e| AmpError::StateDict(e.to_string()))?;
-        let scale = checked_scale("GradScaler", "scale", scale).map_err(|e| AmpError::StateDict(e.to_string()))?;
+        let refused = |source| AmpError::StateDictValue { source: brasa_tensor::ErrorBox::new(source) };
+        config.validate().map_err(refused)?;
+        let scale = checked_scale("GradScaler", "scale", scale).map_err(refused)?;
         if !(tracker >= 0.0 && tracker < config.growth_interval as f64 && tracker.fract() == 0.0) {
             return Err(AmpError::StateDict(format!(
                 "_growth_tracker must be a whole number in [0, growth_interval = {}), got {tracker}",
@@ -513,6 +519,14 @@ mod tests {
         assert!((1.0 / scaler.scale).is_finite(), "its reciprocal unscales to finite values");
         assert!(scaler.update_to(0.0).is_err() && scaler.update_to(1e-45).is_err());
         assert!(scaler.update_to(f64::NAN).is_err() && scaler.update_to(-1.0).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn default_config_is_valid() -> Result<()> {
+        GradScalerConfig::default().validate()?;
+        let scaler = GradScaler::new();
+        assert_eq!(scaler.get_scale(), GradScalerConfig::default().init_scale);
         Ok(())
     }
 

@@ -1,6 +1,9 @@
 //! An out of memory inside a `GradScaler` call, or in an nn error that
 //! becomes an `AmpError` (and back), is found by `AmpError::as_out_of_memory`.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_amp::{AmpError, GradScaler};
 use brasa_autograd::Var;
 use brasa_nn::{Linear, Module, NnError};

@@ -1,6 +1,9 @@
 //! GradScaler: PyTorch's update rule step by step, skipped steps, growth at
 //! the top of f32's range, the READY/UNSCALED/STEPPED errors and state dicts.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_amp::{AmpError, GradScaler, GradScalerConfig, OptimizerStage, Result};
 use brasa_autograd::Var;
 use brasa_nn::optim::{Optimizer, Sgd, SgdConfig};

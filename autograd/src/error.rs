@@ -2,10 +2,11 @@
 //! with the graph itself (released, modified in place, nothing to
 //! differentiate, a checkpoint that recomputed something else).
 
-use brasa_tensor::{DType, Device, TensorError};
+use brasa_tensor::{DType, Device, SharedError, TensorError};
 
 /// Why an autograd operation failed.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum AutogradError {
     /// A tensor operation failed (shapes, dtypes, devices, out of memory).
     #[error(transparent)]
@@ -58,7 +59,7 @@ pub enum AutogradError {
     /// error of its own (a data-parallel all-reduce that timed out, say);
     /// `std::error::Error::source` gives it back for downcasting.
     #[error("{0}")]
-    External(#[source] std::sync::Arc<dyn std::error::Error + Send + Sync>),
+    External(#[source] SharedError),
     /// `requires_grad` asked of a tensor that cannot have a gradient
     /// (PyTorch: "only Tensors of floating point dtype can require gradients").
     #[error("{op}: only tensors of floating-point dtype can require gradients, got {dtype}")]
@@ -119,7 +120,7 @@ pub enum AutogradError {
 impl AutogradError {
     /// An [`AutogradError::External`] carrying `error` with its structure.
     pub fn external(error: impl std::error::Error + Send + Sync + 'static) -> Self {
-        AutogradError::External(std::sync::Arc::new(error))
+        AutogradError::External(SharedError::new(error))
     }
 
     /// The allocator's out-of-memory report, if this error is (or wraps) an
@@ -132,10 +133,7 @@ impl AutogradError {
     pub fn as_out_of_memory(&self) -> Option<&brasa_alloc::OutOfMemory> {
         match self {
             AutogradError::Tensor(error) => error.as_out_of_memory(),
-            AutogradError::External(inner) => {
-                let inner: &(dyn std::error::Error + 'static) = &**inner;
-                brasa_alloc::find_out_of_memory(inner)
-            }
+            AutogradError::External(inner) => brasa_alloc::find_out_of_memory(inner.as_error()),
             _ => None,
         }
     }

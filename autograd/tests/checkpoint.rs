@@ -2,6 +2,9 @@
 //! to the restored generator), lower peak memory, and errors when the
 //! recomputation differs.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_autograd::{checkpoint, checkpoint_sequential, AutogradError, Layer, Result, Var};
 use brasa_tensor::{manual_seed, memory, set_host_device_count, DType, Device, Tensor};
 use std::sync::atomic::{AtomicUsize, Ordering};

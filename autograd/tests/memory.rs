@@ -3,6 +3,9 @@
 //! during backward, nothing left but parameters and gradients, graphs
 //! dropped without backward freed, and the running-loss pattern.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_autograd::{Result, Var};
 use brasa_tensor::{memory, set_host_device_count, DType, Device, Tensor};
 use std::sync::{Arc, Mutex};

@@ -2,6 +2,9 @@
 //! another crate carried by `AutogradError::External` is found by
 //! `AutogradError::as_out_of_memory` with its device and requested bytes.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_autograd::{AutogradError, Var};
 use brasa_tensor::{set_host_device_count, set_host_memory_limit, DType, Device, Tensor, TensorError};
 

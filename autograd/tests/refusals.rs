@@ -3,6 +3,9 @@
 //! require grad or carry gradients through a cast, and `retain_grad` on a
 //! `Var` no gradient reaches.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_autograd::{AutogradError, Result, Var};
 use brasa_tensor::{set_host_device_count, DType, Device, Tensor};
 

@@ -1,13 +1,13 @@
 //! `alloc.*`: the caching allocator against the host backend it sits on.
 
-use crate::measure::{median, time, Better, Figure, Options, Xorshift};
+use crate::measure::{median, time, try_time, BenchResult, Better, Figure, Options, Xorshift};
 use brasa_alloc::{Allocation, AllocatorConfig, Backend, CachingAllocator, HostBackend, StreamId};
 use std::hint::black_box;
 
 const S0: StreamId = StreamId::DEFAULT;
 const TRACE: &str = include_str!("../data/gpt2_block_step.trace");
 
-pub fn run(options: &Options) -> Vec<Figure> {
+pub fn run(options: &Options) -> BenchResult<Vec<Figure>> {
     let mut figures = Vec::new();
     if options.wants("alloc.cached_pair_ns") {
         figures.push(cached_pair_ns(options));
@@ -16,16 +16,16 @@ pub fn run(options: &Options) -> Vec<Figure> {
         figures.push(speedup_vs_system(options));
     }
     if options.wants("alloc.trace_speedup") {
-        figures.push(trace_speedup(options));
+        figures.push(trace_speedup(options)?);
     }
     if options.wants("alloc.trace_fragmentation") {
-        figures.push(trace_fragmentation("alloc.trace_fragmentation", AllocatorConfig::default()));
+        figures.push(trace_fragmentation("alloc.trace_fragmentation", AllocatorConfig::default())?);
     }
     if options.wants("alloc.trace_fragmentation_expandable") {
         let config = AllocatorConfig { expandable_segments: true, ..AllocatorConfig::default() };
-        figures.push(trace_fragmentation("alloc.trace_fragmentation_expandable", config));
+        figures.push(trace_fragmentation("alloc.trace_fragmentation_expandable", config)?);
     }
-    figures
+    Ok(figures)
 }
 
 /// Median ns of one allocate + free served from the cache, over sizes in both pools.
@@ -91,96 +91,103 @@ enum TraceOp {
     Free { id: usize },
 }
 
-fn parse_trace() -> Vec<TraceOp> {
+/// The events of the committed trace, or which line is malformed.
+fn parse_trace() -> BenchResult<Vec<TraceOp>> {
     TRACE
         .lines()
-        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
-        .map(|line| {
+        .enumerate()
+        .filter(|(_, line)| !line.starts_with('#') && !line.trim().is_empty())
+        .map(|(index, line)| {
+            let malformed = |what: &str| format!("gpt2_block_step.trace line {}: {what} in {line:?}", index + 1);
             let mut fields = line.split_whitespace();
             let kind = fields.next();
-            let id: usize = fields.next().and_then(|f| f.parse().ok()).expect("trace id");
-            match kind {
-                Some("a") => {
-                    TraceOp::Alloc { id, bytes: fields.next().and_then(|f| f.parse().ok()).expect("trace size") }
-                }
+            let id: usize = fields.next().and_then(|f| f.parse().ok()).ok_or_else(|| malformed("no id"))?;
+            Ok(match kind {
+                Some("a") => TraceOp::Alloc {
+                    id,
+                    bytes: fields.next().and_then(|f| f.parse().ok()).ok_or_else(|| malformed("no size"))?,
+                },
                 _ => TraceOp::Free { id },
-            }
+            })
         })
         .collect()
 }
 
-/// Replays the trace with `allocate`/`release`, writing every allocation once.
-fn replay<H>(trace: &[TraceOp], mut allocate: impl FnMut(usize) -> (usize, H), mut release: impl FnMut(H)) {
+/// Replays the trace with `allocate`/`release`, writing every allocation once;
+/// stops at the first failed allocation or an id the trace never allocated.
+fn replay<H>(
+    trace: &[TraceOp],
+    mut allocate: impl FnMut(usize) -> BenchResult<(usize, H)>,
+    mut release: impl FnMut(H),
+) -> BenchResult<()> {
     let slots = trace.iter().filter(|op| matches!(op, TraceOp::Alloc { .. })).count();
     let mut live: Vec<Option<H>> = (0..slots).map(|_| None).collect();
     for op in trace {
+        let id = match *op {
+            TraceOp::Alloc { id, .. } | TraceOp::Free { id } => id,
+        };
+        let slot = live.get_mut(id).ok_or_else(|| format!("trace id {id} out of range (0..{slots})"))?;
         match *op {
-            TraceOp::Alloc { id, bytes } => {
-                let (addr, handle) = allocate(bytes);
+            TraceOp::Alloc { bytes, .. } => {
+                let (addr, handle) = allocate(bytes)?;
                 // SAFETY: `addr` points at `bytes` writable bytes owned by `handle`.
                 unsafe { std::ptr::write_bytes(addr as *mut u8, 1, bytes) };
-                live[id] = Some(handle);
+                *slot = Some(handle);
             }
-            TraceOp::Free { id } => {
-                if let Some(handle) = live[id].take() {
+            TraceOp::Free { .. } => {
+                if let Some(handle) = slot.take() {
                     release(handle);
                 }
             }
         }
     }
+    Ok(())
 }
 
-fn replay_cached(trace: &[TraceOp], alloc: &CachingAllocator<HostBackend>) {
+fn replay_cached(trace: &[TraceOp], alloc: &CachingAllocator<HostBackend>) -> BenchResult<()> {
     replay(
         trace,
         |bytes| {
-            let block: Allocation<HostBackend> = alloc.allocate(bytes, S0).expect("trace allocation");
-            (block.addr(), block)
+            let block: Allocation<HostBackend> = alloc.allocate(bytes, S0)?;
+            Ok((block.addr(), block))
         },
         drop,
-    );
+    )
 }
 
 /// One training step's trace: time straight on the host backend divided by
 /// time on the caching allocator in steady state (the cache persists across
 /// steps as it does in training); interleaved runs, median of ratios.
-fn trace_speedup(options: &Options) -> Figure {
-    let trace = parse_trace();
+fn trace_speedup(options: &Options) -> BenchResult<Figure> {
+    let trace = parse_trace()?;
     let backend = HostBackend::new();
     let alloc = CachingAllocator::new(HostBackend::new());
-    replay_cached(&trace, &alloc);
+    replay_cached(&trace, &alloc)?;
     let mut ratios = Vec::new();
     for _ in 0..options.reps(5, 2) {
-        let cached = time(|| replay_cached(&trace, &alloc));
-        let system = time(|| {
+        let cached = try_time(|| replay_cached(&trace, &alloc))?;
+        let system = try_time(|| {
             replay(
                 &trace,
                 |bytes| {
-                    let addr = backend.allocate(bytes).expect("trace allocation");
-                    (addr, (addr, bytes))
+                    let addr = backend.allocate(bytes)?;
+                    Ok((addr, (addr, bytes)))
                 },
                 // SAFETY: each handle is an allocation of this backend, freed once.
                 |(addr, bytes)| unsafe { backend.free(addr, bytes) },
             )
-        });
+        })?;
         ratios.push(system / cached);
     }
-    Figure::new("alloc.trace_speedup", median(&mut ratios), "x", Better::Higher)
+    Ok(Figure::new("alloc.trace_speedup", median(&mut ratios), "x", Better::Higher))
 }
 
 /// Peak reserved / peak allocated over three steps of the trace, under `config`.
-fn trace_fragmentation(name: &'static str, config: AllocatorConfig) -> Figure {
-    let trace = parse_trace();
+fn trace_fragmentation(name: &'static str, config: AllocatorConfig) -> BenchResult<Figure> {
+    let trace = parse_trace()?;
     let alloc = CachingAllocator::with_config(HostBackend::new(), config);
     for _ in 0..3 {
-        replay(
-            &trace,
-            |bytes| {
-                let block = alloc.allocate(bytes, S0).expect("trace allocation");
-                (block.addr(), block)
-            },
-            drop,
-        );
+        replay_cached(&trace, &alloc)?;
     }
     let stats = alloc.stats();
     let ratio = stats.reserved_bytes.all.peak as f64 / stats.allocated_bytes.all.peak as f64;
@@ -189,5 +196,5 @@ fn trace_fragmentation(name: &'static str, config: AllocatorConfig) -> Figure {
         stats.allocated_bytes.all.peak as f64 / (1 << 20) as f64,
         stats.reserved_bytes.all.peak as f64 / (1 << 20) as f64
     );
-    Figure::new(name, ratio, "ratio", Better::Lower)
+    Ok(Figure::new(name, ratio, "ratio", Better::Lower))
 }

@@ -16,26 +16,29 @@ mod profile_figures;
 mod tensor_elementwise_figures;
 mod tensor_matmul_figures;
 
-use measure::{Figure, Options};
+use measure::{BenchResult, Figure, Options};
+use std::process::ExitCode;
 
 /// A group of figures sharing a setup; `prefixes` covers every name it produces.
+/// A group either reports its figures' failures itself (on stderr, leaving the
+/// figure out) or returns the first one, which ends the run.
 struct Group {
     prefixes: &'static [&'static str],
-    run: fn(&Options) -> Vec<Figure>,
+    run: fn(&Options) -> BenchResult<Vec<Figure>>,
 }
 
 const GROUPS: &[Group] = &[
     Group { prefixes: &["alloc."], run: alloc_figures::run },
-    Group { prefixes: &["autograd."], run: autograd_figures::run },
+    Group { prefixes: &["autograd."], run: |options| Ok(autograd_figures::run(options)) },
     Group { prefixes: &["kernels.fma_peak", "tensor.matmul", "tensor.conv2d"], run: tensor_matmul_figures::run },
     Group { prefixes: &["tensor.add_", "tensor.small_op"], run: tensor_elementwise_figures::run },
-    Group { prefixes: &["nn."], run: nn_figures::run },
-    Group { prefixes: &["amp."], run: amp_figures::run },
-    Group { prefixes: &["profile."], run: profile_figures::run },
-    Group { prefixes: &["parallel."], run: parallel_figures::run },
+    Group { prefixes: &["nn."], run: |options| Ok(nn_figures::run(options)) },
+    Group { prefixes: &["amp."], run: |options| Ok(amp_figures::run(options)) },
+    Group { prefixes: &["profile."], run: |options| Ok(profile_figures::run(options)) },
+    Group { prefixes: &["parallel."], run: |options| Ok(parallel_figures::run(options)) },
 ];
 
-fn main() {
+fn main() -> ExitCode {
     let mut options = Options { quick: false, filter: String::new() };
     let mut args = std::env::args().skip(1);
     let mut nn_worker = None;
@@ -50,23 +53,23 @@ fn main() {
             "--filter" => options.filter = args.next().unwrap_or_default(),
             other => {
                 eprintln!("brasa-bench: unknown option `{other}` (expected --filter PREFIX, --quick)");
-                std::process::exit(2);
+                return ExitCode::from(2);
             }
         }
     }
     if let Some(name) = nn_worker {
         if let Err(e) = nn_figures::worker(&name, options.quick) {
             eprintln!("brasa-bench --nn-worker {name}: {e}");
-            std::process::exit(1);
+            return ExitCode::FAILURE;
         }
-        return;
+        return ExitCode::SUCCESS;
     }
     if let Some(name) = parallel_worker {
         if let Err(e) = parallel_figures::worker(&name, options.quick) {
             eprintln!("brasa-bench --parallel-worker {name}: {e}");
-            std::process::exit(1);
+            return ExitCode::FAILURE;
         }
-        return;
+        return ExitCode::SUCCESS;
     }
     for group in GROUPS {
         let wanted = group
@@ -76,10 +79,18 @@ fn main() {
         if !wanted {
             continue;
         }
-        for figure in (group.run)(&options) {
+        let figures = match (group.run)(&options) {
+            Ok(figures) => figures,
+            Err(e) => {
+                eprintln!("brasa-bench: {}: {e}", group.prefixes.join(", "));
+                return ExitCode::FAILURE;
+            }
+        };
+        for figure in figures {
             if figure.name.starts_with(&options.filter) {
                 println!("{}", figure.to_json());
             }
         }
     }
+    ExitCode::SUCCESS
 }

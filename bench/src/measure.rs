@@ -65,6 +65,16 @@ pub fn time(f: impl FnOnce()) -> f64 {
     start.elapsed().as_secs_f64()
 }
 
+/// What a figure's measurement can fail with: any error, reported by `main`.
+pub type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Seconds taken by `f`, or the first error it returns.
+pub fn try_time<E>(f: impl FnOnce() -> Result<(), E>) -> Result<f64, E> {
+    let start = Instant::now();
+    f()?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
 /// The median of some samples (they are sorted in place).
 pub fn median(samples: &mut [f64]) -> f64 {
     samples.sort_by(f64::total_cmp);

@@ -2,7 +2,7 @@
 //! output each call) against a STREAM-style add into a preallocated buffer,
 //! and the latency of a tiny `a + b`.
 
-use crate::measure::{median, time, Better, Figure, Options};
+use crate::measure::{median, time, try_time, BenchResult, Better, Figure, Options};
 use brasa_tensor::{DType, Device, Tensor};
 use std::hint::black_box;
 
@@ -12,17 +12,17 @@ const LARGE: usize = 16 << 20;
 const SMALL: usize = 16;
 
 /// All figures of the group that `options` asks for.
-pub fn run(options: &Options) -> Vec<Figure> {
+pub fn run(options: &Options) -> BenchResult<Vec<Figure>> {
     let mut figures = Vec::new();
     if options.wants("tensor.add_f32_16m_gbs") || options.wants("tensor.add_vs_stream") {
-        let (tensor_gbs, stream_gbs) = large_add(options);
+        let (tensor_gbs, stream_gbs) = large_add(options)?;
         figures.push(Figure::new("tensor.add_f32_16m_gbs", tensor_gbs, "GB/s", Better::Higher));
         figures.push(Figure::new("tensor.add_vs_stream", tensor_gbs / stream_gbs, "x", Better::Higher));
     }
     if options.wants("tensor.small_op_ns") {
-        figures.push(Figure::new("tensor.small_op_ns", small_add_ns(options), "ns", Better::Lower));
+        figures.push(Figure::new("tensor.small_op_ns", small_add_ns(options)?, "ns", Better::Lower));
     }
-    figures
+    Ok(figures)
 }
 
 /// Bytes a large add moves: two operands read, one result written.
@@ -35,24 +35,24 @@ fn large_add_bytes() -> f64 {
 /// a STREAM-style add into a preallocated buffer, split over the same number
 /// of threads in the same number of chunks. Runs interleave so both see the
 /// same machine state.
-fn large_add(options: &Options) -> (f64, f64) {
-    let a = Tensor::rand_on([LARGE], DType::F32, Device::CPU).expect("operand a");
-    let b = Tensor::rand_on([LARGE], DType::F32, Device::CPU).expect("operand b");
-    let (va, vb) = (a.to_vec::<f32>().expect("a"), b.to_vec::<f32>().expect("b"));
+fn large_add(options: &Options) -> BenchResult<(f64, f64)> {
+    let a = Tensor::rand_on([LARGE], DType::F32, Device::CPU)?;
+    let b = Tensor::rand_on([LARGE], DType::F32, Device::CPU)?;
+    let (va, vb) = (a.to_vec::<f32>()?, b.to_vec::<f32>()?);
     let mut out = vec![0.0f32; LARGE];
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     for _ in 0..2 {
-        black_box((&a + &b).expect("warm-up add"));
+        black_box((&a + &b)?);
         stream_add(&va, &vb, &mut out, threads);
     }
     let reps = options.reps(15, 3);
     let (mut ours, mut stream) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
     for _ in 0..reps {
-        ours.push(time(|| drop(black_box((&a + &b).expect("add")))));
+        ours.push(try_time(|| (&a + &b).map(|c| drop(black_box(c))))?);
         stream.push(time(|| stream_add(&va, &vb, black_box(&mut out), threads)));
     }
     let gbs = |seconds: f64| large_add_bytes() / seconds / 1e9;
-    (gbs(median(&mut ours)), gbs(median(&mut stream)))
+    Ok((gbs(median(&mut ours)), gbs(median(&mut stream))))
 }
 
 /// `out = a + b` with a plain slice loop, `4 * threads` chunks on `threads`
@@ -76,22 +76,23 @@ fn stream_add(a: &[f32], b: &[f32], out: &mut [f32], threads: usize) {
 }
 
 /// Median ns of one `&a + &b` on 16-element f32 tensors, result dropped.
-fn small_add_ns(options: &Options) -> f64 {
-    let a = Tensor::rand_on([SMALL], DType::F32, Device::CPU).expect("operand a");
-    let b = Tensor::rand_on([SMALL], DType::F32, Device::CPU).expect("operand b");
+fn small_add_ns(options: &Options) -> BenchResult<f64> {
+    let a = Tensor::rand_on([SMALL], DType::F32, Device::CPU)?;
+    let b = Tensor::rand_on([SMALL], DType::F32, Device::CPU)?;
     let calls = options.reps(20_000, 2_000);
     for _ in 0..calls {
-        black_box((&a + &b).expect("warm-up add"));
+        black_box((&a + &b)?);
     }
     let mut samples: Vec<f64> = (0..options.reps(21, 5))
         .map(|_| {
-            let seconds = time(|| {
+            let seconds = try_time(|| {
                 for _ in 0..calls {
-                    black_box((black_box(&a) + black_box(&b)).expect("add"));
+                    black_box((black_box(&a) + black_box(&b))?);
                 }
-            });
-            seconds * 1e9 / calls as f64
+                Ok::<(), brasa_tensor::TensorError>(())
+            })?;
+            Ok(seconds * 1e9 / calls as f64)
         })
-        .collect();
-    median(&mut samples)
+        .collect::<BenchResult<_>>()?;
+    Ok(median(&mut samples))
 }

@@ -13,12 +13,12 @@
 //!   64x32x28x28 input to 64 channels (`2·N·C_out·H·W·C_in·9` flops);
 //!   `tensor.conv2d_vs_matmul` is its ratio to the 1024³ product's rate.
 
-use crate::measure::{median, time, Better, Figure, Options};
+use crate::measure::{median, try_time, BenchResult, Better, Figure, Options};
 use brasa_tensor::{Conv2dParams, DType, Tensor};
 use std::hint::black_box;
 use std::time::Duration;
 
-pub fn run(options: &Options) -> Vec<Figure> {
+pub fn run(options: &Options) -> BenchResult<Vec<Figure>> {
     let mut figures = Vec::new();
     let wants_matmul = options.wants("tensor.matmul_f32_1024_gflops")
         || options.wants("tensor.matmul_vs_peak")
@@ -28,7 +28,7 @@ pub fn run(options: &Options) -> Vec<Figure> {
     if let Some(peak) = peak.filter(|_| options.wants("kernels.fma_peak_gflops")) {
         figures.push(Figure::new("kernels.fma_peak_gflops", peak, "GFLOP/s", Better::Higher));
     }
-    let matmul = wants_matmul.then(|| matmul_1024_gflops(options));
+    let matmul = if wants_matmul { Some(matmul_1024_gflops(options)?) } else { None };
     if let Some(rate) = matmul.filter(|_| options.wants("tensor.matmul_f32_1024_gflops")) {
         figures.push(Figure::new("tensor.matmul_f32_1024_gflops", rate, "GFLOP/s", Better::Higher));
     }
@@ -38,10 +38,10 @@ pub fn run(options: &Options) -> Vec<Figure> {
         }
     }
     if options.wants("tensor.matmul_mlp_gflops") {
-        figures.push(Figure::new("tensor.matmul_mlp_gflops", mlp_gflops(options), "GFLOP/s", Better::Higher));
+        figures.push(Figure::new("tensor.matmul_mlp_gflops", mlp_gflops(options)?, "GFLOP/s", Better::Higher));
     }
     if options.wants("tensor.conv2d_gflops") || options.wants("tensor.conv2d_vs_matmul") {
-        let conv = conv2d_gflops(options);
+        let conv = conv2d_gflops(options)?;
         if options.wants("tensor.conv2d_gflops") {
             figures.push(Figure::new("tensor.conv2d_gflops", conv, "GFLOP/s", Better::Higher));
         }
@@ -49,51 +49,55 @@ pub fn run(options: &Options) -> Vec<Figure> {
             figures.push(Figure::new("tensor.conv2d_vs_matmul", conv / rate, "ratio", Better::Higher));
         }
     }
-    figures
+    Ok(figures)
 }
 
-fn randn(shape: &[usize]) -> Tensor {
-    Tensor::randn(shape.to_vec(), DType::F32).expect("benchmark input")
+fn randn(shape: &[usize]) -> brasa_tensor::Result<Tensor> {
+    Tensor::randn(shape.to_vec(), DType::F32)
 }
 
-/// Median seconds of `f` over `reps` runs, after two warm-up runs.
-fn median_seconds(reps: usize, f: impl Fn()) -> f64 {
-    f();
-    f();
-    let mut samples: Vec<f64> = (0..reps).map(|_| time(&f)).collect();
-    median(&mut samples)
+/// Median seconds of `f` over `reps` runs, after two warm-up runs; the first
+/// error `f` returns ends the measurement.
+fn median_seconds(reps: usize, f: impl Fn() -> brasa_tensor::Result<()>) -> brasa_tensor::Result<f64> {
+    f()?;
+    f()?;
+    let mut samples: Vec<f64> = (0..reps).map(|_| try_time(&f)).collect::<brasa_tensor::Result<_>>()?;
+    Ok(median(&mut samples))
 }
 
-fn matmul_1024_gflops(options: &Options) -> f64 {
+fn matmul_1024_gflops(options: &Options) -> BenchResult<f64> {
     let n = 1024;
-    let (a, b) = (randn(&[n, n]), randn(&[n, n]));
+    let (a, b) = (randn(&[n, n])?, randn(&[n, n])?);
     let seconds = median_seconds(options.reps(15, 3), || {
-        black_box(a.matmul(&b).expect("matmul"));
-    });
-    2.0 * (n * n * n) as f64 / seconds / 1e9
+        black_box(a.matmul(&b)?);
+        Ok(())
+    })?;
+    Ok(2.0 * (n * n * n) as f64 / seconds / 1e9)
 }
 
-fn mlp_gflops(options: &Options) -> f64 {
+fn mlp_gflops(options: &Options) -> BenchResult<f64> {
     let (batch, inputs, outputs) = (128, 784, 512);
-    let x = randn(&[batch, inputs]);
-    let w = randn(&[outputs, inputs]); // PyTorch's Linear layout
-    let g = randn(&[batch, outputs]);
-    let (wt, gt) = (w.t().expect("view"), g.t().expect("view"));
+    let x = randn(&[batch, inputs])?;
+    let w = randn(&[outputs, inputs])?; // PyTorch's Linear layout
+    let g = randn(&[batch, outputs])?;
+    let (wt, gt) = (w.t()?, g.t()?);
     let seconds = median_seconds(options.reps(51, 5), || {
-        black_box(x.matmul(&wt).expect("forward")); // 128x784 · 784x512
-        black_box(gt.matmul(&x).expect("weight gradient")); // 512x128 · 128x784
-        black_box(g.matmul(&w).expect("input gradient")); // 128x512 · 512x784
-    });
-    3.0 * 2.0 * (batch * inputs * outputs) as f64 / seconds / 1e9
+        black_box(x.matmul(&wt)?); // forward: 128x784 · 784x512
+        black_box(gt.matmul(&x)?); // weight gradient: 512x128 · 128x784
+        black_box(g.matmul(&w)?); // input gradient: 128x512 · 512x784
+        Ok(())
+    })?;
+    Ok(3.0 * 2.0 * (batch * inputs * outputs) as f64 / seconds / 1e9)
 }
 
-fn conv2d_gflops(options: &Options) -> f64 {
+fn conv2d_gflops(options: &Options) -> BenchResult<f64> {
     let (n, c_in, c_out, hw) = (64, 32, 64, 28);
-    let x = randn(&[n, c_in, hw, hw]);
-    let w = randn(&[c_out, c_in, 3, 3]);
+    let x = randn(&[n, c_in, hw, hw])?;
+    let w = randn(&[c_out, c_in, 3, 3])?;
     let params = Conv2dParams::default().with_padding((1, 1));
     let seconds = median_seconds(options.reps(15, 3), || {
-        black_box(x.conv2d(&w, None, params).expect("conv2d"));
-    });
-    2.0 * (n * c_out * hw * hw * c_in * 9) as f64 / seconds / 1e9
+        black_box(x.conv2d(&w, None, params)?);
+        Ok(())
+    })?;
+    Ok(2.0 * (n * c_out * hw * hw * c_in * 9) as f64 / seconds / 1e9)
 }

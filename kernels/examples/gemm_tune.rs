@@ -16,6 +16,9 @@
 //! The benchmark `benches/gemm.rs` includes this file as a module for its
 //! shapes, operands and reference calls.
 
+// Example code: a bad shape or `BRASA_SHAPES` entry stops the run with the message.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_kernels::gemm::{gemm_with, Blocking, GemmElement, GemmOptions, KernelChoice, MatMut, MatRef, Parallelism};
 use brasa_kernels::peak::fma_peak_gflops;
 use half::{bf16, f16};
@@ -25,14 +28,20 @@ use std::time::{Duration, Instant};
 /// (A as its `k x m` transpose, B as its `n x k` one: the backward products).
 #[derive(Clone, Copy, Debug)]
 pub struct Shape {
+    /// Rows of A and C.
     pub m: usize,
+    /// Columns of B and C.
     pub n: usize,
+    /// The reduced dimension: columns of A, rows of B.
     pub k: usize,
+    /// A is stored as its `k x m` transpose.
     pub a_transposed: bool,
+    /// B is stored as its `n x k` transpose.
     pub b_transposed: bool,
 }
 
 impl Shape {
+    /// An `m x n x k` product with A and B stored row-major.
     pub const fn new(m: usize, n: usize, k: usize) -> Shape {
         Shape { m, n, k, a_transposed: false, b_transposed: false }
     }

@@ -5,6 +5,7 @@ use std::fmt;
 /// What went wrong in a kernel call. The message names the operand and the
 /// numbers involved so that a caller can see which view was malformed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KernelError {
     /// A view reaches past the end of its slice.
     OutOfBounds {

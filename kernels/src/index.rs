@@ -16,6 +16,7 @@ use crate::reduce::{Accumulator, ReduceElement};
 
 /// Why an indexing kernel refused its input.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum IndexError {
     /// `indices[position] == index`, which is not in `0..size`.
     OutOfRange {

@@ -2,6 +2,9 @@
 //! on every micro-kernel this CPU supports, every storage order, edge tiles,
 //! alpha/beta variants, narrow types and batches.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_kernels::gemm::{
     batched_gemm_bf16, batched_gemm_f32, batched_gemm_with, gemm_bf16, gemm_f16, gemm_f32, gemm_f64, gemm_with,
     BatchMut, BatchRef, Blocking, GemmOptions, KernelChoice, MatMut, MatRef, Parallelism,

@@ -74,12 +74,14 @@ fn expand(mut input: DeriveInput) -> syn::Result<TokenStream2> {
             .iter()
             .filter(|field| !is_skipped(&field.attrs))
             .map(|field| {
-                let ident = field.ident.as_ref().expect("named field");
+                let ident = field.ident.as_ref().ok_or_else(|| {
+                    syn::Error::new_spanned(field, "#[derive(Parameters)]: a named field without a name")
+                })?;
                 let name = ident.to_string();
                 let name = name.strip_prefix("r#").unwrap_or(&name).to_string();
-                (name, quote!(#ident))
+                Ok((name, quote!(#ident)))
             })
-            .collect(),
+            .collect::<syn::Result<_>>()?,
         Fields::Unnamed(unnamed) => unnamed
             .unnamed
             .iter()

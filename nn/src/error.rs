@@ -3,10 +3,17 @@
 //! that cannot be read, a bad configuration, a data worker that failed).
 
 use brasa_autograd::AutogradError;
-use brasa_tensor::TensorError;
+use brasa_tensor::{SharedError, TensorError};
 
 /// Why an `nn` operation failed.
+///
+/// The error from below is kept whole: tensor and autograd errors as they
+/// are, and foreign ones (an I/O error, a safetensors error, an error of a
+/// crate above such as `brasa-amp`) as the [`std::error::Error::source`] of
+/// [`NnError::File`], [`NnError::Safetensors`], [`NnError::Io`] and
+/// [`NnError::External`], where `downcast_ref` finds them.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum NnError {
     /// A tensor operation failed (shapes, dtypes, devices, out of memory).
     #[error(transparent)]
@@ -15,16 +22,32 @@ pub enum NnError {
     #[error(transparent)]
     Autograd(#[from] AutogradError),
     /// A state dict does not fit the model (missing or unexpected names,
-    /// wrong shape or dtype), or an optimizer state does not fit the optimizer.
+    /// wrong shape or dtype), or an optimizer state does not fit the
+    /// optimizer (what is wrong, with the names and values seen).
     #[error("state dict: {0}")]
     StateDict(String),
+    /// Encoding or decoding safetensors failed; the safetensors error
+    /// (`safetensors::SafeTensorError`) is the source.
+    #[error("state dict: {context}: {source}")]
+    Safetensors {
+        /// What was being done (`"not valid safetensors"`, `"encoding"`, a tensor's name).
+        context: String,
+        /// The safetensors error.
+        #[source]
+        source: SharedError,
+    },
     /// A file could not be read or written, or its contents are not valid.
+    /// When a lower error says why (an I/O error, a decoding error), it is
+    /// the source.
     #[error("{path}: {message}")]
     File {
         /// The file.
         path: String,
-        /// What went wrong.
+        /// What went wrong (with the source's text, when there is a source).
         message: String,
+        /// The error that made it fail, if one did.
+        #[source]
+        source: Option<SharedError>,
     },
     /// An invalid argument or configuration.
     #[error("{what}: {message}")]
@@ -34,9 +57,24 @@ pub enum NnError {
         /// What was wrong, with the values seen.
         message: String,
     },
-    /// A data-loading worker failed or panicked.
+    /// A data-loading worker failed or panicked (what happened).
     #[error("data loader: {0}")]
     Data(String),
+    /// A system call failed (a thread that could not be started, say); the
+    /// [`std::io::Error`] is the source.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The I/O error.
+        #[source]
+        source: SharedError,
+    },
+    /// An error of a crate above this one, met inside an `nn` API (a
+    /// `brasa-amp` misuse inside an optimizer step, say); the error is the
+    /// source, whole.
+    #[error("{0}")]
+    External(#[source] SharedError),
 }
 
 /// `Result` with [`NnError`].
@@ -55,12 +93,38 @@ impl NnError {
         match self {
             NnError::Tensor(error) => error.as_out_of_memory(),
             NnError::Autograd(error) => error.as_out_of_memory(),
+            NnError::External(inner) | NnError::File { source: Some(inner), .. } => {
+                brasa_alloc::find_out_of_memory(inner.as_error())
+            }
             _ => None,
         }
     }
 
-    /// An [`NnError::File`] for `path`.
+    /// An [`NnError::File`] for `path` with no lower error: the contents are
+    /// not valid, say.
     pub fn file(path: impl AsRef<std::path::Path>, message: impl std::fmt::Display) -> NnError {
-        NnError::File { path: path.as_ref().display().to_string(), message: message.to_string() }
+        NnError::File { path: path.as_ref().display().to_string(), message: message.to_string(), source: None }
+    }
+
+    /// An [`NnError::File`] for `path` that failed with `source` (an I/O
+    /// error, a decoding error), kept as the source. The message is
+    /// `"{context}: {source}"`, or the source's text when `context` is empty.
+    pub fn file_error(
+        path: impl AsRef<std::path::Path>,
+        context: &str,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> NnError {
+        let message = if context.is_empty() { source.to_string() } else { format!("{context}: {source}") };
+        NnError::File { path: path.as_ref().display().to_string(), message, source: Some(SharedError::new(source)) }
+    }
+
+    /// An [`NnError::Safetensors`] with `context`.
+    pub(crate) fn safetensors(context: impl Into<String>, source: safetensors::SafeTensorError) -> NnError {
+        NnError::Safetensors { context: context.into(), source: SharedError::new(source) }
+    }
+
+    /// An [`NnError::External`] carrying `error` whole.
+    pub fn external(error: impl std::error::Error + Send + Sync + 'static) -> NnError {
+        NnError::External(SharedError::new(error))
     }
 }

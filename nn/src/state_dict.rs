@@ -125,12 +125,11 @@ impl StateDict {
         }
         let mut views = Vec::with_capacity(owned.len());
         for (name, dtype, shape, bytes) in &owned {
-            let view = TensorView::new(*dtype, shape.clone(), bytes)
-                .map_err(|e| NnError::StateDict(format!("{name}: {e}")))?;
+            let view = TensorView::new(*dtype, shape.clone(), bytes).map_err(|e| NnError::safetensors(*name, e))?;
             views.push((*name, view));
         }
         let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-        safetensors::serialize(views, Some(metadata)).map_err(|e| NnError::StateDict(format!("encoding: {e}")))
+        safetensors::serialize(views, Some(metadata)).map_err(|e| NnError::safetensors("encoding", e))
     }
 
     /// Decodes safetensors bytes into host tensors (`Device::CPU`). A
@@ -141,8 +140,7 @@ impl StateDict {
 
     /// Decodes safetensors bytes into tensors on `device`.
     pub fn from_bytes_on(bytes: &[u8], device: Device) -> Result<StateDict> {
-        let file =
-            SafeTensors::deserialize(bytes).map_err(|e| NnError::StateDict(format!("not valid safetensors: {e}")))?;
+        let file = SafeTensors::deserialize(bytes).map_err(|e| NnError::safetensors("not valid safetensors", e))?;
         // Safetensors lays tensors out by alignment, not in the writer's order: sort by name.
         let mut named: Vec<(String, TensorView<'_>)> = file.tensors();
         named.sort_by(|a, b| a.0.cmp(&b.0));
@@ -157,13 +155,13 @@ impl StateDict {
     /// Writes the safetensors file at `path`.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
         let bytes = self.to_bytes()?;
-        std::fs::write(path.as_ref(), bytes).map_err(|e| NnError::file(path, e))
+        std::fs::write(path.as_ref(), bytes).map_err(|e| NnError::file_error(path, "", e))
     }
 
     /// Reads the safetensors file at `path` into host tensors.
     pub fn load(path: impl AsRef<Path>) -> Result<StateDict> {
-        let bytes = std::fs::read(path.as_ref()).map_err(|e| NnError::file(&path, e))?;
-        StateDict::from_bytes(&bytes).map_err(|e| NnError::file(&path, e))
+        let bytes = std::fs::read(path.as_ref()).map_err(|e| NnError::file_error(&path, "", e))?;
+        StateDict::from_bytes(&bytes).map_err(|e| NnError::file_error(&path, "", e))
     }
 }
 

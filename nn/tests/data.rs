@@ -3,6 +3,9 @@
 //! of workers, pinned and placed batches, failing and panicking datasets,
 //! early drops, back-pressure) and IDX files, including damaged ones.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_nn::data::{
     random_split, read_idx, read_idx_images, read_idx_labels, DataLoader, Dataset, Digits, Mnist, TensorDataset,
 };

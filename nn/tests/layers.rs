@@ -6,6 +6,9 @@
 //! Tests run in parallel in one process and share the global generator, so
 //! every check whose numbers matter uses inputs from a formula.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_autograd::{gradcheck, Var};
 use brasa_nn::functional::{batch_norm, layer_norm};
 use brasa_nn::{

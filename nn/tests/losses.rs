@@ -3,6 +3,9 @@
 //! for every option: reductions, class weights, label smoothing,
 //! `ignore_index`, extra dims, unbatched inputs, `pos_weight`.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_autograd::{gradcheck, AutogradError, Var};
 use brasa_nn::functional::{
     binary_cross_entropy_with_logits, cross_entropy, cross_entropy_with, l1_loss, mse_loss, nll_loss, nll_loss_with,

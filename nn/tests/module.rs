@@ -3,6 +3,9 @@
 //! and state dicts through safetensors — round trips, strict and non-strict
 //! loading, and damaged files as errors.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_autograd::Var;
 use brasa_nn::{Linear, LoadReport, Module, ModuleExt, NnError, Parameters, Result, StateDict, Training};
 use brasa_tensor::{DType, Device, Tensor};

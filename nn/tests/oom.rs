@@ -1,6 +1,9 @@
 //! An out of memory inside a layer's forward or an optimizer's step is found
 //! by `NnError::as_out_of_memory` with its device and requested bytes.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_autograd::Var;
 use brasa_nn::optim::{Optimizer, Sgd, SgdConfig};
 use brasa_nn::{Linear, Module, ModuleExt, NnError};

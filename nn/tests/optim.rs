@@ -6,6 +6,9 @@
 //! is fixed at first use and tests run in parallel, so all agree on it);
 //! only the allocation test uses `cpu:3`, so its counts see no other test.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_autograd::Var;
 use brasa_nn::functional::cross_entropy;
 use brasa_nn::optim::{

@@ -14,7 +14,7 @@ use crate::collective::{Collective, ReduceOp};
 use crate::error::{ParallelError, Result};
 use crate::health::{Abort, Health};
 use crate::work::{Completion, Work};
-use brasa_tensor::{Device, Tensor};
+use brasa_tensor::{Device, SharedError, Tensor};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -146,7 +146,11 @@ impl Communicator {
                     completion.complete(result);
                 }
             })
-            .map_err(|e| ParallelError::invalid("Communicator::start", format!("cannot spawn the worker: {e}")))?;
+            .map_err(|e| ParallelError::Spawn {
+                op: "Communicator::start",
+                what: "the worker thread".into(),
+                source: SharedError::new(e),
+            })?;
         match ready_rx.recv() {
             Ok(Ok(())) => {}
             Ok(Err(error)) => {
@@ -213,7 +217,8 @@ impl Communicator {
             None => false,
         };
         if !sent {
-            let error = ParallelError::Broken { rank, cause: "the communication worker has stopped".into() };
+            let error =
+                ParallelError::Broken { rank, cause: "the communication worker has stopped".into(), source: None };
             return Work::finished(Err(error), health, name, rank);
         }
         Work::new(completion, health, name, rank, self.inner.timeout)

@@ -98,7 +98,7 @@ use crate::in_process::in_process_group;
 use brasa_autograd::Var;
 use brasa_nn::optim::Optimizer;
 use brasa_nn::{LoadReport, Module, ModuleExt, StateDict};
-use brasa_tensor::{Device, Tensor};
+use brasa_tensor::{Device, ErrorBox, SharedError, Tensor};
 use layout::FlatLayout;
 use replica::{loss_weight, Replica};
 use std::ops::Range;
@@ -158,7 +158,7 @@ pub struct DataParallel<M, O> {
     layout: FlatLayout,
     config: DataParallelConfig,
     /// Why the group can no longer step, after a failed collective phase.
-    broken: Option<String>,
+    broken: Option<ParallelError>,
     last_grad_norm: Option<f64>,
 }
 
@@ -217,7 +217,11 @@ impl<M: Module, O: Optimizer> DataParallel<M, O> {
                     .num_threads(threads)
                     .thread_name(move |i| format!("{thread_prefix}-{i}"))
                     .build()
-                    .map_err(|e| ParallelError::invalid(OP, format!("rayon pool for {name}: {e}")))
+                    .map_err(|e| ParallelError::Spawn {
+                        op: OP,
+                        what: format!("a rayon pool for {name}"),
+                        source: SharedError::new(e),
+                    })
             })
             .collect::<Result<Vec<_>>>()?;
         let models = devices
@@ -344,7 +348,7 @@ impl<M: Module, O: Optimizer> DataParallel<M, O> {
         let outcomes = match self.first_failure(OP, outcomes) {
             Ok(outcomes) => outcomes,
             Err(error) => {
-                self.broken = Some(error.to_string());
+                self.broken = Some(error.clone());
                 return Err(error);
             }
         };
@@ -498,10 +502,7 @@ impl<M: Module, O: Optimizer> DataParallel<M, O> {
 
     fn check_usable(&self, op: &'static str) -> Result<()> {
         match &self.broken {
-            Some(cause) => Err(ParallelError::invalid(
-                op,
-                format!("this DataParallel is unusable after a failed optimizer step ({cause}); build a new one"),
-            )),
+            Some(cause) => Err(ParallelError::Unusable { op, source: ErrorBox::new(cause.clone()) }),
             None => Ok(()),
         }
     }
@@ -558,13 +559,13 @@ impl<M: Module, O: Optimizer> DataParallel<M, O> {
         let error = outcomes.into_iter().nth(culprit).and_then(|o| o.err());
         let error = error.unwrap_or_else(|| ParallelError::invalid(op, "a replica failed"));
         let device = self.replicas[culprit].device;
-        Err(ParallelError::Replica { op, rank: culprit, device, source: Box::new(error), others })
+        Err(ParallelError::Replica { op, rank: culprit, device, source: ErrorBox::new(error), others })
     }
 }
 
 /// `error` from replica `rank`, kept whole inside a [`ParallelError::Replica`].
 fn replica_error(op: &'static str, rank: usize, device: Device, error: ParallelError) -> ParallelError {
-    ParallelError::Replica { op, rank, device, source: Box::new(error), others: Vec::new() }
+    ParallelError::Replica { op, rank, device, source: ErrorBox::new(error), others: Vec::new() }
 }
 
 /// Runs `f(rank, item)` for every item at once, each on its own thread
@@ -595,9 +596,11 @@ where
                 Ok(handle) => handle.join().unwrap_or_else(|payload| {
                     Err(ParallelError::RankPanicked { rank, message: crate::launch::panic_message(payload.as_ref()) })
                 }),
-                Err(e) => {
-                    Err(ParallelError::invalid("DataParallel", format!("cannot start replica {rank}'s thread: {e}")))
-                }
+                Err(e) => Err(ParallelError::Spawn {
+                    op: "DataParallel",
+                    what: format!("replica {rank}'s thread"),
+                    source: SharedError::new(e),
+                }),
             })
             .collect()
     })

@@ -5,11 +5,18 @@
 
 use brasa_autograd::AutogradError;
 use brasa_nn::NnError;
-use brasa_tensor::TensorError;
+use brasa_tensor::{ErrorBox, SharedError, TensorError};
 use std::time::Duration;
 
 /// Why a parallel operation failed.
+///
+/// Errors from below keep their structure: tensor, autograd and nn errors
+/// as they are, a replica's error inside [`ParallelError::Replica`], the
+/// first failure inside [`ParallelError::Broken`] and
+/// [`ParallelError::Unusable`], and foreign errors (a thread or a thread
+/// pool that could not be started) as the [`std::error::Error::source`].
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum ParallelError {
     /// A tensor operation failed (shapes, dtypes, devices, out of memory).
     #[error(transparent)]
@@ -69,8 +76,35 @@ pub enum ParallelError {
     Broken {
         /// This rank.
         rank: usize,
-        /// The first failure.
+        /// The first failure, in words.
         cause: String,
+        /// The first failure itself, when it was an error of this rank's
+        /// communicator (not a peer's departure).
+        #[source]
+        source: Option<ErrorBox<ParallelError>>,
+    },
+    /// A [`DataParallel`](crate::DataParallel) whose optimizer step failed
+    /// on some replica refuses further work (the replicas may disagree);
+    /// the failure is the source.
+    #[error("{op}: this DataParallel is unusable after a failed optimizer step ({source}); build a new one")]
+    Unusable {
+        /// The call refused.
+        op: &'static str,
+        /// The failure of the optimizer step.
+        #[source]
+        source: ErrorBox<ParallelError>,
+    },
+    /// A thread or a thread pool could not be started; the system's error
+    /// (a [`std::io::Error`], a `rayon::ThreadPoolBuildError`) is the source.
+    #[error("{op}: cannot start {what}: {source}")]
+    Spawn {
+        /// The operation.
+        op: &'static str,
+        /// What could not be started (`"the worker thread of rank 1"`).
+        what: String,
+        /// The system's error.
+        #[source]
+        source: SharedError,
     },
     /// A rank's thread panicked (in-process groups).
     #[error("rank {rank} panicked: {message}")]
@@ -92,7 +126,7 @@ pub enum ParallelError {
         device: brasa_tensor::Device,
         /// What went wrong there.
         #[source]
-        source: Box<ParallelError>,
+        source: ErrorBox<ParallelError>,
         /// Replicas that failed too (usually because of this one).
         others: Vec<usize>,
     },
@@ -101,8 +135,10 @@ pub enum ParallelError {
     Mpi {
         /// This rank.
         rank: usize,
-        /// What MPI said.
+        /// What MPI said (with the call that failed).
         message: String,
+        /// The MPI error code, when an MPI call returned one.
+        code: Option<i32>,
     },
     /// Parameters that got no gradient in a data-parallel backward; their
     /// all-reduce would never start. Named by their paths in the module.
@@ -159,7 +195,8 @@ impl ParallelError {
             ParallelError::Tensor(error) => error.as_out_of_memory(),
             ParallelError::Autograd(error) => error.as_out_of_memory(),
             ParallelError::Nn(error) => error.as_out_of_memory(),
-            ParallelError::Replica { source, .. } => source.as_out_of_memory(),
+            ParallelError::Replica { source, .. } | ParallelError::Unusable { source, .. } => source.as_out_of_memory(),
+            ParallelError::Broken { source: Some(source), .. } => source.as_out_of_memory(),
             _ => None,
         }
     }

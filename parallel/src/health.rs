@@ -5,6 +5,7 @@
 //! the backend is told to abort so that peers fail fast too.
 
 use crate::error::ParallelError;
+use brasa_tensor::ErrorBox;
 use std::sync::{Arc, Mutex};
 
 /// Tells a backend's peers that this rank gave up, from any thread, even
@@ -18,7 +19,7 @@ pub trait Abort: Send + Sync {
 
 pub(crate) struct Health {
     rank: usize,
-    cause: Mutex<Option<String>>,
+    cause: Mutex<Option<ParallelError>>,
     abort: Option<Arc<dyn Abort>>,
 }
 
@@ -32,7 +33,7 @@ impl Health {
         let first = {
             let mut cause = self.cause.lock().unwrap_or_else(|e| e.into_inner());
             if cause.is_none() {
-                *cause = Some(error.to_string());
+                *cause = Some(error.clone());
                 true
             } else {
                 false
@@ -48,7 +49,11 @@ impl Health {
     /// The error for work refused because of an earlier failure.
     pub(crate) fn check(&self) -> Result<(), ParallelError> {
         match &*self.cause.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(cause) => Err(ParallelError::Broken { rank: self.rank, cause: cause.clone() }),
+            Some(cause) => Err(ParallelError::Broken {
+                rank: self.rank,
+                cause: cause.to_string(),
+                source: Some(ErrorBox::new(cause.clone())),
+            }),
             None => Ok(()),
         }
     }

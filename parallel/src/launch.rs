@@ -6,7 +6,7 @@
 use crate::communicator::{CommOptions, Communicator};
 use crate::error::{ParallelError, Result};
 use crate::in_process::in_process_group;
-use brasa_tensor::{host_device_count, set_host_device_count, Device};
+use brasa_tensor::{host_device_count, set_host_device_count, Device, SharedError};
 
 /// How [`run_in_process`] starts its ranks.
 #[derive(Clone, Debug, Default)]
@@ -66,7 +66,11 @@ where
                         .num_threads(threads)
                         .thread_name(move |i| format!("brasa-rank{rank}-worker-{i}"))
                         .build()
-                        .map_err(|e| ParallelError::invalid("run_in_process", format!("rayon pool: {e}")))?;
+                        .map_err(|e| ParallelError::Spawn {
+                            op: "run_in_process",
+                            what: format!("a rayon pool for rank {rank}"),
+                            source: SharedError::new(e),
+                        })?;
                     pool.install(|| rank_main(comm))
                 })
             })
@@ -75,7 +79,11 @@ where
             .into_iter()
             .map(|handle| match handle {
                 Ok(handle) => handle.join(),
-                Err(e) => Ok(Err(ParallelError::invalid("run_in_process", format!("cannot spawn a rank: {e}")))),
+                Err(e) => Ok(Err(ParallelError::Spawn {
+                    op: "run_in_process",
+                    what: "a rank's thread".into(),
+                    source: SharedError::new(e),
+                })),
             })
             .collect()
     });

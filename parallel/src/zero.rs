@@ -48,7 +48,7 @@ use brasa_tensor::Tensor;
 use std::sync::Arc;
 
 /// An optimizer that updates only this rank's shard of the parameters and
-/// keeps state only for it. See the [module docs](self).
+/// keeps state only for it. See the [crate docs](crate).
 pub struct ZeroOptimizer<O: Optimizer> {
     inner: O,
     reducer: Arc<Reducer>,

@@ -1,6 +1,9 @@
 //! Every collective, every float dtype, sizes 0, 1, odd and large, 1–4
 //! in-process ranks, against a naive reference computed in f64.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_parallel::{run_in_process, CommOptions, LaunchOptions, ParallelError, ReduceOp, Result};
 use brasa_tensor::{DType, Tensor};
 use proptest::prelude::*;

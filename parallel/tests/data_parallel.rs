@@ -3,6 +3,9 @@
 //! devices and batches that do not divide; balanced peak memory; failures
 //! that are errors naming the replica, never hangs.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_autograd::Var;
 use brasa_nn::functional::cross_entropy;
 use brasa_nn::optim::{clip_grad_norm_, Adam, AdamConfig, AdamW, Optimizer, Sgd, SgdConfig};

@@ -3,6 +3,9 @@
 //! with no_sync accumulation, after the bucket rebuild, with bf16
 //! compression, with unused parameters, and with uneven batches (join).
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_autograd::Var;
 use brasa_nn::functional::cross_entropy;
 use brasa_nn::optim::{Adam, AdamConfig, Optimizer, Sgd, SgdConfig};

@@ -1,4 +1,3 @@
-#![cfg(feature = "mpi")]
 //! The MPI backend across real processes. Each test re-runs this test
 //! binary under `mpirun` (2 ranks, shared memory on one machine, or TCP
 //! between two network namespaces), with `BRASA_MPI_TEST_CHILD` set so
@@ -12,6 +11,9 @@
 //!
 //! Needs Open MPI's `mpirun` on PATH (the `mpi` feature needs it to build
 //! anyway). Run: `cargo test -p brasa-parallel --features mpi --test mpi`.
+#![cfg(feature = "mpi")]
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use brasa_nn::functional::cross_entropy;
 use brasa_nn::optim::{Optimizer, Sgd, SgdConfig};

@@ -4,6 +4,7 @@ use thiserror::Error;
 
 /// What can go wrong while profiling or exporting a profile.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ProfileError {
     /// `schedule(wait, warmup, active, ..)` was given `active == 0` (PyTorch asserts `active > 0`).
     #[error("invalid profiler schedule: {0}")]

@@ -1,6 +1,9 @@
 //! Device intervals from markers resolved after the profile, memory events
 //! attributed to ranges, and how both show in the table and the trace.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::collections::HashMap;

@@ -1,6 +1,9 @@
 //! The memory timeline: the peak, what was live there and who allocated it, and
 //! an HTML page that carries exactly those numbers.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::sync::Arc;

@@ -1,6 +1,9 @@
 //! Ranges through the public API: nesting arithmetic on a manual clock, threads,
 //! shapes, guards that outlive the profile, the one-profiler rule.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::collections::{HashMap, HashSet};

@@ -2,6 +2,9 @@
 //! drives them: which steps end up in which saved trace, and when
 //! `on_trace_ready` fires.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::collections::BTreeSet;

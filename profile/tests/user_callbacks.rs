@@ -3,6 +3,9 @@
 //! process), never leaves recording on, and a panicking callback is
 //! disabled and reported.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -10,10 +10,8 @@ use crate::device::{default_device, Device};
 use crate::dispatch::dispatch_dtype;
 use crate::dtype::{checked_scalar, DType, WithDType};
 use crate::error::{Result, TensorError};
-use crate::layout::Layout;
 use crate::rng::{Generator, GeneratorState};
 use crate::shape::Shape;
-use crate::storage::Storage;
 use crate::tensor::Tensor;
 use rayon::prelude::*;
 use std::sync::Mutex;
@@ -64,7 +62,7 @@ fn require_float(op: &'static str, dtype: DType) -> Result<()> {
     if dtype.is_float() {
         Ok(())
     } else {
-        Err(TensorError::invalid(op, format!("needs a floating-point dtype, got {dtype}")))
+        Err(TensorError::UnsupportedDType { op, dtype, needs: "a floating-point dtype", hint: "" })
     }
 }
 
@@ -91,11 +89,14 @@ fn random(
     // allocator, not a Vec, answers for the size.
     let draw_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
     let values = Tensor::uninit(shape, draw_dtype, device)?;
-    // SAFETY (both arms): the storage is new and ours alone.
-    match draw_dtype {
-        DType::F64 => parallel_fill(unsafe { values.storage().host_slice_mut::<f64>(op)? }, draw64)?,
-        _ => parallel_fill(unsafe { values.storage().host_slice_mut::<f32>(op)? }, draw32)?,
-    }
+    // `parallel_fill` hands every chunk of the slice to the generator's
+    // fill, which writes each element of its chunk and reads none.
+    let values = match draw_dtype {
+        // SAFETY: as just said.
+        DType::F64 => unsafe { values.init_with::<f64>(op, |out| parallel_fill(out, draw64)) }?,
+        // SAFETY: as just said.
+        _ => unsafe { values.init_with::<f32>(op, |out| parallel_fill(out, draw32)) }?,
+    };
     values.to_dtype(dtype)
 }
 
@@ -117,14 +118,7 @@ fn sequence(op: &'static str, n: usize, dtype: DType, device: Device, value: imp
         }
     }
     let out = Tensor::uninit([n], dtype, device)?;
-    dispatch_dtype!(dtype, T => {
-        // SAFETY: the storage is new and ours alone.
-        let data = unsafe { out.storage().host_slice_mut::<T>(op)? };
-        for (i, element) in data.iter_mut().enumerate() {
-            *element = T::from_f64(value(i));
-        }
-    });
-    Ok(out)
+    dispatch_dtype!(dtype, T => out.init_from_fn::<T>(op, |i| T::from_f64(value(i))))
 }
 
 impl Tensor {
@@ -142,11 +136,7 @@ impl Tensor {
         }
         dispatch_dtype!(dtype, T => {
             let value = checked_scalar::<T>("full", value)?;
-            let out = Tensor::uninit(shape, dtype, device)?;
-            // SAFETY: the storage is new and ours alone.
-            let data = unsafe { out.storage().host_slice_mut::<T>("full")? };
-            data.par_chunks_mut(RNG_CHUNK).for_each(|chunk| chunk.fill(value));
-            Ok(out)
+            Tensor::uninit(shape, dtype, device)?.fill("full", value)
         })
     }
 
@@ -157,9 +147,7 @@ impl Tensor {
 
     /// Zeros.
     pub fn zeros_on(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
-        let layout = Layout::contiguous(shape)?;
-        let storage = Storage::zeros(device, dtype, layout.numel())?;
-        Ok(Tensor::from_storage(storage, layout))
+        Tensor::uninit(shape, dtype, device)?.zeros("zeros")
     }
 
     /// Zeros on the default device.
@@ -200,10 +188,7 @@ impl Tensor {
         if !device.is_cpu() {
             return Self::from_slice_on(data, shape, Device::CPU)?.to(device);
         }
-        let out = Tensor::uninit(shape, T::DTYPE, device)?;
-        // SAFETY: the storage is new and ours alone.
-        unsafe { out.storage().host_slice_mut::<T>("from_slice")? }.copy_from_slice(data);
-        Ok(out)
+        Tensor::uninit(shape, T::DTYPE, device)?.copy_from_slice("from_slice", data)
     }
 
     /// [`Tensor::from_slice_on`] on the default device.
@@ -279,10 +264,9 @@ impl Tensor {
             return Self::eye_on(n, dtype, Device::CPU)?.to(device);
         }
         // Checks that n * n elements fit before anything is written.
-        let out = Self::zeros_on([n, n], dtype, device)?;
+        let out = Tensor::uninit([n, n], dtype, device)?.zeros("eye")?;
         dispatch_dtype!(dtype, T => {
-            // SAFETY: the storage is new and ours alone.
-            let data = unsafe { out.storage().host_slice_mut::<T>("eye")? };
+            let mut data = out.storage().write::<T>("eye")?;
             for diagonal in data.iter_mut().step_by(n + 1) {
                 *diagonal = T::ONE;
             }
@@ -350,12 +334,10 @@ impl Tensor {
         // Drawn straight into the tensor: the values are 0 and 1 in any dtype.
         let out = Tensor::uninit(shape, dtype, device)?;
         dispatch_dtype!(dtype, T => {
-            // SAFETY: the storage is new and ours alone.
-            parallel_fill(unsafe { out.storage().host_slice_mut::<T>("bernoulli")? }, |g, out, at| {
-                g.fill_bernoulli_at(out, at, p)
-            })?;
-        });
-        Ok(out)
+            // SAFETY: `parallel_fill` hands every chunk of the slice to
+            // `fill_bernoulli_at`, which writes each element of its chunk and reads none.
+            unsafe { out.init_with::<T>("bernoulli", |out| parallel_fill(out, |g, out, at| g.fill_bernoulli_at(out, at, p))) }
+        })
     }
 
     /// [`Tensor::bernoulli_on`] on the default device.

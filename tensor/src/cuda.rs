@@ -5,10 +5,9 @@
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::layout::Layout;
-use crate::storage::{lock_storages, Buffer, Storage};
+use crate::storage::{Buffer, UninitTensor};
 use crate::tensor::Tensor;
-use brasa_alloc::{AllocatorConfig, CachingAllocator, CudaBackend};
+use brasa_alloc::{AllocError, AllocatorConfig, BackendError, CachingAllocator, CudaBackend};
 use cudarc::driver::{result, sys};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -21,7 +20,8 @@ pub(crate) fn allocator(index: usize) -> Result<&'static CachingAllocator<CudaBa
     if let Some(allocator) = allocators.get(&index) {
         return Ok(allocator);
     }
-    let backend = CudaBackend::new(index).map_err(|e| TensorError::Device(format!("cuda:{index}: {e}")))?;
+    let backend = CudaBackend::new(index)
+        .map_err(|source| brasa_alloc::AllocError::Backend { device: format!("cuda:{index}"), source })?;
     let config = AllocatorConfig::from_env().map_err(brasa_alloc::AllocError::from)?;
     // Allocators live as long as the process, as CUDA contexts do.
     let allocator: &'static CachingAllocator<CudaBackend> =
@@ -45,39 +45,39 @@ pub(crate) fn copy_between(tensor: &Tensor, device: Device, dtype: DType) -> Res
             if !tensor.is_contiguous() || tensor.layout().offset() != 0 || tensor.numel() != tensor.storage().len() {
                 return Err(unsupported("strided copy from a CUDA tensor"));
             }
-            let out = Storage::uninit(Device::CPU, tensor.dtype(), tensor.numel())?;
+            let mut out = UninitTensor::new(tensor.shape().clone(), tensor.dtype(), Device::CPU)?;
             {
-                let _guard = lock_storages(&[tensor.storage()], &[]);
+                let _guard = tensor.storage().device_read_lock();
                 let Buffer::Cuda(block) = tensor.storage().buffer() else { unreachable!("a CUDA tensor's buffer") };
-                // SAFETY: `out` is new and ours alone.
-                let dst = unsafe { out.host_bytes_mut("copy")? };
+                let dst = out.as_uninit_bytes_mut("copy")?;
                 if !dst.is_empty() {
                     bind(tensor.device().index())?;
                     // SAFETY: the device block holds at least `dst.len()` bytes; the copy is synchronous.
                     unsafe { result::memcpy_dtoh_sync(dst, block.addr() as sys::CUdeviceptr) }
-                        .map_err(|e| TensorError::Device(format!("{}: copy to host failed: {e:?}", tensor.device())))?;
+                        .map_err(|e| driver_error(tensor.device(), "copy to host", e))?;
                 }
             }
-            Tensor::from_storage(out, Layout::contiguous(tensor.shape().clone())?).to_dtype(dtype)?
+            // SAFETY: the copy wrote every byte (of a tensor of the same shape and dtype).
+            unsafe { out.assume_init() }.to_dtype(dtype)?
         }
     };
     match device {
         Device::Cpu(_) => host.to(device),
         Device::Cuda(index) => {
-            let out = Storage::uninit(device, dtype, host.numel())?;
+            let out = UninitTensor::new(host.shape().clone(), dtype, device)?;
             {
-                let _guard = lock_storages(&[host.storage()], &[]);
-                // SAFETY: the read lock on the host tensor is held.
-                let src = unsafe { host.storage().host_bytes("copy")? };
+                let src = host.storage().read_bytes("copy")?;
                 if !src.is_empty() {
                     let Buffer::Cuda(block) = out.buffer() else { unreachable!("a CUDA storage's buffer") };
                     bind(index)?;
                     // SAFETY: the new device block holds `src.len()` bytes; the copy is synchronous.
-                    unsafe { result::memcpy_htod_sync(block.addr() as sys::CUdeviceptr, src) }
-                        .map_err(|e| TensorError::Device(format!("{device}: copy from host failed: {e:?}")))?;
+                    unsafe { result::memcpy_htod_sync(block.addr() as sys::CUdeviceptr, &src) }
+                        .map_err(|e| driver_error(device, "copy from host", e))?;
                 }
             }
-            Ok(Tensor::from_storage(out, Layout::contiguous(host.shape().clone())?))
+            // SAFETY: the copy wrote every byte (from a contiguous host tensor
+            // of the same shape and dtype).
+            Ok(unsafe { out.assume_init() })
         }
     }
 }
@@ -87,5 +87,14 @@ fn bind(index: usize) -> Result<()> {
         .backend()
         .context()
         .bind_to_thread()
-        .map_err(|e| TensorError::Device(format!("cuda:{index}: {e:?}")))
+        .map_err(|e| driver_error(Device::Cuda(index), "binding the CUDA context", e))
+}
+
+/// A CUDA driver failure on `device`, kept whole as the error's source
+/// (an [`AllocError::Backend`] with a [`BackendError::Cuda`]).
+fn driver_error(device: Device, what: &str, source: cudarc::driver::DriverError) -> TensorError {
+    TensorError::Alloc(AllocError::Backend {
+        device: device.to_string(),
+        source: BackendError::Cuda { what: what.to_string(), source },
+    })
 }

@@ -57,9 +57,7 @@ impl Tensor {
         }
         let kept: Vec<Vec<usize>> = self.dims().iter().map(|&size| shown_indices(size, summarize)).collect();
         let dims: Vec<usize> = kept.iter().map(Vec::len).collect();
-        let _guard = crate::storage::lock_storages(&[self.storage()], &[]);
-        // SAFETY: the read lock is held while the slice lives.
-        let data = unsafe { self.storage().host_slice::<T>("display")? };
+        let data = self.storage().read::<T>("display")?;
         let mut values = Vec::with_capacity(dims.iter().product());
         let mut index = vec![0usize; dims.len()];
         loop {

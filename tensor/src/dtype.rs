@@ -15,22 +15,37 @@ use half::{bf16, f16};
 /// `Ord` sorts them from the narrowest category to the widest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
+    /// Booleans, one byte each (0 or 1).
     Bool,
+    /// Unsigned 8-bit integers.
     U8,
+    /// Signed 64-bit integers.
     I64,
+    /// IEEE 754 half precision (`half::f16`).
     F16,
+    /// bfloat16: f32's exponent range with an 8-bit mantissa (`half::bf16`).
     BF16,
+    /// IEEE 754 single precision.
     F32,
+    /// IEEE 754 double precision.
     F64,
 }
 
 /// Why a dtype operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DTypeError {
+    /// A dtype name that is none of brasa's (the name given).
     #[error("unknown dtype {0:?}: expected one of bool, u8, i64, f16, bf16, f32, f64")]
     UnknownName(String),
+    /// `convert_slice` between slices of different lengths.
     #[error("convert_slice: source has {src_len} elements but destination has {dst_len}")]
-    LengthMismatch { src_len: usize, dst_len: usize },
+    LengthMismatch {
+        /// Elements in the source.
+        src_len: usize,
+        /// Elements in the destination.
+        dst_len: usize,
+    },
 }
 
 impl DType {

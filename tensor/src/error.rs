@@ -6,9 +6,24 @@ use crate::dtype::{DType, DTypeError};
 use crate::layout::LayoutError;
 use crate::rng::RngError;
 use brasa_alloc::AllocError;
+use brasa_kernels::index::IndexError;
+use brasa_kernels::KernelError;
+use std::fmt;
+use std::sync::Arc;
 
 /// Why a tensor operation failed.
+///
+/// Errors from below keep their structure: a layout, kernel, index or
+/// allocator error is this error's [`std::error::Error::source`] (or the
+/// error itself, for the transparent variants), so a caller can
+/// `downcast_ref` it, and [`brasa_alloc::find_out_of_memory`] finds an
+/// out-of-memory report through any chain of brasa errors. Shape, dtype and
+/// device problems that many ops share have structured variants
+/// ([`TensorError::DTypeMismatch`], [`TensorError::UnsupportedDType`],
+/// [`TensorError::DeviceMismatch`], [`TensorError::RankMismatch`],
+/// [`TensorError::OpLayout`]); the rest name the op and explain in words.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum TensorError {
     /// A shape, stride or dimension problem.
     #[error(transparent)]
@@ -42,6 +57,64 @@ pub enum TensorError {
         /// The other operand's device.
         rhs: Device,
     },
+    /// An operand's dtype is not one the operation supports (an integer
+    /// tensor given to a float-only op, say).
+    #[error("{op}: needs {needs}, got {dtype}{hint}")]
+    UnsupportedDType {
+        /// The operation.
+        op: &'static str,
+        /// The dtype given.
+        dtype: DType,
+        /// What the operation needs, in words (`"a floating-point tensor"`).
+        needs: &'static str,
+        /// Advice appended to the message (empty, or `"; convert it with to_dtype first"`).
+        hint: &'static str,
+    },
+    /// An operand has the wrong number of dimensions.
+    #[error("{op}: expected a {expected}-d tensor, got shape {got:?}")]
+    RankMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The rank the operation needs.
+        expected: usize,
+        /// The operand's shape.
+        got: Vec<usize>,
+    },
+    /// An operation's operands break a shape or layout rule (shapes that do
+    /// not broadcast together, say); the [`LayoutError`] is the source, with
+    /// the shapes and the dimension.
+    #[error("{op}: {source}")]
+    OpLayout {
+        /// The operation.
+        op: &'static str,
+        /// What the layout rules say.
+        #[source]
+        source: LayoutError,
+    },
+    /// An index (in an index or id tensor) outside the dimension it
+    /// indexes; the kernel's [`IndexError`] is the source, with the flat
+    /// position, the index and the size.
+    #[error("{op}: {message}")]
+    Index {
+        /// The operation.
+        op: &'static str,
+        /// The bad index, where it sits in the index tensor and what it indexes.
+        message: String,
+        /// The kernel's error.
+        #[source]
+        source: IndexError,
+    },
+    /// A compute kernel refused its operands (indices outside a plane, or
+    /// views the operation built wrongly: reported as an error, never a
+    /// panic); the [`KernelError`] is the source.
+    #[error("{op}: {source}")]
+    Kernel {
+        /// The operation.
+        op: &'static str,
+        /// The kernel's error.
+        #[source]
+        source: KernelError,
+    },
     /// Shapes that do not fit together.
     #[error("{op}: {message}")]
     Shape {
@@ -50,7 +123,8 @@ pub enum TensorError {
         /// Expected versus given shapes.
         message: String,
     },
-    /// A device that does not exist or cannot be used.
+    /// A device that does not exist or cannot be used (the reason, naming
+    /// the device).
     #[error("{0}")]
     Device(String),
     /// Any other invalid argument.
@@ -85,6 +159,16 @@ impl TensorError {
         TensorError::Invalid { op, message: message.into() }
     }
 
+    /// An [`TensorError::UnsupportedDType`] for a float-only `op` given `dtype`.
+    pub(crate) fn not_float(op: &'static str, dtype: DType) -> Self {
+        TensorError::UnsupportedDType { op, dtype, needs: "a floating-point tensor", hint: "" }
+    }
+
+    /// A [`TensorError::Kernel`] for `op`.
+    pub(crate) fn kernel(op: &'static str, source: KernelError) -> Self {
+        TensorError::Kernel { op, source }
+    }
+
     /// The allocator's out-of-memory report, if this is one: the device's
     /// name and the bytes requested, among others. Every brasa error type has
     /// this method, and [`brasa_alloc::find_out_of_memory`] finds the report
@@ -99,3 +183,129 @@ impl TensorError {
 
 /// `Result` with [`TensorError`].
 pub type Result<T> = std::result::Result<T, TensorError>;
+
+/// An error of any type, shared behind an `Arc` so that the error holding it
+/// stays `Clone`: the `#[source]` field of brasa errors that keep a foreign
+/// error (an I/O, safetensors or MPI failure, an error from a crate above).
+///
+/// Unlike an `Arc<dyn Error>` field, whose `source()` would be the `Arc`
+/// itself (which `downcast_ref` cannot see through), this one hands the
+/// shared error itself to a walk of the [`std::error::Error::source`] chain,
+/// so `source().and_then(|e| e.downcast_ref::<std::io::Error>())` finds it.
+///
+/// ```
+/// # use brasa_tensor::SharedError;
+/// let shared = SharedError::new(std::io::Error::other("disk gone"));
+/// assert_eq!(shared.to_string(), "disk gone");
+/// assert!(shared.downcast_ref::<std::io::Error>().is_some());
+/// ```
+#[derive(Clone)]
+pub struct SharedError(Arc<dyn std::error::Error + Send + Sync + 'static>);
+
+impl SharedError {
+    /// Shares `error`.
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> SharedError {
+        SharedError(Arc::new(error))
+    }
+
+    /// Shares an error already behind an `Arc`.
+    pub fn from_arc(error: Arc<dyn std::error::Error + Send + Sync + 'static>) -> SharedError {
+        SharedError(error)
+    }
+
+    /// The shared error, if it is an `E`.
+    pub fn downcast_ref<E: std::error::Error + 'static>(&self) -> Option<&E> {
+        self.0.downcast_ref::<E>()
+    }
+
+    /// The shared error as a trait object (what a `source()` walk starts from).
+    pub fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+
+    /// The `Arc` holding the error.
+    pub fn as_arc(&self) -> &Arc<dyn std::error::Error + Send + Sync + 'static> {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for SharedError {
+    type Target = dyn std::error::Error + Send + Sync + 'static;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl fmt::Debug for SharedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for SharedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+/// A boxed error of a known type, for a `#[source]` field that would
+/// otherwise make its enum recursive (a `brasa_parallel::ParallelError`
+/// inside another, say).
+///
+/// Unlike a `Box<E>` field, whose `source()` would be the `Box` itself
+/// (which `downcast_ref::<E>` does not see through), this one hands the `E`
+/// to a walk of the [`std::error::Error::source`] chain. It dereferences to
+/// the `E`.
+///
+/// ```
+/// # use brasa_tensor::ErrorBox;
+/// let boxed = ErrorBox::new(std::io::Error::other("disk gone"));
+/// assert_eq!(boxed.kind(), std::io::ErrorKind::Other);
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct ErrorBox<E>(Box<E>);
+
+impl<E> ErrorBox<E> {
+    /// Boxes `error`.
+    pub fn new(error: E) -> ErrorBox<E> {
+        ErrorBox(Box::new(error))
+    }
+
+    /// The error, unboxed.
+    pub fn into_inner(self) -> E {
+        *self.0
+    }
+}
+
+impl<E> From<E> for ErrorBox<E> {
+    fn from(error: E) -> ErrorBox<E> {
+        ErrorBox::new(error)
+    }
+}
+
+impl<E> std::ops::Deref for ErrorBox<E> {
+    type Target = E;
+
+    fn deref(&self) -> &E {
+        &self.0
+    }
+}
+
+impl<E> AsRef<E> for ErrorBox<E> {
+    fn as_ref(&self) -> &E {
+        &self.0
+    }
+}
+
+impl<E: fmt::Debug> fmt::Debug for ErrorBox<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for ErrorBox<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}

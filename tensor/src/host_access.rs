@@ -21,53 +21,37 @@
 //! ```
 
 use crate::error::{Result, TensorError};
+use crate::storage::{ReadGuard, WriteGuard};
 use crate::tensor::Tensor;
 use std::ops::{Deref, DerefMut};
-use std::sync::{RwLockReadGuard, RwLockWriteGuard};
 
 /// The bytes of a contiguous host tensor, read-locked while this lives.
 pub struct HostBytes<'a> {
-    _guard: RwLockReadGuard<'a, ()>,
-    ptr: *const u8,
-    len: usize,
+    bytes: ReadGuard<'a, u8>,
 }
 
 /// The bytes of a contiguous host tensor, write-locked while this lives.
 pub struct HostBytesMut<'a> {
-    _guard: RwLockWriteGuard<'a, ()>,
-    ptr: *mut u8,
-    len: usize,
+    bytes: WriteGuard<'a, u8>,
 }
-
-// SAFETY: the guards only hand out the bytes through `&self` / `&mut self`,
-// and the lock they hold is what makes sharing sound; moving the guard to
-// another thread is not allowed by the std guard types, so neither is
-// sending these (no `Send`), but sharing a read view is as safe as `&[u8]`.
-unsafe impl Sync for HostBytes<'_> {}
-unsafe impl Sync for HostBytesMut<'_> {}
 
 impl Deref for HostBytes<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr+len` lies in the storage's host block (checked
-        // when the guard was made) and the read lock keeps writers out.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        &self.bytes
     }
 }
 
 impl Deref for HostBytesMut<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        // SAFETY: as for `HostBytes`, under the write lock.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+        &self.bytes
     }
 }
 
 impl DerefMut for HostBytesMut<'_> {
     fn deref_mut(&mut self) -> &mut [u8] {
-        // SAFETY: the write lock gives this guard exclusive access, and
-        // `&mut self` makes the slice unique.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+        &mut self.bytes
     }
 }
 
@@ -75,14 +59,14 @@ impl HostBytesMut<'_> {
     /// The first byte, for code that hands the buffer to a transport (MPI,
     /// another thread of a collective) while it holds this guard.
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.ptr
+        self.bytes.as_mut_ptr()
     }
 }
 
 impl HostBytes<'_> {
     /// The first byte.
     pub fn as_ptr(&self) -> *const u8 {
-        self.ptr
+        self.bytes.as_ptr()
     }
 }
 
@@ -112,22 +96,20 @@ impl Tensor {
 
     /// The tensor's bytes (host, contiguous), read-locked while the guard lives.
     pub fn host_bytes(&self) -> Result<HostBytes<'_>> {
-        let (start, len) = self.host_byte_range("host_bytes")?;
-        let guard = self.storage().read_lock();
-        // SAFETY: the read lock is held; the bytes lie inside the storage.
-        let all = unsafe { self.storage().host_bytes_raw("host_bytes")? };
-        Ok(HostBytes { _guard: guard, ptr: all.wrapping_add(start), len })
+        const OP: &str = "host_bytes";
+        let (start, len) = self.host_byte_range(OP)?;
+        let bytes = self.storage().read_bytes(OP)?.narrow(OP, start..start + len)?;
+        Ok(HostBytes { bytes })
     }
 
     /// The tensor's bytes (host, contiguous), write-locked while the guard
     /// lives. Counts as an in-place change (the version moves).
     pub fn host_bytes_mut(&self) -> Result<HostBytesMut<'_>> {
-        let (start, len) = self.host_byte_range("host_bytes_mut")?;
-        let guard = self.storage().write_lock();
-        // SAFETY: the write lock is held; the bytes lie inside the storage.
-        let all = unsafe { self.storage().host_bytes_raw("host_bytes_mut")? };
+        const OP: &str = "host_bytes_mut";
+        let (start, len) = self.host_byte_range(OP)?;
+        let bytes = self.storage().write_bytes(OP)?.narrow(OP, start..start + len)?;
         self.storage().bump_version();
-        Ok(HostBytesMut { _guard: guard, ptr: all.wrapping_add(start), len })
+        Ok(HostBytesMut { bytes })
     }
 }
 

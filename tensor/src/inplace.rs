@@ -18,9 +18,7 @@ impl Tensor {
             let value = checked_scalar::<T>("fill_", value)?;
             // Broadcast dims repeat their element: walk each one once.
             let layout = self.layout().without_broadcast_dims();
-            let _guard = lock_storages(&[], &[self.storage()]);
-            // SAFETY: the write lock is held; this is the only slice of the storage.
-            let data = unsafe { self.storage().host_slice_mut::<T>("fill_")? };
+            let mut data = self.storage().write::<T>("fill_")?;
             for run in layout.contiguous_runs() {
                 data[run].fill(value);
             }
@@ -53,12 +51,13 @@ impl Tensor {
         } else {
             src
         };
-        let _guard = lock_storages(&[src.storage()], &[self.storage()]);
+        let mut locks = lock_storages(&[src.storage()], &[self.storage()]);
         dispatch_dtype!(self.dtype(), T => {
-            // SAFETY: the locks are held and the storages differ (checked above).
-            let (from, to) = unsafe { (src.storage().host_slice::<T>("copy_")?, self.storage().host_slice_mut::<T>("copy_")?) };
-            copy_runs::<T>(from, &src, to, self);
+            // The storages differ (a sharing source was copied above).
+            let (to, reads) = locks.write::<T>(self.storage(), "copy_")?;
+            copy_runs::<T>(reads.read::<T>(src.storage(), "copy_")?, &src, to, self);
         });
+        drop(locks);
         self.storage().bump_version();
         Ok(())
     }

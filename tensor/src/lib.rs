@@ -55,10 +55,13 @@ mod storage;
 mod stream;
 mod tensor;
 
+/// The kernel errors a [`TensorError::Kernel`] or [`TensorError::Index`]
+/// carries as its source.
+pub use brasa_kernels::{index::IndexError, KernelError};
 pub use construct::{manual_seed, rng_state, set_rng_state};
 pub use device::{default_device, set_default_device, Device};
 pub use dtype::{convert_slice, DType, DTypeError, WithDType};
-pub use error::{Result, TensorError};
+pub use error::{ErrorBox, Result, SharedError, TensorError};
 pub use host_access::{HostBytes, HostBytesMut};
 pub use host_devices::{
     host_device_count, parse_byte_size, set_host_device_count, set_host_memory_limit, HOST_DEVICES_ENV,

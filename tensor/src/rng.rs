@@ -50,18 +50,41 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 /// Why a fill was refused. A refused fill writes nothing and does not move
 /// the generator's offset.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RngError {
+    /// A uniform range that is not finite or has `low > high`.
     #[error("{op}: expected finite low <= high, got low = {low}, high = {high}")]
-    InvalidRange { op: &'static str, low: f64, high: f64 },
+    InvalidRange {
+        /// The fill.
+        op: &'static str,
+        /// The lower bound given.
+        low: f64,
+        /// The upper bound given.
+        high: f64,
+    },
+    /// A normal distribution with a non-finite mean or a negative or
+    /// non-finite standard deviation.
     #[error("{op}: expected a finite mean and a finite std >= 0, got mean = {mean}, std = {std}")]
-    InvalidNormal { op: &'static str, mean: f64, std: f64 },
+    InvalidNormal {
+        /// The fill.
+        op: &'static str,
+        /// The mean given.
+        mean: f64,
+        /// The standard deviation given.
+        std: f64,
+    },
+    /// A Bernoulli probability outside `[0, 1]`.
     #[error("bernoulli: expected a probability in [0, 1], got {p}")]
-    InvalidProbability { p: f64 },
+    InvalidProbability {
+        /// The probability given.
+        p: f64,
+    },
 }
 
 /// A generator's complete state: restoring it repeats every later draw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GeneratorState {
+    /// The seed that selects the stream (the Philox key).
     pub seed: u64,
     /// Index of the next element to draw.
     pub offset: u64,
@@ -88,6 +111,7 @@ impl Generator {
         Generator { seed: state.seed, offset: state.offset }
     }
 
+    /// The seed this generator's stream was started from.
     pub fn seed(&self) -> u64 {
         self.seed
     }
@@ -97,10 +121,14 @@ impl Generator {
         self.offset
     }
 
+    /// A snapshot of seed and offset; [`Generator::set_state`] or
+    /// [`Generator::from_state`] with it repeats the draws that follow.
     pub fn state(&self) -> GeneratorState {
         GeneratorState { seed: self.seed, offset: self.offset }
     }
 
+    /// Moves this generator to `state`: the next fill draws what a generator
+    /// in that state would.
     pub fn set_state(&mut self, state: GeneratorState) {
         self.seed = state.seed;
         self.offset = state.offset;

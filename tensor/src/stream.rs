@@ -150,11 +150,18 @@ impl Tensor {
         if self.is_pinned() {
             return Ok(self.clone());
         }
-        let layout = crate::layout::Layout::contiguous(self.shape().clone())?;
-        let pinned = crate::storage::Storage::uninit_pinned(self.dtype(), layout.numel())?;
-        let out = Tensor::from_storage(pinned, layout);
-        out.copy_(self)?;
-        Ok(out)
+        crate::dispatch::dispatch_dtype!(self.dtype(), T => {
+            let pinned = crate::storage::UninitTensor::pinned(self.shape().clone(), self.dtype())?;
+            let src = self.storage().read::<T>("pin_memory")?;
+            // SAFETY: `copy_strided` writes every element of the output (one
+            // per element of this tensor's layout, which has its shape), reading none.
+            unsafe {
+                pinned.init_with::<T>("pin_memory", |dst| {
+                    crate::tensor::copy_strided(&src, self.layout(), dst);
+                    Ok(())
+                })
+            }
+        })
     }
 
     /// Whether the tensor lives in page-locked host memory.

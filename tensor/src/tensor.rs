@@ -8,7 +8,7 @@ use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
 use crate::shape::{DimIndex, Shape};
-use crate::storage::{lock_storages, Storage};
+use crate::storage::{Storage, UninitTensor};
 use std::sync::Arc;
 
 /// An n-dimensional array on a device.
@@ -19,30 +19,24 @@ pub struct Tensor {
 }
 
 impl Tensor {
-    /// A contiguous tensor of `shape` over fresh storage whose elements the
-    /// caller writes before anything reads them (it is their only owner
-    /// until it hands the tensor out). This is the door new tensors come
-    /// through, and where their sizes are checked, once: the shape by
-    /// [`Layout::contiguous`] (element count and strides fit an `isize`), the
-    /// byte count by the storage, the rounded block by the allocator. Code
-    /// that works on the tensor afterwards trusts them.
-    pub(crate) fn uninit(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
-        let layout = Layout::contiguous(shape)?;
-        let storage = Storage::uninit(device, dtype, layout.numel())?;
-        Ok(Tensor::from_storage(storage, layout))
+    /// A contiguous tensor of `shape` over fresh storage, to be written
+    /// before it becomes a tensor ([`UninitTensor::new`], where sizes are
+    /// checked).
+    pub(crate) fn uninit(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<UninitTensor> {
+        UninitTensor::new(shape, dtype, device)
     }
 
     /// [`Tensor::uninit`] with the shape of `like` (any tensor or view):
     /// that shape was checked when `like` was made, so only the storage is.
     /// The output of most ops is made this way.
     #[inline]
-    pub(crate) fn uninit_like(like: &Tensor, dtype: DType, device: Device) -> Result<Tensor> {
-        let storage = Storage::uninit(device, dtype, like.numel())?;
-        Ok(Tensor::from_storage(storage, like.layout.dense_like()))
+    pub(crate) fn uninit_like(like: &Tensor, dtype: DType, device: Device) -> Result<UninitTensor> {
+        UninitTensor::like(like, dtype, device)
     }
 
-    /// A tensor over fresh `storage` seen through `layout` (checked when it
-    /// was built); the storage must hold what the layout addresses.
+    /// A tensor over `storage`, every element written, seen through `layout`
+    /// (checked when it was built); the storage must hold what the layout
+    /// addresses.
     pub(crate) fn from_storage(storage: Storage, layout: Layout) -> Tensor {
         debug_assert!(layout.required_storage_len() <= storage.len());
         Tensor { storage: Arc::new(storage), layout }
@@ -272,9 +266,7 @@ impl Tensor {
                 ),
             )
         })?;
-        let _guard = lock_storages(&[&self.storage], &[]);
-        // SAFETY: the read lock is held for the slice's life.
-        let data = unsafe { self.storage.host_slice::<T>("to_vec")? };
+        let data = self.storage.read::<T>("to_vec")?;
         for run in self.layout.contiguous_runs() {
             out.extend_from_slice(&data[run]);
         }
@@ -324,15 +316,17 @@ impl Tensor {
             )));
         }
         let out = Tensor::uninit_like(self, dtype, device)?;
-        {
-            let _guard = lock_storages(&[&self.storage], &[]);
-            dispatch_dtype!(self.dtype(), S => dispatch_dtype!(dtype, D => {
-                // SAFETY: the source's read lock is held; `out` is new and ours alone.
-                let (src, dst) = unsafe { (self.storage.host_slice::<S>("copy")?, out.storage.host_slice_mut::<D>("copy")?) };
-                copy_strided(src, &self.layout, dst);
-            }));
-        }
-        Ok(out)
+        dispatch_dtype!(self.dtype(), S => dispatch_dtype!(dtype, D => {
+            let src = self.storage.read::<S>("copy")?;
+            // SAFETY: `copy_strided` writes every element of `dst` (one per
+            // element of the source's layout, which has `dst`'s shape), reading none.
+            unsafe {
+                out.init_with::<D>("copy", |dst| {
+                    copy_strided(&src, &self.layout, dst);
+                    Ok(())
+                })
+            }
+        }))
     }
 }
 

@@ -5,6 +5,9 @@
 //! average pooling (and their backward passes) against direct loops and
 //! finite differences; and the error messages.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_tensor::{set_host_device_count, Conv2dParams, DType, Device, Tensor};
 use proptest::prelude::*;
 

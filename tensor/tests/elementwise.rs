@@ -4,6 +4,9 @@
 //! layouts (transposed, permuted, narrowed, expanded) and every dtype; the
 //! error messages; and the promise that in-place ops allocate nothing.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_tensor::{memory, set_host_device_count, DType, Device, Tensor};
 use proptest::prelude::*;
 use std::sync::Once;

@@ -5,6 +5,9 @@
 //! panic, a hang or a silently wrong result. The last test throws random
 //! shapes (with sizes 0, 1 and huge) at every constructor and shape op.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_tensor::{DType, Device, Tensor, TensorError};
 use std::sync::mpsc;
 use std::time::Duration;

@@ -2,6 +2,9 @@
 //! scatter_add, embedding, one_hot, cat, stack, split and chunk, on
 //! contiguous and strided inputs of several dtypes, and their errors.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_tensor::{set_host_device_count, DType, Device, Tensor};
 use proptest::prelude::*;
 

@@ -2,6 +2,9 @@
 //! included), vectors, broadcast batch dims, transposed / narrowed / permuted /
 //! expanded operands, every float dtype; and its error messages.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_tensor::{set_host_device_count, DType, Device, Tensor};
 use proptest::prelude::*;
 

@@ -2,6 +2,9 @@
 //! the last owner drops, cached until `empty_cache`, limited per logical device.
 //! Each test uses its own logical device, since tests run in parallel.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_tensor::{memory, set_host_device_count, set_host_memory_limit, DType, Device, Tensor, TensorError};
 
 fn devices() {

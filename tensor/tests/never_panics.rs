@@ -5,6 +5,9 @@
 //! shape that fits in a `usize` but not in memory is an out-of-memory
 //! error, not gigabytes of work.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_tensor::{set_host_device_count, set_host_memory_limit, DType, Device, Tensor, TensorError};
 use proptest::prelude::*;
 use std::panic::{catch_unwind, AssertUnwindSafe};

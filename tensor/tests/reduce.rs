@@ -2,6 +2,9 @@
 //! size-0 and size-1 dims), views (transposed, narrowed, expanded,
 //! permuted), every dtype, negative dims, keepdim.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_tensor::{DType, Device, Tensor};
 use proptest::prelude::*;
 

@@ -1,5 +1,8 @@
 //! Constructors, views, copies and conversions of tensors on the host.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_tensor::{manual_seed, rng_state, set_rng_state, DType, Device, Tensor};
 use proptest::prelude::*;
 

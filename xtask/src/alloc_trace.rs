@@ -28,23 +28,30 @@ struct Trace {
 }
 
 impl Trace {
-    fn alloc(&mut self, name: &'static str, elements: usize, element_bytes: usize) {
+    /// Records an allocation; an error if `name` is already live.
+    fn alloc(&mut self, name: &'static str, elements: usize, element_bytes: usize) -> Result<(), String> {
         let id = self.next_id;
         self.next_id += 1;
-        assert!(self.live.insert(name, id).is_none(), "{name} allocated twice");
+        if self.live.insert(name, id).is_some() {
+            return Err(format!("alloc-trace: {name} allocated twice"));
+        }
         let _ = writeln!(self.text, "a {id} {} {name}", elements * element_bytes);
+        Ok(())
     }
 
-    fn free(&mut self, names: &[&'static str]) {
+    /// Records frees; an error if one of `names` is not live.
+    fn free(&mut self, names: &[&'static str]) -> Result<(), String> {
         for name in names {
-            let id = self.live.remove(name).unwrap_or_else(|| panic!("{name} freed but not live"));
+            let id = self.live.remove(name).ok_or_else(|| format!("alloc-trace: {name} freed but not live"))?;
             let _ = writeln!(self.text, "f {id}");
         }
+        Ok(())
     }
 }
 
-/// The trace text.
-pub fn generate() -> String {
+/// The trace text, or what is inconsistent in the sequence of events below
+/// (a name allocated twice, or freed while not live).
+pub fn generate() -> Result<String, String> {
     let mut t = Trace {
         text: format!(
             "# brasa allocation trace: one training step (forward + backward) of a GPT-2-small-sized\n\
@@ -75,91 +82,91 @@ pub fn generate() -> String {
         ("mlp.proj.weight", 4 * C * C),
         ("mlp.proj.bias", C),
     ] {
-        t.alloc(name, n, F32);
+        t.alloc(name, n, F32)?;
     }
-    t.alloc("x", btc, F32);
+    t.alloc("x", btc, F32)?;
 
     // Forward.
-    t.alloc("ln1.mean", B * T, F32);
-    t.alloc("ln1.rstd", B * T, F32);
-    t.alloc("ln1.out", btc, F32);
-    t.alloc("qkv", 3 * btc, F32); // q, k, v are views of it
-    t.alloc("att.raw", attention, F32); // q @ k^T
-    t.alloc("att.scaled", attention, F32);
-    t.free(&["att.raw"]);
-    t.alloc("att.masked", attention, F32);
-    t.free(&["att.scaled"]);
-    t.alloc("att.softmax", attention, F32);
-    t.free(&["att.masked"]);
-    t.alloc("att.dropout_mask", attention, 1);
-    t.alloc("att.dropout", attention, F32);
-    t.alloc("y", bhtd, F32); // att @ v
-    t.alloc("y.merged", btc, F32); // transpose(1, 2).contiguous()
-    t.free(&["y"]);
-    t.alloc("attn.proj.out", btc, F32);
-    t.alloc("x1", btc, F32); // residual
-    t.free(&["attn.proj.out"]);
-    t.alloc("ln2.mean", B * T, F32);
-    t.alloc("ln2.rstd", B * T, F32);
-    t.alloc("ln2.out", btc, F32);
-    t.alloc("mlp.fc.out", 4 * btc, F32);
-    t.alloc("mlp.gelu", 4 * btc, F32);
-    t.alloc("mlp.proj.out", btc, F32);
-    t.alloc("out", btc, F32); // residual
-    t.free(&["mlp.proj.out"]);
-    t.alloc("loss", 1, F32);
+    t.alloc("ln1.mean", B * T, F32)?;
+    t.alloc("ln1.rstd", B * T, F32)?;
+    t.alloc("ln1.out", btc, F32)?;
+    t.alloc("qkv", 3 * btc, F32)?; // q, k, v are views of it
+    t.alloc("att.raw", attention, F32)?; // q @ k^T
+    t.alloc("att.scaled", attention, F32)?;
+    t.free(&["att.raw"])?;
+    t.alloc("att.masked", attention, F32)?;
+    t.free(&["att.scaled"])?;
+    t.alloc("att.softmax", attention, F32)?;
+    t.free(&["att.masked"])?;
+    t.alloc("att.dropout_mask", attention, 1)?;
+    t.alloc("att.dropout", attention, F32)?;
+    t.alloc("y", bhtd, F32)?; // att @ v
+    t.alloc("y.merged", btc, F32)?; // transpose(1, 2).contiguous()
+    t.free(&["y"])?;
+    t.alloc("attn.proj.out", btc, F32)?;
+    t.alloc("x1", btc, F32)?; // residual
+    t.free(&["attn.proj.out"])?;
+    t.alloc("ln2.mean", B * T, F32)?;
+    t.alloc("ln2.rstd", B * T, F32)?;
+    t.alloc("ln2.out", btc, F32)?;
+    t.alloc("mlp.fc.out", 4 * btc, F32)?;
+    t.alloc("mlp.gelu", 4 * btc, F32)?;
+    t.alloc("mlp.proj.out", btc, F32)?;
+    t.alloc("out", btc, F32)?; // residual
+    t.free(&["mlp.proj.out"])?;
+    t.alloc("loss", 1, F32)?;
 
     // Backward, in reverse, freeing saved tensors as each node finishes.
-    t.alloc("grad.out", btc, F32);
-    t.free(&["loss"]);
-    t.alloc("grad.mlp.gelu", 4 * btc, F32);
-    t.alloc("grad.mlp.proj.weight", 4 * C * C, F32);
-    t.alloc("grad.mlp.proj.bias", C, F32);
-    t.free(&["mlp.gelu"]);
-    t.alloc("grad.mlp.fc.out", 4 * btc, F32);
-    t.free(&["grad.mlp.gelu", "mlp.fc.out"]);
-    t.alloc("grad.ln2.out", btc, F32);
-    t.alloc("grad.mlp.fc.weight", C * 4 * C, F32);
-    t.alloc("grad.mlp.fc.bias", 4 * C, F32);
-    t.free(&["grad.mlp.fc.out", "ln2.out"]);
-    t.alloc("grad.x1.ln2", btc, F32);
-    t.alloc("grad.ln2.weight", C, F32);
-    t.alloc("grad.ln2.bias", C, F32);
-    t.free(&["grad.ln2.out", "ln2.mean", "ln2.rstd"]);
-    t.alloc("grad.x1", btc, F32); // residual branch + LayerNorm branch
-    t.free(&["grad.x1.ln2", "grad.out", "out"]);
-    t.alloc("grad.y.merged", btc, F32);
-    t.alloc("grad.attn.proj.weight", C * C, F32);
-    t.alloc("grad.attn.proj.bias", C, F32);
-    t.free(&["y.merged"]);
-    t.alloc("grad.y", bhtd, F32);
-    t.free(&["grad.y.merged"]);
-    t.alloc("grad.att.dropout", attention, F32); // grad_y @ v^T
-    t.alloc("grad.v", bhtd, F32); // att^T @ grad_y
-    t.free(&["grad.y", "att.dropout"]);
-    t.alloc("grad.att.softmax", attention, F32);
-    t.free(&["grad.att.dropout", "att.dropout_mask"]);
-    t.alloc("grad.att.masked", attention, F32);
-    t.free(&["grad.att.softmax", "att.softmax"]);
-    t.alloc("grad.att.scaled", attention, F32);
-    t.free(&["grad.att.masked"]);
-    t.alloc("grad.att.raw", attention, F32);
-    t.free(&["grad.att.scaled"]);
-    t.alloc("grad.q", bhtd, F32);
-    t.alloc("grad.k", bhtd, F32);
-    t.free(&["grad.att.raw"]);
-    t.alloc("grad.qkv", 3 * btc, F32);
-    t.free(&["grad.q", "grad.k", "grad.v", "qkv"]);
-    t.alloc("grad.ln1.out", btc, F32);
-    t.alloc("grad.attn.qkv.weight", C * 3 * C, F32);
-    t.alloc("grad.attn.qkv.bias", 3 * C, F32);
-    t.free(&["grad.qkv", "ln1.out"]);
-    t.alloc("grad.x.ln1", btc, F32);
-    t.alloc("grad.ln1.weight", C, F32);
-    t.alloc("grad.ln1.bias", C, F32);
-    t.free(&["grad.ln1.out", "ln1.mean", "ln1.rstd"]);
-    t.alloc("grad.x", btc, F32);
-    t.free(&["grad.x.ln1", "grad.x1", "x1"]);
+    t.alloc("grad.out", btc, F32)?;
+    t.free(&["loss"])?;
+    t.alloc("grad.mlp.gelu", 4 * btc, F32)?;
+    t.alloc("grad.mlp.proj.weight", 4 * C * C, F32)?;
+    t.alloc("grad.mlp.proj.bias", C, F32)?;
+    t.free(&["mlp.gelu"])?;
+    t.alloc("grad.mlp.fc.out", 4 * btc, F32)?;
+    t.free(&["grad.mlp.gelu", "mlp.fc.out"])?;
+    t.alloc("grad.ln2.out", btc, F32)?;
+    t.alloc("grad.mlp.fc.weight", C * 4 * C, F32)?;
+    t.alloc("grad.mlp.fc.bias", 4 * C, F32)?;
+    t.free(&["grad.mlp.fc.out", "ln2.out"])?;
+    t.alloc("grad.x1.ln2", btc, F32)?;
+    t.alloc("grad.ln2.weight", C, F32)?;
+    t.alloc("grad.ln2.bias", C, F32)?;
+    t.free(&["grad.ln2.out", "ln2.mean", "ln2.rstd"])?;
+    t.alloc("grad.x1", btc, F32)?; // residual branch + LayerNorm branch
+    t.free(&["grad.x1.ln2", "grad.out", "out"])?;
+    t.alloc("grad.y.merged", btc, F32)?;
+    t.alloc("grad.attn.proj.weight", C * C, F32)?;
+    t.alloc("grad.attn.proj.bias", C, F32)?;
+    t.free(&["y.merged"])?;
+    t.alloc("grad.y", bhtd, F32)?;
+    t.free(&["grad.y.merged"])?;
+    t.alloc("grad.att.dropout", attention, F32)?; // grad_y @ v^T
+    t.alloc("grad.v", bhtd, F32)?; // att^T @ grad_y
+    t.free(&["grad.y", "att.dropout"])?;
+    t.alloc("grad.att.softmax", attention, F32)?;
+    t.free(&["grad.att.dropout", "att.dropout_mask"])?;
+    t.alloc("grad.att.masked", attention, F32)?;
+    t.free(&["grad.att.softmax", "att.softmax"])?;
+    t.alloc("grad.att.scaled", attention, F32)?;
+    t.free(&["grad.att.masked"])?;
+    t.alloc("grad.att.raw", attention, F32)?;
+    t.free(&["grad.att.scaled"])?;
+    t.alloc("grad.q", bhtd, F32)?;
+    t.alloc("grad.k", bhtd, F32)?;
+    t.free(&["grad.att.raw"])?;
+    t.alloc("grad.qkv", 3 * btc, F32)?;
+    t.free(&["grad.q", "grad.k", "grad.v", "qkv"])?;
+    t.alloc("grad.ln1.out", btc, F32)?;
+    t.alloc("grad.attn.qkv.weight", C * 3 * C, F32)?;
+    t.alloc("grad.attn.qkv.bias", 3 * C, F32)?;
+    t.free(&["grad.qkv", "ln1.out"])?;
+    t.alloc("grad.x.ln1", btc, F32)?;
+    t.alloc("grad.ln1.weight", C, F32)?;
+    t.alloc("grad.ln1.bias", C, F32)?;
+    t.free(&["grad.ln1.out", "ln1.mean", "ln1.rstd"])?;
+    t.alloc("grad.x", btc, F32)?;
+    t.free(&["grad.x.ln1", "grad.x1", "x1"])?;
 
     // The step ends: the input gradient goes to the previous block and
     // `zero_grad(set_to_none)` drops the parameter gradients. Parameters and the
@@ -167,8 +174,8 @@ pub fn generate() -> String {
     let mut rest: Vec<(&'static str, usize)> = t.live.iter().map(|(name, id)| (*name, *id)).collect();
     rest.sort_by_key(|(name, id)| (!name.starts_with("grad."), *id));
     let names: Vec<&'static str> = rest.iter().map(|(name, _)| *name).collect();
-    t.free(&names);
-    t.text
+    t.free(&names)?;
+    Ok(t.text)
 }
 
 #[cfg(test)]
@@ -179,6 +186,7 @@ mod tests {
     fn committed_trace_is_up_to_date() {
         let committed =
             std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../", "bench/data/gpt2_block_step.trace"));
-        assert_eq!(committed.ok().as_deref(), Some(generate().as_str()), "run `cargo xtask alloc-trace`");
+        let generated = generate().expect("the trace's events are consistent");
+        assert_eq!(committed.ok().as_deref(), Some(generated.as_str()), "run `cargo xtask alloc-trace`");
     }
 }

@@ -26,9 +26,11 @@ fn main() -> ExitCode {
         Some("bench") => bench::run(&args[1..]),
         Some("alloc-trace") => {
             let path = workspace_root().join(alloc_trace::TRACE_PATH);
-            std::fs::write(&path, alloc_trace::generate())
-                .map(|_| println!("wrote {}", path.display()))
-                .map_err(|e| format!("writing {}: {e}", path.display()))
+            alloc_trace::generate().and_then(|text| {
+                std::fs::write(&path, text)
+                    .map(|_| println!("wrote {}", path.display()))
+                    .map_err(|e| format!("writing {}: {e}", path.display()))
+            })
         }
         Some("-h" | "--help") | None => {
             println!("{USAGE}");

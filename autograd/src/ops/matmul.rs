@@ -87,8 +87,11 @@ impl Var {
         if let Some(b) = bias {
             out.add_(b.tensor())?;
         }
+        // The input's dims with the last (in_features, rank >= 1 checked above)
+        // replaced by out_features.
         let mut out_dims: Vec<isize> = self.dims().iter().map(|&d| d as isize).collect();
-        *out_dims.last_mut().expect("rank checked above") = out_features as isize;
+        out_dims.pop();
+        out_dims.push(out_features as isize);
         let out = out.reshape(&out_dims)?;
         let x_dims: Vec<isize> = self.dims().iter().map(|&d| d as isize).collect();
         let has_bias = bias.is_some();

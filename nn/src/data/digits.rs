@@ -59,7 +59,7 @@ impl Digits {
         let mut text = String::new();
         flate2::read::GzDecoder::new(DIGITS_CSV_GZ)
             .read_to_string(&mut text)
-            .map_err(|e| NnError::file(SOURCE, format!("cannot decompress: {e}")))?;
+            .map_err(|e| NnError::file_error(SOURCE, "cannot decompress", e))?;
         let (pixels, labels) = parse_csv(&text)?;
         Ok(Digits {
             features: Tensor::from_vec(pixels, [Self::LEN, Self::FEATURES])?,

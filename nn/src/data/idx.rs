@@ -92,12 +92,12 @@ impl Idx {
 
 /// The file's bytes, decompressed if they are gzipped.
 fn read_bytes(path: &Path) -> Result<Vec<u8>> {
-    let raw = std::fs::read(path).map_err(|e| NnError::file(path, format!("cannot read: {e}")))?;
+    let raw = std::fs::read(path).map_err(|e| NnError::file_error(path, "cannot read", e))?;
     if raw.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
         flate2::read::GzDecoder::new(raw.as_slice())
             .read_to_end(&mut out)
-            .map_err(|e| NnError::file(path, format!("cannot decompress (truncated or corrupt gzip?): {e}")))?;
+            .map_err(|e| NnError::file_error(path, "cannot decompress (truncated or corrupt gzip?)", e))?;
         return Ok(out);
     }
     Ok(raw)

@@ -39,7 +39,7 @@
 
 use super::dataset::Dataset;
 use crate::error::{NnError, Result};
-use brasa_tensor::{Device, Tensor};
+use brasa_tensor::{Device, SharedError, Tensor};
 use std::any::Any;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -854,7 +854,10 @@ impl<D: Dataset> Epoch<D> {
                         }
                     }
                 })
-                .map_err(|e| NnError::Data(format!("could not start worker thread {w}: {e}")))?;
+                .map_err(|source| NnError::Io {
+                    context: format!("data loader: could not start worker thread {w}"),
+                    source: SharedError::new(source),
+                })?;
             pool.workers.push(Worker { tasks: Some(tasks_tx), thread: Some(thread) });
         }
         self.pool = Some(pool);

@@ -63,7 +63,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// A module replicated on every rank of a communicator, whose gradients are
-/// averaged across ranks during backward. See the [module docs](self).
+/// averaged across ranks during backward. See the [crate docs](crate).
 pub struct DistributedDataParallel<M: Module> {
     module: M,
     reducer: Arc<Reducer>,

@@ -99,7 +99,7 @@ impl Group {
     /// rank that left on its own before one that gave up because of it.
     fn departure(state: &State, op: &'static str, rank: usize, among: Option<usize>) -> Option<ParallelError> {
         if let Some((reason, _)) = &state.departed[rank] {
-            return Some(ParallelError::Broken { rank, cause: format!("{op}: this rank {reason}") });
+            return Some(ParallelError::Broken { rank, cause: format!("{op}: this rank {reason}"), source: None });
         }
         let gone = |cascade: bool| {
             state.departed.iter().enumerate().find_map(|(peer, departed)| match departed {

@@ -164,6 +164,7 @@ pub(crate) fn verdict(op: &'static str, rank: usize, ours: &Posted, all: &[(usiz
                 return Verdict::Unreadable(ParallelError::Mpi {
                     rank,
                     message: format!("{op}: rank {peer} sent {what}"),
+                    code: None,
                 })
             }
         };

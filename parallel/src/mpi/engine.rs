@@ -302,6 +302,7 @@ impl MpiBackend {
         let reductions = self.reductions.as_ref().ok_or_else(|| ParallelError::Mpi {
             rank: self.rank,
             message: "the reduction operations are gone".into(),
+            code: None,
         })?;
         reductions.pick(tensor.dtype(), reduce).ok_or_else(|| {
             ParallelError::invalid(op, format!("{} tensors cannot be reduced; use a float dtype", tensor.dtype()))
@@ -540,17 +541,23 @@ impl Backend for MpiBackend {
             return Err(ParallelError::Broken {
                 rank: self.rank,
                 cause: "the communicator was dropped before this operation ran".into(),
+                source: None,
             });
         }
         match self.standing {
             Standing::InStep => {}
             Standing::PeerLeft => {
-                return Err(ParallelError::Broken { rank: self.rank, cause: "a peer left the MPI group".into() })
+                return Err(ParallelError::Broken {
+                    rank: self.rank,
+                    cause: "a peer left the MPI group".into(),
+                    source: None,
+                })
             }
             Standing::OutOfStep => {
                 return Err(ParallelError::Broken {
                     rank: self.rank,
                     cause: "the MPI group is out of step after an earlier timeout or MPI error".into(),
+                    source: None,
                 })
             }
         }

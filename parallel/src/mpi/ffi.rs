@@ -50,7 +50,7 @@ pub(crate) fn check(rc: c_int, rank: usize, what: &str) -> Result<()> {
     if rc == ffi::MPI_SUCCESS as c_int {
         Ok(())
     } else {
-        Err(ParallelError::Mpi { rank, message: format!("{what} failed: {}", error_string(rc)) })
+        Err(ParallelError::Mpi { rank, message: format!("{what} failed: {}", error_string(rc)), code: Some(rc) })
     }
 }
 

@@ -117,6 +117,7 @@ pub(crate) fn world(options: &CommOptions) -> Result<Communicator> {
                 "the MPI library provides thread level {provided:?}; brasa's communication thread needs \
                  Serialized (build MPI with thread support)"
             ),
+            code: None,
         });
     }
     let (rank, size) = {
@@ -127,7 +128,11 @@ pub(crate) fn world(options: &CommOptions) -> Result<Communicator> {
         (Ok(rank), Ok(size)) if rank < size => (rank, size),
         _ => {
             std::mem::forget(universe);
-            return Err(ParallelError::Mpi { rank: 0, message: format!("MPI reported rank {rank} of {size}") });
+            return Err(ParallelError::Mpi {
+                rank: 0,
+                message: format!("MPI reported rank {rank} of {size}"),
+                code: None,
+            });
         }
     };
     *life = Life::Running;

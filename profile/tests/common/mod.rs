@@ -1,4 +1,7 @@
 //! Helpers shared by the integration tests.
+
+// Test helpers: a failed unwrap or a panic here fails the calling test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![allow(dead_code)]
 
 use std::collections::HashMap;

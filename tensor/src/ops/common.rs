@@ -4,6 +4,7 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::shape::Shape;
+use crate::storage::UninitTensor;
 use crate::tensor::Tensor;
 
 /// Errors unless every tensor is on the first one's device.
@@ -31,7 +32,7 @@ pub(crate) fn expect_float(op: &'static str, tensor: &Tensor) -> Result<()> {
     if tensor.dtype().is_float() {
         Ok(())
     } else {
-        Err(TensorError::invalid(op, format!("needs a floating-point tensor, got {}", tensor.dtype())))
+        Err(TensorError::not_float(op, tensor.dtype()))
     }
 }
 
@@ -40,13 +41,13 @@ pub(crate) fn expect_rank(op: &'static str, tensor: &Tensor, rank: usize) -> Res
     if tensor.rank() == rank {
         Ok(())
     } else {
-        Err(TensorError::shape(op, format!("expected a {rank}-d tensor, got shape {:?}", tensor.dims())))
+        Err(TensorError::RankMismatch { op, expected: rank, got: tensor.dims().to_vec() })
     }
 }
 
 /// A fresh contiguous output tensor of `shape` ([`Tensor::uninit`]: its
 /// size is checked here): the op must write every element before handing
 /// it out.
-pub(crate) fn output(device: Device, dtype: DType, shape: &Shape) -> Result<Tensor> {
+pub(crate) fn output(device: Device, dtype: DType, shape: &Shape) -> Result<UninitTensor> {
     Tensor::uninit(shape.clone(), dtype, device)
 }

@@ -11,7 +11,6 @@ use crate::error::{Result, TensorError};
 use crate::layout::Layout;
 use crate::ops::common::output;
 use crate::shape::{resolve_dim, DimIndex, Shape};
-use crate::storage::lock_storages;
 use crate::tensor::Tensor;
 use brasa_kernels::index::copy_runs;
 
@@ -86,28 +85,34 @@ impl Tensor {
         let shape = Shape::from(dims);
         // Checks the size first: then the products below cannot overflow.
         let result = output(first.device(), first.dtype(), &shape)?;
-        let storage = result.storage();
         let outer: usize = shape.dims()[..d].iter().product();
         let inner: usize = shape.dims()[d + 1..].iter().product();
-        let mut start = 0usize;
-        for t in tensors {
-            let len = t.dims()[d];
-            if t.numel() > 0 {
-                // The block of the output this input fills: `outer` runs of
-                // `len * inner` elements, `total * inner` apart.
-                let block = Layout::new([outer, len * inner], vec![(total * inner) as isize, 1], start * inner)?;
-                let _guard = lock_storages(&[t.storage()], &[]);
-                dispatch_dtype!(t.dtype(), T => {
-                    // SAFETY: the input's read lock is held; the output is new and ours alone
-                    // (so it cannot be one of the inputs).
-                    let (src, dst) = unsafe { (t.storage().host_slice::<T>(OP)?, storage.host_slice_mut::<T>(OP)?) };
-                    copy_runs(src, t.layout().contiguous_runs(), dst, block.contiguous_runs())
-                        .map_err(|e| TensorError::invalid(OP, format!("internal: {e}")))?;
-                });
-            }
-            start += len;
-        }
-        Ok(result)
+        // SAFETY: the inputs' blocks tile the output: input `t` fills the
+        // `t.dims()[d]` slices along `d` from `start` on, in every outer run,
+        // and together they cover `0..total`; nothing is read from it.
+        dispatch_dtype!(first.dtype(), T => unsafe {
+            result.init_with::<T>(OP, |dst| {
+                let mut start = 0usize;
+                for t in tensors {
+                    let len = t.dims()[d];
+                    if t.numel() > 0 {
+                        // The block of the output this input fills: `outer` runs of
+                        // `len * inner` elements, `total * inner` apart.
+                        let block = Layout::new([outer, len * inner], vec![(total * inner) as isize, 1], start * inner)?;
+                        let src = t.storage().read::<T>(OP)?;
+                        copy_runs(&src, t.layout().contiguous_runs(), &mut *dst, block.contiguous_runs()).map_err(
+                            |source| TensorError::Index {
+                                op: OP,
+                                message: format!("internal error in a kernel: {source}"),
+                                source,
+                            },
+                        )?;
+                    }
+                    start += len;
+                }
+                Ok(())
+            })
+        })
     }
 
     /// Stacks tensors of one shape along a new dim `dim` (which may be their

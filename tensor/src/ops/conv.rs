@@ -331,23 +331,28 @@ impl Tensor {
         let grad = self.contiguous()?;
         let [n, c, h, w] = [grad.dims()[0], grad.dims()[1], grad.dims()[2], grad.dims()[3]];
         let plane = h * w;
+        // Empty planes sum to zero: skip the batch, which an expanded view
+        // can make huge (2^40 images of nothing would never finish).
+        let n = if plane == 0 { 0 } else { n };
         let result = output(self.device(), self.dtype(), &Shape::from([c]))?;
-        let storage = result.storage();
-        let _guard = lock_storages(&[grad.storage()], &[]);
         crate::dispatch::dispatch_dtype!(self.dtype(), T => {
-            // SAFETY: the read lock is held; the output storage is new and ours alone.
-            let (g, out) = unsafe { (grad.storage().host_slice::<T>(OP)?, storage.host_slice_mut::<T>(OP)?) };
-            let g = dense_elements(OP, g, &grad)?;
-            out.par_iter_mut().enumerate().for_each(|(channel, o)| {
-                let mut sum = 0.0f64;
-                for image in 0..n {
-                    let start = (image * c + channel) * plane;
-                    sum += g[start..start + plane].iter().map(|v| v.to_f64()).sum::<f64>();
-                }
-                *o = T::from_f64(sum);
-            });
-        });
-        Ok(result)
+            let g = grad.storage().read::<T>(OP)?;
+            let g = dense_elements(OP, &g, &grad)?;
+            // SAFETY: each channel's element is set, reading none.
+            unsafe {
+                result.init_with::<T>(OP, |out| {
+                    out.par_iter_mut().enumerate().for_each(|(channel, o)| {
+                        let mut sum = 0.0f64;
+                        for image in 0..n {
+                            let start = (image * c + channel) * plane;
+                            sum += g[start..start + plane].iter().map(|v| v.to_f64()).sum::<f64>();
+                        }
+                        *o = T::from_f64(sum);
+                    });
+                    Ok(())
+                })
+            }
+        })
     }
 }
 
@@ -425,48 +430,43 @@ fn forward<T: ConvFloat>(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>,
     let b: Option<Vec<T>> = bias.map(|b| b.to_vec::<T>()).transpose()?;
     let shape = plan.output_shape();
     let result = output(input.device(), input.dtype(), &shape)?;
-    let storage = result.storage();
-    {
-        let _guard = lock_storages(&[input.storage(), weight.storage()], &[]);
-        // SAFETY: the read locks are held for the slices' lives; the output
-        // storage is new and ours alone.
-        let (x, w, out) = unsafe {
-            (
-                input.storage().host_slice::<T>(OP)?,
-                weight.storage().host_slice::<T>(OP)?,
-                storage.host_slice_mut::<T>(OP)?,
-            )
-        };
-        let options = plan.options();
-        let scratch = if pointwise.is_some() { 0 } else { geometry.col_len() };
-        for_each_image(plan, out, scratch, |n, out_n, col| {
-            let beta = match &b {
-                Some(b) => {
-                    for (row, &value) in out_n.chunks_exact_mut(p.max(1)).zip(b) {
-                        row.fill(value);
+    let locks = lock_storages(&[input.storage(), weight.storage()], &[]);
+    let (x, w) = (locks.read::<T>(input.storage(), OP)?, locks.read::<T>(weight.storage(), OP)?);
+    // SAFETY: every image's block of the output is set: by the product
+    // (`beta` zero) or by the bias and then the product adding to it; the
+    // groups' rows tile the block.
+    unsafe {
+        result.init_with::<T>(OP, |out| {
+            let options = plan.options();
+            let scratch = if pointwise.is_some() { 0 } else { geometry.col_len() };
+            for_each_image(plan, out, scratch, |n, out_n, col| {
+                let beta = match &b {
+                    Some(b) => {
+                        for (row, &value) in out_n.chunks_exact_mut(p.max(1)).zip(b) {
+                            row.fill(value);
+                        }
+                        T::ONE
                     }
-                    T::ONE
-                }
-                None => T::ZERO,
-            };
-            for g in 0..plan.groups {
-                let x_off = input.layout().offset() + n * s_n + g * cig * s_c;
-                let a = MatRef::new(w, weight.layout().offset() + g * cog * w_row, [cog, k], [w_row, w_col])
-                    .map_err(&err)?;
-                let c = MatMut::new(out_n, g * cog * p, [cog, p], [p, 1]).map_err(&err)?;
-                let cols = match pointwise {
-                    Some(hw) => MatRef::new(x, x_off, [cig, p], [s_c, hw]).map_err(&err)?,
-                    None => {
-                        im2col(geometry, x, x_off, [s_c, s_h, s_w], col).map_err(&err)?;
-                        MatRef::row_major(col, k, p).map_err(&err)?
-                    }
+                    None => T::ZERO,
                 };
-                gemm_with(&options, T::ONE, a, cols, beta, c).map_err(&err)?;
-            }
-            Ok(())
-        })?;
+                for g in 0..plan.groups {
+                    let x_off = input.layout().offset() + n * s_n + g * cig * s_c;
+                    let a = MatRef::new(w, weight.layout().offset() + g * cog * w_row, [cog, k], [w_row, w_col])
+                        .map_err(&err)?;
+                    let c = MatMut::new(out_n, g * cog * p, [cog, p], [p, 1]).map_err(&err)?;
+                    let cols = match pointwise {
+                        Some(hw) => MatRef::new(x, x_off, [cig, p], [s_c, hw]).map_err(&err)?,
+                        None => {
+                            im2col(geometry, x, x_off, [s_c, s_h, s_w], col).map_err(&err)?;
+                            MatRef::row_major(col, k, p).map_err(&err)?
+                        }
+                    };
+                    gemm_with(&options, T::ONE, a, cols, beta, c).map_err(&err)?;
+                }
+                Ok(())
+            })
+        })
     }
-    Ok(result)
 }
 
 fn backward_input<T: ConvFloat>(grad: &Tensor, weight: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
@@ -482,44 +482,46 @@ fn backward_input<T: ConvFloat>(grad: &Tensor, weight: &Tensor, plan: &ConvPlan)
     let g_n = strides4(&grad)[0];
     let shape = plan.input_shape();
     let result = output(grad.device(), grad.dtype(), &shape)?;
-    let storage = result.storage();
-    {
-        let _guard = lock_storages(&[grad.storage(), weight.storage()], &[]);
-        // SAFETY: the read locks are held for the slices' lives; the output
-        // storage is new and ours alone.
-        let (gy, w, out) = unsafe {
-            (
-                grad.storage().host_slice::<T>(OP)?,
-                weight.storage().host_slice::<T>(OP)?,
-                storage.host_slice_mut::<T>(OP)?,
-            )
-        };
-        let options = plan.options();
-        let pointwise = geometry.is_pointwise();
-        let scratch = if pointwise { 0 } else { geometry.col_len() };
-        for_each_image(plan, out, scratch, |n, out_n, col| {
-            for g in 0..plan.groups {
-                // W_gᵀ [K, C_out/g] · dY_g [C_out/g, P]
-                let wt = MatRef::new(w, weight.layout().offset() + g * cog * w_row, [cog, k], [w_row, w_col])
-                    .map_err(&err)?
-                    .t();
-                let dy = MatRef::new(gy, grad.layout().offset() + n * g_n + g * cog * g_row, [cog, p], [g_row, g_col])
-                    .map_err(&err)?;
-                let region = &mut out_n[g * image..(g + 1) * image];
-                if pointwise {
-                    let c = MatMut::row_major(region, k, h * w_in).map_err(&err)?;
-                    gemm_with(&options, T::ONE, wt, dy, T::ZERO, c).map_err(&err)?;
-                } else {
-                    let c = MatMut::row_major(col, k, p).map_err(&err)?;
-                    gemm_with(&options, T::ONE, wt, dy, T::ZERO, c).map_err(&err)?;
-                    region.fill(T::ZERO);
-                    col2im(geometry, col, region).map_err(&err)?;
+    let locks = lock_storages(&[grad.storage(), weight.storage()], &[]);
+    let (gy, w) = (locks.read::<T>(grad.storage(), OP)?, locks.read::<T>(weight.storage(), OP)?);
+    // SAFETY: every image's block of the output is set, group by group:
+    // by the product (`beta` zero) or zeroed and then summed into by `col2im`.
+    unsafe {
+        result.init_with::<T>(OP, |out| {
+            let options = plan.options();
+            let pointwise = geometry.is_pointwise();
+            // Without output channels the gradient is zero and needs no
+            // column buffer (which an empty grad_output's huge planes would
+            // make huge).
+            let scratch = if pointwise || cog == 0 { 0 } else { geometry.col_len() };
+            for_each_image(plan, out, scratch, |n, out_n, col| {
+                if cog == 0 {
+                    out_n.fill(T::ZERO);
+                    return Ok(());
                 }
-            }
-            Ok(())
-        })?;
+                for g in 0..plan.groups {
+                    // W_gᵀ [K, C_out/g] · dY_g [C_out/g, P]
+                    let wt = MatRef::new(w, weight.layout().offset() + g * cog * w_row, [cog, k], [w_row, w_col])
+                        .map_err(&err)?
+                        .t();
+                    let dy =
+                        MatRef::new(gy, grad.layout().offset() + n * g_n + g * cog * g_row, [cog, p], [g_row, g_col])
+                            .map_err(&err)?;
+                    let region = &mut out_n[g * image..(g + 1) * image];
+                    if pointwise {
+                        let c = MatMut::row_major(region, k, h * w_in).map_err(&err)?;
+                        gemm_with(&options, T::ONE, wt, dy, T::ZERO, c).map_err(&err)?;
+                    } else {
+                        let c = MatMut::row_major(col, k, p).map_err(&err)?;
+                        gemm_with(&options, T::ONE, wt, dy, T::ZERO, c).map_err(&err)?;
+                        region.fill(T::ZERO);
+                        col2im(geometry, col, region).map_err(&err)?;
+                    }
+                }
+                Ok(())
+            })
+        })
     }
-    Ok(result)
 }
 
 fn backward_weight<T: ConvFloat>(input: &Tensor, grad: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
@@ -536,71 +538,72 @@ fn backward_weight<T: ConvFloat>(input: &Tensor, grad: &Tensor, plan: &ConvPlan)
     let pointwise = if geometry.is_pointwise() { merged_stride(&input.dims()[2..], &[s_h, s_w]) } else { None };
     let shape = plan.weight_shape();
     let result = output(input.device(), input.dtype(), &shape)?;
-    let storage = result.storage();
-    {
-        let _guard = lock_storages(&[input.storage(), grad.storage()], &[]);
-        // SAFETY: the read locks are held for the slices' lives; the output
-        // storage is new and ours alone.
-        let (x, gy, out) = unsafe {
-            (
-                input.storage().host_slice::<T>(OP)?,
-                grad.storage().host_slice::<T>(OP)?,
-                storage.host_slice_mut::<T>(OP)?,
-            )
-        };
-        // dW_g += dY_g [C_out/g, P] · colᵀ [P, K] over the images in `images`.
-        let accumulate = |images: std::ops::Range<usize>,
-                          dw: &mut [T],
-                          col: &mut [T],
-                          options: &GemmOptions|
-         -> Result<()> {
-            for n in images {
-                for g in 0..plan.groups {
-                    let x_off = input.layout().offset() + n * s_n + g * cig * s_c;
-                    let dy =
-                        MatRef::new(gy, grad.layout().offset() + n * g_n + g * cog * g_row, [cog, p], [g_row, g_col])
+    let locks = lock_storages(&[input.storage(), grad.storage()], &[]);
+    let (x, gy) = (locks.read::<T>(input.storage(), OP)?, locks.read::<T>(grad.storage(), OP)?);
+    // SAFETY: the output is zeroed first, then only added to.
+    unsafe {
+        result.init_with::<T>(OP, |out| {
+            // dW_g += dY_g [C_out/g, P] · colᵀ [P, K] over the images in `images`.
+            let accumulate =
+                |images: std::ops::Range<usize>, dw: &mut [T], col: &mut [T], options: &GemmOptions| -> Result<()> {
+                    for n in images {
+                        for g in 0..plan.groups {
+                            let x_off = input.layout().offset() + n * s_n + g * cig * s_c;
+                            let dy = MatRef::new(
+                                gy,
+                                grad.layout().offset() + n * g_n + g * cog * g_row,
+                                [cog, p],
+                                [g_row, g_col],
+                            )
                             .map_err(&err)?;
-                    let cols = match pointwise {
-                        Some(hw) => MatRef::new(x, x_off, [cig, p], [s_c, hw]).map_err(&err)?,
-                        None => {
-                            im2col(geometry, x, x_off, [s_c, s_h, s_w], col).map_err(&err)?;
-                            MatRef::row_major(col, k, p).map_err(&err)?
+                            let cols = match pointwise {
+                                Some(hw) => MatRef::new(x, x_off, [cig, p], [s_c, hw]).map_err(&err)?,
+                                None => {
+                                    im2col(geometry, x, x_off, [s_c, s_h, s_w], col).map_err(&err)?;
+                                    MatRef::row_major(col, k, p).map_err(&err)?
+                                }
+                            };
+                            let c = MatMut::new(dw, g * cog * k, [cog, k], [k, 1]).map_err(&err)?;
+                            gemm_with(options, T::ONE, dy, cols.t(), T::ONE, c).map_err(&err)?;
                         }
-                    };
-                    let c = MatMut::new(dw, g * cog * k, [cog, k], [k, 1]).map_err(&err)?;
-                    gemm_with(options, T::ONE, dy, cols.t(), T::ONE, c).map_err(&err)?;
+                    }
+                    Ok(())
+                };
+            out.fill(T::ZERO);
+            // No images or no weights: the gradient is that zero, and needs
+            // no column buffer (which an empty grad_output's huge planes
+            // would make huge).
+            if plan.batch == 0 || out.is_empty() {
+                return Ok(());
+            }
+            let scratch = if pointwise.is_some() { 0 } else { geometry.col_len() };
+            if plan.split_by_image() {
+                // Each thread sums a share of the images into its own partial
+                // gradient; the partials are added at the end.
+                let threads = rayon::current_num_threads().min(plan.batch);
+                let per = plan.batch.div_ceil(threads);
+                let sequential = GemmOptions { parallelism: Parallelism::Sequential, ..GemmOptions::default() };
+                let partials = (0..threads)
+                    .into_par_iter()
+                    .map(|t| {
+                        let mut dw = vec![T::ZERO; out.len()];
+                        let mut col = vec![T::ZERO; scratch];
+                        accumulate(t * per..((t + 1) * per).min(plan.batch), &mut dw, &mut col, &sequential)?;
+                        Ok(dw)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                for partial in partials {
+                    for (o, v) in out.iter_mut().zip(partial) {
+                        *o += v;
+                    }
                 }
+            } else {
+                let mut col = vec![T::ZERO; scratch];
+                accumulate(0..plan.batch, out, &mut col, &GemmOptions::default())?;
             }
             Ok(())
-        };
-        let scratch = if pointwise.is_some() { 0 } else { geometry.col_len() };
-        out.fill(T::ZERO);
-        if plan.split_by_image() {
-            // Each thread sums a share of the images into its own partial
-            // gradient; the partials are added at the end.
-            let threads = rayon::current_num_threads().min(plan.batch);
-            let per = plan.batch.div_ceil(threads);
-            let sequential = GemmOptions { parallelism: Parallelism::Sequential, ..GemmOptions::default() };
-            let partials = (0..threads)
-                .into_par_iter()
-                .map(|t| {
-                    let mut dw = vec![T::ZERO; out.len()];
-                    let mut col = vec![T::ZERO; scratch];
-                    accumulate(t * per..((t + 1) * per).min(plan.batch), &mut dw, &mut col, &sequential)?;
-                    Ok(dw)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            for partial in partials {
-                for (o, v) in out.iter_mut().zip(partial) {
-                    *o += v;
-                }
-            }
-        } else {
-            let mut col = vec![T::ZERO; scratch];
-            accumulate(0..plan.batch, out, &mut col, &GemmOptions::default())?;
-        }
+        })
     }
-    Ok(result)
 }
 
 #[cfg(test)]

@@ -49,7 +49,7 @@ impl Cost {
 /// Kernel failures mean the op built a wrong view: an internal error, but an
 /// error (never a panic), naming the op.
 pub(crate) fn kernel_error(op: &'static str) -> impl Fn(KernelError) -> TensorError {
-    move |e| TensorError::invalid(op, format!("internal error in the elementwise kernel: {e}"))
+    move |source| TensorError::kernel(op, source)
 }
 
 /// The most operands one [`Plan`] walks together.
@@ -283,7 +283,7 @@ pub(crate) fn check_can_cast(op: &'static str, computed: DType, into: DType) -> 
 pub(crate) fn broadcast_all(op: &'static str, shapes: &[&Shape]) -> Result<Shape> {
     let mut shape = shapes.first().map(|s| (*s).clone()).unwrap_or_else(Shape::scalar);
     for s in shapes.iter().skip(1) {
-        shape = broadcast_shapes(&shape, s).map_err(|e| TensorError::shape(op, e.to_string()))?;
+        shape = broadcast_shapes(&shape, s).map_err(|source| TensorError::OpLayout { op, source })?;
     }
     Ok(shape)
 }
@@ -295,8 +295,9 @@ pub(crate) fn prepare(op: &'static str, tensor: &Tensor, dtype: DType, shape: &S
     if converted.shape() == shape {
         return Ok(converted);
     }
-    converted.broadcast_as(shape.clone()).map_err(|_| {
-        TensorError::shape(op, format!("cannot broadcast shape {:?} to {:?}", tensor.dims(), shape.dims()))
+    converted.broadcast_as(shape.clone()).map_err(|error| match error {
+        TensorError::Layout(source) => TensorError::OpLayout { op, source },
+        other => other,
     })
 }
 
@@ -335,15 +336,16 @@ pub(crate) fn map_unary<S: WithDType, D: WithDType>(
     kernel: impl Fn(Strided<'_, S>, &mut [D]) -> std::result::Result<(), KernelError> + Sync,
 ) -> Result<Tensor> {
     let _range = brasa_profile::record_op(op, &[x.dims()]);
-    let _guard = lock_storages(&[x.storage()], &[]);
-    // SAFETY: the read lock is held while the slice lives.
-    let src = unsafe { x.storage().host_slice::<S>(op)? };
+    let src = x.storage().read::<S>(op)?;
     let out = Tensor::uninit_like(x, D::DTYPE, x.device())?;
-    // SAFETY: the storage is new and ours alone.
-    let dst = unsafe { out.storage().host_slice_mut::<D>(op)? };
     let plan = Plan::new(x.dims(), &[x.layout()]);
-    plan.run(dst, cost, |starts, row| kernel(operand(src, &plan, 0, &starts), row).map_err(kernel_error(op)))?;
-    Ok(out)
+    // SAFETY: `Plan::run` hands every row of the output to the kernel, which
+    // writes each element of its row (the element-wise kernels' contract).
+    unsafe {
+        out.init_with::<D>(op, |dst| {
+            plan.run(dst, cost, |starts, row| kernel(operand(&src, &plan, 0, &starts), row).map_err(kernel_error(op)))
+        })
+    }
 }
 
 /// A new contiguous tensor with `out[i] = kernel(a, b)[i]`; `a` and `b` have
@@ -356,17 +358,19 @@ pub(crate) fn map_binary<A: WithDType, B: WithDType, D: WithDType>(
     kernel: impl Fn(Strided<'_, A>, Strided<'_, B>, &mut [D]) -> std::result::Result<(), KernelError> + Sync,
 ) -> Result<Tensor> {
     let _range = brasa_profile::record_op(op, &[a.dims(), b.dims()]);
-    let _guard = lock_storages(&[a.storage(), b.storage()], &[]);
-    // SAFETY: the read locks are held while the slices live.
-    let (da, db) = unsafe { (a.storage().host_slice::<A>(op)?, b.storage().host_slice::<B>(op)?) };
+    let locks = lock_storages(&[a.storage(), b.storage()], &[]);
+    let (da, db) = (locks.read::<A>(a.storage(), op)?, locks.read::<B>(b.storage(), op)?);
     let out = Tensor::uninit_like(a, D::DTYPE, a.device())?;
-    // SAFETY: the storage is new and ours alone.
-    let dst = unsafe { out.storage().host_slice_mut::<D>(op)? };
     let plan = Plan::new(a.dims(), &[a.layout(), b.layout()]);
-    plan.run(dst, cost, |starts, row| {
-        kernel(operand(da, &plan, 0, &starts), operand(db, &plan, 1, &starts), row).map_err(kernel_error(op))
-    })?;
-    Ok(out)
+    // SAFETY: `Plan::run` hands every row of the output to the kernel, which
+    // writes each element of its row (the element-wise kernels' contract).
+    unsafe {
+        out.init_with::<D>(op, |dst| {
+            plan.run(dst, cost, |starts, row| {
+                kernel(operand(da, &plan, 0, &starts), operand(db, &plan, 1, &starts), row).map_err(kernel_error(op))
+            })
+        })
+    }
 }
 
 /// A new contiguous tensor with `out[i] = kernel(a, b, c)[i]`; the operands
@@ -378,21 +382,22 @@ pub(crate) fn map_ternary<A: WithDType, B: WithDType, C: WithDType, D: WithDType
     kernel: impl Fn(Strided<'_, A>, Strided<'_, B>, Strided<'_, C>, &mut [D]) -> std::result::Result<(), KernelError> + Sync,
 ) -> Result<Tensor> {
     let _range = brasa_profile::record_op(op, &[a.dims(), b.dims(), c.dims()]);
-    let _guard = lock_storages(&[a.storage(), b.storage(), c.storage()], &[]);
-    // SAFETY: the read locks are held while the slices live.
-    let (da, db, dc) = unsafe {
-        (a.storage().host_slice::<A>(op)?, b.storage().host_slice::<B>(op)?, c.storage().host_slice::<C>(op)?)
-    };
+    let locks = lock_storages(&[a.storage(), b.storage(), c.storage()], &[]);
+    let (da, db, dc) =
+        (locks.read::<A>(a.storage(), op)?, locks.read::<B>(b.storage(), op)?, locks.read::<C>(c.storage(), op)?);
     let out = Tensor::uninit_like(a, D::DTYPE, a.device())?;
-    // SAFETY: the storage is new and ours alone.
-    let dst = unsafe { out.storage().host_slice_mut::<D>(op)? };
     let plan = Plan::new(a.dims(), &[a.layout(), b.layout(), c.layout()]);
-    plan.run(dst, cost, |starts, row| {
-        let (x, y, z) =
-            (operand(da, &plan, 0, &starts), operand(db, &plan, 1, &starts), operand(dc, &plan, 2, &starts));
-        kernel(x, y, z, row).map_err(kernel_error(op))
-    })?;
-    Ok(out)
+    // SAFETY: `Plan::run` hands every row of the output to the kernel, which
+    // writes each element of its row (the element-wise kernels' contract).
+    unsafe {
+        out.init_with::<D>(op, |dst| {
+            plan.run(dst, cost, |starts, row| {
+                let (x, y, z) =
+                    (operand(da, &plan, 0, &starts), operand(db, &plan, 1, &starts), operand(dc, &plan, 2, &starts));
+                kernel(x, y, z, row).map_err(kernel_error(op))
+            })
+        })
+    }
 }
 
 // ----- in-place driver ------------------------------------------------------------
@@ -412,14 +417,14 @@ pub(crate) fn update_in_place<T: WithDType, const N: usize>(
     let _range = brasa_profile::record_op(op, &[dst.dims()]);
     dst.check_writable(op)?;
     let reads: Vec<&Storage> = operands.iter().map(|t| &**t.storage()).collect();
-    let _guard = lock_storages(&reads, &[dst.storage()]);
+    let mut locks = lock_storages(&reads, &[dst.storage()]);
+    // No operand shares dst's storage (see `prepare_in_place`): reading one
+    // through `reads` would be an error.
+    let (data, reads) = locks.write::<T>(dst.storage(), op)?;
     let mut sources: [&[T]; N] = [&[]; N];
     for (s, t) in sources.iter_mut().zip(operands) {
-        // SAFETY: the read lock is held, and no operand shares dst's storage.
-        *s = unsafe { t.storage().host_slice::<T>(op)? };
+        *s = reads.read::<T>(t.storage(), op)?;
     }
-    // SAFETY: the write lock is held; this is the only slice of dst's storage.
-    let data = unsafe { dst.storage().host_slice_mut::<T>(op)? };
     let numel = dst.numel();
     if numel == 0 {
         // Nothing to write; the version still counts the in-place op (as PyTorch's does).

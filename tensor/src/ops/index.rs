@@ -36,16 +36,20 @@ fn coordinates(dims: &[usize], mut position: usize) -> Vec<usize> {
 /// Turns a kernel's error into one naming the op, the dim and where the bad
 /// index sits in the index tensor of shape `index_dims`.
 fn index_error(op: &'static str, what: &str, index_dims: &[usize], error: IndexError) -> TensorError {
-    match error {
-        IndexError::OutOfRange { position, index, size } => {
+    match &error {
+        &IndexError::OutOfRange { position, index, size } => {
             let at = if index_dims.len() > 1 {
                 format!("{:?}", coordinates(index_dims, position))
             } else {
                 format!("position {position}")
             };
-            TensorError::invalid(op, format!("index {index} at {at} is out of range for {what} of size {size}"))
+            TensorError::Index {
+                op,
+                message: format!("index {index} at {at} is out of range for {what} of size {size}"),
+                source: error,
+            }
         }
-        IndexError::Shape { detail } => TensorError::invalid(op, format!("internal: {detail}")),
+        _ => TensorError::Index { op, message: format!("internal error in a kernel: {error}"), source: error },
     }
 }
 
@@ -76,8 +80,7 @@ fn bases_layout(op: &'static str, x: &Tensor, index_dims: &[usize], dim: usize) 
     if let Some(stride) = strides.get_mut(dim) {
         *stride = 0;
     }
-    Layout::new(index_dims, strides, x.layout().offset())
-        .map_err(|e| TensorError::invalid(op, format!("internal: {e}")))
+    Layout::new(index_dims, strides, x.layout().offset()).map_err(|source| TensorError::OpLayout { op, source })
 }
 
 /// Errors unless `index` has `x`'s rank and fits inside `limit` in every dim
@@ -171,13 +174,13 @@ impl Tensor {
         kernels::check_indices(ids, size).map_err(|e| index_error(op, what, &[ids.len()], e))?;
         let (x, offset) = contiguous_source(self)?;
         let result = output(x.device(), x.dtype(), &shape)?;
-        let storage = result.storage();
-        {
-            let _guard = lock_storages(&[x.storage()], &[]);
-            dispatch_dtype!(x.dtype(), T => {
-                // SAFETY: the read lock on the source is held; the output is new and ours alone.
-                let (data, out) = unsafe { (x.storage().host_slice::<T>(op)?, storage.host_slice_mut::<T>(op)?) };
-                let src = span(op, data, offset, x.numel())?;
+        dispatch_dtype!(x.dtype(), T => {
+            let data = x.storage().read::<T>(op)?;
+            let src = span(op, &data, offset, x.numel())?;
+            // SAFETY: `index_select` writes all of its output (`inner`
+            // elements per id, for every outer block), reading none; split
+            // by ids, the chunks cover the output.
+            unsafe { result.init_with::<T>(op, |out| {
                 let error = |e| index_error(op, what, &[ids.len()], e);
                 let outer = shape.numel().checked_div(ids.len() * inner).unwrap_or(0);
                 if outer == 1 && out.len() >= PARALLEL_MIN_WORK && inner > 0 {
@@ -189,9 +192,9 @@ impl Tensor {
                 } else {
                     kernels::index_select(src, size, inner, ids, out).map_err(error)?;
                 }
-            });
-        }
-        Ok(result)
+                Ok(())
+            }) }
+        })
     }
 
     /// Looks up rows of `weight` (`[vocabulary, dim]`) for `ids` (`i64`, any
@@ -209,8 +212,9 @@ impl Tensor {
         let what = format!("the vocabulary (weight {:?})", weight.dims());
         weight.select_rows(OP, &what, &values, vocabulary, width, Shape::from(shape)).map_err(|e| match e {
             // Name the id's place in the ids tensor rather than in the flat list.
-            TensorError::Invalid { op, message } if ids.rank() > 1 => TensorError::Invalid {
+            TensorError::Index { op, message, source } if ids.rank() > 1 => TensorError::Index {
                 op,
+                source,
                 message: values
                     .iter()
                     .position(|&i| !(0..vocabulary as i64).contains(&i))
@@ -243,16 +247,17 @@ impl Tensor {
         let stride = usize::try_from(x.strides()[d]).unwrap_or(0);
         let bases = bases_layout(OP, &x, index.dims(), d)?;
         let result = output(x.device(), x.dtype(), index.shape())?;
-        let storage = result.storage();
-        {
-            let _guard = lock_storages(&[x.storage()], &[]);
-            dispatch_dtype!(x.dtype(), T => {
-                // SAFETY: the read lock on the source is held; the output is new and ours alone.
-                let (src, out) = unsafe { (x.storage().host_slice::<T>(OP)?, storage.host_slice_mut::<T>(OP)?) };
-                kernels::gather(src, bases.offsets(), &ids, size, stride, out)
-                    .map_err(|e| index_error(OP, &format!("dim {d}"), index.dims(), e))?;
-            });
-        }
+        let result = dispatch_dtype!(x.dtype(), T => {
+            let src = x.storage().read::<T>(OP)?;
+            // SAFETY: `gather` writes one output element per id (the output
+            // has the index's shape), reading none.
+            unsafe {
+                result.init_with::<T>(OP, |out| {
+                    kernels::gather(&src, bases.offsets(), &ids, size, stride, out)
+                        .map_err(|e| index_error(OP, &format!("dim {d}"), index.dims(), e))
+                })
+            }
+        })?;
         Ok(result.with_layout(Layout::contiguous(out_shape)?))
     }
 
@@ -292,10 +297,11 @@ impl Tensor {
         let stride = usize::try_from(x.strides()[d]).unwrap_or(0);
         let bases = bases_layout(OP, &x, index.dims(), d)?;
         {
-            let _guard = lock_storages(&[src.storage()], &[x.storage()]);
+            let mut locks = lock_storages(&[src.storage()], &[x.storage()]);
             dispatch_dtype!(x.dtype(), T => {
-                // SAFETY: the locks are held and the storages differ (src was copied if they did not).
-                let (values, dst) = unsafe { (src.storage().host_slice::<T>(OP)?, x.storage().host_slice_mut::<T>(OP)?) };
+                // The storages differ (src was copied if they did not).
+                let (dst, reads) = locks.write::<T>(x.storage(), OP)?;
+                let values = reads.read::<T>(src.storage(), OP)?;
                 let values = src.layout().offsets().map(|o| values.get(o).copied().unwrap_or(T::ZERO));
                 kernels::scatter_add(dst, bases.offsets(), &ids, size, stride, values)
                     .map_err(|e| index_error(OP, &format!("dim {d}"), index.dims(), e))?;
@@ -315,21 +321,28 @@ impl Tensor {
         shape.push(num_classes);
         let shape = Shape::from(shape);
         let result = output(self.device(), DType::I64, &shape)?;
-        let storage = result.storage();
-        // SAFETY: the storage is new and ours alone.
-        let out = unsafe { storage.host_slice_mut::<i64>(OP)? };
-        kernels::one_hot(&ids, num_classes, out).map_err(|e| match e {
-            IndexError::OutOfRange { position, index, size } => {
-                let at = if self.rank() > 1 {
-                    format!("{:?}", coordinates(self.dims(), position))
-                } else {
-                    format!("position {position}")
-                };
-                TensorError::invalid(OP, format!("class {index} at {at} is out of range for {size} classes"))
-            }
-            other => index_error(OP, "the classes", self.dims(), other),
-        })?;
-        Ok(result)
+        // SAFETY: `one_hot` writes every element of its output (a row of
+        // `num_classes` per id, zeros but the one), reading none.
+        unsafe {
+            result.init_with::<i64>(OP, |out| {
+                kernels::one_hot(&ids, num_classes, out).map_err(|e| match e {
+                    IndexError::OutOfRange { position, index, size } => {
+                        let source = e.clone();
+                        let at = if self.rank() > 1 {
+                            format!("{:?}", coordinates(self.dims(), position))
+                        } else {
+                            format!("position {position}")
+                        };
+                        TensorError::Index {
+                            op: OP,
+                            message: format!("class {index} at {at} is out of range for {size} classes"),
+                            source,
+                        }
+                    }
+                    other => index_error(OP, "the classes", self.dims(), other),
+                })
+            })
+        }
     }
 }
 

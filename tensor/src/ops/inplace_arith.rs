@@ -26,7 +26,7 @@ use brasa_kernels::elementwise::{
 };
 
 fn not_float(op: &'static str, dtype: DType) -> TensorError {
-    TensorError::invalid(op, format!("needs a floating-point tensor, got {dtype}"))
+    TensorError::not_float(op, dtype)
 }
 
 /// Whether `rhs` is `dst` itself (same storage, layout and dtype): then each

@@ -22,10 +22,12 @@ use brasa_kernels::elementwise::{
 };
 
 fn needs_float(op: &'static str, dtype: DType) -> TensorError {
-    TensorError::invalid(
+    TensorError::UnsupportedDType {
         op,
-        format!("needs a floating-point tensor (an in-place result keeps the tensor's dtype), got {dtype}"),
-    )
+        dtype,
+        needs: "a floating-point tensor (an in-place result keeps the tensor's dtype)",
+        hint: "",
+    }
 }
 
 /// `self = op(self)` for a float tensor.

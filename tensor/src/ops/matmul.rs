@@ -19,7 +19,7 @@ const OP: &str = "matmul";
 /// A kernel error in a product whose operands were already checked: a bug
 /// somewhere, reported rather than panicked on.
 pub(crate) fn gemm_error(op: &'static str, error: KernelError) -> TensorError {
-    TensorError::invalid(op, format!("matrix product failed: {error}"))
+    TensorError::kernel(op, error)
 }
 
 impl Tensor {
@@ -55,10 +55,12 @@ impl Tensor {
         }
         let dtype = self.dtype();
         if !dtype.is_float() {
-            return Err(TensorError::invalid(
-                OP,
-                format!("needs floating-point operands (f32, f64, f16 or bf16), got {dtype}"),
-            ));
+            return Err(TensorError::UnsupportedDType {
+                op: OP,
+                dtype,
+                needs: "floating-point operands (f32, f64, f16 or bf16)",
+                hint: "",
+            });
         }
         if self.rank() == 0 || rhs.rank() == 0 {
             return Err(TensorError::shape(
@@ -103,34 +105,30 @@ impl Tensor {
         let (a, a_layout) = non_negative(&a, a_layout)?;
         let (b, b_layout) = non_negative(&b, b_layout)?;
 
-        let result = output(device, dtype, &full)?;
-        let storage = result.storage();
-        if full.numel() > 0 {
-            let _guard = lock_storages(&[a.storage(), b.storage()], &[]);
-            let problem = Problem { a: &a_layout, b: &b_layout, batch: batch.dims(), m, n, k };
-            macro_rules! run {
-                ($t:ty, $one:expr, $zero:expr) => {{
-                    // SAFETY: the read locks of both operands are held for the
-                    // slices' lives; the output storage is new and ours alone.
-                    let (x, y, out) = unsafe {
-                        (
-                            a.storage().host_slice::<$t>(OP)?,
-                            b.storage().host_slice::<$t>(OP)?,
-                            storage.host_slice_mut::<$t>(OP)?,
-                        )
-                    };
-                    problem.run::<$t>($one, $zero, x, y, out)
-                }};
+        let result = match output(device, dtype, &full)?.if_empty() {
+            Ok(empty) => empty,
+            Err(result) => {
+                let locks = lock_storages(&[a.storage(), b.storage()], &[]);
+                let problem = Problem { a: &a_layout, b: &b_layout, batch: batch.dims(), m, n, k };
+                macro_rules! run {
+                    ($t:ty, $one:expr, $zero:expr) => {{
+                        let (x, y) = (locks.read::<$t>(a.storage(), OP)?, locks.read::<$t>(b.storage(), OP)?);
+                        // SAFETY: the product sets every element of the output
+                        // (`out = 1·x·y + 0·out`, which does not read `out` when
+                        // beta is zero).
+                        unsafe { result.init_with::<$t>(OP, |out| problem.run::<$t>($one, $zero, x, y, out)) }
+                    }};
+                }
+                match dtype {
+                    DType::F32 => run!(f32, 1.0, 0.0),
+                    DType::F64 => run!(f64, 1.0, 0.0),
+                    DType::F16 => run!(f16, 1.0, 0.0),
+                    DType::BF16 => run!(bf16, 1.0, 0.0),
+                    // Excluded above.
+                    other => Err(TensorError::invalid(OP, format!("unsupported dtype {other}"))),
+                }?
             }
-            match dtype {
-                DType::F32 => run!(f32, 1.0, 0.0),
-                DType::F64 => run!(f64, 1.0, 0.0),
-                DType::F16 => run!(f16, 1.0, 0.0),
-                DType::BF16 => run!(bf16, 1.0, 0.0),
-                // Excluded above.
-                other => Err(TensorError::invalid(OP, format!("unsupported dtype {other}"))),
-            }?;
-        }
+        };
         // Drop the dims a 1-d operand stood for; the memory is the same.
         let mut dims = batch.dims().to_vec();
         if self.rank() > 1 {

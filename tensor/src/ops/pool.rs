@@ -11,7 +11,7 @@ use crate::layout::Layout;
 use crate::ops::common::{expect_dtype, expect_float, output, same_device};
 use crate::ops::conv::dense_elements;
 use crate::shape::Shape;
-use crate::storage::lock_storages;
+use crate::storage::{lock_storages, UninitTensor};
 use crate::tensor::Tensor;
 use brasa_kernels::pool::{
     avg_pool2d_backward_plane, avg_pool2d_plane, max_pool2d_backward_plane, max_pool2d_plane, AvgPoolElement,
@@ -99,7 +99,7 @@ fn non_negative(t: &Tensor) -> Result<Tensor> {
 }
 
 fn pool_error(op: &'static str) -> impl Fn(KernelError) -> TensorError {
-    move |e| TensorError::invalid(op, e.to_string())
+    move |source| TensorError::kernel(op, source)
 }
 
 /// Errors unless a gradient has the pooled shape of `input_shape`.
@@ -152,34 +152,27 @@ impl Tensor {
         let plan = PoolPlan::new(OP, self.dims(), kernel, stride, padding)?;
         let input = non_negative(self)?;
         let shape = plan.output_shape();
-        let values_tensor = output(self.device(), self.dtype(), &shape)?;
-        let values = values_tensor.storage();
-        let indices_tensor = output(self.device(), DType::I64, &shape)?;
-        let indices = indices_tensor.storage();
+        let values = output(self.device(), self.dtype(), &shape)?;
+        let indices = output(self.device(), DType::I64, &shape)?;
         let (offsets, strides) = plan.plane_offsets(input.layout())?;
         let geometry = plan.geometry;
         let olen = geometry.output_len();
         let per_task = plan.planes_per_task(olen.saturating_mul(plan.window));
-        {
-            let _guard = lock_storages(&[input.storage()], &[]);
-            dispatch_dtype!(self.dtype(), T => {
-                // SAFETY: the read lock is held; both outputs are new and ours alone.
-                let (x, out, idx) = unsafe {
-                    (
-                        input.storage().host_slice::<T>(OP)?,
-                        values.host_slice_mut::<T>(OP)?,
-                        indices.host_slice_mut::<i64>(OP)?,
-                    )
-                };
-                out.par_chunks_mut(olen)
-                    .zip(idx.par_chunks_mut(olen))
-                    .zip(offsets.par_iter())
-                    .with_min_len(per_task)
-                    .try_for_each(|((o, i), &offset)| max_pool2d_plane(&geometry, x, offset, strides, o, i))
-                    .map_err(pool_error(OP))?;
-            });
-        }
-        Ok((values_tensor, indices_tensor))
+        dispatch_dtype!(self.dtype(), T => {
+            let x = input.storage().read::<T>(OP)?;
+            // SAFETY: every plane of both outputs (one per offset) is set by
+            // `max_pool2d_plane`, which reads neither.
+            unsafe {
+                UninitTensor::init_pair_with::<T, i64>(values, indices, OP, |out, idx| {
+                    out.par_chunks_mut(olen)
+                        .zip(idx.par_chunks_mut(olen))
+                        .zip(offsets.par_iter())
+                        .with_min_len(per_task)
+                        .try_for_each(|((o, i), &offset)| max_pool2d_plane(&geometry, &x, offset, strides, o, i))
+                        .map_err(pool_error(OP))
+                })
+            }
+        })
     }
 
     /// The gradient of [`Tensor::max_pool2d`] with respect to its input: this
@@ -219,16 +212,14 @@ impl Tensor {
         let olen = self.dims()[self.rank() - 2] * self.dims()[self.rank() - 1];
         let ilen = input[input.len() - 2] * input[input.len() - 1];
         let result = output(self.device(), self.dtype(), &input_shape)?;
-        let storage = result.storage();
         let planes = (&grad, &indices, olen, ilen);
         match self.dtype() {
-            DType::F32 => max_backward::<f32>(planes, storage),
-            DType::F64 => max_backward::<f64>(planes, storage),
-            DType::F16 => max_backward::<half::f16>(planes, storage),
-            DType::BF16 => max_backward::<half::bf16>(planes, storage),
+            DType::F32 => max_backward::<f32>(planes, result),
+            DType::F64 => max_backward::<f64>(planes, result),
+            DType::F16 => max_backward::<half::f16>(planes, result),
+            DType::BF16 => max_backward::<half::bf16>(planes, result),
             other => Err(TensorError::invalid(OP, format!("needs a floating-point tensor, got {other}"))),
-        }?;
-        Ok(result)
+        }
     }
 
     /// Average pooling over `kernel` windows moved by `stride` over this
@@ -283,26 +274,30 @@ impl Tensor {
 /// name in the `ilen`-element planes of `out`.
 fn max_backward<T: WithDType + std::ops::AddAssign>(
     (grad, indices, olen, ilen): (&Tensor, &Tensor, usize, usize),
-    out: &crate::storage::Storage,
-) -> Result<()> {
+    out: UninitTensor,
+) -> Result<Tensor> {
     const OP: &str = "max_pool2d_backward";
     let per_task = (PLANES_TASK_WORK / (olen + ilen).max(1)).max(1);
-    let _guard = lock_storages(&[grad.storage(), indices.storage()], &[]);
-    // SAFETY: the read locks are held; the output is new and ours alone.
-    let (g, idx, out) = unsafe {
-        (grad.storage().host_slice::<T>(OP)?, indices.storage().host_slice::<i64>(OP)?, out.host_slice_mut::<T>(OP)?)
-    };
+    let locks = lock_storages(&[grad.storage(), indices.storage()], &[]);
+    let (g, idx) = (locks.read::<T>(grad.storage(), OP)?, locks.read::<i64>(indices.storage(), OP)?);
     let g = dense_elements(OP, g, grad)?;
     let idx = dense_elements(OP, idx, indices)?;
-    if olen == 0 {
-        out.fill(T::ZERO);
-        return Ok(());
+    // SAFETY: the output is filled with zeros, or every plane of it (one
+    // per gradient plane) is set by `max_pool2d_backward_plane`, which
+    // zeroes it before adding; nothing is read first.
+    unsafe {
+        out.init_with::<T>(OP, |out| {
+            if olen == 0 {
+                out.fill(T::ZERO);
+                return Ok(());
+            }
+            out.par_chunks_mut(ilen)
+                .zip(g.par_chunks(olen).zip(idx.par_chunks(olen)))
+                .with_min_len(per_task)
+                .try_for_each(|(o, (g, i))| max_pool2d_backward_plane(g, i, o))
+                .map_err(pool_error(OP))
+        })
     }
-    out.par_chunks_mut(ilen)
-        .zip(g.par_chunks(olen).zip(idx.par_chunks(olen)))
-        .with_min_len(per_task)
-        .try_for_each(|(o, (g, i))| max_pool2d_backward_plane(g, i, o))
-        .map_err(pool_error(OP))
 }
 
 fn avg_forward<T: AvgPoolElement + WithDType>(
@@ -314,22 +309,22 @@ fn avg_forward<T: AvgPoolElement + WithDType>(
     let input = non_negative(input)?;
     let shape = plan.output_shape();
     let result = output(input.device(), input.dtype(), &shape)?;
-    let storage = result.storage();
     let (offsets, strides) = plan.plane_offsets(input.layout())?;
     let geometry = plan.geometry;
     let olen = geometry.output_len();
     let per_task = plan.planes_per_task(olen.saturating_mul(plan.window));
-    {
-        let _guard = lock_storages(&[input.storage()], &[]);
-        // SAFETY: the read lock is held; the output is new and ours alone.
-        let (x, out) = unsafe { (input.storage().host_slice::<T>(OP)?, storage.host_slice_mut::<T>(OP)?) };
-        out.par_chunks_mut(olen)
-            .zip(offsets.par_iter())
-            .with_min_len(per_task)
-            .try_for_each(|(o, &offset)| avg_pool2d_plane(&geometry, x, offset, strides, o, count_include_pad))
-            .map_err(pool_error(OP))?;
+    let x = input.storage().read::<T>(OP)?;
+    // SAFETY: every plane of the output (one per offset) is set by
+    // `avg_pool2d_plane`, which reads none of it.
+    unsafe {
+        result.init_with::<T>(OP, |out| {
+            out.par_chunks_mut(olen)
+                .zip(offsets.par_iter())
+                .with_min_len(per_task)
+                .try_for_each(|(o, &offset)| avg_pool2d_plane(&geometry, &x, offset, strides, o, count_include_pad))
+                .map_err(pool_error(OP))
+        })
     }
-    Ok(result)
 }
 
 fn avg_backward<T: AvgPoolElement + WithDType>(
@@ -341,22 +336,22 @@ fn avg_backward<T: AvgPoolElement + WithDType>(
     let grad = grad.contiguous()?;
     let shape = plan.input_shape();
     let result = output(grad.device(), grad.dtype(), &shape)?;
-    let storage = result.storage();
     let geometry = plan.geometry;
     let (olen, ilen) = (geometry.output_len(), geometry.input_len());
     let per_task = plan.planes_per_task(olen.saturating_mul(plan.window));
-    {
-        let _guard = lock_storages(&[grad.storage()], &[]);
-        // SAFETY: the read lock is held; the output is new and ours alone.
-        let (g, out) = unsafe { (grad.storage().host_slice::<T>(OP)?, storage.host_slice_mut::<T>(OP)?) };
-        let g = dense_elements(OP, g, &grad)?;
-        out.par_chunks_mut(ilen)
-            .zip(g.par_chunks(olen))
-            .with_min_len(per_task)
-            .try_for_each(|(o, g)| avg_pool2d_backward_plane(&geometry, g, o, count_include_pad))
-            .map_err(pool_error(OP))?;
+    let g = grad.storage().read::<T>(OP)?;
+    let g = dense_elements(OP, &g, &grad)?;
+    // SAFETY: every plane of the output (one per gradient plane) is set by
+    // `avg_pool2d_backward_plane`, which zeroes it before adding.
+    unsafe {
+        result.init_with::<T>(OP, |out| {
+            out.par_chunks_mut(ilen)
+                .zip(g.par_chunks(olen))
+                .with_min_len(per_task)
+                .try_for_each(|(o, g)| avg_pool2d_backward_plane(&geometry, g, o, count_include_pad))
+                .map_err(pool_error(OP))
+        })
     }
-    Ok(result)
 }
 
 #[cfg(test)]

@@ -36,7 +36,6 @@ use crate::error::{Result, TensorError};
 use crate::layout::Layout;
 use crate::ops::common::{expect_float, output};
 use crate::shape::{resolve_dim, Shape};
-use crate::storage::lock_storages;
 use crate::tensor::Tensor;
 use brasa_kernels::reduce::{self as kernels, Accumulator, FloatAccumulator, ReduceElement};
 use rayon::prelude::*;
@@ -241,11 +240,11 @@ trait Reduction<T>: Sync {
 /// The error for a float-only reduction of another dtype (checked before, so
 /// this only guards against misuse).
 fn not_float(op: &'static str, dtype: DType) -> TensorError {
-    TensorError::invalid(op, format!("needs a floating-point tensor, got {dtype}"))
+    TensorError::not_float(op, dtype)
 }
 
 fn kernel_error(op: &'static str, error: brasa_kernels::KernelError) -> TensorError {
-    TensorError::invalid(op, format!("internal layout error: {error}"))
+    TensorError::kernel(op, error)
 }
 
 /// Runs `reduction` over the plan into a fresh tensor of the output shape.
@@ -253,24 +252,27 @@ fn execute<T: WithDType, R: Reduction<T>>(op: &'static str, plan: &Plan, reducti
     let _range = brasa_profile::record_op(op, &[]);
     let source = &plan.source;
     let result = output(source.device(), R::Out::DTYPE, &plan.computed_shape)?;
-    let storage = result.storage();
-    {
-        // SAFETY: the storage is new and ours alone.
-        let out = unsafe { storage.host_slice_mut::<R::Out>(op)? };
-        let _guard = lock_storages(&[source.storage()], &[]);
-        // SAFETY: the read lock is held while `src` lives.
-        let src = unsafe { source.storage().host_slice::<T>(op)? };
-        if !out.is_empty() {
-            match &plan.walk {
-                Walk::Empty => out.fill(reduction.row(&[])),
-                Walk::Rows { bases, len } => reduce_rows(op, src, bases, *len, out, reduction)?,
-                Walk::Columns { outer, width, row_offsets } => {
-                    reduce_columns(op, src, outer, *width, row_offsets, out, reduction)?
+    let src = source.storage().read::<T>(op)?;
+    // SAFETY: every walk writes each output element and reads none: the empty
+    // walk fills them; the row walk writes one per base (the plan has one per
+    // output element); the column walk hands every `width`-group of the
+    // output (one per offset of `outer`) to the column kernels, which set
+    // each element of their block (`out[k] = ...`).
+    let computed = unsafe {
+        result.init_with::<R::Out>(op, |out| {
+            if !out.is_empty() {
+                match &plan.walk {
+                    Walk::Empty => out.fill(reduction.row(&[])),
+                    Walk::Rows { bases, len } => reduce_rows(op, &src, bases, *len, out, reduction)?,
+                    Walk::Columns { outer, width, row_offsets } => {
+                        reduce_columns(op, &src, outer, *width, row_offsets, out, reduction)?
+                    }
                 }
             }
-        }
-    }
-    let computed = result;
+            Ok(())
+        })?
+    };
+    drop(src);
     if plan.computed_shape == plan.out_shape {
         return Ok(computed);
     }

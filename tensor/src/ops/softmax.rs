@@ -13,7 +13,6 @@ use crate::error::{Result, TensorError};
 use crate::ops::common::expect_float;
 use crate::ops::reduce::PARALLEL_MIN_WORK;
 use crate::shape::{resolve_dim, DimIndex};
-use crate::storage::lock_storages;
 use crate::tensor::Tensor;
 use brasa_kernels::reduce::{log_softmax_columns, log_softmax_row, softmax_columns, softmax_row, FloatAccumulator};
 use half::{bf16, f16};
@@ -83,9 +82,7 @@ fn run_blocks<F: Send + Sync + Copy>(
     inner: usize,
     kernel: Kernel<F>,
 ) -> Result<()> {
-    let call = |(x, out): (&[F], &mut [F])| {
-        kernel(x, out, inner).map_err(|e| TensorError::invalid(op, format!("internal: {e}")))
-    };
+    let call = |(x, out): (&[F], &mut [F])| kernel(x, out, inner).map_err(|source| TensorError::kernel(op, source));
     if x.len() < PARALLEL_MIN_WORK {
         return x.chunks(block).zip(out.chunks_mut(block)).try_for_each(call);
     }
@@ -108,7 +105,7 @@ fn run_blocks_widened<T: Widen>(
         wide_x.resize(x.len(), 0.0);
         wide_out.resize(x.len(), 0.0);
         T::widen(x, wide_x);
-        kernel(wide_x, wide_out, inner).map_err(|e| TensorError::invalid(op, format!("internal: {e}")))?;
+        kernel(wide_x, wide_out, inner).map_err(|source| TensorError::kernel(op, source))?;
         T::narrow(wide_out, out);
         Ok(())
     };
@@ -139,27 +136,37 @@ fn softmax_impl(x: &Tensor, op: &'static str, dim: impl DimIndex, log: bool) -> 
     let dims = x.dims();
     let n = dims.get(d).copied().unwrap_or(1);
     let inner: usize = dims.get(d + 1..).map_or(1, |rest| rest.iter().product());
-    let result = Tensor::uninit_like(&x, x.dtype(), x.device())?;
-    let storage = result.storage();
-    if x.numel() > 0 {
-        let _guard = lock_storages(&[x.storage()], &[]);
+    let result = match Tensor::uninit_like(&x, x.dtype(), x.device())?.if_empty() {
+        Ok(empty) => return Ok(empty),
+        Err(result) => result,
+    };
+    {
         let offset = x.layout().offset();
         let numel = x.numel();
         let (block, kernel_inner) = if inner == 1 { (n, 1) } else { (n * inner, inner) };
         macro_rules! native {
             ($F:ty) => {{
-                // SAFETY: the read lock on the input is held; the output is new and ours alone.
-                let (src, out) = unsafe { (x.storage().host_slice::<$F>(op)?, storage.host_slice_mut::<$F>(op)?) };
+                let src = x.storage().read::<$F>(op)?;
                 let kernel = if inner == 1 { row_kernel::<$F>(log) } else { column_kernel::<$F>(log) };
-                run_blocks(op, within(op, src, offset, numel)?, out, block, kernel_inner, kernel)?
+                // SAFETY: the blocks tile the output and the kernels set every
+                // element of their block, reading none.
+                unsafe {
+                    result.init_with::<$F>(op, |out| {
+                        run_blocks(op, within(op, &src, offset, numel)?, out, block, kernel_inner, kernel)
+                    })
+                }
             }};
         }
         macro_rules! widened {
             ($T:ty) => {{
-                // SAFETY: as above.
-                let (src, out) = unsafe { (x.storage().host_slice::<$T>(op)?, storage.host_slice_mut::<$T>(op)?) };
+                let src = x.storage().read::<$T>(op)?;
                 let kernel = if inner == 1 { row_kernel::<f32>(log) } else { column_kernel::<f32>(log) };
-                run_blocks_widened(op, within(op, src, offset, numel)?, out, block, kernel_inner, kernel)?
+                // SAFETY: as above; each block is narrowed into the output whole.
+                unsafe {
+                    result.init_with::<$T>(op, |out| {
+                        run_blocks_widened(op, within(op, &src, offset, numel)?, out, block, kernel_inner, kernel)
+                    })
+                }
             }};
         }
         match x.dtype() {
@@ -167,10 +174,9 @@ fn softmax_impl(x: &Tensor, op: &'static str, dim: impl DimIndex, log: bool) -> 
             DType::F64 => native!(f64),
             DType::F16 => widened!(f16),
             DType::BF16 => widened!(bf16),
-            other => return Err(TensorError::invalid(op, format!("needs a floating-point tensor, got {other}"))),
+            other => Err(TensorError::invalid(op, format!("needs a floating-point tensor, got {other}"))),
         }
     }
-    Ok(result)
 }
 
 impl Tensor {

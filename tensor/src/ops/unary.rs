@@ -40,10 +40,12 @@ fn float_op(x: &Tensor, op: UnaryOp, name: &'static str, integers: IntegerInput)
     dispatch_float!(x.dtype(), T => map_unary::<T, T>(name, x, cost, |src, dst| unary(op, src, dst)), {
         match integers {
             IntegerInput::PromoteToF32 => float_op(&x.to_dtype(DType::F32)?, op, name, integers),
-            IntegerInput::Refuse => Err(TensorError::invalid(
-                name,
-                format!("needs a floating-point tensor, got {}; convert it with to_dtype first", x.dtype()),
-            )),
+            IntegerInput::Refuse => Err(TensorError::UnsupportedDType {
+                op: name,
+                dtype: x.dtype(),
+                needs: "a floating-point tensor",
+                hint: "; convert it with to_dtype first",
+            }),
         }
     })
 }
