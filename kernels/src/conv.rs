@@ -10,6 +10,7 @@
 //! the loops need no further checks than the slice indexing Rust does anyway.
 
 use crate::error::{KernelError, Result};
+use crate::scratch::try_with_capacity;
 
 /// Sizes of one 2-d convolution of a `[channels, height, width]` image,
 /// checked when made: the output has at least one row and one column, every
@@ -132,13 +133,14 @@ impl Conv2dGeometry {
     }
 
     /// For every kernel column `j`, the output columns whose tap lands inside
-    /// the input.
-    fn column_ranges(&self) -> Vec<(usize, usize)> {
-        (0..self.kernel.1)
-            .map(|j| {
-                Self::valid_outputs(self.output.1, self.input.1, self.stride.1, self.padding.1, j * self.dilation.1)
-            })
-            .collect()
+    /// the input. (Up to four times the bytes of an f32 column matrix of one
+    /// output column: an error, not an abort, when that is too much.)
+    fn column_ranges(&self) -> Result<Vec<(usize, usize)>> {
+        let mut ranges = try_with_capacity(self.kernel.1)?;
+        ranges.extend((0..self.kernel.1).map(|j| {
+            Self::valid_outputs(self.output.1, self.input.1, self.stride.1, self.padding.1, j * self.dilation.1)
+        }));
+        Ok(ranges)
     }
 
     /// Checks a strided image view against a slice of `len` elements.
@@ -182,7 +184,7 @@ pub fn im2col<T: Copy + Default>(
     if g.col_len() == 0 {
         return Ok(());
     }
-    let column_ranges = g.column_ranges();
+    let column_ranges = g.column_ranges()?;
     let zero = T::default();
     let [stride_c, stride_h, stride_w] = strides;
     let (step_h, step_w) = g.stride;
@@ -243,7 +245,7 @@ pub fn col2im<T: Copy + std::ops::AddAssign>(geometry: &Conv2dGeometry, col: &[T
     if g.col_len() == 0 {
         return Ok(());
     }
-    let column_ranges = g.column_ranges();
+    let column_ranges = g.column_ranges()?;
     let (step_h, step_w) = g.stride;
     let mut rows = col[..g.col_len()].chunks_exact(cols);
     for c in 0..g.channels {

@@ -1,5 +1,6 @@
 //! The error type of this crate: every bad input is an `Err`, never a panic.
 
+use crate::scratch::ScratchError;
 use std::fmt;
 
 /// What went wrong in a kernel call. The message names the operand and the
@@ -44,6 +45,16 @@ pub enum KernelError {
         /// Human-readable description.
         detail: String,
     },
+    /// A work buffer sized by the operands (an f32 workspace for a narrow
+    /// C, a column reduction's pairwise rows, ...) that cannot be allocated;
+    /// the [`ScratchError`] says how many bytes. Also the error's `source`.
+    Scratch(ScratchError),
+}
+
+impl From<ScratchError> for KernelError {
+    fn from(error: ScratchError) -> Self {
+        KernelError::Scratch(error)
+    }
 }
 
 impl fmt::Display for KernelError {
@@ -64,11 +75,19 @@ impl fmt::Display for KernelError {
                 write!(f, "micro-kernel {kernel} is not supported by this CPU")
             }
             KernelError::InvalidBlocking { detail } => write!(f, "invalid blocking: {detail}"),
+            KernelError::Scratch(error) => fmt::Display::fmt(error, f),
         }
     }
 }
 
-impl std::error::Error for KernelError {}
+impl std::error::Error for KernelError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            KernelError::Scratch(error) => Some(error),
+            _ => None,
+        }
+    }
+}
 
 /// Result alias used throughout the crate.
 pub type Result<T> = std::result::Result<T, KernelError>;

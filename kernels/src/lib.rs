@@ -44,5 +44,6 @@ pub mod peak;
 pub mod pool;
 pub mod reduce;
 pub mod scalar;
+pub mod scratch;
 
 pub use error::{KernelError, Result};

@@ -10,6 +10,11 @@ use std::fmt;
 const THRESHOLD: usize = 1000;
 /// Elements shown at each end of an abbreviated dimension.
 const EDGE_ITEMS: usize = 3;
+/// The most values ever formatted. Abbreviation keeps dims of up to
+/// `2 * EDGE_ITEMS` whole, so a tensor with many short dims (an expanded
+/// `[2; 60]`) would still show 2^60 values: past this count only the shape
+/// is printed, instead of a print that never ends.
+const MAX_SHOWN: usize = 100_000;
 const PREFIX: &str = "tensor(";
 
 impl fmt::Display for Tensor {
@@ -22,8 +27,9 @@ impl fmt::Display for Tensor {
         let mut text = String::from(PREFIX);
         match shown {
             // Nothing to show (PyTorch prints `tensor([], size=...)`).
-            None => text.push_str("[]"),
-            Some((values, dims)) => {
+            Shown::Empty => text.push_str("[]"),
+            Shown::TooMany => text.push_str("[...]"),
+            Shown::Values(values, dims) => {
                 let width = values.iter().map(String::len).max().unwrap_or(0);
                 let layout = Nesting { dims: &dims, full: self.dims(), width, summarize };
                 write_nested(&mut text, &values, &layout, 0);
@@ -31,6 +37,16 @@ impl fmt::Display for Tensor {
         }
         write!(f, "{text}, shape={:?}, dtype={}, device={})", self.dims(), self.dtype(), self.device())
     }
+}
+
+/// What printing a tensor shows.
+enum Shown {
+    /// No elements.
+    Empty,
+    /// Even abbreviated, more than [`MAX_SHOWN`] values.
+    TooMany,
+    /// The formatted values, row-major, and the dims of the grid they make.
+    Values(Vec<String>, Vec<usize>),
 }
 
 /// The element indices shown along a dim of `size`: all of them, or the
@@ -44,19 +60,22 @@ fn shown_indices(size: usize, summarize: bool) -> Vec<usize> {
 }
 
 impl Tensor {
-    /// The formatted values of the elements printed, row-major, with the
-    /// dims of the grid they make; `None` for an empty tensor. Only those
-    /// elements are read (at most 6 per dim when summarizing), so printing
-    /// a huge or expanded tensor costs what printing a small one does.
-    fn shown_values<T: WithDType>(&self, summarize: bool) -> crate::Result<Option<(Vec<String>, Vec<usize>)>> {
+    /// The formatted values of the elements printed. Only those elements
+    /// are read (at most 6 per dim when summarizing, at most [`MAX_SHOWN`]
+    /// in all), so printing a huge or expanded tensor costs what printing a
+    /// small one does.
+    fn shown_values<T: WithDType>(&self, summarize: bool) -> crate::Result<Shown> {
         if self.numel() == 0 {
-            return Ok(None);
+            return Ok(Shown::Empty);
         }
         if !self.device().is_cpu() {
             return self.to(crate::Device::CPU)?.shown_values::<T>(summarize);
         }
         let kept: Vec<Vec<usize>> = self.dims().iter().map(|&size| shown_indices(size, summarize)).collect();
         let dims: Vec<usize> = kept.iter().map(Vec::len).collect();
+        if dims.iter().try_fold(1usize, |count, &d| count.checked_mul(d)).is_none_or(|count| count > MAX_SHOWN) {
+            return Ok(Shown::TooMany);
+        }
         let data = self.storage().read::<T>("display")?;
         let mut values = Vec::with_capacity(dims.iter().product());
         let mut index = vec![0usize; dims.len()];
@@ -73,7 +92,7 @@ impl Tensor {
             index[d] += 1;
             index[d + 1..].fill(0);
         }
-        Ok(Some((format_values(&values, self.dtype()), dims)))
+        Ok(Shown::Values(format_values(&values, self.dtype()), dims))
     }
 }
 
@@ -175,6 +194,13 @@ mod tests {
         let rows = Tensor::arange_on(0.0, 2002.0, 1.0, DType::I64, Device::CPU).unwrap().reshape(&[1001, 2]).unwrap();
         let text = rows.t().unwrap().to_string();
         assert!(text.starts_with("tensor([[   0,    2,    4, ..., 1996, 1998, 2000],\n        [   1,"), "{text}");
+        // Many short dims: abbreviation keeps each whole, so 2^60 values
+        // would be shown; past MAX_SHOWN only the shape is printed (before,
+        // this ran out of memory or never ended).
+        let many = one.reshape(&[1; 60]).unwrap().expand(vec![2usize; 60]).unwrap();
+        let text = many.to_string();
+        assert!(text.starts_with("tensor([...], shape=[2, 2, 2"), "{text}");
+        assert!(text.ends_with("dtype=i64, device=cpu:0)"), "{text}");
     }
 
     #[test]

@@ -7,6 +7,7 @@ use crate::layout::LayoutError;
 use crate::rng::RngError;
 use brasa_alloc::AllocError;
 use brasa_kernels::index::IndexError;
+use brasa_kernels::scratch::ScratchError;
 use brasa_kernels::KernelError;
 use std::fmt;
 use std::sync::Arc;
@@ -115,6 +116,25 @@ pub enum TensorError {
         #[source]
         source: KernelError,
     },
+    /// A work buffer that an operation sizes from its operands' shapes and
+    /// arguments (conv2d's im2col column matrix, a half-precision block
+    /// widened to f32, the offsets of a reduction's rows, ...) cannot be
+    /// allocated: more bytes than a buffer can address, or more than the
+    /// host's heap gives. These buffers come from the host heap, not the
+    /// caching allocator, so this is not an [`TensorError::Alloc`] report;
+    /// the [`ScratchError`] is the source (where a kernel refused the
+    /// buffer, the one its [`KernelError::Scratch`] held).
+    #[error("{op}: {source}")]
+    ScratchTooLarge {
+        /// The operation.
+        op: &'static str,
+        /// Bytes the buffer needed (a `u128`: the product may not fit a
+        /// `usize`).
+        bytes: u128,
+        /// The buffer's size and why it could not be had.
+        #[source]
+        source: ScratchError,
+    },
     /// Shapes that do not fit together.
     #[error("{op}: {message}")]
     Shape {
@@ -164,9 +184,18 @@ impl TensorError {
         TensorError::UnsupportedDType { op, dtype, needs: "a floating-point tensor", hint: "" }
     }
 
-    /// A [`TensorError::Kernel`] for `op`.
+    /// A [`TensorError::Kernel`] for `op`; a kernel's work buffer that could
+    /// not be allocated is a [`TensorError::ScratchTooLarge`] instead.
     pub(crate) fn kernel(op: &'static str, source: KernelError) -> Self {
-        TensorError::Kernel { op, source }
+        match source {
+            KernelError::Scratch(source) => TensorError::scratch(op, source),
+            source => TensorError::Kernel { op, source },
+        }
+    }
+
+    /// A [`TensorError::ScratchTooLarge`] for `op`.
+    pub(crate) fn scratch(op: &'static str, source: ScratchError) -> Self {
+        TensorError::ScratchTooLarge { op, bytes: source.bytes(), source }
     }
 
     /// The allocator's out-of-memory report, if this is one: the device's

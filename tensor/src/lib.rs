@@ -55,9 +55,9 @@ mod storage;
 mod stream;
 mod tensor;
 
-/// The kernel errors a [`TensorError::Kernel`] or [`TensorError::Index`]
-/// carries as its source.
-pub use brasa_kernels::{index::IndexError, KernelError};
+/// The kernel errors a [`TensorError::Kernel`], [`TensorError::Index`] or
+/// [`TensorError::ScratchTooLarge`] carries as its source.
+pub use brasa_kernels::{index::IndexError, scratch::ScratchError, KernelError};
 pub use construct::{manual_seed, rng_state, set_rng_state};
 pub use device::{default_device, set_default_device, Device};
 pub use dtype::{convert_slice, DType, DTypeError, WithDType};

@@ -9,6 +9,7 @@
 //! product's task) correct: they simply allocate their own.
 
 use super::element::Packed;
+use crate::scratch::ScratchError;
 use std::alloc::{self, Layout};
 use std::cell::Cell;
 use std::ptr::NonNull;
@@ -25,13 +26,14 @@ pub(crate) struct AlignedBuf {
 unsafe impl Send for AlignedBuf {}
 
 impl AlignedBuf {
-    fn zeroed(bytes: usize) -> AlignedBuf {
-        let bytes = bytes.max(ALIGN).next_multiple_of(ALIGN);
-        let layout = layout(bytes);
+    /// A buffer of `bytes`, or `None` when the size does not make a layout
+    /// or the allocator refuses it.
+    fn try_zeroed(bytes: usize) -> Option<AlignedBuf> {
+        let bytes = bytes.max(ALIGN).checked_next_multiple_of(ALIGN)?;
+        let layout = Layout::from_size_align(bytes, ALIGN).ok()?;
         // SAFETY: `layout` has a non-zero size.
         let raw = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| alloc::handle_alloc_error(layout));
-        AlignedBuf { ptr, bytes }
+        NonNull::new(raw).map(|ptr| AlignedBuf { ptr, bytes })
     }
 
     /// The first `len` elements as a slice of `T`.
@@ -80,23 +82,40 @@ pub(crate) enum Slot {
 pub(crate) const MAX_CACHED_WORKSPACE: usize = 4 << 20;
 
 /// Runs `f` with this thread's cached buffer `slot`, grown to `len`
-/// elements if needed.
+/// elements if needed; aborts as `Vec` does when the allocator refuses. For
+/// the packing buffers, which the blocking bounds (and which are no larger
+/// than the operands).
 pub(crate) fn with_buffer<T: Packed, R>(slot: Slot, len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    match try_with_buffer(slot, len, f) {
+        Ok(r) => r,
+        Err(_) => alloc::handle_alloc_error(layout(len.saturating_mul(size_of::<T>()))),
+    }
+}
+
+/// Runs `f` with this thread's cached buffer `slot`, grown to `len`
+/// elements if needed, or an error (not an abort) when `len` elements cannot
+/// be had: for the C workspace, which grows with the problem.
+pub(crate) fn try_with_buffer<T: Packed, R>(
+    slot: Slot,
+    len: usize,
+    f: impl FnOnce(&mut [T]) -> R,
+) -> Result<R, ScratchError> {
     let key = match slot {
         Slot::A => &PACK_A,
         Slot::B => &PACK_B,
         Slot::C => &WORK_C,
     };
-    let bytes = len * size_of::<T>();
+    let error = || ScratchError::new::<T>(len);
+    let bytes = len.checked_mul(size_of::<T>()).ok_or_else(error)?;
     let mut buf = match key.with(Cell::take) {
         Some(buf) if buf.bytes >= bytes => buf,
-        _ => AlignedBuf::zeroed(bytes),
+        _ => AlignedBuf::try_zeroed(bytes).ok_or_else(error)?,
     };
     let r = f(buf.as_mut_slice(len));
     if slot != Slot::C || buf.bytes <= MAX_CACHED_WORKSPACE {
         key.with(|s| s.set(Some(buf)));
     }
-    r
+    Ok(r)
 }
 
 /// Runs `f` with this thread's packing buffers for A (`a_len` elements) and
@@ -129,6 +148,11 @@ mod tests {
         let first = with_buffer::<f32, _>(Slot::C, len, |w| w.as_ptr() as usize);
         assert_eq!(first, with_buffer::<f32, _>(Slot::C, 8, |w| w.as_ptr() as usize));
         assert_eq!(with_buffer::<f32, _>(Slot::C, len + 1, |w| w.len()), len + 1);
+        assert_eq!(try_with_buffer::<f32, _>(Slot::C, 8, |w| w.len()), Ok(8));
+        // Sizes no allocator gives are errors, not aborts.
+        let err = try_with_buffer::<f32, _>(Slot::C, usize::MAX / 2, |w| w.len()).unwrap_err();
+        assert_eq!(err.elements(), usize::MAX / 2);
+        assert!(try_with_buffer::<f32, _>(Slot::C, 1 << 58, |w| w.len()).is_err());
         // Nested use allocates a fresh pair instead of aliasing.
         with_pack_buffers::<f32, _>(8, 8, |outer, _| {
             let outer_ptr = outer.as_ptr() as usize;

@@ -40,7 +40,7 @@ pub use matrix::{BatchMut, BatchRef, MatMut, MatRef};
 pub use microkernel::KernelChoice;
 
 use crate::error::{KernelError, Result};
-use buffer::{with_buffer, Slot};
+use buffer::{try_with_buffer, Slot};
 use driver::{Plan, Product};
 use element::{Bf16Pair, Compute, Narrow, PackSource, Packed};
 use half::{bf16, f16};
@@ -245,21 +245,22 @@ struct Widened;
 /// How one product's C of type `S` is reached from the compute type `T`,
 /// with operands packed as `P`.
 trait OutputPath<T: Compute, P, S>: Sync {
-    fn run(&self, plan: &Plan<T, P>, p: Product<'_, T, S, S>);
+    fn run(&self, plan: &Plan<T, P>, p: Product<'_, T, S, S>) -> Result<()>;
 }
 
 impl<T: Compute + Packed + PackInto<T>> OutputPath<T, T, T> for Direct {
-    fn run(&self, plan: &Plan<T, T>, p: Product<'_, T, T>) {
+    fn run(&self, plan: &Plan<T, T>, p: Product<'_, T, T>) -> Result<()> {
         driver::gemm(plan, p);
+        Ok(())
     }
 }
 
 impl<S: Narrow + PackInto<P>, P: Packed> OutputPath<f32, P, S> for Widened {
-    fn run(&self, plan: &Plan<f32, P>, p: Product<'_, f32, S, S>) {
+    fn run(&self, plan: &Plan<f32, P>, p: Product<'_, f32, S, S>) -> Result<()> {
         let (c, beta) = (p.c, p.beta);
         let (m, n) = (c.rows, c.cols);
         if m == 0 || n == 0 {
-            return;
+            return Ok(());
         }
         // The f32 workspace is laid out like C (row- or column-major), so
         // that C's rows (or columns) and the workspace's are both contiguous
@@ -268,7 +269,8 @@ impl<S: Narrow + PackInto<P>, P: Packed> OutputPath<f32, P, S> for Widened {
         let (runs, run_len) = if row_major { (m, n) } else { (n, m) };
         let (run_stride, step) = if row_major { (c.row_stride, c.col_stride) } else { (c.col_stride, c.row_stride) };
         // A cached workspace: with beta = 0 its (stale) contents are unused.
-        with_buffer::<f32, _>(Slot::C, m * n, |work| {
+        // It grows with C (twice C's bytes), so it may not be there to have.
+        try_with_buffer::<f32, _>(Slot::C, m * n, |work| {
             if beta != 0.0 {
                 for (r, out) in work.chunks_exact_mut(run_len).enumerate() {
                     // SAFETY: run r of the checked output view starts there
@@ -285,7 +287,8 @@ impl<S: Narrow + PackInto<P>, P: Packed> OutputPath<f32, P, S> for Widened {
                 // product's C.
                 unsafe { narrow_run(run, c.ptr.add(r * run_stride), step) };
             }
-        });
+        })?;
+        Ok(())
     }
 }
 
@@ -385,12 +388,11 @@ where
         // SAFETY: matrix i of the checked batch view starts i * c_stride
         // elements after matrix 0, and the matrices are disjoint.
         let ci = unsafe { c_raw.offset(i * c_stride) };
-        path.run(&plan, Product { alpha, a: a.item(i), b: b.item(i), beta, c: ci });
+        path.run(&plan, Product { alpha, a: a.item(i), b: b.item(i), beta, c: ci })
     };
     if across_batch {
-        (0..batch).into_par_iter().for_each(one);
+        (0..batch).into_par_iter().try_for_each(one)
     } else {
-        (0..batch).for_each(one);
+        (0..batch).try_for_each(one)
     }
-    Ok(())
 }

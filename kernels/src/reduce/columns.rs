@@ -7,6 +7,7 @@
 use super::replaces;
 use crate::error::{KernelError, Result};
 use crate::scalar::{Accumulator, Float, ReduceElement, BLOCK};
+use crate::scratch::{try_vec, try_with_capacity};
 
 /// Groups of at most this many rows are summed sequentially; larger groups
 /// are split in two and summed pairwise, so the error of a column sum grows
@@ -98,7 +99,11 @@ fn sum_columns_by<T: ReduceElement>(
     add_block: impl Fn(&mut [T::Acc], &[T::Acc], usize),
 ) -> Result<()> {
     check_rows(src.len(), base, row_offsets, out.len())?;
-    let mut scratch = vec![T::Acc::ZERO; out.len() * pairwise_depth(row_offsets.len())];
+    // At most ~64 rows of `out`'s width; `out` is the caller's, so this can
+    // be more than memory holds: an error, not an abort.
+    // (A product past usize saturates, which `try_vec` refuses.)
+    let len = out.len().saturating_mul(pairwise_depth(row_offsets.len()));
+    let mut scratch = try_vec(len, T::Acc::ZERO)?;
     let mut buf = [T::Acc::ZERO; BLOCK];
     pairwise_columns(src, base, row_offsets, out, &mut scratch, &mut buf, &add_block);
     Ok(())
@@ -153,7 +158,8 @@ fn extreme_columns<T: ReduceElement, const MAX: bool>(
     let Some((&first, rest)) = row_offsets.split_first() else {
         return Err(KernelError::ShapeMismatch { detail: "the max or min of zero rows is undefined".into() });
     };
-    let mut best: Vec<T::Acc> = row(src, base, first, width).iter().map(|&v| v.to_acc()).collect();
+    let mut best: Vec<T::Acc> = try_with_capacity(width)?;
+    best.extend(row(src, base, first, width).iter().map(|&v| v.to_acc()));
     let mut buf = [T::Acc::ZERO; BLOCK];
     for &offset in rest {
         for (best, block) in best.chunks_mut(BLOCK).zip(row(src, base, offset, width).chunks(BLOCK)) {
@@ -198,7 +204,8 @@ fn arg_extreme_columns<T: ReduceElement, const MAX: bool>(
     let Some((&first, rest)) = row_offsets.split_first() else {
         return Err(KernelError::ShapeMismatch { detail: "the argmax or argmin of zero rows is undefined".into() });
     };
-    let mut best: Vec<T::Acc> = row(src, base, first, width).iter().map(|&v| v.to_acc()).collect();
+    let mut best: Vec<T::Acc> = try_with_capacity(width)?;
+    best.extend(row(src, base, first, width).iter().map(|&v| v.to_acc()));
     out.fill(0);
     let mut buf = [T::Acc::ZERO; BLOCK];
     for (r, &offset) in rest.iter().enumerate() {

@@ -22,6 +22,7 @@ use crate::storage::lock_storages;
 use crate::tensor::Tensor;
 use brasa_kernels::conv::{col2im, im2col, Conv2dGeometry};
 use brasa_kernels::gemm::{gemm_with, GemmElement, GemmOptions, MatMut, MatRef, Parallelism};
+use brasa_kernels::scratch::try_vec;
 use brasa_kernels::KernelError;
 use rayon::prelude::*;
 use std::ops::AddAssign;
@@ -394,8 +395,15 @@ fn expect_grad_shape(op: &'static str, grad: &Tensor, plan: &ConvPlan) -> Result
 }
 
 /// Runs `f(image, chunk, scratch)` for every image's chunk of `out`, on
-/// threads by image or one after another as `plan` says.
+/// threads by image or one after another as `plan` says, each thread with a
+/// scratch buffer of `scratch_len` elements.
+///
+/// The column matrix can be far larger than the input and the output (a
+/// wide padding or an expanded input makes `C_in·kH·kW × H_out·W_out`
+/// huge while both fit), so it is allocated fallibly: an error naming `op`
+/// and the bytes, not an abort.
 fn for_each_image<T: Send + Default + Clone>(
+    op: &'static str,
     plan: &ConvPlan,
     out: &mut [T],
     scratch_len: usize,
@@ -405,11 +413,14 @@ fn for_each_image<T: Send + Default + Clone>(
         return Ok(());
     }
     let per_image = out.len() / plan.batch;
-    let scratch = || vec![T::default(); scratch_len];
+    let scratch = || try_vec(scratch_len, T::default()).map_err(|e| TensorError::scratch(op, e));
     if plan.split_by_image() {
-        out.par_chunks_mut(per_image).enumerate().try_for_each_init(scratch, |col, (n, chunk)| f(n, chunk, col))
+        out.par_chunks_mut(per_image).enumerate().try_for_each_init(scratch, |col, (n, chunk)| match col {
+            Ok(col) => f(n, chunk, col),
+            Err(e) => Err(e.clone()),
+        })
     } else {
-        let mut col = scratch();
+        let mut col = scratch()?;
         out.chunks_mut(per_image).enumerate().try_for_each(|(n, chunk)| f(n, chunk, &mut col))
     }
 }
@@ -439,7 +450,7 @@ fn forward<T: ConvFloat>(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>,
         result.init_with::<T>(OP, |out| {
             let options = plan.options();
             let scratch = if pointwise.is_some() { 0 } else { geometry.col_len() };
-            for_each_image(plan, out, scratch, |n, out_n, col| {
+            for_each_image(OP, plan, out, scratch, |n, out_n, col| {
                 let beta = match &b {
                     Some(b) => {
                         for (row, &value) in out_n.chunks_exact_mut(p.max(1)).zip(b) {
@@ -494,7 +505,7 @@ fn backward_input<T: ConvFloat>(grad: &Tensor, weight: &Tensor, plan: &ConvPlan)
             // column buffer (which an empty grad_output's huge planes would
             // make huge).
             let scratch = if pointwise || cog == 0 { 0 } else { geometry.col_len() };
-            for_each_image(plan, out, scratch, |n, out_n, col| {
+            for_each_image(OP, plan, out, scratch, |n, out_n, col| {
                 if cog == 0 {
                     out_n.fill(T::ZERO);
                     return Ok(());
@@ -586,8 +597,8 @@ fn backward_weight<T: ConvFloat>(input: &Tensor, grad: &Tensor, plan: &ConvPlan)
                 let partials = (0..threads)
                     .into_par_iter()
                     .map(|t| {
-                        let mut dw = vec![T::ZERO; out.len()];
-                        let mut col = vec![T::ZERO; scratch];
+                        let mut dw = try_vec(out.len(), T::ZERO).map_err(|e| TensorError::scratch(OP, e))?;
+                        let mut col = try_vec(scratch, T::ZERO).map_err(|e| TensorError::scratch(OP, e))?;
                         accumulate(t * per..((t + 1) * per).min(plan.batch), &mut dw, &mut col, &sequential)?;
                         Ok(dw)
                     })
@@ -598,7 +609,7 @@ fn backward_weight<T: ConvFloat>(input: &Tensor, grad: &Tensor, plan: &ConvPlan)
                     }
                 }
             } else {
-                let mut col = vec![T::ZERO; scratch];
+                let mut col = try_vec(scratch, T::ZERO).map_err(|e| TensorError::scratch(OP, e))?;
                 accumulate(0..plan.batch, out, &mut col, &GemmOptions::default())?;
             }
             Ok(())

@@ -8,7 +8,7 @@ use crate::dispatch::dispatch_dtype;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
-use crate::ops::common::{expect_dtype, expect_float, output, same_device};
+use crate::ops::common::{expect_dtype, expect_float, offsets_vec, output, same_device};
 use crate::ops::conv::dense_elements;
 use crate::shape::Shape;
 use crate::storage::{lock_storages, UninitTensor};
@@ -80,12 +80,12 @@ impl PoolPlan {
     }
 
     /// Storage offset of every plane of `layout`, and the plane strides.
-    fn plane_offsets(&self, layout: &Layout) -> Result<(Vec<usize>, [usize; 2])> {
+    fn plane_offsets(&self, op: &'static str, layout: &Layout) -> Result<(Vec<usize>, [usize; 2])> {
         let rank = layout.rank();
         let strides = layout.strides();
         let lead = Layout::new(self.lead.clone(), strides[..rank - 2].to_vec(), layout.offset())?;
         // Non-negative: the callers copy tensors with negative strides.
-        Ok((lead.offsets().collect(), [strides[rank - 2] as usize, strides[rank - 1] as usize]))
+        Ok((offsets_vec(op, &lead)?, [strides[rank - 2] as usize, strides[rank - 1] as usize]))
     }
 }
 
@@ -154,7 +154,7 @@ impl Tensor {
         let shape = plan.output_shape();
         let values = output(self.device(), self.dtype(), &shape)?;
         let indices = output(self.device(), DType::I64, &shape)?;
-        let (offsets, strides) = plan.plane_offsets(input.layout())?;
+        let (offsets, strides) = plan.plane_offsets(OP, input.layout())?;
         let geometry = plan.geometry;
         let olen = geometry.output_len();
         let per_task = plan.planes_per_task(olen.saturating_mul(plan.window));
@@ -309,7 +309,7 @@ fn avg_forward<T: AvgPoolElement + WithDType>(
     let input = non_negative(input)?;
     let shape = plan.output_shape();
     let result = output(input.device(), input.dtype(), &shape)?;
-    let (offsets, strides) = plan.plane_offsets(input.layout())?;
+    let (offsets, strides) = plan.plane_offsets(OP, input.layout())?;
     let geometry = plan.geometry;
     let olen = geometry.output_len();
     let per_task = plan.planes_per_task(olen.saturating_mul(plan.window));

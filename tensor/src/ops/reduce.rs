@@ -34,7 +34,7 @@ use crate::dispatch::{dispatch_dtype, dispatch_float};
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
-use crate::ops::common::{expect_float, output};
+use crate::ops::common::{expect_float, offsets_vec, output};
 use crate::shape::{resolve_dim, Shape};
 use crate::tensor::Tensor;
 use brasa_kernels::reduce::{self as kernels, Accumulator, FloatAccumulator, ReduceElement};
@@ -186,13 +186,13 @@ fn plan(x: &Tensor, op: &'static str, dims: &[isize], keepdim: bool) -> Result<P
     }
     let positions = skipped_reduced.then_some(positions);
     let computed_shape = Shape::from(out_dims(view.dims(), &mask, keepdim));
-    let (walk, source) = walk(&view, &mask)?;
+    let (walk, source) = walk(op, &view, &mask)?;
     Ok(Plan { source, walk, out_shape, computed_shape, count, repeat, positions })
 }
 
 /// How to read the reduced elements of `x` (no reduced dim empty), and from
 /// which tensor: `x` itself, or a copy with the reduced dims moved last.
-fn walk(x: &Tensor, mask: &[bool]) -> Result<(Walk, Tensor)> {
+fn walk(op: &'static str, x: &Tensor, mask: &[bool]) -> Result<(Walk, Tensor)> {
     let layout = x.layout();
     let (kept_dims, kept_strides) = split_dims(x, mask, false);
     let (red_dims, red_strides) = split_dims(x, mask, true);
@@ -211,7 +211,7 @@ fn walk(x: &Tensor, mask: &[bool]) -> Result<(Walk, Tensor)> {
         if let (Some(&width), Some(&1)) = (kept.dims().last(), kept.strides().last()) {
             if width >= COLUMN_MIN_WIDTH {
                 let outer = Layout::new(&kept.dims()[..rank - 1], kept.strides()[..rank - 1].to_vec(), kept.offset())?;
-                let row_offsets = reduced.offsets().collect();
+                let row_offsets = offsets_vec(op, &reduced)?;
                 return Ok((Walk::Columns { outer, width, row_offsets }, x.clone()));
             }
         }
@@ -300,7 +300,7 @@ fn reduce_rows<T: WithDType, R: Reduction<T>>(
         }
         return Ok(());
     }
-    let bases: Vec<usize> = bases.offsets().collect();
+    let bases = offsets_vec(op, bases)?;
     let per_task = TASK_WORK.div_ceil(len).max(1);
     out.par_chunks_mut(per_task).zip(bases.par_chunks(per_task)).for_each(|(out, bases)| {
         for (o, &base) in out.iter_mut().zip(bases) {
@@ -332,9 +332,8 @@ fn reduce_columns<T: WithDType, R: Reduction<T>>(
         }
         return Ok(());
     }
-    let _ = op;
     // Tasks are column blocks of every outer group.
-    let bases: Vec<usize> = outer.offsets().collect();
+    let bases = offsets_vec(op, outer)?;
     out.par_chunks_mut(width).zip(bases.par_iter()).try_for_each(|(out, &base)| {
         out.par_chunks_mut(COLUMN_BLOCK)
             .enumerate()

@@ -15,6 +15,7 @@ use crate::ops::reduce::PARALLEL_MIN_WORK;
 use crate::shape::{resolve_dim, DimIndex};
 use crate::tensor::Tensor;
 use brasa_kernels::reduce::{log_softmax_columns, log_softmax_row, softmax_columns, softmax_row, FloatAccumulator};
+use brasa_kernels::scratch::try_resize;
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -102,8 +103,11 @@ fn run_blocks_widened<T: Widen>(
 ) -> Result<()> {
     let call = |buffers: &mut (Vec<f32>, Vec<f32>), (x, out): (&[T], &mut [T])| {
         let (wide_x, wide_out) = buffers;
-        wide_x.resize(x.len(), 0.0);
-        wide_out.resize(x.len(), 0.0);
+        // A block is one slice (or `[n, inner]` slab) of the tensor: twice
+        // its bytes again in f32, which may be more than the host has.
+        let scratch = |e| TensorError::scratch(op, e);
+        try_resize(wide_x, x.len(), 0.0).map_err(scratch)?;
+        try_resize(wide_out, x.len(), 0.0).map_err(scratch)?;
         T::widen(x, wide_x);
         kernel(wide_x, wide_out, inner).map_err(|source| TensorError::kernel(op, source))?;
         T::narrow(wide_out, out);
