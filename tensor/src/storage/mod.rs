@@ -11,12 +11,12 @@
 //! - [`lock_storages`] locks every storage an operation touches, once each and
 //!   in address order (so two threads can never wait on each other), and
 //!   hands out `&[T]` for any of them and `&mut [T]` for one written storage
-//!   next to `&[U]` for the others ([`StorageLocks::write`]). A storage that
+//!   next to `&[U]` for the others ([`locks::StorageLocks::write`]). A storage that
 //!   is both read and written (an in-place op on views of one buffer) is
 //!   locked once, for writing, and its writer reads it through its `&mut [T]`.
 //!
 //! Fresh memory is an [`UninitTensor`]: its only owner, which hands out
-//! `&mut [MaybeUninit<T>]` and becomes a [`Tensor`] once every element is
+//! `&mut [MaybeUninit<T>]` and becomes a [`Tensor`](crate::Tensor) once every element is
 //! written — by a safe initializer (`fill`, `copy_from_slice`, `init_from_fn`,
 //! `zeros`) or by a kernel that writes its whole output
 //! ([`UninitTensor::init_with`], `unsafe`: the caller vouches for the kernel).
@@ -30,19 +30,18 @@ use crate::device::Device;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::host_devices::host_allocator;
-use crate::layout::Layout;
-use crate::shape::Shape;
-use crate::tensor::Tensor;
 use brasa_alloc::{Allocation, HostBackend, StreamId};
-use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-/// Elements per parallel chunk of [`UninitTensor::fill`].
-const FILL_CHUNK: usize = 1 << 16;
+mod locks;
+mod uninit;
+
+pub(crate) use locks::lock_storages;
+pub(crate) use uninit::UninitTensor;
 
 pub(crate) enum Buffer {
     Host(Allocation<HostBackend>),
@@ -52,7 +51,7 @@ pub(crate) enum Buffer {
 
 /// Memory holding `len` elements of one dtype on one device.
 ///
-/// A `Storage` reachable from a [`Tensor`] always has every element written
+/// A `Storage` reachable from a [`Tensor`](crate::Tensor) always has every element written
 /// (fresh storage is an `UninitTensor` until it is).
 pub struct Storage {
     buffer: Buffer,
@@ -367,302 +366,11 @@ impl<T> DerefMut for WriteGuard<'_, T> {
     }
 }
 
-// ----- several storages: one lock each, in address order -----------------------
-
-enum Lock<'a> {
-    Read(#[allow(dead_code)] RwLockReadGuard<'a, ()>),
-    Write(#[allow(dead_code)] RwLockWriteGuard<'a, ()>),
-}
-
-struct Held<'a> {
-    storage: &'a Storage,
-    lock: Lock<'a>,
-}
-
-/// The locks one operation holds on the storages it touches, from
-/// [`lock_storages`]; the slices it hands out borrow it, so they cannot
-/// outlive the locks.
-pub(crate) struct StorageLocks<'a> {
-    held: Vec<Held<'a>>,
-}
-
-/// Locks each distinct storage once, in address order: for writing if it is in
-/// `writes`, else for reading. A storage in both is locked once, for writing.
-pub(crate) fn lock_storages<'a>(reads: &[&'a Storage], writes: &[&'a Storage]) -> StorageLocks<'a> {
-    let mut all: Vec<(&'a Storage, bool)> =
-        writes.iter().map(|s| (*s, true)).chain(reads.iter().map(|s| (*s, false))).collect();
-    // Writers sort first among equal addresses, so dedup keeps the write.
-    all.sort_by_key(|(s, write)| (*s as *const Storage as usize, !*write));
-    all.dedup_by_key(|(s, _)| *s as *const Storage as usize);
-    let held = all
-        .into_iter()
-        .map(|(storage, write)| Held {
-            storage,
-            lock: if write { Lock::Write(storage.write_lock()) } else { Lock::Read(storage.read_lock()) },
-        })
-        .collect();
-    StorageLocks { held }
-}
-
-fn not_locked(op: &'static str, what: &str) -> TensorError {
-    TensorError::invalid(op, format!("internal error: a storage {what} by this operation's locks"))
-}
-
-impl StorageLocks<'_> {
-    fn position(&self, storage: &Storage) -> Option<usize> {
-        self.held.iter().position(|h| std::ptr::eq(h.storage, storage))
-    }
-
-    /// The elements of `storage`, one of the locked ones (read or written),
-    /// as `T` (its dtype, else an error naming `op`).
-    pub(crate) fn read<T: WithDType>(&self, storage: &Storage, op: &'static str) -> Result<&[T]> {
-        let at = self.position(storage).ok_or_else(|| not_locked(op, "not locked"))?;
-        let storage = self.held[at].storage;
-        let count = storage.element_count::<T>(op)?;
-        // SAFETY: `count` is the element count for `T`; the lock taken in
-        // `lock_storages` is held while `self` lives, which the slice borrows,
-        // and while it is borrowed `write` (`&mut self`) hands out no `&mut`.
-        unsafe { storage.shared(op, count) }
-    }
-
-    /// The elements of `storage`, locked for writing, as `&mut [T]`, with
-    /// read access to the other locked storages. Reading `storage` itself
-    /// through the second value is an error: read it through the first.
-    pub(crate) fn write<T: WithDType>(
-        &mut self,
-        storage: &Storage,
-        op: &'static str,
-    ) -> Result<(&mut [T], LockedReads<'_>)> {
-        let at = self.position(storage).ok_or_else(|| not_locked(op, "not locked"))?;
-        let held = &self.held[at];
-        if !matches!(held.lock, Lock::Write(_)) {
-            return Err(not_locked(op, "read but not write-locked"));
-        }
-        let count = held.storage.element_count::<T>(op)?;
-        // SAFETY: `count` is the element count for `T`; the write lock is held
-        // while `self` lives, and `&mut self` (borrowed by both returned
-        // values) keeps every other slice of this set from living meanwhile;
-        // `LockedReads` refuses this storage.
-        let data = unsafe { held.storage.exclusive(op, count)? };
-        Ok((data, LockedReads { held: &self.held, written: at }))
-    }
-}
-
-/// Read access to the storages of a [`StorageLocks`] but the one being written.
-pub(crate) struct LockedReads<'r> {
-    held: &'r [Held<'r>],
-    written: usize,
-}
-
-impl<'r> LockedReads<'r> {
-    /// The elements of `storage`, a locked one other than the written one.
-    pub(crate) fn read<T: WithDType>(&self, storage: &Storage, op: &'static str) -> Result<&'r [T]> {
-        let at = self
-            .held
-            .iter()
-            .position(|h| std::ptr::eq(h.storage, storage))
-            .ok_or_else(|| not_locked(op, "not locked"))?;
-        if at == self.written {
-            return Err(TensorError::invalid(
-                op,
-                "internal error: the written storage is read through its `&mut` slice, not as a second slice",
-            ));
-        }
-        let storage = self.held[at].storage;
-        let count = storage.element_count::<T>(op)?;
-        // SAFETY: `count` is the element count for `T`; the lock is held for
-        // `'r` (the borrow of the `StorageLocks`), and this is not the storage
-        // whose `&mut` slice lives beside these.
-        unsafe { storage.shared(op, count) }
-    }
-}
-
-// ----- fresh memory -----------------------------------------------------------------
-
-/// A fresh contiguous tensor whose elements are not written yet. It is their
-/// only owner: it hands out `&mut [MaybeUninit<T>]`, never `&[T]`, and becomes
-/// a [`Tensor`] once every element is written.
-pub(crate) struct UninitTensor {
-    storage: Storage,
-    layout: Layout,
-}
-
-impl UninitTensor {
-    /// A contiguous tensor of `shape` over fresh storage. This is the door new
-    /// tensors come through, and where their sizes are checked, once: the
-    /// shape by [`Layout::contiguous`] (element count and strides fit an
-    /// `isize`), the byte count by the storage, the rounded block by the
-    /// allocator. Code that works on the tensor afterwards trusts them.
-    pub(crate) fn new(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<UninitTensor> {
-        let layout = Layout::contiguous(shape)?;
-        let storage = Storage::uninit(device, dtype, layout.numel())?;
-        Ok(UninitTensor { storage, layout })
-    }
-
-    /// [`UninitTensor::new`] with the shape of `like` (any tensor or view):
-    /// that shape was checked when `like` was made, so only the storage is.
-    #[inline]
-    pub(crate) fn like(like: &Tensor, dtype: DType, device: Device) -> Result<UninitTensor> {
-        let storage = Storage::uninit(device, dtype, like.numel())?;
-        Ok(UninitTensor { storage, layout: like.layout().dense_like() })
-    }
-
-    /// [`UninitTensor::new`] in page-locked host memory.
-    pub(crate) fn pinned(shape: impl Into<Shape>, dtype: DType) -> Result<UninitTensor> {
-        let layout = Layout::contiguous(shape)?;
-        let storage = Storage::uninit_pinned(dtype, layout.numel())?;
-        Ok(UninitTensor { storage, layout })
-    }
-
-    #[cfg(feature = "cuda")]
-    pub(crate) fn buffer(&self) -> &Buffer {
-        &self.storage.buffer
-    }
-
-    /// The elements to write, as `T` (the dtype, else an error naming `op`).
-    pub(crate) fn as_uninit_mut<T: WithDType>(&mut self, op: &'static str) -> Result<&mut [MaybeUninit<T>]> {
-        let count = self.storage.element_count::<T>(op)?;
-        self.storage.uninit_mut(op, count)
-    }
-
-    /// The bytes to write (host only).
-    #[cfg(feature = "cuda")]
-    pub(crate) fn as_uninit_bytes_mut(&mut self, op: &'static str) -> Result<&mut [MaybeUninit<u8>]> {
-        let count = self.storage.size_in_bytes();
-        self.storage.uninit_mut(op, count)
-    }
-
-    /// The tensor, its elements written.
-    ///
-    /// # Safety
-    /// Every element was written (through [`UninitTensor::as_uninit_mut`],
-    /// or on a device, by a copy into its buffer) with a valid value of the
-    /// dtype.
-    pub(crate) unsafe fn assume_init(self) -> Tensor {
-        Tensor::from_storage(self.storage, self.layout)
-    }
-
-    /// The tensor when it has no element (nothing to write), else `self`
-    /// (an either, not an error: hence the large `Err`).
-    #[allow(clippy::result_large_err)]
-    pub(crate) fn if_empty(self) -> std::result::Result<Tensor, UninitTensor> {
-        if self.storage.len == 0 {
-            // SAFETY: there is no element to write.
-            Ok(unsafe { self.assume_init() })
-        } else {
-            Err(self)
-        }
-    }
-
-    /// Every element `value`, in parallel chunks when there are many.
-    pub(crate) fn fill<T: WithDType>(mut self, op: &'static str, value: T) -> Result<Tensor> {
-        let value = MaybeUninit::new(value);
-        let data = self.as_uninit_mut::<T>(op)?;
-        if data.len() <= FILL_CHUNK {
-            data.fill(value);
-        } else {
-            data.par_chunks_mut(FILL_CHUNK).for_each(|chunk| chunk.fill(value));
-        }
-        // SAFETY: every element was just written.
-        Ok(unsafe { self.assume_init() })
-    }
-
-    /// Element `i` is `value(i)`.
-    pub(crate) fn init_from_fn<T: WithDType>(
-        mut self,
-        op: &'static str,
-        mut value: impl FnMut(usize) -> T,
-    ) -> Result<Tensor> {
-        for (i, element) in self.as_uninit_mut::<T>(op)?.iter_mut().enumerate() {
-            element.write(value(i));
-        }
-        // SAFETY: every element was just written.
-        Ok(unsafe { self.assume_init() })
-    }
-
-    /// A copy of `data`, which has exactly as many elements (else an error).
-    pub(crate) fn copy_from_slice<T: WithDType>(mut self, op: &'static str, data: &[T]) -> Result<Tensor> {
-        let out = self.as_uninit_mut::<T>(op)?;
-        if out.len() != data.len() {
-            return Err(TensorError::invalid(
-                op,
-                format!("internal error: {} values for {} elements", data.len(), out.len()),
-            ));
-        }
-        for (o, d) in out.iter_mut().zip(data) {
-            o.write(*d);
-        }
-        // SAFETY: every element was just written (the lengths are equal).
-        Ok(unsafe { self.assume_init() })
-    }
-
-    /// Zeros (all-zero bytes: 0, 0.0 or false in every dtype).
-    pub(crate) fn zeros(mut self, op: &'static str) -> Result<Tensor> {
-        #[cfg(feature = "cuda")]
-        if let Buffer::Cuda(_) = self.storage.buffer {
-            return Err(crate::cuda::unsupported(op));
-        }
-        let count = self.storage.size_in_bytes();
-        self.storage.uninit_mut::<u8>(op, count)?.fill(MaybeUninit::new(0));
-        // SAFETY: every byte was just written, and all-zero bytes are a valid
-        // value of every dtype.
-        Ok(unsafe { self.assume_init() })
-    }
-
-    /// The tensor after `write` has written its elements, given as `&mut [T]`
-    /// (for kernels that write their whole output). An error from `write` is
-    /// returned and the storage freed unread.
-    ///
-    /// # Safety
-    /// When `write` returns `Ok`, it has written every element of the slice,
-    /// and it reads no element before writing it.
-    pub(crate) unsafe fn init_with<T: WithDType>(
-        mut self,
-        op: &'static str,
-        write: impl FnOnce(&mut [T]) -> Result<()>,
-    ) -> Result<Tensor> {
-        // SAFETY: the slice goes only to `write`, which writes every element
-        // before reading it (the caller's promise).
-        write(unsafe { assume_written(self.as_uninit_mut::<T>(op)?) })?;
-        // SAFETY: `write` wrote every element (the caller's promise).
-        Ok(unsafe { self.assume_init() })
-    }
-
-    /// [`UninitTensor::init_with`] for two fresh tensors written together.
-    ///
-    /// # Safety
-    /// When `write` returns `Ok`, it has written every element of both
-    /// slices, and it reads no element before writing it.
-    pub(crate) unsafe fn init_pair_with<A: WithDType, B: WithDType>(
-        mut a: UninitTensor,
-        mut b: UninitTensor,
-        op: &'static str,
-        write: impl FnOnce(&mut [A], &mut [B]) -> Result<()>,
-    ) -> Result<(Tensor, Tensor)> {
-        let (da, db) = (a.as_uninit_mut::<A>(op)?, b.as_uninit_mut::<B>(op)?);
-        // SAFETY: the slices go only to `write`, which writes every element
-        // before reading it (the caller's promise).
-        write(unsafe { assume_written(da) }, unsafe { assume_written(db) })?;
-        // SAFETY: `write` wrote every element of both (the caller's promise).
-        Ok(unsafe { (a.assume_init(), b.assume_init()) })
-    }
-}
-
-/// The slice as `&mut [T]`, for a kernel that writes every element before it
-/// reads any.
-///
-/// # Safety
-/// No element of the result is read before it is written.
-unsafe fn assume_written<T>(data: &mut [MaybeUninit<T>]) -> &mut [T] {
-    // SAFETY: `MaybeUninit<T>` has `T`'s layout, so the cast is a slice of the
-    // same memory; the elements are not all written yet, and the caller
-    // promises none is read before it is.
-    unsafe { &mut *(data as *mut [MaybeUninit<T>] as *mut [T]) }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::uninit::FILL_CHUNK;
     use super::*;
+    use crate::tensor::Tensor;
 
     fn host(values: &[f32]) -> Result<Tensor> {
         Tensor::from_slice_on(values, [values.len()], Device::CPU)
