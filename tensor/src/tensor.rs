@@ -37,9 +37,9 @@ impl Tensor {
     /// A tensor over `storage`, every element written, seen through `layout`
     /// (checked when it was built); the storage must hold what the layout
     /// addresses.
-    pub(crate) fn from_storage(storage: Storage, layout: Layout) -> Tensor {
+    pub(crate) fn from_storage(storage: Arc<Storage>, layout: Layout) -> Tensor {
         debug_assert!(layout.required_storage_len() <= storage.len());
-        Tensor { storage: Arc::new(storage), layout }
+        Tensor { storage, layout }
     }
 
     /// The same storage seen through another layout.

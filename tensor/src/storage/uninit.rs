@@ -13,6 +13,7 @@ use crate::shape::Shape;
 use crate::tensor::Tensor;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
+use std::sync::Arc;
 
 /// Elements per parallel chunk of [`UninitTensor::fill`].
 pub(super) const FILL_CHUNK: usize = 1 << 16;
@@ -21,7 +22,11 @@ pub(super) const FILL_CHUNK: usize = 1 << 16;
 /// only owner: it hands out `&mut [MaybeUninit<T>]`, never `&[T]`, and becomes
 /// a [`Tensor`] once every element is written.
 pub(crate) struct UninitTensor {
-    storage: Storage,
+    /// Behind an `Arc` from the start (its only reference until
+    /// [`UninitTensor::assume_init`]), so that becoming a tensor moves a
+    /// pointer rather than the storage: element-wise ops on small tensors
+    /// are dominated by such costs.
+    storage: Arc<Storage>,
     layout: Layout,
 }
 
@@ -34,7 +39,7 @@ impl UninitTensor {
     pub(crate) fn new(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<UninitTensor> {
         let layout = Layout::contiguous(shape)?;
         let storage = Storage::uninit(device, dtype, layout.numel())?;
-        Ok(UninitTensor { storage, layout })
+        Ok(UninitTensor { storage: Arc::new(storage), layout })
     }
 
     /// [`UninitTensor::new`] with the shape of `like` (any tensor or view):
@@ -42,14 +47,14 @@ impl UninitTensor {
     #[inline]
     pub(crate) fn like(like: &Tensor, dtype: DType, device: Device) -> Result<UninitTensor> {
         let storage = Storage::uninit(device, dtype, like.numel())?;
-        Ok(UninitTensor { storage, layout: like.layout().dense_like() })
+        Ok(UninitTensor { storage: Arc::new(storage), layout: like.layout().dense_like() })
     }
 
     /// [`UninitTensor::new`] in page-locked host memory.
     pub(crate) fn pinned(shape: impl Into<Shape>, dtype: DType) -> Result<UninitTensor> {
         let layout = Layout::contiguous(shape)?;
         let storage = Storage::uninit_pinned(dtype, layout.numel())?;
-        Ok(UninitTensor { storage, layout })
+        Ok(UninitTensor { storage: Arc::new(storage), layout })
     }
 
     #[cfg(feature = "cuda")]
@@ -57,17 +62,23 @@ impl UninitTensor {
         &self.storage.buffer
     }
 
+    /// The storage, exclusively: it is never shared before `assume_init`.
+    fn storage_mut(&mut self, op: &'static str) -> Result<&mut Storage> {
+        Arc::get_mut(&mut self.storage)
+            .ok_or_else(|| TensorError::invalid(op, "internal error: fresh storage shared before it was written"))
+    }
+
     /// The elements to write, as `T` (the dtype, else an error naming `op`).
     pub(crate) fn as_uninit_mut<T: WithDType>(&mut self, op: &'static str) -> Result<&mut [MaybeUninit<T>]> {
         let count = self.storage.element_count::<T>(op)?;
-        self.storage.uninit_mut(op, count)
+        self.storage_mut(op)?.uninit_mut(op, count)
     }
 
     /// The bytes to write (host only).
     #[cfg(feature = "cuda")]
     pub(crate) fn as_uninit_bytes_mut(&mut self, op: &'static str) -> Result<&mut [MaybeUninit<u8>]> {
         let count = self.storage.size_in_bytes();
-        self.storage.uninit_mut(op, count)
+        self.storage_mut(op)?.uninit_mut(op, count)
     }
 
     /// The tensor, its elements written.
@@ -141,7 +152,7 @@ impl UninitTensor {
             return Err(crate::cuda::unsupported(op));
         }
         let count = self.storage.size_in_bytes();
-        self.storage.uninit_mut::<u8>(op, count)?.fill(MaybeUninit::new(0));
+        self.storage_mut(op)?.uninit_mut::<u8>(op, count)?.fill(MaybeUninit::new(0));
         // SAFETY: every byte was just written, and all-zero bytes are a valid
         // value of every dtype.
         Ok(unsafe { self.assume_init() })
