@@ -38,6 +38,7 @@ struct Inner {
     fail_next: AtomicUsize,
     fail_all: AtomicBool,
     fail_sync: AtomicBool,
+    device_error: Mutex<Option<String>>,
     auto_complete: AtomicBool,
     allocations: AtomicU64,
     frees: AtomicU64,
@@ -59,6 +60,7 @@ impl FailingBackend {
                 fail_next: AtomicUsize::new(0),
                 fail_all: AtomicBool::new(false),
                 fail_sync: AtomicBool::new(false),
+                device_error: Mutex::new(None),
                 auto_complete: AtomicBool::new(false),
                 allocations: AtomicU64::new(0),
                 frees: AtomicU64::new(0),
@@ -75,6 +77,13 @@ impl FailingBackend {
     /// Every allocation fails while `fail` is true.
     pub fn fail_all_allocations(&self, fail: bool) {
         self.inner.fail_all.store(fail, Ordering::SeqCst);
+    }
+
+    /// While `message` is `Some`, every allocation fails with that device
+    /// error (a driver failure other than out-of-memory), whatever the
+    /// capacity.
+    pub fn fail_allocations_with_device_error(&self, message: Option<&str>) {
+        *self.inner.device_error.lock().unwrap_or_else(|e| e.into_inner()) = message.map(str::to_owned);
     }
 
     /// While `fail` is true, the device cannot be synchronised: recording an
@@ -214,6 +223,9 @@ impl Backend for FailingBackend {
 impl FailingBackend {
     /// The failure the test asked for, if this call should fail.
     fn inject_failure(&self, bytes: usize) -> Result<(), BackendError> {
+        if let Some(message) = self.inner.device_error.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Err(BackendError::Device(message));
+        }
         let injected = self.inner.fail_all.load(Ordering::SeqCst)
             || self.inner.fail_next.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
         if injected {
