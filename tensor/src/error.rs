@@ -88,9 +88,10 @@ pub enum TensorError {
     OpLayout {
         /// The operation.
         op: &'static str,
-        /// What the layout rules say.
+        /// What the layout rules say (boxed: a `LayoutError` is as large
+        /// as the rest of the enum, and every `Result<Tensor>` carries it).
         #[source]
-        source: LayoutError,
+        source: ErrorBox<LayoutError>,
     },
     /// An index (in an index or id tensor) outside the dimension it
     /// indexes; the kernel's [`IndexError`] is the source, with the flat
@@ -128,10 +129,7 @@ pub enum TensorError {
     ScratchTooLarge {
         /// The operation.
         op: &'static str,
-        /// Bytes the buffer needed (a `u128`: the product may not fit a
-        /// `usize`).
-        bytes: u128,
-        /// The buffer's size and why it could not be had.
+        /// The buffer's size (`source.bytes()`) and why it could not be had.
         #[source]
         source: ScratchError,
     },
@@ -195,7 +193,7 @@ impl TensorError {
 
     /// A [`TensorError::ScratchTooLarge`] for `op`.
     pub(crate) fn scratch(op: &'static str, source: ScratchError) -> Self {
-        TensorError::ScratchTooLarge { op, bytes: source.bytes(), source }
+        TensorError::ScratchTooLarge { op, source }
     }
 
     /// The allocator's out-of-memory report, if this is one: the device's

@@ -283,7 +283,7 @@ pub(crate) fn check_can_cast(op: &'static str, computed: DType, into: DType) -> 
 pub(crate) fn broadcast_all(op: &'static str, shapes: &[&Shape]) -> Result<Shape> {
     let mut shape = shapes.first().map(|s| (*s).clone()).unwrap_or_else(Shape::scalar);
     for s in shapes.iter().skip(1) {
-        shape = broadcast_shapes(&shape, s).map_err(|source| TensorError::OpLayout { op, source })?;
+        shape = broadcast_shapes(&shape, s).map_err(|source| TensorError::OpLayout { op, source: source.into() })?;
     }
     Ok(shape)
 }
@@ -296,7 +296,7 @@ pub(crate) fn prepare(op: &'static str, tensor: &Tensor, dtype: DType, shape: &S
         return Ok(converted);
     }
     converted.broadcast_as(shape.clone()).map_err(|error| match error {
-        TensorError::Layout(source) => TensorError::OpLayout { op, source },
+        TensorError::Layout(source) => TensorError::OpLayout { op, source: source.into() },
         other => other,
     })
 }

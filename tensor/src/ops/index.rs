@@ -80,7 +80,8 @@ fn bases_layout(op: &'static str, x: &Tensor, index_dims: &[usize], dim: usize) 
     if let Some(stride) = strides.get_mut(dim) {
         *stride = 0;
     }
-    Layout::new(index_dims, strides, x.layout().offset()).map_err(|source| TensorError::OpLayout { op, source })
+    Layout::new(index_dims, strides, x.layout().offset())
+        .map_err(|source| TensorError::OpLayout { op, source: source.into() })
 }
 
 /// Errors unless `index` has `x`'s rank and fits inside `limit` in every dim
