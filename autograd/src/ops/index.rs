@@ -1,7 +1,8 @@
-//! Indexing: `index_select`, `gather` and `embedding`, whose gradients are
-//! scatter-adds into zeros (repeated indices accumulate).
+//! Indexing: `index_select`, `gather` and `embedding` (optionally with a
+//! padding row that gets no gradient), whose gradients are scatter-adds
+//! into zeros (repeated indices accumulate).
 
-use crate::error::Result;
+use crate::error::{AutogradError, Result};
 use crate::var::{record, Var};
 use brasa_tensor::{resolve_dim, Tensor, TensorError};
 
@@ -52,6 +53,37 @@ impl Var {
 
     /// Rows of `weight` (`[vocabulary, dim]`) for `ids` (`i64`, any shape).
     pub fn embedding(weight: &Var, ids: &Tensor) -> Result<Var> {
+        Var::embedding_padded(weight, ids, None)
+    }
+
+    /// [`Var::embedding`] where the row `padding_idx`, if given, gets no
+    /// gradient: its lookups still return the row, but backward leaves it
+    /// out (PyTorch's `F.embedding(..., padding_idx=p)`). `padding_idx` must
+    /// be a row of `weight`.
+    ///
+    /// ```
+    /// use brasa_autograd::Var;
+    /// use brasa_tensor::Tensor;
+    ///
+    /// let w = Var::param(Tensor::ones([3, 2], brasa_tensor::DType::F64)?)?;
+    /// let ids = Tensor::from_vec(vec![0i64, 2, 2], [3])?;
+    /// Var::embedding_padded(&w, &ids, Some(2))?.sum_all()?.backward()?;
+    /// assert_eq!(w.grad().unwrap().to_vec::<f64>()?, [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]);
+    /// # Ok::<(), brasa_autograd::AutogradError>(())
+    /// ```
+    pub fn embedding_padded(weight: &Var, ids: &Tensor, padding_idx: Option<usize>) -> Result<Var> {
+        if let Some(p) = padding_idx {
+            let vocabulary = weight.dims().first().copied().unwrap_or(0);
+            if p >= vocabulary {
+                return Err(AutogradError::invalid(
+                    "embedding",
+                    format!(
+                        "padding_idx {p} is out of range for a weight of shape {:?} ({vocabulary} rows)",
+                        weight.dims()
+                    ),
+                ));
+            }
+        }
         let out = Tensor::embedding(weight.tensor(), ids)?;
         let shape = weight.dims().to_vec();
         let ids = ids.clone();
@@ -65,7 +97,12 @@ impl Var {
                 let g = c.grad.reshape(&[-1, width as isize])?.contiguous()?;
                 let flat = c.saved[0].reshape(&[-1])?;
                 let index = spread(&flat, 0, g.dims())?;
-                Ok(vec![Some(g.new_zeros(shape.clone())?.scatter_add(0, &index, &g)?)])
+                let grad = g.new_zeros(shape.clone())?.scatter_add(0, &index, &g)?;
+                if let Some(p) = padding_idx {
+                    // A fresh tensor: zeroing its row in place touches nothing else.
+                    grad.narrow(0, p, 1)?.zero_()?;
+                }
+                Ok(vec![Some(grad)])
             },
         ))
     }

@@ -2,6 +2,7 @@
 //! mirroring brasa-tensor's ops. Each records a node (see
 //! [`crate::var::record`]) whose backward uses tensor ops only.
 
+mod activation;
 mod binary;
 mod concat;
 mod conv;

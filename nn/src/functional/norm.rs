@@ -1,5 +1,6 @@
-//! Batch and layer normalisation (PyTorch's `F.batch_norm` and
-//! `F.layer_norm`), each one custom autograd [`Function`]: the forward
+//! Batch, layer and group normalisation (PyTorch's `F.batch_norm`,
+//! `F.layer_norm` and `F.group_norm`). Batch and layer norm are each one
+//! custom autograd [`Function`]: the forward
 //! normalises on tensors and saves only the input and the per-channel (or
 //! per-row) mean and inverse standard deviation; the backward is the closed
 //! form, so a normalisation costs a few passes over memory and one saved
@@ -7,9 +8,11 @@
 //!
 //! f16 and bf16 inputs are normalised in f32 and the output converted back,
 //! and their `weight` and `bias` may be f32 (a half-precision model keeps its
-//! norms in f32: `brasa_amp::to_half`). Both functions ask the precision
-//! hook first (`brasa_autograd::autocast_inputs`, as `batch_norm` and
-//! `layer_norm`), so under `brasa_amp::autocast` they take and return f32.
+//! norms in f32: `brasa_amp::to_half`). They ask the precision hook first
+//! (`brasa_autograd::autocast_inputs`, as `batch_norm`, `layer_norm` and
+//! `group_norm`), so under `brasa_amp::autocast` they take and return f32.
+//! Group norm is layer norm of each group's slice followed by a per-channel
+//! affine transform, so it reuses layer norm's closed-form backward.
 //!
 //! ```
 //! use brasa_nn::functional::{batch_norm, layer_norm};
@@ -420,4 +423,90 @@ impl Function for LayerNormFn {
         }
         Ok(grads)
     }
+}
+
+/// Group normalisation (PyTorch's `F.group_norm`): the channels (dim 1) of
+/// `input` (`[N, C, *]`) are split into `num_groups` groups of `C /
+/// num_groups` consecutive channels, and each sample's group is normalised
+/// by its own mean and biased variance, `y = (x - mean) / √(var + eps)`,
+/// then scaled by `weight` and shifted by `bias` per channel (both
+/// optional, `[C]`). `C` must be divisible by `num_groups`. The gradient
+/// flows to `input`, `weight` and `bias`.
+///
+/// ```
+/// use brasa_nn::functional::group_norm;
+/// use brasa_autograd::Var;
+/// use brasa_tensor::Tensor;
+///
+/// // One sample, 4 channels of 1 value, 2 groups: (1, 3) and (5, 9).
+/// let x = Var::new(Tensor::from_vec(vec![1.0f64, 3.0, 5.0, 9.0], [1, 4, 1])?);
+/// let y = group_norm(&x, 2, None, None, 0.0)?;
+/// assert_eq!(y.tensor().to_vec::<f64>()?, [-1.0, 1.0, -1.0, 1.0]);
+/// assert!(group_norm(&x, 3, None, None, 1e-5).is_err()); // 4 channels, 3 groups
+/// # Ok::<(), brasa_nn::NnError>(())
+/// ```
+pub fn group_norm(input: &Var, num_groups: usize, weight: Option<&Var>, bias: Option<&Var>, eps: f64) -> Result<Var> {
+    const OP: &str = "group_norm";
+    let params: Vec<&Var> = [input].into_iter().chain(weight).chain(bias).collect();
+    if let Some(c) = autocast_inputs(OP, &params)? {
+        let (weight, bias) = split_params(&c[1..], weight.is_some(), bias.is_some());
+        return group_norm(&c[0], num_groups, weight, bias, eps);
+    }
+    let dims = input.dims().to_vec();
+    if dims.len() < 2 {
+        return Err(NnError::invalid(
+            OP,
+            format!("expected an input of shape [N, C, ...] (rank 2 or more), got {dims:?}"),
+        ));
+    }
+    let channels = dims[1];
+    if num_groups == 0 || !channels.is_multiple_of(num_groups) {
+        return Err(NnError::invalid(
+            OP,
+            format!(
+                "the number of channels ({channels}, dim 1 of the input of shape {dims:?}) must be divisible by \
+                 num_groups ({num_groups})"
+            ),
+        ));
+    }
+    if !input.dtype().is_float() {
+        return Err(NnError::invalid(OP, format!("expected a floating-point input, got {}", input.dtype())));
+    }
+    for (what, param) in [("weight", weight), ("bias", bias)] {
+        if let Some(param) = param {
+            if param.dims() != [channels] {
+                return Err(NnError::invalid(
+                    OP,
+                    format!(
+                        "{what} must have shape [{channels}] for an input of shape {dims:?}, got {:?}",
+                        param.dims()
+                    ),
+                ));
+            }
+        }
+    }
+    if !eps.is_finite() || eps < 0.0 {
+        return Err(NnError::invalid(OP, format!("eps must be finite and non-negative, got {eps}")));
+    }
+    // Each group is a row of [N, G, (C/G)·spatial] in memory order, so layer
+    // norm over the last dim normalises it; f16/bf16 go through f32 so that
+    // the affine step, too, is computed in f32.
+    let dtype = compute_dtype(input.dtype());
+    let x = if dtype == input.dtype() { input.clone() } else { input.to_dtype(dtype)? };
+    let width = (channels / num_groups) * dims[2..].iter().product::<usize>();
+    let rows = x.reshape(&[dims[0] as isize, num_groups as isize, width as isize])?;
+    let mut y = layer_norm(&rows, &[width], None, None, eps)?.reshape(&to_isize(&dims))?;
+    // `[1, C, 1, ...]`: per-channel parameters broadcast against the input.
+    let mut channel_shape = vec![1isize; dims.len()];
+    channel_shape[1] = channels as isize;
+    if let Some(weight) = weight {
+        y = y.mul(&weight.reshape(&channel_shape)?)?;
+    }
+    if let Some(bias) = bias {
+        y = y.add(&bias.reshape(&channel_shape)?)?;
+    }
+    if y.dtype() != input.dtype() {
+        y = y.to_dtype(input.dtype())?;
+    }
+    Ok(y)
 }

@@ -6,6 +6,7 @@ mod conv;
 mod dropout;
 mod embedding;
 mod flatten;
+mod group_norm;
 mod identity;
 mod layer_norm;
 mod linear;
@@ -13,12 +14,16 @@ mod pair;
 mod pool;
 mod sequential;
 
-pub use activation::{Gelu, GeluTanh, Relu, Sigmoid, Silu, Tanh};
+pub use activation::{
+    Celu, Elu, Gelu, GeluTanh, Hardsigmoid, Hardswish, LeakyRelu, LogSigmoid, Mish, Relu, Selu, Sigmoid, Silu,
+    Softplus, Tanh,
+};
 pub use batch_norm::{BatchNorm1d, BatchNorm2d, BatchNormConfig};
 pub use conv::{Conv2d, Conv2dConfig};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use flatten::Flatten;
+pub use group_norm::{GroupNorm, GroupNormConfig};
 pub use identity::Identity;
 pub use layer_norm::{LayerNorm, LayerNormConfig};
 pub use linear::Linear;
