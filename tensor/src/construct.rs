@@ -132,7 +132,13 @@ impl Tensor {
     /// wraps into u8 (`-1` is 255), as PyTorch does.
     pub fn full_on(shape: impl Into<Shape>, value: f64, dtype: DType, device: Device) -> Result<Tensor> {
         if !device.is_cpu() {
-            return Self::full_on(shape, value, dtype, Device::CPU)?.to(device);
+            // The value as the dtype stores it (`-1` into u8 is 255), filled on the device.
+            let value = dispatch_dtype!(dtype, T => checked_scalar::<T>("full", value)?.to_f64());
+            // SAFETY: the host never reads device memory; the fill is queued
+            // on the device's stream before any later work there can read it.
+            let out = unsafe { Tensor::uninit(shape, dtype, device)?.assume_init() };
+            crate::backend::for_device(device)?.fill("full", &out, value)?;
+            return Ok(out);
         }
         dispatch_dtype!(dtype, T => {
             let value = checked_scalar::<T>("full", value)?;
@@ -147,6 +153,9 @@ impl Tensor {
 
     /// Zeros.
     pub fn zeros_on(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
+        if !device.is_cpu() {
+            return Self::full_on(shape, 0.0, dtype, device);
+        }
         Tensor::uninit(shape, dtype, device)?.zeros("zeros")
     }
 

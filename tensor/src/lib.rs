@@ -34,6 +34,7 @@
 //! - `cuda`: CUDA devices through `brasa-alloc`'s CUDA backend, with host↔device
 //!   copies; ops on CUDA tensors are not implemented yet and say so.
 
+mod backend;
 mod construct;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -59,7 +60,7 @@ mod tensor;
 /// [`TensorError::ScratchTooLarge`] carries as its source.
 pub use brasa_kernels::{index::IndexError, scratch::ScratchError, KernelError};
 pub use construct::{manual_seed, rng_state, set_rng_state};
-pub use device::{default_device, set_default_device, Device};
+pub use device::{cuda_device_count, default_device, set_default_device, Device};
 pub use dtype::{convert_slice, DType, DTypeError, WithDType};
 pub use error::{ErrorBox, Result, SharedError, TensorError};
 pub use host_access::{HostBytes, HostBytesMut};

@@ -3,15 +3,15 @@
 //! themselves live in `brasa-kernels` and know nothing about tensors.
 
 mod binary;
-mod common;
+pub(crate) mod common;
 mod compare;
 mod concat;
 mod conv;
-mod elementwise;
+pub(crate) mod elementwise;
 mod index;
 mod inplace_arith;
 mod inplace_unary;
-mod matmul;
+pub(crate) mod matmul;
 mod pool;
 mod reduce;
 mod softmax;

@@ -1,0 +1,210 @@
+//! Op tests that run on every device: each body runs on the host always and
+//! on `cuda:0` when a GPU is present (with the `cuda` feature), skipping with
+//! one line otherwise (candle's per-device test pattern). Expected values are
+//! computed here in plain f64 arithmetic, not by brasa, so the host run is a
+//! real test too; tolerances are per dtype.
+
+use brasa_tensor::{DType, Device, Tensor};
+
+/// `cuda:0` when this build and machine have one; else prints why the CUDA
+/// half of a test is skipped.
+fn cuda() -> Option<Device> {
+    if brasa_tensor::cuda_device_count() == 0 {
+        eprintln!(
+            "skipped on CUDA: no CUDA device{}",
+            if cfg!(feature = "cuda") { "" } else { " (built without the `cuda` feature)" }
+        );
+        return None;
+    }
+    Some(Device::cuda(0))
+}
+
+/// `per_device!(name, |device| body)`: a module `name` with a `cpu` and a
+/// `cuda` test running `body`.
+macro_rules! per_device {
+    ($name:ident, $body:expr) => {
+        mod $name {
+            use super::*;
+            #[test]
+            fn cpu() {
+                let body: fn(Device) = $body;
+                body(Device::CPU);
+            }
+            #[test]
+            fn cuda() {
+                let body: fn(Device) = $body;
+                if let Some(device) = super::cuda() {
+                    body(device);
+                }
+            }
+        }
+    };
+}
+
+fn tensor(values: &[f32], shape: &[usize], device: Device) -> Tensor {
+    Tensor::from_slice_on(values, shape, Device::CPU).unwrap().to(device).unwrap()
+}
+
+/// The tensor's values on the host, as f64.
+fn values(t: &Tensor) -> Vec<f64> {
+    let host = t.to(Device::CPU).unwrap().to_dtype(DType::F64).unwrap();
+    host.to_vec::<f64>().unwrap()
+}
+
+fn assert_close(got: &[f64], want: &[f64], rel: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let ok = (g.is_nan() && w.is_nan()) || (g - w).abs() <= rel * w.abs().max(1.0);
+        assert!(ok, "{what}[{i}]: got {g}, want {w} (rel {rel})");
+    }
+}
+
+fn erf(x: f64) -> f64 {
+    // Abramowitz–Stegun 7.1.26 is too coarse; use a series/continued form
+    // accurate to ~1e-15 via the complementary function's Taylor series.
+    let mut sum = 0.0f64;
+    let mut term = x;
+    let mut n = 0.0;
+    while term.abs() > 1e-17 * sum.abs().max(1e-300) && n < 200.0 {
+        sum += term / (2.0 * n + 1.0);
+        n += 1.0;
+        term *= -x * x / n;
+    }
+    2.0 / std::f64::consts::PI.sqrt() * sum
+}
+
+const X: [f32; 8] = [-3.0, -1.5, -0.25, 0.0, 0.5, 1.0, 2.5, 4.0];
+
+per_device!(unary_float_ops_match_f64_math, |device| {
+    let x = tensor(&X, &[2, 4], device);
+    let xs: Vec<f64> = X.iter().map(|&v| v as f64).collect();
+    let map = |f: fn(f64) -> f64| xs.iter().map(|&v| f(v)).collect::<Vec<_>>();
+    assert_close(&values(&x.exp().unwrap()), &map(f64::exp), 1e-6, "exp");
+    assert_close(&values(&x.tanh().unwrap()), &map(f64::tanh), 1e-6, "tanh");
+    assert_close(&values(&x.sigmoid().unwrap()), &map(|v| 1.0 / (1.0 + (-v).exp())), 1e-6, "sigmoid");
+    assert_close(&values(&x.gelu().unwrap()), &map(|v| 0.5 * v * (1.0 + erf(v / 2f64.sqrt()))), 1e-6, "gelu");
+    assert_close(&values(&x.relu().unwrap()), &map(|v| v.max(0.0)), 0.0, "relu");
+    assert_close(&values(&x.powf(2.0).unwrap()), &map(|v| v * v), 0.0, "powf 2");
+    assert_close(&values(&x.clamp(Some(-1.0), Some(2.0)).unwrap()), &map(|v| v.clamp(-1.0, 2.0)), 0.0, "clamp");
+    assert_close(&values(&x.affine(2.0, 0.5).unwrap()), &map(|v| 2.0 * v + 0.5), 0.0, "affine");
+    // A transposed (strided) operand.
+    let t = x.t().unwrap().neg().unwrap();
+    let want: Vec<f64> = (0..4).flat_map(|c| (0..2).map(move |r| -(X[r * 4 + c] as f64))).collect();
+    assert_close(&values(&t), &want, 0.0, "neg of a transpose");
+    // Half precision: computed in f32, rounded once.
+    for (dtype, rel) in [(DType::F16, 1e-3), (DType::BF16, 8e-3)] {
+        let h = x.to_dtype(dtype).unwrap().exp().unwrap();
+        assert_eq!(h.dtype(), dtype);
+        assert_close(&values(&h), &map(f64::exp), rel, "exp in half precision");
+    }
+});
+
+per_device!(integer_unary_ops_wrap_like_pytorch, |device| {
+    let i = Tensor::from_vec_on(vec![-3i64, 0, 4, i64::MIN], [4], Device::CPU).unwrap().to(device).unwrap();
+    assert_eq!(i.neg().unwrap().to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [3, 0, -4, i64::MIN]);
+    assert_eq!(i.relu().unwrap().to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [0, 0, 4, 0]);
+    assert_eq!(i.mul_scalar(3.0).unwrap().to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [-9, 0, 12, i64::MIN]);
+    let u = Tensor::from_vec_on(vec![1u8, 200], [2], Device::CPU).unwrap().to(device).unwrap();
+    assert_eq!(u.neg().unwrap().to(Device::CPU).unwrap().to_vec::<u8>().unwrap(), [255, 56]);
+    assert_eq!(u.add_scalar(100.0).unwrap().to(Device::CPU).unwrap().to_vec::<u8>().unwrap(), [101, 44]);
+});
+
+per_device!(binary_ops_broadcast_promote_and_wrap, |device| {
+    let a = tensor(&[1.0, 2.0, 3.0], &[3, 1], device);
+    let b = tensor(&[10.0, 20.0, 30.0, 40.0], &[4], device);
+    let sum = (&a + &b).unwrap();
+    assert_eq!(sum.dims(), &[3, 4]);
+    let want: Vec<f64> = (1..=3).flat_map(|r| (1..=4).map(move |c| (r + 10 * c) as f64)).collect();
+    assert_close(&values(&sum), &want, 0.0, "broadcast add");
+    let q = (&b / &a.t().unwrap().narrow(1, 0, 1).unwrap()).unwrap();
+    assert_close(&values(&q), &[10.0, 20.0, 30.0, 40.0], 0.0, "div by a broadcast scalar");
+    let m = a.maximum(&tensor(&[2.0], &[1], device)).unwrap();
+    assert_close(&values(&m), &[2.0, 2.0, 3.0], 0.0, "maximum");
+    // i64 + f32 promotes to f32.
+    let i = Tensor::from_vec_on(vec![1i64, 2, 3], [3, 1], Device::CPU).unwrap().to(device).unwrap();
+    let p = (&i + &a).unwrap();
+    assert_eq!(p.dtype(), DType::F32);
+    assert_close(&values(&p), &[2.0, 4.0, 6.0], 0.0, "promoted add");
+    let big = Tensor::from_vec_on(vec![i64::MAX], [1], Device::CPU).unwrap().to(device).unwrap();
+    let wrapped = (&big + &Tensor::from_vec_on(vec![1i64], [1], Device::CPU).unwrap().to(device).unwrap()).unwrap();
+    assert_eq!(wrapped.to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [i64::MIN]);
+});
+
+per_device!(comparisons_and_where_follow_ieee, |device| {
+    let x = tensor(&[f32::NAN, -1.0, 0.0, 2.0], &[4], device);
+    let zero = tensor(&[-0.0], &[1], device);
+    let gt = x.gt(&zero).unwrap();
+    assert_eq!(gt.dtype(), DType::Bool);
+    assert_eq!(gt.to(Device::CPU).unwrap().to_vec::<bool>().unwrap(), [false, false, false, true]);
+    assert_eq!(x.eq(&zero).unwrap().to(Device::CPU).unwrap().to_vec::<bool>().unwrap(), [false, false, true, false]);
+    assert_eq!(x.ne_scalar(2.0).unwrap().to(Device::CPU).unwrap().to_vec::<bool>().unwrap(), [true, true, true, false]);
+    let i = Tensor::from_vec_on(vec![1i64, 2, 3], [3], Device::CPU).unwrap().to(device).unwrap();
+    assert_eq!(i.lt_scalar(2.5).unwrap().to(Device::CPU).unwrap().to_vec::<bool>().unwrap(), [true, true, false]);
+    let relu = x.gt_scalar(0.0).unwrap().where_cond(&x, &zero).unwrap();
+    assert_close(&values(&relu), &[0.0, 0.0, 0.0, 2.0], 0.0, "where_cond");
+});
+
+per_device!(casts_copies_and_fills, |device| {
+    let x = tensor(&[1.0, -2.5, 3.75, 1e-3, 65504.0, 7.9], &[2, 3], device);
+    let bf = x.to_dtype(DType::BF16).unwrap();
+    let want: Vec<f64> = [1.0f32, -2.5, 3.75, 1e-3, 65504.0, 7.9]
+        .iter()
+        .map(|&v| half::bf16::from_f32(v).to_f64())
+        .collect();
+    assert_close(&values(&bf), &want, 0.0, "f32 → bf16");
+    let ints = x.to_dtype(DType::I64).unwrap().to(Device::CPU).unwrap().to_vec::<i64>().unwrap();
+    assert_eq!(ints, [1, -2, 3, 0, 65504, 7]);
+    // A contiguous copy of a transpose, a fill of a narrowed view, a copy into a view.
+    let t = x.t().unwrap().contiguous().unwrap();
+    assert_close(&values(&t), &[1.0, 1e-3 as f32 as f64, -2.5, 65504.0, 3.75, 7.9f32 as f64], 0.0, "contiguous");
+    let z = Tensor::zeros_on([2, 3], DType::F32, device).unwrap();
+    z.narrow(1, 1, 2).unwrap().fill_(5.0).unwrap();
+    assert_close(&values(&z), &[0.0, 5.0, 5.0, 0.0, 5.0, 5.0], 0.0, "fill_ of a view");
+    z.t().unwrap().copy_(&tensor(&[1.0, 2.0], &[2], device)).unwrap();
+    assert_close(&values(&z), &[1.0, 1.0, 1.0, 2.0, 2.0, 2.0], 0.0, "copy_ into a transpose");
+    let full = Tensor::full_on([3], -1.0, DType::U8, device).unwrap();
+    assert_eq!(full.to(Device::CPU).unwrap().to_vec::<u8>().unwrap(), [255, 255, 255]);
+});
+
+/// `[m, k] · [k, n]` in f64, row-major.
+fn naive(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+    (0..m).flat_map(|i| (0..n).map(move |j| (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum())).collect()
+}
+
+per_device!(matmul_batched_transposed_and_half, |device| {
+    let (bs, m, k, n) = (2usize, 3, 4, 5);
+    let av: Vec<f32> = (0..bs * m * k).map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0).collect();
+    let bv: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 13) as f32 - 6.0) / 8.0).collect();
+    let a = tensor(&av, &[bs, m, k], device);
+    let b = tensor(&bv, &[k, n], device);
+    let c = a.matmul(&b).unwrap();
+    assert_eq!(c.dims(), &[bs, m, n]);
+    let b64: Vec<f64> = bv.iter().map(|&v| v as f64).collect();
+    let want: Vec<f64> = (0..bs)
+        .flat_map(|i| {
+            let a64: Vec<f64> = av[i * m * k..(i + 1) * m * k].iter().map(|&v| v as f64).collect();
+            naive(&a64, &b64, m, k, n)
+        })
+        .collect();
+    assert_close(&values(&c), &want, 1e-6, "batched · shared");
+    // A transposed right operand: b = (bᵀ)ᵀ read in place.
+    let bt = tensor(&bv, &[k, n], device).t().unwrap().contiguous().unwrap().t().unwrap();
+    assert_close(&values(&a.matmul(&bt).unwrap()), &want, 1e-6, "transposed operand");
+    // bf16 with f32 accumulation.
+    let c16 = a.to_dtype(DType::BF16).unwrap().matmul(&b.to_dtype(DType::BF16).unwrap()).unwrap();
+    assert_eq!(c16.dtype(), DType::BF16);
+    assert_close(&values(&c16), &want, 2e-2, "bf16");
+    // Vector rules: [k] · [k, n] → [n].
+    let v = tensor(&av[..k], &[k], device);
+    let want_v = naive(&av[..k].iter().map(|&x| x as f64).collect::<Vec<_>>(), &b64, 1, k, n);
+    assert_close(&values(&v.matmul(&b).unwrap()), &want_v, 1e-6, "vector · matrix");
+});
+
+#[cfg(feature = "cuda")]
+#[test]
+fn ops_not_on_cuda_yet_say_so() {
+    let Some(device) = cuda() else { return };
+    let x = tensor(&[1.0, 2.0], &[2], device);
+    let err = x.sum_all().unwrap_err().to_string();
+    assert!(err.contains("not implemented for CUDA tensors yet"), "{err}");
+}
