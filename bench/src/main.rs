@@ -12,6 +12,7 @@ mod ddp_figures;
 mod measure;
 mod nn_figures;
 mod parallel_figures;
+mod pipeline_figures;
 mod profile_figures;
 mod tensor_elementwise_figures;
 mod tensor_matmul_figures;

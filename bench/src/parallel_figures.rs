@@ -12,6 +12,8 @@
 //! - `parallel.allreduce_*`, `parallel.ddp_*`, `parallel.zero2_*`: see
 //!   `ddp_figures`.
 //!
+//! - `parallel.pipeline_*`: see `pipeline_figures`.
+//!
 //! Each figure runs in a child process (`brasa-bench --parallel-worker
 //! NAME`): logical host devices are fixed at a process's first tensor, and
 //! other groups have created theirs by then. To add a figure, write one
@@ -19,6 +21,7 @@
 
 use crate::ddp_figures;
 use crate::measure::{Better, Figure, Options};
+use crate::pipeline_figures;
 use brasa_nn::functional::cross_entropy;
 use brasa_nn::optim::{Adam, AdamConfig};
 use brasa_nn::{Linear, Relu, Sequential};
@@ -72,6 +75,30 @@ const FIGURES: &[ParallelFigure] = &[
         measure: ddp_figures::zero2_memory_ratio_4,
     },
     ParallelFigure { name: "parallel.dp_device0_share", unit: "x", better: Better::Lower, measure: dp_device0_share },
+    ParallelFigure {
+        name: "parallel.pipeline_bubble",
+        unit: "share",
+        better: Better::Lower,
+        measure: pipeline_figures::pipeline_bubble,
+    },
+    ParallelFigure {
+        name: "parallel.pipeline_bubble_vs_theory",
+        unit: "share",
+        better: Better::Lower,
+        measure: pipeline_figures::pipeline_bubble_vs_theory,
+    },
+    ParallelFigure {
+        name: "parallel.pipeline_1f1b_peak_ratio",
+        unit: "x",
+        better: Better::Lower,
+        measure: pipeline_figures::pipeline_1f1b_peak_ratio,
+    },
+    ParallelFigure {
+        name: "parallel.pipeline_speedup",
+        unit: "x",
+        better: Better::Higher,
+        measure: pipeline_figures::pipeline_speedup,
+    },
 ];
 
 /// Parent side: runs each wanted figure in a child and collects its value.

@@ -27,8 +27,10 @@
 //! denominator of brasa's "fraction of peak" figures.
 //!
 //! # Cargo features
-//! None yet. A `cuda` feature (kernels compiled to PTX by `cargo xtask
-//! kernels`, matrix products through cuBLAS) is planned.
+//! - `cuda`: [`cuda_ptx`], the CUDA kernels (`kernels/cuda/*.cu`) as PTX
+//!   text, compiled by `cargo xtask kernels` and committed, so the feature
+//!   needs no CUDA toolkit and adds no dependency. brasa-tensor's CUDA
+//!   backend loads and launches them (and runs matrix products on cuBLAS).
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -36,6 +38,8 @@
 pub mod conv;
 pub mod convert;
 pub mod cpu_features;
+#[cfg(feature = "cuda")]
+pub mod cuda_ptx;
 pub mod elementwise;
 mod error;
 pub mod gemm;

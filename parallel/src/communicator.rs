@@ -198,6 +198,13 @@ impl Communicator {
         self.inner.timeout
     }
 
+    /// Marks this communicator failed by `error` (as a failed collective
+    /// would): later work is refused and the peers are told, so they stop
+    /// waiting on this rank at once rather than at their timeout.
+    pub(crate) fn give_up(&self, error: &ParallelError) {
+        self.inner.health.fail(error);
+    }
+
     /// Whether an earlier failure made this communicator refuse work.
     pub fn is_broken(&self) -> bool {
         self.inner.health.check().is_err()

@@ -130,6 +130,24 @@ pub enum ParallelError {
         /// Replicas that failed too (usually because of this one).
         others: Vec<usize>,
     },
+    /// A pipeline stage failed: which stage, on which device, what it was
+    /// doing (`forward (input [8, 30] from stage 0)`, `loss`, `backward`,
+    /// `receive gradient`) and for which micro-batch; its own error (a
+    /// shape mismatch, a panic, a neighbour that stopped) is the source.
+    #[error("pipeline stage {stage} on {device}: {action}{}: {source}", for_micro_batch(.micro_batch))]
+    Stage {
+        /// The stage.
+        stage: usize,
+        /// Its device.
+        device: brasa_tensor::Device,
+        /// What it was doing.
+        action: String,
+        /// The micro-batch, when the failure belongs to one.
+        micro_batch: Option<usize>,
+        /// What went wrong there.
+        #[source]
+        source: ErrorBox<ParallelError>,
+    },
     /// The MPI library reported an error.
     #[error("rank {rank}: MPI: {message}")]
     Mpi {
@@ -172,6 +190,10 @@ fn others_too(ranks: &[usize]) -> String {
     }
 }
 
+fn for_micro_batch(micro_batch: &Option<usize>) -> String {
+    micro_batch.map_or_else(String::new, |j| format!(" of micro-batch {j}"))
+}
+
 fn waiting_on(ranks: &[usize]) -> String {
     match ranks {
         [] => String::new(),
@@ -195,7 +217,9 @@ impl ParallelError {
             ParallelError::Tensor(error) => error.as_out_of_memory(),
             ParallelError::Autograd(error) => error.as_out_of_memory(),
             ParallelError::Nn(error) => error.as_out_of_memory(),
-            ParallelError::Replica { source, .. } | ParallelError::Unusable { source, .. } => source.as_out_of_memory(),
+            ParallelError::Replica { source, .. }
+            | ParallelError::Unusable { source, .. }
+            | ParallelError::Stage { source, .. } => source.as_out_of_memory(),
             ParallelError::Broken { source: Some(source), .. } => source.as_out_of_memory(),
             _ => None,
         }

@@ -18,6 +18,9 @@
 //!   rank per thread and logical host device, through shared memory) and
 //!   Open MPI (feature `mpi`), across processes and machines;
 //!   [`init_from_env`] picks the one the process was launched with.
+//! - [`pipeline`]: a `Sequential` cut into stages on their own devices and
+//!   threads (or MPI ranks), trained over micro-batches with GPipe or 1F1B
+//!   ([`Pipeline`]).
 //!
 //! ```
 //! use brasa_parallel::{run_in_process, LaunchOptions, ReduceOp};
@@ -91,6 +94,7 @@ mod launch;
 mod memory;
 #[cfg(feature = "mpi")]
 mod mpi;
+pub mod pipeline;
 mod work;
 mod zero;
 
@@ -108,5 +112,6 @@ pub use health::Abort;
 pub use in_process::in_process_group;
 pub use launch::{ensure_host_devices, init_from_env, launched_by_mpi, run_in_process, LaunchOptions};
 pub use memory::MemoryBreakdown;
+pub use pipeline::{Partition, Pipeline, PipelineConfig, PipelineReport, Schedule};
 pub use work::Work;
 pub use zero::ZeroOptimizer;
