@@ -79,7 +79,10 @@ pub(crate) fn copy_between(tensor: &Tensor, device: Device, dtype: DType) -> Res
                 let src = host.storage().read_bytes("copy")?;
                 if !src.is_empty() {
                     let Buffer::Cuda(block) = out.buffer() else {
-                        return Err(TensorError::invalid("copy", "internal error: a CUDA tensor without device memory"));
+                        return Err(TensorError::invalid(
+                            "copy",
+                            "internal error: a CUDA tensor without device memory",
+                        ));
                     };
                     bind(index)?;
                     // SAFETY: the new device block holds `src.len()` bytes; the copy is synchronous.

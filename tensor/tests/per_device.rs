@@ -4,6 +4,9 @@
 //! computed here in plain f64 arithmetic, not by brasa, so the host run is a
 //! real test too; tolerances are per dtype.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use brasa_tensor::{DType, Device, Tensor};
 
 /// `cuda:0` when this build and machine have one; else prints why the CUDA
@@ -147,16 +150,14 @@ per_device!(comparisons_and_where_follow_ieee, |device| {
 per_device!(casts_copies_and_fills, |device| {
     let x = tensor(&[1.0, -2.5, 3.75, 1e-3, 65504.0, 7.9], &[2, 3], device);
     let bf = x.to_dtype(DType::BF16).unwrap();
-    let want: Vec<f64> = [1.0f32, -2.5, 3.75, 1e-3, 65504.0, 7.9]
-        .iter()
-        .map(|&v| half::bf16::from_f32(v).to_f64())
-        .collect();
+    let want: Vec<f64> =
+        [1.0f32, -2.5, 3.75, 1e-3, 65504.0, 7.9].iter().map(|&v| half::bf16::from_f32(v).to_f64()).collect();
     assert_close(&values(&bf), &want, 0.0, "f32 → bf16");
     let ints = x.to_dtype(DType::I64).unwrap().to(Device::CPU).unwrap().to_vec::<i64>().unwrap();
     assert_eq!(ints, [1, -2, 3, 0, 65504, 7]);
     // A contiguous copy of a transpose, a fill of a narrowed view, a copy into a view.
     let t = x.t().unwrap().contiguous().unwrap();
-    assert_close(&values(&t), &[1.0, 1e-3 as f32 as f64, -2.5, 65504.0, 3.75, 7.9f32 as f64], 0.0, "contiguous");
+    assert_close(&values(&t), &[1.0, f64::from(1e-3_f32), -2.5, 65504.0, 3.75, f64::from(7.9_f32)], 0.0, "contiguous");
     let z = Tensor::zeros_on([2, 3], DType::F32, device).unwrap();
     z.narrow(1, 1, 2).unwrap().fill_(5.0).unwrap();
     assert_close(&values(&z), &[0.0, 5.0, 5.0, 0.0, 5.0, 5.0], 0.0, "fill_ of a view");
@@ -200,11 +201,140 @@ per_device!(matmul_batched_transposed_and_half, |device| {
     assert_close(&values(&v.matmul(&b).unwrap()), &want_v, 1e-6, "vector · matrix");
 });
 
+per_device!(reductions_along_any_dims, |device| {
+    // [2, 3, 4] with values 0..24.
+    let v: Vec<f32> = (0..24).map(|i| i as f32).collect();
+    let x = tensor(&v, &[2, 3, 4], device);
+    let at = |i: usize, j: usize, k: usize| (i * 12 + j * 4 + k) as f64;
+    let sum_last: Vec<f64> = (0..2).flat_map(|i| (0..3).map(move |j| (0..4).map(|k| at(i, j, k)).sum())).collect();
+    assert_close(&values(&x.sum(&[-1], false).unwrap()), &sum_last, 0.0, "sum over the last dim");
+    let sum_first: Vec<f64> = (0..3).flat_map(|j| (0..4).map(move |k| at(0, j, k) + at(1, j, k))).collect();
+    assert_close(&values(&x.sum(&[0], false).unwrap()), &sum_first, 0.0, "sum over the first dim");
+    let sum_outer: Vec<f64> = (0..3).map(|j| (0..2).flat_map(|i| (0..4).map(move |k| at(i, j, k))).sum()).collect();
+    let s = x.sum(&[0, 2], true).unwrap();
+    assert_eq!(s.dims(), &[1, 3, 1]);
+    assert_close(&values(&s), &sum_outer, 0.0, "sum over dims 0 and 2 (moved)");
+    assert_close(
+        &values(&x.permute(&[1, 0, 2]).unwrap().sum(&[1], false).unwrap()),
+        &sum_first,
+        0.0,
+        "sum of a transposed view",
+    );
+    assert_close(&values(&x.sum_all().unwrap()), &[276.0], 0.0, "sum_all");
+    assert_close(
+        &values(&x.mean(&[1], false).unwrap()),
+        &(0..2).flat_map(|i| (0..4).map(move |k| at(i, 1, k))).collect::<Vec<_>>(),
+        1e-7,
+        "mean",
+    );
+    let var = x.var(&[2], false).unwrap();
+    assert_close(&values(&var), &[5.0 / 3.0; 6], 1e-6, "unbiased var of 4 consecutive numbers");
+    // Max, argmax with a NaN, and the dtypes.
+    let y = tensor(&[1.0, 7.0, 7.0, f32::NAN, 2.0, 3.0], &[2, 3], device);
+    let max = values(&y.max(&[1], false).unwrap());
+    assert!(max[0] == 7.0 && max[1].is_nan(), "{max:?}");
+    assert_eq!(y.argmax(&[1], false).unwrap().to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [1, 0]);
+    assert_eq!(y.argmin(&[0], false).unwrap().to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [1, 1, 1]);
+    let b = x.gt_scalar(10.0).unwrap().sum_all().unwrap();
+    assert_eq!(b.dtype(), DType::I64);
+    assert_eq!(b.to(Device::CPU).unwrap().item::<i64>().unwrap(), 13);
+    let h = x.to_dtype(DType::BF16).unwrap().sum(&[2], false).unwrap();
+    assert_eq!(h.dtype(), DType::BF16);
+    assert_close(&values(&h), &sum_last, 1e-2, "bf16 sum accumulates in f32");
+    let empty = Tensor::zeros_on([0, 3], DType::F32, device).unwrap();
+    assert_close(&values(&empty.sum(&[0], false).unwrap()), &[0.0; 3], 0.0, "sum of nothing");
+    assert!(values(&empty.mean(&[0], false).unwrap()).iter().all(|m| m.is_nan()), "mean of nothing");
+});
+
+per_device!(softmax_and_log_softmax_along_any_dim, |device| {
+    let v = [1.0f32, 2.0, 3.0, 1000.0, 1000.0, 1000.0];
+    let x = tensor(&v, &[2, 3], device);
+    let soft = |row: &[f64]| {
+        let m = row.iter().cloned().fold(f64::MIN, f64::max);
+        let z: f64 = row.iter().map(|r| (r - m).exp()).sum();
+        row.iter().map(|r| (r - m).exp() / z).collect::<Vec<_>>()
+    };
+    let rows: Vec<f64> = v.iter().map(|&x| x as f64).collect();
+    let want: Vec<f64> = rows.chunks(3).flat_map(soft).collect();
+    assert_close(&values(&x.softmax(1).unwrap()), &want, 1e-6, "softmax over the last dim");
+    let want_log: Vec<f64> = want.iter().map(|p| p.ln()).collect();
+    assert_close(&values(&x.log_softmax(-1).unwrap()), &want_log, 1e-6, "log_softmax");
+    // Over dim 0 (columns): each column of two.
+    let cols: Vec<Vec<f64>> = (0..3).map(|c| soft(&[rows[c], rows[3 + c]])).collect();
+    let want0: Vec<f64> = (0..2).flat_map(|r| cols.iter().map(move |c| c[r])).collect();
+    assert_close(&values(&x.softmax(0).unwrap()), &want0, 1e-6, "softmax over dim 0");
+    let h = x.to_dtype(DType::BF16).unwrap().softmax(1).unwrap();
+    assert_eq!(h.dtype(), DType::BF16);
+    assert_close(&values(&h), &want, 1e-2, "bf16 softmax");
+});
+
+per_device!(in_place_updates_write_through_views, |device| {
+    let p = tensor(&[1.0, 2.0, 3.0, 4.0], &[2, 2], device);
+    let g = tensor(&[0.5, 0.5, 1.0, 1.0], &[2, 2], device);
+    p.add_scaled_(-0.1, &g).unwrap();
+    assert_close(&values(&p), &[0.95, 1.95, 2.9, 3.9], 1e-6, "add_scaled_");
+    assert_eq!(p.version(), 1);
+    let m = tensor(&[0.0; 4], &[2, 2], device);
+    m.lerp_(&g, 0.1).unwrap();
+    assert_close(&values(&m), &[0.05, 0.05, 0.1, 0.1], 1e-6, "lerp_");
+    let v = tensor(&[1.0; 4], &[2, 2], device);
+    v.addcmul_(0.5, &g, &g).unwrap();
+    assert_close(&values(&v), &[1.125, 1.125, 1.5, 1.5], 1e-6, "addcmul_");
+    v.sqrt_().unwrap();
+    v.addcdiv_(2.0, &g, &tensor(&[2.0], &[1], device)).unwrap();
+    let want: Vec<f64> =
+        [1.125f64, 1.125, 1.5, 1.5].iter().zip([0.5, 0.5, 1.0, 1.0]).map(|(a, g)| a.sqrt() + g).collect();
+    assert_close(&values(&v), &want, 1e-6, "sqrt_ then addcdiv_ with a broadcast divisor");
+    // A transposed view, a broadcast operand, the same view twice.
+    let t = tensor(&[1.0, 2.0, 3.0, 4.0], &[2, 2], device);
+    t.t().unwrap().narrow(0, 1, 1).unwrap().mul_(&tensor(&[10.0], &[1], device)).unwrap();
+    assert_close(&values(&t), &[1.0, 20.0, 3.0, 40.0], 0.0, "mul_ through a transposed column");
+    t.add_(&t).unwrap();
+    assert_close(&values(&t), &[2.0, 40.0, 6.0, 80.0], 0.0, "add_ of itself");
+    t.clamp_(Some(5.0), Some(50.0)).unwrap();
+    t.maximum_(&tensor(&[10.0, 0.0], &[2], device)).unwrap();
+    assert_close(&values(&t), &[10.0, 40.0, 10.0, 50.0], 0.0, "clamp_ then maximum_");
+    t.log1p_().unwrap();
+    assert_close(&values(&t), &[11f64.ln(), 41f64.ln(), 11f64.ln(), 51f64.ln()], 1e-6, "log1p_");
+    let i = Tensor::from_vec_on(vec![5i64, -7], [2], Device::CPU).unwrap().to(device).unwrap();
+    i.mul_scalar_(3.0).unwrap();
+    i.neg_().unwrap();
+    assert_eq!(i.to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [-15, 21]);
+    let expanded = tensor(&[1.0], &[1], device).expand([3]).unwrap();
+    assert!(expanded.exp_().unwrap_err().to_string().contains("single memory location"));
+});
+
+fn ids(values: &[i64], shape: &[usize], device: Device) -> Tensor {
+    Tensor::from_slice_on(values, shape, Device::CPU).unwrap().to(device).unwrap()
+}
+
+per_device!(index_select_gather_scatter_embedding_one_hot, |device| {
+    let x = tensor(&[0.0, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3], device);
+    let picked = x.index_select(1, &ids(&[2, 0, 2], &[3], device)).unwrap();
+    assert_close(&values(&picked), &[2.0, 0.0, 2.0, 5.0, 3.0, 5.0], 0.0, "index_select");
+    let error = x.index_select(0, &ids(&[0, 2], &[2], device)).unwrap_err().to_string();
+    assert!(error.contains("index 2 at position 1") && error.contains("dim 0 of size 2"), "{error}");
+    let gathered = x.gather(1, &ids(&[2, 1, 0, 0], &[2, 2], device)).unwrap();
+    assert_close(&values(&gathered), &[2.0, 1.0, 3.0, 3.0], 0.0, "gather");
+    let through_transpose = x.t().unwrap().gather(0, &ids(&[2, 1], &[1, 2], device)).unwrap();
+    assert_close(&values(&through_transpose), &[2.0, 4.0], 0.0, "gather from a transposed view");
+    let total = x.zeros_like().unwrap().scatter_add(1, &ids(&[0, 0, 1, 2], &[2, 2], device), &x).unwrap();
+    assert_close(&values(&total), &[1.0, 0.0, 0.0, 0.0, 3.0, 4.0], 0.0, "scatter_add with a repeated index");
+    let table = tensor(&[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], &[4, 2], device);
+    let rows = Tensor::embedding(&table, &ids(&[3, 0, 1, 3], &[2, 2], device)).unwrap();
+    assert_eq!(rows.dims(), [2, 2, 2]);
+    assert_close(&values(&rows), &[6.0, 7.0, 0.0, 1.0, 2.0, 3.0, 6.0, 7.0], 0.0, "embedding");
+    let hot = ids(&[1, 0], &[2], device).one_hot(3).unwrap();
+    assert_eq!(hot.to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [0, 1, 0, 1, 0, 0]);
+    let error = ids(&[1, 5], &[2], device).one_hot(3).unwrap_err().to_string();
+    assert!(error.contains("class 5 at position 1"), "{error}");
+});
+
 #[cfg(feature = "cuda")]
 #[test]
 fn ops_not_on_cuda_yet_say_so() {
     let Some(device) = cuda() else { return };
     let x = tensor(&[1.0, 2.0], &[2], device);
-    let err = x.sum_all().unwrap_err().to_string();
+    let err = Tensor::cat(&[&x, &x], 0).unwrap_err().to_string();
     assert!(err.contains("not implemented for CUDA tensors yet"), "{err}");
 }

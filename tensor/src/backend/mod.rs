@@ -34,6 +34,7 @@
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::shape::Shape;
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::{BinaryOp, UnaryOp};
 
@@ -70,6 +71,66 @@ impl CompareOp {
             CompareOp::Ge => "ge",
         }
     }
+}
+
+/// A reduction over some dims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReduceOp {
+    /// The sum (in the accumulator dtype).
+    Sum,
+    /// The mean (floats).
+    Mean,
+    /// The variance `Σ(x − mean)² / max(N − correction, 0)`, or its square
+    /// root (floats).
+    Var {
+        /// Subtracted from the element count (1: Bessel's correction).
+        correction: usize,
+        /// The standard deviation instead.
+        sqrt: bool,
+    },
+    /// The largest element (NaN wins).
+    Max,
+    /// The smallest element (NaN wins).
+    Min,
+    /// The first position of the largest element (or of the first NaN).
+    ArgMax,
+    /// The first position of the smallest element (or of the first NaN).
+    ArgMin,
+}
+
+/// An in-place update of a tensor `dst`, with its operands (see
+/// [`Backend::update`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Update {
+    /// `dst = op(dst)`: floats every [`UnaryOp`]; integers `Neg`, `Abs`,
+    /// `Relu`, `Clamp` and `Affine` with integral factors (wrapping).
+    Unary(UnaryOp),
+    /// `dst = ln(1 + dst)`, in f64 per element (floats).
+    Log1p,
+    /// `dst = log(sigmoid(dst))` as `min(x, 0) − log1p(e^−|x|)`, in f64 (floats).
+    LogSigmoid,
+    /// `dst = op(dst, x)`: `Add`, `Sub`, `Mul`, `Div` (floats), `Maximum`,
+    /// `Minimum`; integers wrap, bool add/max are or, mul/min and.
+    Binary(BinaryOp),
+    /// `dst += alpha · x` (integers: integral `alpha`, wrapping).
+    AddScaled(f64),
+    /// `dst += weight · (end − dst)` (floats).
+    Lerp(f64),
+    /// `dst += value · a · b` (floats).
+    Addcmul(f64),
+    /// `dst += value · a / b` (floats).
+    Addcdiv(f64),
+}
+
+/// Validated `i64` indices: their values, read to the host by the op (which
+/// checks every one against the indexed size, so errors name the offending
+/// index and its position), and the tensor they came from, on the operands'
+/// device (the device reads it there).
+pub(crate) struct Indices<'a> {
+    /// The values, row-major, each within `0..size` of the indexed dim.
+    pub values: &'a [i64],
+    /// The index tensor (`i64`, on the operands' device).
+    pub tensor: &'a Tensor,
 }
 
 /// A matrix product as the backend sees it, after PyTorch's shape rules:
@@ -133,9 +194,67 @@ pub(crate) trait Backend: Sync {
     /// exactly (checked by the caller). Broadcast views are allowed.
     fn fill(&self, name: &'static str, dst: &Tensor, value: f64) -> Result<()>;
 
+    /// `op` over the dims of `x` where `mask` is true (every reduced dim
+    /// non-empty for max, min and the positions), into a new tensor of the
+    /// kept dims (reduced ones as 1 with `keepdim`): sums, means and
+    /// variances in the accumulator dtype (f32 for f16/bf16/f32, f64, i64 for
+    /// integers and bool), max and min in `x`'s dtype, positions (row-major
+    /// within the reduced dims) in i64. The mean or variance of nothing is NaN.
+    fn reduce(&self, op: ReduceOp, name: &'static str, x: &Tensor, mask: &[bool], keepdim: bool) -> Result<Tensor>;
+
+    /// Softmax (or log-softmax with `log`) of a contiguous float tensor `x`
+    /// seen as `[outer, n, inner]`, over the middle dim; f16 and bf16 in f32.
+    fn softmax(&self, name: &'static str, x: &Tensor, n: usize, inner: usize, log: bool) -> Result<Tensor>;
+
+    /// Updates `dst` in place (see [`Update`] for each op's operands, which
+    /// have `dst`'s shape and dtype and do not share its storage, except a
+    /// `Binary` operand that is `dst`'s own view). The caller checked that
+    /// `dst` is writable and bumps its version ([`run_update`]). Allocates
+    /// nothing.
+    fn update(&self, name: &'static str, op: Update, dst: &Tensor, operands: &[&Tensor]) -> Result<()>;
+
+    /// `out[o, j, i] = x[o, ids[j], i]` for a contiguous `x` seen as
+    /// `[outer, size, inner]` (`index_select`, `embedding`); the output has
+    /// `shape` (`outer · ids · inner` elements).
+    fn index_select(
+        &self,
+        name: &'static str,
+        x: &Tensor,
+        ids: Indices<'_>,
+        size: usize,
+        inner: usize,
+        shape: &Shape,
+    ) -> Result<Tensor>;
+
+    /// PyTorch's `gather` along `dim`: an output of the index's shape with
+    /// `out[p] = x[p with coordinate dim = index[p]]`; `x` and the index
+    /// have one rank, the index fits `x` in every other dim.
+    fn gather(&self, name: &'static str, x: &Tensor, dim: usize, index: Indices<'_>) -> Result<Tensor>;
+
+    /// PyTorch's `scatter_add_` along `dim`: `dst[p with coordinate dim =
+    /// index[p]] += src[p]` over the index's shape (repeats accumulate);
+    /// `src` (already narrowed to the index's shape) does not share `dst`'s
+    /// storage. The caller checks `dst` writable and bumps its version.
+    fn scatter_add(&self, name: &'static str, dst: &Tensor, dim: usize, index: Indices<'_>, src: &Tensor)
+        -> Result<()>;
+
+    /// One-hot rows (`i64`) of `num_classes` for the ids.
+    fn one_hot(&self, ids: Indices<'_>, num_classes: usize, shape: &Shape) -> Result<Tensor>;
+
     /// `a · b` per batch entry (see [`MatmulOperands`]), both of one float
     /// dtype; f16 and bf16 accumulate in f32.
     fn matmul(&self, operands: MatmulOperands<'_>) -> Result<Tensor>;
+}
+
+/// Runs `op` on `dst` by its device: checks that `dst` may be written (no
+/// element shared by two indices), updates it, and bumps its storage's
+/// version (autograd's check for tensors changed after they were saved).
+pub(crate) fn run_update(name: &'static str, op: Update, dst: &Tensor, operands: &[&Tensor]) -> Result<()> {
+    let _range = brasa_profile::record_op(name, &[dst.dims()]);
+    dst.check_writable(name)?;
+    for_device(dst.device())?.update(name, op, dst, operands)?;
+    dst.storage().bump_version();
+    Ok(())
 }
 
 /// The backend of `device`.

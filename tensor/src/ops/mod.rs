@@ -13,7 +13,7 @@ mod inplace_arith;
 mod inplace_unary;
 pub(crate) mod matmul;
 mod pool;
-mod reduce;
+pub(crate) mod reduce;
 mod softmax;
 mod unary;
 

@@ -19,7 +19,7 @@
 //!   an error, as in PyTorch.
 
 use crate::backend::for_device;
-use crate::dtype::{integer_scalar, DType, WithDType};
+use crate::dtype::{integer_scalar, DType};
 use crate::error::{Result, TensorError};
 use crate::ops::elementwise::{is_integral, scalar_result_dtype};
 use crate::tensor::Tensor;
@@ -233,13 +233,6 @@ pub(crate) fn clamp_bounds(op: &'static str, x: &Tensor, min: Option<f64>, max: 
         return Err(TensorError::invalid(op, format!("bounds must not be NaN, got min {min:?} and max {max:?}")));
     }
     Ok((lo, hi))
-}
-
-/// An f64 bound in an integer type, saturating (infinite bounds become the
-/// type's extremes).
-pub(crate) fn int_bound<T: WithDType>(bound: f64) -> T {
-    // `as` saturates float → integer, and ±inf lands on the extremes.
-    T::from_f64(bound)
 }
 
 /// `x * mul + add` with the scalar dtype rule.

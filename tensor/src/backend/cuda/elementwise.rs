@@ -18,7 +18,7 @@ use cudarc::driver::{DeviceRepr, PushKernelArg};
 
 /// [`Strided`] as a kernel argument (passed by value, 336 bytes).
 #[repr(transparent)]
-struct StridedArg(Strided);
+pub(super) struct StridedArg(pub(super) Strided);
 
 // SAFETY: `Strided` is `#[repr(C)]` plain data whose layout matches the
 // ABI's C struct (asserted by tests on both sides).
@@ -30,7 +30,7 @@ fn output(backend: &CudaBackend, shape: &Shape, dtype: DType) -> Result<UninitTe
 }
 
 /// `out` (written by the kernel just queued) as a tensor.
-fn finish(out: UninitTensor) -> Tensor {
+pub(super) fn finish(out: UninitTensor) -> Tensor {
     // SAFETY: every caller queued a kernel that writes each element of `out`
     // before any later work on this stream can read it (stream order); the
     // host never reads device memory directly.
@@ -38,7 +38,7 @@ fn finish(out: UninitTensor) -> Tensor {
 }
 
 /// The scalar parameters `p0, p1` of a unary kernel.
-fn unary_parameters(op: UnaryOp) -> (f64, f64) {
+pub(super) fn unary_parameters(op: UnaryOp) -> (f64, f64) {
     match op {
         UnaryOp::Powf(exponent) => (exponent, 0.0),
         UnaryOp::Clamp { min, max } => (min, max),
@@ -141,8 +141,10 @@ pub(super) fn compare_scalar(
         let (src, dst) = (address(name, x)?, output_address(name, &out)?);
         // SAFETY: `s` describes `x`'s view and the contiguous bool output;
         // the parameters are the ABI's `(Strided, const T*, double, unsigned char*)`.
-        unsafe { backend.stream.launch_builder(&f).arg(&s).arg(&src).arg(&value).arg(&dst).launch(grid_for(x.numel())) }
-            .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+        unsafe {
+            backend.stream.launch_builder(&f).arg(&s).arg(&src).arg(&value).arg(&dst).launch(grid_for(x.numel()))
+        }
+        .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
     }
     Ok(finish(out))
 }
@@ -176,7 +178,7 @@ pub(super) fn copy_into(backend: &CudaBackend, name: &'static str, dst: &Tensor,
 }
 
 /// A 0-d tensor holding `value` (converted as the host converts scalars).
-fn full_scalar(backend: &CudaBackend, name: &'static str, dtype: DType, value: f64) -> Result<Tensor> {
+pub(super) fn full_scalar(backend: &CudaBackend, name: &'static str, dtype: DType, value: f64) -> Result<Tensor> {
     let out = output(backend, &Shape::scalar(), dtype)?;
     let dst = output_address(name, &out)?;
     dispatch_dtype!(dtype, T => launch_fill::<T>(backend, name, dtype, 1, T::from_f64(value), dst))?;
@@ -184,7 +186,7 @@ fn full_scalar(backend: &CudaBackend, name: &'static str, dtype: DType, value: f
 }
 
 /// Queues `fill_<T>(n, value, out)` on `n` contiguous elements at `dst`.
-fn launch_fill<T: WithDType>(
+pub(super) fn launch_fill<T: WithDType>(
     backend: &CudaBackend,
     name: &'static str,
     dtype: DType,

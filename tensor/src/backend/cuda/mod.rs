@@ -13,13 +13,17 @@
 //! `<family>_<op>_<dtype>` (`unary_exp_f32`, `cast_f32_bf16`).
 
 mod elementwise;
+mod index;
 mod matmul;
+mod reduce;
 mod strided;
+mod update;
 
-use crate::backend::{Backend, CompareOp, MatmulOperands};
+use crate::backend::{Backend, CompareOp, Indices, MatmulOperands, ReduceOp, Update};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Result, SharedError, TensorError};
+use crate::shape::Shape;
 use crate::storage::{Buffer, Storage, UninitTensor};
 use crate::tensor::Tensor;
 use brasa_kernels::cuda_ptx::{BLOCK, MODULES};
@@ -194,6 +198,49 @@ impl Backend for CudaBackend {
         elementwise::fill(self, name, dst, value)
     }
 
+    fn reduce(&self, op: ReduceOp, name: &'static str, x: &Tensor, mask: &[bool], keepdim: bool) -> Result<Tensor> {
+        reduce::reduce(self, op, name, x, mask, keepdim)
+    }
+
+    fn softmax(&self, name: &'static str, x: &Tensor, n: usize, inner: usize, log: bool) -> Result<Tensor> {
+        reduce::softmax(self, name, x, n, inner, log)
+    }
+
+    fn update(&self, name: &'static str, op: Update, dst: &Tensor, operands: &[&Tensor]) -> Result<()> {
+        update::update(self, name, op, dst, operands)
+    }
+
+    fn index_select(
+        &self,
+        name: &'static str,
+        x: &Tensor,
+        ids: Indices<'_>,
+        size: usize,
+        inner: usize,
+        shape: &Shape,
+    ) -> Result<Tensor> {
+        index::index_select(self, name, x, ids, size, inner, shape)
+    }
+
+    fn gather(&self, name: &'static str, x: &Tensor, dim: usize, index: Indices<'_>) -> Result<Tensor> {
+        index::gather(self, name, x, dim, index)
+    }
+
+    fn scatter_add(
+        &self,
+        name: &'static str,
+        dst: &Tensor,
+        dim: usize,
+        index: Indices<'_>,
+        src: &Tensor,
+    ) -> Result<()> {
+        index::scatter_add(self, name, dst, dim, index, src)
+    }
+
+    fn one_hot(&self, ids: Indices<'_>, num_classes: usize, shape: &Shape) -> Result<Tensor> {
+        index::one_hot(self, ids, num_classes, shape)
+    }
+
     fn matmul(&self, operands: MatmulOperands<'_>) -> Result<Tensor> {
         matmul::matmul(self, operands)
     }
@@ -260,6 +307,17 @@ mod tests {
             }
         };
         for &d in &floats {
+            for op in ["mean", "var", "std"] {
+                want("reduce", format!("reduce_{op}_{}", suffix(d)));
+            }
+            want("softmax", format!("softmax_{}", suffix(d)));
+            for op in ["log1p", "log_sigmoid"] {
+                want("elementwise", format!("unary_{op}_{}", suffix(d)));
+            }
+            for op in ["binary_add_scaled", "binary_lerp", "ternary_addcmul", "ternary_addcdiv"] {
+                want("elementwise", format!("{op}_{}", suffix(d)));
+            }
+            want("softmax", format!("log_softmax_{}", suffix(d)));
             for op in unary_float {
                 want("elementwise", format!("unary_{}_{}", op.name(), suffix(d)));
             }
@@ -268,6 +326,7 @@ mod tests {
             }
         }
         for &d in &ints {
+            want("elementwise", format!("binary_add_scaled_{}", suffix(d)));
             for op in unary_int {
                 want("elementwise", format!("unary_{}_{}", op.name(), suffix(d)));
             }
@@ -284,11 +343,18 @@ mod tests {
                 want("elementwise", format!("compare_scalar_{op}_{}", suffix(d)));
             }
             want("elementwise", format!("where_{}", suffix(d)));
+            for op in ["index_select", "gather", "scatter_add"] {
+                want("index", format!("{op}_{}", suffix(d)));
+            }
+            for op in ["sum", "max", "min", "argmax", "argmin"] {
+                want("reduce", format!("reduce_{op}_{}", suffix(d)));
+            }
             want("fill", format!("fill_{}", suffix(d)));
             for to in DType::ALL {
                 want("cast", format!("cast_{}_{}", suffix(d), suffix(to)));
             }
         }
+        want("index", "one_hot".to_string());
         assert!(missing.is_empty(), "kernels missing from the PTX: {missing:?}");
     }
 }

@@ -49,7 +49,8 @@ pub(super) fn coalesce(op: &'static str, dims: &[usize], strides: &[&[isize]]) -
             ),
         ));
     }
-    let mut out = Strided { numel: numel as i64, rank: kept.len() as i32, dims: [0; MAX_DIMS], strides: [[0; MAX_DIMS]; 4] };
+    let mut out =
+        Strided { numel: numel as i64, rank: kept.len() as i32, dims: [0; MAX_DIMS], strides: [[0; MAX_DIMS]; 4] };
     for (d, (size, step)) in kept.iter().enumerate() {
         out.dims[d] = *size as i64;
         for (operand, s) in out.strides.iter_mut().zip(step) {

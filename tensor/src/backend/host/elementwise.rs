@@ -42,10 +42,7 @@ fn int_unary<T: IntElement>(name: &'static str, op: UnaryOp, x: &Tensor) -> Resu
             let (m, a) = (T::from_i64(integer_scalar(name, mul)?), T::from_i64(integer_scalar(name, add)?));
             int_map::<T>(x, name, move |v| v.wrapping_mul(m).wrapping_add(a))
         }
-        other => Err(TensorError::invalid(
-            name,
-            format!("internal error: {} has no integer kernel", other.name()),
-        )),
+        other => Err(TensorError::invalid(name, format!("internal error: {} has no integer kernel", other.name()))),
     }
 }
 

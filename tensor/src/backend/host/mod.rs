@@ -3,12 +3,19 @@
 
 mod copy;
 mod elementwise;
+mod index;
 mod matmul;
+mod reduce;
+mod softmax;
+mod update;
 
-use crate::backend::{Backend, CompareOp, MatmulOperands};
+pub(crate) use reduce::PARALLEL_MIN_WORK;
+
+use crate::backend::{Backend, CompareOp, Indices, MatmulOperands, ReduceOp, Update};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::shape::Shape;
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::{BinaryOp, UnaryOp};
 
@@ -52,6 +59,49 @@ impl Backend for HostBackend {
 
     fn fill(&self, name: &'static str, dst: &Tensor, value: f64) -> Result<()> {
         copy::fill(name, dst, value)
+    }
+
+    fn reduce(&self, op: ReduceOp, name: &'static str, x: &Tensor, mask: &[bool], keepdim: bool) -> Result<Tensor> {
+        reduce::reduce(op, name, x, mask, keepdim)
+    }
+
+    fn softmax(&self, name: &'static str, x: &Tensor, n: usize, inner: usize, log: bool) -> Result<Tensor> {
+        softmax::softmax(name, x, n, inner, log)
+    }
+
+    fn update(&self, name: &'static str, op: Update, dst: &Tensor, operands: &[&Tensor]) -> Result<()> {
+        update::update(name, op, dst, operands)
+    }
+
+    fn index_select(
+        &self,
+        name: &'static str,
+        x: &Tensor,
+        ids: Indices<'_>,
+        size: usize,
+        inner: usize,
+        shape: &Shape,
+    ) -> Result<Tensor> {
+        index::index_select(name, x, ids, size, inner, shape)
+    }
+
+    fn gather(&self, name: &'static str, x: &Tensor, dim: usize, index: Indices<'_>) -> Result<Tensor> {
+        index::gather(name, x, dim, index)
+    }
+
+    fn scatter_add(
+        &self,
+        name: &'static str,
+        dst: &Tensor,
+        dim: usize,
+        index: Indices<'_>,
+        src: &Tensor,
+    ) -> Result<()> {
+        index::scatter_add(name, dst, dim, index, src)
+    }
+
+    fn one_hot(&self, ids: Indices<'_>, num_classes: usize, shape: &Shape) -> Result<Tensor> {
+        index::one_hot(ids, num_classes, shape)
     }
 
     fn matmul(&self, operands: MatmulOperands<'_>) -> Result<Tensor> {
