@@ -31,8 +31,11 @@
 //!
 //! ## Cargo features
 //!
-//! - `cuda`: CUDA devices through `brasa-alloc`'s CUDA backend, with host↔device
-//!   copies; ops on CUDA tensors are not implemented yet and say so.
+//! - `cuda`: CUDA devices through `brasa-alloc`'s CUDA backend: host↔device
+//!   copies, and the ops behind the device seam (`backend`: elementwise,
+//!   reductions, softmax, in-place updates, indexing, matmul on cuBLAS) on the
+//!   PTX kernels of `brasa-kernels`. Convolution, pooling and concatenation
+//!   are not on CUDA yet and return an error that says so.
 
 mod backend;
 mod construct;
