@@ -32,10 +32,8 @@
 //! ## Cargo features
 //!
 //! - `cuda`: CUDA devices through `brasa-alloc`'s CUDA backend: host↔device
-//!   copies, and the ops behind the device seam (`backend`: elementwise,
-//!   reductions, softmax, in-place updates, indexing, matmul on cuBLAS) on the
-//!   PTX kernels of `brasa-kernels`. Convolution, pooling and concatenation
-//!   are not on CUDA yet and return an error that says so.
+//!   copies, and every op through the device seam (`backend`): the PTX
+//!   kernels of `brasa-kernels`, matrix products and convolutions on cuBLAS.
 
 mod backend;
 mod construct;

@@ -330,11 +330,69 @@ per_device!(index_select_gather_scatter_embedding_one_hot, |device| {
     assert!(error.contains("class 5 at position 1"), "{error}");
 });
 
-#[cfg(feature = "cuda")]
-#[test]
-fn ops_not_on_cuda_yet_say_so() {
-    let Some(device) = cuda() else { return };
-    let x = tensor(&[1.0, 2.0], &[2], device);
-    let err = Tensor::cat(&[&x, &x], 0).unwrap_err().to_string();
-    assert!(err.contains("not implemented for CUDA tensors yet"), "{err}");
-}
+per_device!(convolution_pooling_and_concatenation, |device| {
+    use brasa_tensor::Conv2dParams;
+    // A 2-channel 4x4 image, a 3x2x3x3 weight, padding 1, against a direct sum.
+    let (c_in, c_out, h, w, k) = (2usize, 3usize, 4usize, 4usize, 3usize);
+    let xv: Vec<f32> = (0..c_in * h * w).map(|i| ((i * 5 % 7) as f32 - 3.0) / 3.0).collect();
+    let wv: Vec<f32> = (0..c_out * c_in * k * k).map(|i| ((i * 3 % 11) as f32 - 5.0) / 5.0).collect();
+    let x = tensor(&xv, &[1, c_in, h, w], device);
+    let weight = tensor(&wv, &[c_out, c_in, k, k], device);
+    let bias = tensor(&[0.5, -0.5, 1.0], &[c_out], device);
+    let params = Conv2dParams::default().with_padding((1, 1));
+    let y = x.conv2d(&weight, Some(&bias), params).unwrap();
+    assert_eq!(y.dims(), &[1, c_out, h, w]);
+    let at = |v: &[f32], i: usize| f64::from(v[i]);
+    let mut want = Vec::new();
+    for o in 0..c_out {
+        for i in 0..h {
+            for j in 0..w {
+                let mut sum = [0.5, -0.5, 1.0][o];
+                for c in 0..c_in {
+                    for (di, dj) in (0..k).flat_map(|di| (0..k).map(move |dj| (di, dj))) {
+                        let (ii, jj) = ((i + di) as isize - 1, (j + dj) as isize - 1);
+                        if (0..h as isize).contains(&ii) && (0..w as isize).contains(&jj) {
+                            let xi = (c * h + ii as usize) * w + jj as usize;
+                            sum += at(&xv, xi) * at(&wv, ((o * c_in + c) * k + di) * k + dj);
+                        }
+                    }
+                }
+                want.push(sum);
+            }
+        }
+    }
+    assert_close(&values(&y), &want, 1e-5, "conv2d");
+    // Gradients: checked against their definitions through sums of products.
+    let g = Tensor::ones_on([1, c_out, h, w], DType::F32, device).unwrap();
+    let db = g.conv2d_backward_bias().unwrap();
+    assert_close(&values(&db), &[(h * w) as f64; 3], 0.0, "bias gradient");
+    let dx = g.conv2d_backward_input(&weight, [1, c_in, h, w], params).unwrap();
+    let dw = x.conv2d_backward_weight(&g, [c_out, c_in, k, k], params).unwrap();
+    // <dy, conv(x)> = <dx, x> + (bias term) and = <dw, w> (+ bias): both sides linear.
+    let y_nb = x.conv2d(&weight, None, params).unwrap();
+    let lhs = values(&y_nb).iter().sum::<f64>();
+    let via_dx: f64 = values(&dx).iter().zip(&xv).map(|(d, &v)| d * f64::from(v)).sum();
+    let via_dw: f64 = values(&dw).iter().zip(&wv).map(|(d, &v)| d * f64::from(v)).sum();
+    assert!((lhs - via_dx).abs() < 1e-4 && (lhs - via_dw).abs() < 1e-4, "{lhs} {via_dx} {via_dw}");
+    // Grouped: 2 groups of one channel each, against the two halves alone.
+    let wg = tensor(&wv[..2 * k * k], &[2, 1, k, k], device);
+    let yg = x.conv2d(&wg, None, params.with_groups(2)).unwrap();
+    let first = x.narrow(1, 0, 1).unwrap().conv2d(&wg.narrow(0, 0, 1).unwrap(), None, params).unwrap();
+    assert_close(&values(&yg.narrow(1, 0, 1).unwrap()), &values(&first), 1e-6, "grouped conv2d");
+    // Pooling.
+    let p = tensor(&[1.0, 5.0, 2.0, 0.0, 3.0, 4.0, 9.0, 8.0], &[1, 2, 4], device);
+    let (maxima, idx) = p.max_pool2d((2, 2), (2, 2), (0, 0)).unwrap();
+    assert_close(&values(&maxima), &[5.0, 9.0], 0.0, "max_pool2d");
+    assert_eq!(idx.to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [1, 6]);
+    let back = tensor(&[1.0, 2.0], &[1, 1, 2], device).max_pool2d_backward(&idx, [1, 2, 4]).unwrap();
+    assert_close(&values(&back), &[0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0], 0.0, "max_pool2d_backward");
+    let avg = p.avg_pool2d((2, 2), (2, 2), (0, 0), true).unwrap();
+    assert_close(&values(&avg), &[3.25, 4.75], 0.0, "avg_pool2d");
+    let avg_back =
+        tensor(&[4.0, 8.0], &[1, 1, 2], device).avg_pool2d_backward([1, 2, 4], (2, 2), (2, 2), (0, 0), true).unwrap();
+    assert_close(&values(&avg_back), &[1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0], 0.0, "avg_pool2d_backward");
+    // Concatenation along a middle dim.
+    let a = tensor(&[1.0, 2.0, 3.0, 4.0], &[2, 2], device);
+    let b = tensor(&[5.0, 6.0], &[2, 1], device);
+    assert_close(&values(&Tensor::cat(&[&a, &b], 1).unwrap()), &[1.0, 2.0, 5.0, 3.0, 4.0, 6.0], 0.0, "cat");
+});

@@ -17,9 +17,10 @@
 //!   xtask kernels` (committed in `brasa-kernels`), launched on the device's
 //!   current stream, and cuBLAS for matrix products.
 //!
-//! Op families not yet behind the seam (reductions, indexing, convolution,
-//! pooling, softmax, random fills, in-place arithmetic) still run on host
-//! storage only and return an error naming the op for a CUDA tensor.
+//! Every op runs through the seam. Constructors that draw random numbers or
+//! build sequences compute on the host and copy to a CUDA device (the PTX
+//! has counter-based kernels for them, not wired yet); direct byte access
+//! (`host_bytes`) is host-only by design.
 //!
 //! ```
 //! use brasa_tensor::{DType, Tensor};
@@ -34,6 +35,8 @@
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::ops::conv::ConvPlan;
+use crate::ops::pool::PoolPlan;
 use crate::shape::Shape;
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::{BinaryOp, UnaryOp};
@@ -240,6 +243,40 @@ pub(crate) trait Backend: Sync {
 
     /// One-hot rows (`i64`) of `num_classes` for the ids.
     fn one_hot(&self, ids: Indices<'_>, num_classes: usize, shape: &Shape) -> Result<Tensor>;
+
+    /// 2-d convolution of a float `input` `[N, C_in, H, W]` with `weight`
+    /// (and `bias` `[C_out]`), all of one dtype, as `plan` describes.
+    fn conv2d(&self, input: &Tensor, weight: &Tensor, bias: Option<&Tensor>, plan: &ConvPlan) -> Result<Tensor>;
+
+    /// The convolution's gradient with respect to its input, from the
+    /// output gradient `grad` and the weight.
+    fn conv2d_backward_input(&self, grad: &Tensor, weight: &Tensor, plan: &ConvPlan) -> Result<Tensor>;
+
+    /// The convolution's gradient with respect to its weight, from the input
+    /// and the output gradient `grad`.
+    fn conv2d_backward_weight(&self, input: &Tensor, grad: &Tensor, plan: &ConvPlan) -> Result<Tensor>;
+
+    /// The bias gradient: the 4-d `grad` summed over dims 0, 2 and 3, in its dtype.
+    fn conv2d_backward_bias(&self, grad: &Tensor) -> Result<Tensor>;
+
+    /// Max pooling of `input` (`[N, C, H, W]` or `[C, H, W]`, float, i64 or
+    /// u8): the maxima and their flat in-plane indices (i64).
+    fn max_pool2d(&self, input: &Tensor, plan: &PoolPlan) -> Result<(Tensor, Tensor)>;
+
+    /// Max pooling's input gradient of `input_shape`: the contiguous float
+    /// `grad` routed to the contiguous `indices` of each plane, summed where
+    /// several windows chose one position, zero elsewhere.
+    fn max_pool2d_backward(&self, grad: &Tensor, indices: &Tensor, input_shape: &Shape) -> Result<Tensor>;
+
+    /// Average pooling of a float `input`.
+    fn avg_pool2d(&self, input: &Tensor, plan: &PoolPlan, count_include_pad: bool) -> Result<Tensor>;
+
+    /// Average pooling's input gradient from the output gradient `grad`.
+    fn avg_pool2d_backward(&self, grad: &Tensor, plan: &PoolPlan, count_include_pad: bool) -> Result<Tensor>;
+
+    /// The non-empty list `tensors` (one dtype, shapes equal but along `d`)
+    /// joined along dim `d` into a new tensor of `shape`.
+    fn concat(&self, tensors: &[&Tensor], d: usize, shape: &Shape) -> Result<Tensor>;
 
     /// `a · b` per batch entry (see [`MatmulOperands`]), both of one float
     /// dtype; f16 and bf16 accumulate in f32.

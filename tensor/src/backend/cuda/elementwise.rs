@@ -230,3 +230,20 @@ pub(super) fn fill(backend: &CudaBackend, name: &'static str, dst: &Tensor, valu
     let scalar = full_scalar(backend, name, dst.dtype(), value)?.broadcast_as(view.shape().clone())?;
     copy_into(backend, name, &view, &scalar)
 }
+
+/// See [`crate::backend::Backend::concat`]: each input copied (strided copy
+/// kernel) into the block of a new output it fills.
+pub(super) fn concat(backend: &CudaBackend, tensors: &[&Tensor], d: usize, shape: &Shape) -> Result<Tensor> {
+    let dtype = tensors.first().map_or(DType::F32, |t| t.dtype());
+    let out = finish(output(backend, shape, dtype)?);
+    let mut start = 0;
+    for t in tensors {
+        let len = t.dims()[d];
+        if t.numel() > 0 {
+            copy_into(backend, "cat", &out.narrow(d, start, len)?, t)?;
+        }
+        start += len;
+    }
+    // Every element was written: the inputs tile the output along `d`.
+    Ok(out)
+}

@@ -12,9 +12,11 @@
 //! Kernel names follow the PTX ABI of `brasa-kernels/cuda/ABI.md`:
 //! `<family>_<op>_<dtype>` (`unary_exp_f32`, `cast_f32_bf16`).
 
+mod conv;
 mod elementwise;
 mod index;
 mod matmul;
+mod pool;
 mod reduce;
 mod strided;
 mod update;
@@ -23,6 +25,8 @@ use crate::backend::{Backend, CompareOp, Indices, MatmulOperands, ReduceOp, Upda
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Result, SharedError, TensorError};
+use crate::ops::conv::ConvPlan;
+use crate::ops::pool::PoolPlan;
 use crate::shape::Shape;
 use crate::storage::{Buffer, Storage, UninitTensor};
 use crate::tensor::Tensor;
@@ -241,6 +245,42 @@ impl Backend for CudaBackend {
         index::one_hot(self, ids, num_classes, shape)
     }
 
+    fn conv2d(&self, input: &Tensor, weight: &Tensor, bias: Option<&Tensor>, plan: &ConvPlan) -> Result<Tensor> {
+        conv::conv2d(self, input, weight, bias, plan)
+    }
+
+    fn conv2d_backward_input(&self, grad: &Tensor, weight: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
+        conv::conv2d_backward_input(self, grad, weight, plan)
+    }
+
+    fn conv2d_backward_weight(&self, input: &Tensor, grad: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
+        conv::conv2d_backward_weight(self, input, grad, plan)
+    }
+
+    fn conv2d_backward_bias(&self, grad: &Tensor) -> Result<Tensor> {
+        conv::conv2d_backward_bias(grad)
+    }
+
+    fn max_pool2d(&self, input: &Tensor, plan: &PoolPlan) -> Result<(Tensor, Tensor)> {
+        pool::max_pool2d(self, input, plan)
+    }
+
+    fn max_pool2d_backward(&self, grad: &Tensor, indices: &Tensor, input_shape: &Shape) -> Result<Tensor> {
+        pool::max_pool2d_backward(self, grad, indices, input_shape)
+    }
+
+    fn avg_pool2d(&self, input: &Tensor, plan: &PoolPlan, count_include_pad: bool) -> Result<Tensor> {
+        pool::avg_pool2d(self, input, plan, count_include_pad)
+    }
+
+    fn avg_pool2d_backward(&self, grad: &Tensor, plan: &PoolPlan, count_include_pad: bool) -> Result<Tensor> {
+        pool::avg_pool2d_backward(self, grad, plan, count_include_pad)
+    }
+
+    fn concat(&self, tensors: &[&Tensor], d: usize, shape: &Shape) -> Result<Tensor> {
+        elementwise::concat(self, tensors, d, shape)
+    }
+
     fn matmul(&self, operands: MatmulOperands<'_>) -> Result<Tensor> {
         matmul::matmul(self, operands)
     }
@@ -311,6 +351,10 @@ mod tests {
                 want("reduce", format!("reduce_{op}_{}", suffix(d)));
             }
             want("softmax", format!("softmax_{}", suffix(d)));
+            want("conv", format!("im2col_{}", suffix(d)));
+            want("pool", format!("avg_pool2d_{}", suffix(d)));
+            want("pool", format!("avg_pool2d_backward_{}", suffix(d)));
+            want("conv", format!("col2im_{}", suffix(d)));
             for op in ["log1p", "log_sigmoid"] {
                 want("elementwise", format!("unary_{op}_{}", suffix(d)));
             }
@@ -343,6 +387,9 @@ mod tests {
                 want("elementwise", format!("compare_scalar_{op}_{}", suffix(d)));
             }
             want("elementwise", format!("where_{}", suffix(d)));
+            if d != DType::Bool {
+                want("pool", format!("max_pool2d_{}", suffix(d)));
+            }
             for op in ["index_select", "gather", "scatter_add"] {
                 want("index", format!("{op}_{}", suffix(d)));
             }

@@ -1,20 +1,26 @@
 //! The host backend: the host itself and the logical host devices
 //! (`Device::Cpu(n)`), whose memory the process can read directly.
 
+mod concat;
+mod conv;
 mod copy;
 mod elementwise;
 mod index;
 mod matmul;
+mod pool;
 mod reduce;
 mod softmax;
 mod update;
 
+pub(crate) use conv::dense_elements;
 pub(crate) use reduce::PARALLEL_MIN_WORK;
 
 use crate::backend::{Backend, CompareOp, Indices, MatmulOperands, ReduceOp, Update};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::ops::conv::ConvPlan;
+use crate::ops::pool::PoolPlan;
 use crate::shape::Shape;
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::{BinaryOp, UnaryOp};
@@ -102,6 +108,42 @@ impl Backend for HostBackend {
 
     fn one_hot(&self, ids: Indices<'_>, num_classes: usize, shape: &Shape) -> Result<Tensor> {
         index::one_hot(ids, num_classes, shape)
+    }
+
+    fn conv2d(&self, input: &Tensor, weight: &Tensor, bias: Option<&Tensor>, plan: &ConvPlan) -> Result<Tensor> {
+        conv::conv2d(input, weight, bias, plan)
+    }
+
+    fn conv2d_backward_input(&self, grad: &Tensor, weight: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
+        conv::conv2d_backward_input(grad, weight, plan)
+    }
+
+    fn conv2d_backward_weight(&self, input: &Tensor, grad: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
+        conv::conv2d_backward_weight(input, grad, plan)
+    }
+
+    fn conv2d_backward_bias(&self, grad: &Tensor) -> Result<Tensor> {
+        conv::conv2d_backward_bias(grad)
+    }
+
+    fn max_pool2d(&self, input: &Tensor, plan: &PoolPlan) -> Result<(Tensor, Tensor)> {
+        pool::max_pool2d(input, plan)
+    }
+
+    fn max_pool2d_backward(&self, grad: &Tensor, indices: &Tensor, input_shape: &Shape) -> Result<Tensor> {
+        pool::max_pool2d_backward(grad, indices, input_shape)
+    }
+
+    fn avg_pool2d(&self, input: &Tensor, plan: &PoolPlan, count_include_pad: bool) -> Result<Tensor> {
+        pool::avg_pool2d(input, plan, count_include_pad)
+    }
+
+    fn avg_pool2d_backward(&self, grad: &Tensor, plan: &PoolPlan, count_include_pad: bool) -> Result<Tensor> {
+        pool::avg_pool2d_backward(grad, plan, count_include_pad)
+    }
+
+    fn concat(&self, tensors: &[&Tensor], d: usize, shape: &Shape) -> Result<Tensor> {
+        concat::concat(tensors, d, shape)
     }
 
     fn matmul(&self, operands: MatmulOperands<'_>) -> Result<Tensor> {
