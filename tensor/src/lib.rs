@@ -36,7 +36,7 @@
 //!   kernels of `brasa-kernels`, matrix products and convolutions on cuBLAS.
 
 mod backend;
-mod construct;
+pub(crate) mod construct;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod device;

@@ -396,3 +396,27 @@ per_device!(convolution_pooling_and_concatenation, |device| {
     let b = tensor(&[5.0, 6.0], &[2, 1], device);
     assert_close(&values(&Tensor::cat(&[&a, &b], 1).unwrap()), &[1.0, 2.0, 5.0, 3.0, 4.0, 6.0], 0.0, "cat");
 });
+
+per_device!(random_fills_repeat_the_host_stream, |device| {
+    // Each device draws the process-wide stream at the same positions: a
+    // fill on `device` after `manual_seed(7)` equals the host's.
+    let _serial = SEED_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let draw = |on: Device| {
+        brasa_tensor::manual_seed(7);
+        let u = Tensor::rand_on([1000], DType::F32, on).unwrap();
+        let n = Tensor::randn_on([1000], DType::F64, on).unwrap();
+        let b = Tensor::bernoulli_on([1000], 0.3, DType::U8, on).unwrap();
+        (values(&u), values(&n), b.to(Device::CPU).unwrap().to_vec::<u8>().unwrap())
+    };
+    let (hu, hn, hb) = draw(Device::CPU);
+    let (du, dn, db) = draw(device);
+    assert_eq!(hu, du, "uniform draws are bit-identical");
+    assert_eq!(hb, db, "Bernoulli draws are bit-identical");
+    assert_close(&dn, &hn, 1e-12, "normal draws agree to the last bits of log and cos");
+    let ones = hb.iter().filter(|&&v| v == 1).count();
+    assert!((250..350).contains(&ones), "{ones} ones in 1000 draws at p = 0.3");
+    assert!(hu.iter().all(|&v| (0.0..1.0).contains(&v)));
+});
+
+/// Tests that seed the process-wide generator run one at a time.
+static SEED_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());

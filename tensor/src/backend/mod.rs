@@ -17,10 +17,10 @@
 //!   xtask kernels` (committed in `brasa-kernels`), launched on the device's
 //!   current stream, and cuBLAS for matrix products.
 //!
-//! Every op runs through the seam. Constructors that draw random numbers or
-//! build sequences compute on the host and copy to a CUDA device (the PTX
-//! has counter-based kernels for them, not wired yet); direct byte access
-//! (`host_bytes`) is host-only by design.
+//! Every op runs through the seam, random fills included. Constructors that
+//! build sequences (`arange`, `linspace`, `eye`) compute on the host and
+//! copy to a CUDA device; direct byte access (`host_bytes`) is host-only by
+//! design.
 //!
 //! ```
 //! use brasa_tensor::{DType, Tensor};
@@ -134,6 +134,30 @@ pub(crate) struct Indices<'a> {
     pub values: &'a [i64],
     /// The index tensor (`i64`, on the operands' device).
     pub tensor: &'a Tensor,
+}
+
+/// What a random fill draws (from the process-wide counter-based generator).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Distribution {
+    /// Uniform in `[low, high)`.
+    Uniform {
+        /// Inclusive lower bound.
+        low: f64,
+        /// Exclusive upper bound.
+        high: f64,
+    },
+    /// Normal with this mean and standard deviation.
+    Normal {
+        /// The mean.
+        mean: f64,
+        /// The standard deviation.
+        std: f64,
+    },
+    /// 1 with probability `p`, else 0 (any dtype).
+    Bernoulli {
+        /// The probability of a 1.
+        p: f64,
+    },
 }
 
 /// A matrix product as the backend sees it, after PyTorch's shape rules:
@@ -277,6 +301,21 @@ pub(crate) trait Backend: Sync {
     /// The non-empty list `tensors` (one dtype, shapes equal but along `d`)
     /// joined along dim `d` into a new tensor of `shape`.
     fn concat(&self, tensors: &[&Tensor], d: usize, shape: &Shape) -> Result<Tensor>;
+
+    /// A new tensor of `shape` and `dtype` on `device` drawn from `dist`
+    /// (arguments checked by the caller): the fill reserves its elements of
+    /// the process-wide generator's stream ([`crate::construct::reserve_draws`]),
+    /// element `i` being stream element `offset + i`, so every device draws
+    /// the same numbers for the same seed (up to the last bits of the normal
+    /// distribution's `log` and `cos`).
+    fn random(
+        &self,
+        op: &'static str,
+        dist: Distribution,
+        shape: &Shape,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor>;
 
     /// `a · b` per batch entry (see [`MatmulOperands`]), both of one float
     /// dtype; f16 and bf16 accumulate in f32.

@@ -132,6 +132,8 @@ pub(super) fn matmul(backend: &CudaBackend, operands: MatmulOperands<'_>) -> Res
     } else {
         (&alpha32 as *const f32 as *const c_void, &beta32 as *const f32 as *const c_void)
     };
+    // The raw cuBLAS call does not make the device's context current itself.
+    backend.context.bind_to_thread().map_err(|e| backend.call_error(OP, "binding the CUDA context", e))?;
     // Cᵀ (n × m, ld n) = Bᵀ (n × k) · Aᵀ (k × m).
     // SAFETY: the handle is bound to this device's stream; the pointers
     // address the operands' views, whose matrices and batch strides were

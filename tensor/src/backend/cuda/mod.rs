@@ -17,11 +17,12 @@ mod elementwise;
 mod index;
 mod matmul;
 mod pool;
+mod random;
 mod reduce;
 mod strided;
 mod update;
 
-use crate::backend::{Backend, CompareOp, Indices, MatmulOperands, ReduceOp, Update};
+use crate::backend::{Backend, CompareOp, Distribution, Indices, MatmulOperands, ReduceOp, Update};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Result, SharedError, TensorError};
@@ -281,6 +282,18 @@ impl Backend for CudaBackend {
         elementwise::concat(self, tensors, d, shape)
     }
 
+    fn random(
+        &self,
+        op: &'static str,
+        dist: Distribution,
+        shape: &Shape,
+        dtype: DType,
+        // One backend per CUDA device: it is `self.device`.
+        _device: Device,
+    ) -> Result<Tensor> {
+        random::random(self, op, dist, shape, dtype)
+    }
+
     fn matmul(&self, operands: MatmulOperands<'_>) -> Result<Tensor> {
         matmul::matmul(self, operands)
     }
@@ -352,6 +365,8 @@ mod tests {
             }
             want("softmax", format!("softmax_{}", suffix(d)));
             want("conv", format!("im2col_{}", suffix(d)));
+            want("random", format!("random_uniform_{}", suffix(d)));
+            want("random", format!("random_normal_{}", suffix(d)));
             want("pool", format!("avg_pool2d_{}", suffix(d)));
             want("pool", format!("avg_pool2d_backward_{}", suffix(d)));
             want("conv", format!("col2im_{}", suffix(d)));
@@ -397,6 +412,7 @@ mod tests {
                 want("reduce", format!("reduce_{op}_{}", suffix(d)));
             }
             want("fill", format!("fill_{}", suffix(d)));
+            want("random", format!("random_bernoulli_{}", suffix(d)));
             for to in DType::ALL {
                 want("cast", format!("cast_{}_{}", suffix(d), suffix(to)));
             }

@@ -8,6 +8,7 @@ mod elementwise;
 mod index;
 mod matmul;
 mod pool;
+mod random;
 mod reduce;
 mod softmax;
 mod update;
@@ -15,7 +16,7 @@ mod update;
 pub(crate) use conv::dense_elements;
 pub(crate) use reduce::PARALLEL_MIN_WORK;
 
-use crate::backend::{Backend, CompareOp, Indices, MatmulOperands, ReduceOp, Update};
+use crate::backend::{Backend, CompareOp, Distribution, Indices, MatmulOperands, ReduceOp, Update};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -144,6 +145,17 @@ impl Backend for HostBackend {
 
     fn concat(&self, tensors: &[&Tensor], d: usize, shape: &Shape) -> Result<Tensor> {
         concat::concat(tensors, d, shape)
+    }
+
+    fn random(
+        &self,
+        op: &'static str,
+        dist: Distribution,
+        shape: &Shape,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        random::random(op, dist, shape, dtype, device)
     }
 
     fn matmul(&self, operands: MatmulOperands<'_>) -> Result<Tensor> {
