@@ -8,10 +8,11 @@ use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::storage::{Buffer, UninitTensor};
 use crate::tensor::Tensor;
+use brasa_alloc::StreamId;
 use brasa_alloc::{AllocError, AllocatorConfig, BackendError, CachingAllocator, CudaBackend};
-use cudarc::driver::{result, sys};
+use cudarc::driver::{result, sys, CudaStream};
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 static ALLOCATORS: Mutex<BTreeMap<usize, &'static CachingAllocator<CudaBackend>>> = Mutex::new(BTreeMap::new());
 
@@ -30,6 +31,47 @@ pub(crate) fn allocator(index: usize) -> Result<&'static CachingAllocator<CudaBa
     allocator.set_observer(Some(crate::profiling::allocator_observer(Device::Cuda(index))));
     allocators.insert(index, allocator);
     Ok(allocator)
+}
+
+/// The CUDA streams made by [`new_stream`], by device and id (the default
+/// stream is the context's own and is not listed).
+static STREAMS: Mutex<BTreeMap<(usize, u64), Arc<CudaStream>>> = Mutex::new(BTreeMap::new());
+
+/// A new stream on CUDA device `index`, registered under `id` with the
+/// device's allocator (so memory used on it is reused only after its work).
+pub(crate) fn new_stream(index: usize, id: StreamId) -> Result<()> {
+    let allocator = allocator(index)?;
+    let stream = allocator
+        .backend()
+        .context()
+        .new_stream()
+        .map_err(|e| driver_error(Device::Cuda(index), "creating a stream", e))?;
+    allocator.backend().register_stream(id, stream.clone());
+    STREAMS.lock().unwrap_or_else(|e| e.into_inner()).insert((index, id.0), stream);
+    Ok(())
+}
+
+/// The stream `id` of CUDA device `index` (the context's default stream for
+/// [`StreamId::DEFAULT`]).
+pub(crate) fn stream(index: usize, id: StreamId) -> Result<Arc<CudaStream>> {
+    if id == StreamId::DEFAULT {
+        return Ok(allocator(index)?.backend().context().default_stream());
+    }
+    STREAMS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&(index, id.0))
+        .cloned()
+        .ok_or_else(|| TensorError::Device(format!("cuda:{index}: no stream with id {}", id.0)))
+}
+
+/// Waits for all work queued on CUDA device `index`.
+pub(crate) fn synchronize(index: usize) -> Result<()> {
+    allocator(index)?
+        .backend()
+        .context()
+        .synchronize()
+        .map_err(|e| driver_error(Device::Cuda(index), "synchronizing the device", e))
 }
 
 /// The error for an operation that has no CUDA implementation yet (the op
@@ -107,7 +149,7 @@ fn bind(index: usize) -> Result<()> {
 
 /// A CUDA driver failure on `device`, kept whole as the error's source
 /// (an [`AllocError::Backend`] with a [`BackendError::Cuda`]).
-fn driver_error(device: Device, what: &str, source: cudarc::driver::DriverError) -> TensorError {
+pub(crate) fn driver_error(device: Device, what: &str, source: cudarc::driver::DriverError) -> TensorError {
     TensorError::Alloc(AllocError::Backend {
         device: device.to_string(),
         source: BackendError::Cuda { what: what.to_string(), source },

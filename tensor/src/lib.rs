@@ -74,5 +74,5 @@ pub use ops::Conv2dParams;
 pub use rng::{philox4x32_10, Generator, GeneratorState, RngError};
 pub use shape::{broadcast_shapes, resolve_dim, DimIndex, Shape};
 pub use storage::Storage;
-pub use stream::{Event, Stream};
+pub use stream::{synchronize, Event, Stream, StreamGuard};
 pub use tensor::Tensor;

@@ -65,6 +65,7 @@ fn im2col(backend: &CudaBackend, name: &'static str, input: &Tensor, group: usiz
     }
     let kernel = format!("im2col_{}", suffix(input.dtype()));
     let f = backend.function(name, "conv", &kernel)?;
+    let stream = backend.current_stream(name)?;
     let g = geometry(plan);
     let batch = plan.batch as i64;
     let s = x.strides();
@@ -74,8 +75,7 @@ fn im2col(backend: &CudaBackend, name: &'static str, input: &Tensor, group: usiz
     // strides; `out` holds `N · K · P` elements; the parameters are the ABI's
     // `(Conv2d, i64 batch, const T*, i64 sn, i64 sc, i64 sh, i64 sw, T*)`.
     unsafe {
-        backend
-            .stream
+        stream
             .launch_builder(&f)
             .arg(&g)
             .arg(&batch)
@@ -101,16 +101,15 @@ fn col2im(backend: &CudaBackend, name: &'static str, col: &Tensor, plan: &ConvPl
     }
     let kernel = format!("col2im_{}", suffix(col.dtype()));
     let f = backend.function(name, "conv", &kernel)?;
+    let stream = backend.current_stream(name)?;
     let g = geometry(plan);
     let batch = plan.batch as i64;
     let (src, dst) = (address(name, col)?, output_address(name, &out)?);
     // SAFETY: `col` is a contiguous `[N, K, P]` tensor and `out` a new
     // contiguous image the kernel overwrites entirely; the parameters are the
     // ABI's `(Conv2d, i64 batch, const T*, T*)`.
-    unsafe {
-        backend.stream.launch_builder(&f).arg(&g).arg(&batch).arg(&src).arg(&dst).launch(grid_for(shape.numel()))
-    }
-    .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+    unsafe { stream.launch_builder(&f).arg(&g).arg(&batch).arg(&src).arg(&dst).launch(grid_for(shape.numel())) }
+        .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
     Ok(finish(out))
 }
 

@@ -55,15 +55,14 @@ pub(super) fn unary(backend: &CudaBackend, name: &'static str, op: UnaryOp, x: &
         let s = StridedArg(coalesce(name, x.dims(), &[&contiguous, x.layout().strides()])?);
         let kernel = format!("unary_{}_{}", op.name(), suffix(x.dtype()));
         let f = backend.function(name, "elementwise", &kernel)?;
+        let stream = backend.current_stream(name)?;
         let (src, dst) = (address(name, x)?, output_address(name, &out)?);
         let (p0, p1) = unary_parameters(op);
         // SAFETY: `s` describes `x`'s view (within its storage) and the
         // contiguous output of the same element count; the kernel's
         // parameters are the ABI's `(Strided, const T*, T*, double, double)`.
-        unsafe {
-            backend.stream.launch_builder(&f).arg(&s).arg(&src).arg(&dst).arg(&p0).arg(&p1).launch(grid_for(x.numel()))
-        }
-        .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+        unsafe { stream.launch_builder(&f).arg(&s).arg(&src).arg(&dst).arg(&p0).arg(&p1).launch(grid_for(x.numel())) }
+            .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
     }
     Ok(finish(out))
 }
@@ -86,9 +85,10 @@ fn launch_elementwise(
         strides.extend(inputs.iter().map(|t| t.layout().strides()));
         let s = StridedArg(coalesce(name, first.dims(), &strides)?);
         let f = backend.function(name, module, kernel)?;
+        let stream = backend.current_stream(name)?;
         let pointers = inputs.iter().map(|t| address(name, t)).collect::<Result<Vec<u64>>>()?;
         let dst = output_address(name, &out)?;
-        let mut launch = backend.stream.launch_builder(&f);
+        let mut launch = stream.launch_builder(&f);
         launch.arg(&s);
         for p in &pointers {
             launch.arg(p);
@@ -138,13 +138,12 @@ pub(super) fn compare_scalar(
         let s = StridedArg(coalesce(name, x.dims(), &[&contiguous, x.layout().strides()])?);
         let kernel = format!("compare_scalar_{}_{}", op.kernel_name(), suffix(x.dtype()));
         let f = backend.function(name, "elementwise", &kernel)?;
+        let stream = backend.current_stream(name)?;
         let (src, dst) = (address(name, x)?, output_address(name, &out)?);
         // SAFETY: `s` describes `x`'s view and the contiguous bool output;
         // the parameters are the ABI's `(Strided, const T*, double, unsigned char*)`.
-        unsafe {
-            backend.stream.launch_builder(&f).arg(&s).arg(&src).arg(&value).arg(&dst).launch(grid_for(x.numel()))
-        }
-        .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+        unsafe { stream.launch_builder(&f).arg(&s).arg(&src).arg(&value).arg(&dst).launch(grid_for(x.numel())) }
+            .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
     }
     Ok(finish(out))
 }
@@ -168,11 +167,12 @@ pub(super) fn copy_into(backend: &CudaBackend, name: &'static str, dst: &Tensor,
     let kernel = format!("cast_{0}_{0}", suffix(dst.dtype()));
     let s = StridedArg(coalesce(name, dst.dims(), &[dst.layout().strides(), src.layout().strides()])?);
     let f = backend.function(name, "cast", &kernel)?;
+    let stream = backend.current_stream(name)?;
     let (from, to) = (address(name, src)?, address(name, dst)?);
     // SAFETY: `s` describes both views within their storages; they do not
     // overlap (the op copies a sharing source first), and `dst` has no
     // element reachable from two indices (checked writable by the op).
-    unsafe { backend.stream.launch_builder(&f).arg(&s).arg(&from).arg(&to).launch(grid_for(dst.numel())) }
+    unsafe { stream.launch_builder(&f).arg(&s).arg(&from).arg(&to).launch(grid_for(dst.numel())) }
         .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
     Ok(())
 }
@@ -196,11 +196,12 @@ pub(super) fn launch_fill<T: WithDType>(
 ) -> Result<()> {
     let kernel = format!("fill_{}", suffix(dtype));
     let f = backend.function(name, "fill", &kernel)?;
+    let stream = backend.current_stream(name)?;
     let count = n as i64;
     let value = KernelScalar(value);
     // SAFETY: `dst` holds `n` elements of `T`; the parameters are the ABI's
     // `(long long n, T value, T* out)`.
-    unsafe { backend.stream.launch_builder(&f).arg(&count).arg(&value).arg(&dst).launch(grid_for(n)) }
+    unsafe { stream.launch_builder(&f).arg(&count).arg(&value).arg(&dst).launch(grid_for(n)) }
         .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
     Ok(())
 }

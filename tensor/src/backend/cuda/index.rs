@@ -49,6 +49,7 @@ pub(super) fn index_select(
     let outer = total / (count * inner);
     let kernel = format!("index_select_{}", suffix(x.dtype()));
     let f = backend.function(name, "index", &kernel)?;
+    let stream = backend.current_stream(name)?;
     let flag = bad_index_flag(backend, name)?;
     let (src, index, dst, bad) =
         (address(name, x)?, address(name, ids.tensor)?, output_address(name, &out)?, address(name, &flag)?);
@@ -58,8 +59,7 @@ pub(super) fn index_select(
     // `outer · count · inner` elements; the parameters are the ABI's
     // `(i64 outer, i64 size, i64 inner, i64 count, const T*, const i64*, T*, i64*)`.
     unsafe {
-        backend
-            .stream
+        stream
             .launch_builder(&f)
             .arg(&outer_)
             .arg(&size_)
@@ -92,6 +92,7 @@ pub(super) fn gather(
     let s = StridedArg(coalesce(name, shape.dims(), &[&contiguous, &bases, index.tensor.strides()])?);
     let kernel = format!("gather_{}", suffix(x.dtype()));
     let f = backend.function(name, "index", &kernel)?;
+    let stream = backend.current_stream(name)?;
     let flag = bad_index_flag(backend, name)?;
     let (src, ids, dst, bad) =
         (address(name, x)?, address(name, index.tensor)?, output_address(name, &out)?, address(name, &flag)?);
@@ -102,8 +103,7 @@ pub(super) fn gather(
     // parameters are the ABI's `(Strided, const T*, const i64*, T*, i64 size,
     // i64 stride, i64*)`.
     unsafe {
-        backend
-            .stream
+        stream
             .launch_builder(&f)
             .arg(&s)
             .arg(&src)
@@ -135,6 +135,7 @@ pub(super) fn scatter_add(
     let s = StridedArg(coalesce(name, dims, &[&bases, index.tensor.strides(), src.strides()])?);
     let kernel = format!("scatter_add_{}", suffix(dst.dtype()));
     let f = backend.function(name, "index", &kernel)?;
+    let stream = backend.current_stream(name)?;
     let flag = bad_index_flag(backend, name)?;
     let (to, ids, from, bad) =
         (address(name, dst)?, address(name, index.tensor)?, address(name, src)?, address(name, &flag)?);
@@ -145,8 +146,7 @@ pub(super) fn scatter_add(
     // parameters are the ABI's `(Strided, T* dst, const i64*, const T* src,
     // i64 size, i64 stride, i64*)`.
     unsafe {
-        backend
-            .stream
+        stream
             .launch_builder(&f)
             .arg(&s)
             .arg(&to)
@@ -169,6 +169,7 @@ pub(super) fn one_hot(backend: &CudaBackend, ids: Indices<'_>, num_classes: usiz
         return Ok(finish(out));
     }
     let f = backend.function(OP, "index", "one_hot")?;
+    let stream = backend.current_stream(OP)?;
     let flag = bad_index_flag(backend, OP)?;
     let (src, dst, bad) = (address(OP, ids.tensor)?, output_address(OP, &out)?, address(OP, &flag)?);
     let (n_, classes) = (n as i64, num_classes as i64);
@@ -176,8 +177,7 @@ pub(super) fn one_hot(backend: &CudaBackend, ids: Indices<'_>, num_classes: usiz
     // `out` holds `n · num_classes` i64; the parameters are the ABI's
     // `(i64 n, i64 classes, const i64*, i64*, i64*)`.
     unsafe {
-        backend
-            .stream
+        stream
             .launch_builder(&f)
             .arg(&n_)
             .arg(&classes)

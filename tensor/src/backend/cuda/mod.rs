@@ -4,10 +4,12 @@
 //! its first use, and launched on the device's stream; matrix products on
 //! cuBLAS.
 //!
-//! Work is queued, not waited for: an op returns as soon as its kernel is
-//! launched, and the allocator hands a freed block to the next op of the same
-//! stream, which runs after the earlier work (PyTorch's stream-ordered
-//! caching). Only copies to the host (`to_vec`, `item`, `to(cpu)`) wait.
+//! Work is queued, not waited for: an op launches its kernel on the thread's
+//! current stream of the device ([`crate::Stream::current`]) and returns; the
+//! allocator hands a freed block to the next op of the same stream, which
+//! runs after the earlier work (PyTorch's stream-ordered caching). Only
+//! copies to the host (`to_vec`, `item`, `to(cpu)`) and explicit
+//! synchronization wait.
 //!
 //! Kernel names follow the PTX ABI of `brasa-kernels/cuda/ABI.md`:
 //! `<family>_<op>_<dtype>` (`unary_exp_f32`, `cast_f32_bf16`).
@@ -41,15 +43,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 static BACKENDS: Mutex<BTreeMap<usize, &'static CudaBackend>> = Mutex::new(BTreeMap::new());
 
-/// One CUDA device: its context and stream, the kernels loaded so far, and a
-/// cuBLAS handle.
+/// One CUDA device: its context, the kernels loaded so far, and a cuBLAS
+/// handle.
 pub(crate) struct CudaBackend {
     device: Device,
     context: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
-    blas: OnceLock<std::result::Result<CudaBlas, SharedError>>,
+    blas: OnceLock<std::result::Result<Mutex<CudaBlas>, SharedError>>,
 }
 
 impl CudaBackend {
@@ -61,12 +62,9 @@ impl CudaBackend {
             return Ok(backend);
         }
         let context = crate::cuda::allocator(index)?.backend().context().clone();
-        // The stream the allocator calls the default one (StreamId::DEFAULT).
-        let stream = context.default_stream();
         let backend = CudaBackend {
             device: Device::Cuda(index),
             context,
-            stream,
             modules: Mutex::default(),
             functions: Mutex::default(),
             blas: OnceLock::new(),
@@ -117,15 +115,30 @@ impl CudaBackend {
         Ok(function)
     }
 
-    /// The cuBLAS handle, on this device's stream.
-    fn blas(&self, op: &'static str) -> Result<&CudaBlas> {
-        let blas = self.blas.get_or_init(|| CudaBlas::new(self.stream.clone()).map_err(SharedError::new));
-        blas.as_ref().map_err(|e| TensorError::DeviceCall {
+    /// This thread's current stream on this device ([`crate::Stream::current`]):
+    /// where ops queue their kernels.
+    fn current_stream(&self, op: &'static str) -> Result<Arc<CudaStream>> {
+        let _ = op; // named by the lookup's own error
+        crate::cuda::stream(self.device.index(), crate::stream::current_stream_id(self.device))
+    }
+
+    /// The cuBLAS handle, locked, set to this thread's current stream.
+    fn blas(&self, op: &'static str) -> Result<std::sync::MutexGuard<'_, CudaBlas>> {
+        let blas = self
+            .blas
+            .get_or_init(|| CudaBlas::new(self.context.default_stream()).map(Mutex::new).map_err(SharedError::new));
+        let blas = blas.as_ref().map_err(|e| TensorError::DeviceCall {
             op,
             device: self.device,
             what: "creating a cuBLAS handle".into(),
             source: e.clone(),
-        })
+        })?;
+        let mut guard = blas.lock().unwrap_or_else(|e| e.into_inner());
+        let stream = self.current_stream(op)?;
+        // SAFETY: the handle is used only under this lock, by one product at
+        // a time, on the stream the op's other kernels use.
+        unsafe { guard.set_stream(stream) }.map_err(|e| self.call_error(op, "setting cuBLAS's stream", e))?;
+        Ok(guard)
     }
 }
 

@@ -58,6 +58,7 @@ pub(super) fn max_pool2d(backend: &CudaBackend, input: &Tensor, plan: &PoolPlan)
     if shape.numel() > 0 {
         let kernel = format!("max_pool2d_{}", suffix(input.dtype()));
         let f = backend.function(OP, "pool", &kernel)?;
+        let stream = backend.current_stream(OP)?;
         let g = geometry(plan);
         let (planes, channels, [sn, sc, sh, sw]) = planes(input);
         let (src, out, idx) = (address(OP, input)?, output_address(OP, &values)?, output_address(OP, &indices)?);
@@ -66,8 +67,7 @@ pub(super) fn max_pool2d(backend: &CudaBackend, input: &Tensor, plan: &PoolPlan)
         // parameters are the ABI's `(Pool2d, i64 planes, i64 channels,
         // const T*, i64 sn, i64 sc, i64 sh, i64 sw, T*, i64*)`.
         unsafe {
-            backend
-                .stream
+            stream
                 .launch_builder(&f)
                 .arg(&g)
                 .arg(&planes)
@@ -116,6 +116,7 @@ pub(super) fn avg_pool2d(
     if shape.numel() > 0 {
         let kernel = format!("avg_pool2d_{}", suffix(input.dtype()));
         let f = backend.function(OP, "pool", &kernel)?;
+        let stream = backend.current_stream(OP)?;
         let g = geometry(plan);
         let (planes, channels, [sn, sc, sh, sw]) = planes(input);
         let (src, dst) = (address(OP, input)?, output_address(OP, &out)?);
@@ -124,8 +125,7 @@ pub(super) fn avg_pool2d(
         // `(Pool2d, i64 planes, i64 channels, const T*, i64 sn, i64 sc, i64
         // sh, i64 sw, T*, int count_include_pad)`.
         unsafe {
-            backend
-                .stream
+            stream
                 .launch_builder(&f)
                 .arg(&g)
                 .arg(&planes)
@@ -157,6 +157,7 @@ pub(super) fn avg_pool2d_backward(
     if shape.numel() > 0 {
         let kernel = format!("avg_pool2d_backward_{}", suffix(grad.dtype()));
         let f = backend.function(OP, "pool", &kernel)?;
+        let stream = backend.current_stream(OP)?;
         let g = geometry(plan);
         let planes = plan.lead.iter().product::<usize>() as i64;
         let (src, dst) = (address(OP, &grad)?, output_address(OP, &out)?);
@@ -165,8 +166,7 @@ pub(super) fn avg_pool2d_backward(
         // contiguous input-shaped tensor the kernel writes entirely; the
         // parameters are the ABI's `(Pool2d, i64 planes, const T*, T*, int)`.
         unsafe {
-            backend
-                .stream
+            stream
                 .launch_builder(&f)
                 .arg(&g)
                 .arg(&planes)

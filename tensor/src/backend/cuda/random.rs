@@ -36,8 +36,9 @@ pub(super) fn random(
         Distribution::Bernoulli { p } => (format!("random_bernoulli_{}", suffix(dtype)), vec![p]),
     };
     let f = backend.function(op, "random", &kernel)?;
+    let stream = backend.current_stream(op)?;
     let dst = output_address(op, &out)?;
-    let mut launch = backend.stream.launch_builder(&f);
+    let mut launch = stream.launch_builder(&f);
     launch.arg(&count).arg(&seed).arg(&offset);
     for p in &params {
         launch.arg(p);

@@ -109,6 +109,7 @@ pub(super) fn reduce(
     };
     let kernel = format!("reduce_{kernel_op}_{}", suffix(x.dtype()));
     let f = backend.function(name, "reduce", &kernel)?;
+    let stream = backend.current_stream(name)?;
     let src = address(name, &source)?;
     let (outer_, len_, inner_) = (outer as i64, len as i64, inner as i64);
     let config = if inner == 1 {
@@ -121,7 +122,7 @@ pub(super) fn reduce(
     } else {
         grid_for(outer * inner)
     };
-    let mut launch = backend.stream.launch_builder(&f);
+    let mut launch = stream.launch_builder(&f);
     launch.arg(&outer_).arg(&len_).arg(&inner_);
     let correction = match op {
         ReduceOp::Var { correction, .. } => correction as i64,
@@ -155,14 +156,14 @@ pub(super) fn softmax(
     let outer = x.numel() / (n * inner);
     let kernel = format!("{}softmax_{}", if log { "log_" } else { "" }, suffix(x.dtype()));
     let f = backend.function(name, "softmax", &kernel)?;
+    let stream = backend.current_stream(name)?;
     let (src, dst) = (address(name, x)?, output_address(name, &out)?);
     let (outer_, n_, inner_) = (outer as i64, n as i64, inner as i64);
     // SAFETY: `x` is a contiguous `[outer, n, inner]` view and `out` a new
     // tensor of its shape and dtype; the parameters are the ABI's
     // `(i64 outer, i64 len, i64 inner, const T*, T*)`.
     unsafe {
-        backend
-            .stream
+        stream
             .launch_builder(&f)
             .arg(&outer_)
             .arg(&n_)

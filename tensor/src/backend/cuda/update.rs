@@ -44,9 +44,10 @@ pub(super) fn update(
     strides.extend(others.iter().map(|t| t.layout().strides()));
     let s = StridedArg(coalesce(name, dst.dims(), &strides)?);
     let f = backend.function(name, "elementwise", &kernel)?;
+    let stream = backend.current_stream(name)?;
     let at = address(name, dst)?;
     let pointers = others.iter().map(|t| address(name, t)).collect::<Result<Vec<u64>>>()?;
-    let mut launch = backend.stream.launch_builder(&f);
+    let mut launch = stream.launch_builder(&f);
     launch.arg(&s).arg(&at);
     for p in &pointers {
         launch.arg(p);
