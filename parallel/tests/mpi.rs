@@ -27,10 +27,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// Set in the ranks' environment: run the rank's part of the test.
-const CHILD: &str = "BRASA_MPI_TEST_CHILD";
-/// Which variant of a test the ranks run.
-const CASE: &str = "BRASA_MPI_TEST_CASE";
+#[path = "support/launch.rs"]
+mod launch;
+use launch::{launcher, CASE, CHILD};
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 const SIZES: [usize; 5] = [0, 1, 17, 4097, 300_007];
@@ -83,36 +82,6 @@ impl Job {
     fn assert_marker(&self, marker: &str) {
         assert!(self.output.contains(marker), "no `{marker}` line from the ranks: {}", self.describe());
     }
-}
-
-/// `mpirun` (or the launcher `program`) around this test binary, set to
-/// run `test` alone with `case`, environment cleaned as mpi.md says: a
-/// process that ever initialised MPI has OMPI_/PMIX_ variables that make a
-/// nested mpirun exit 1 silently.
-fn launcher(program: &str, launcher_args: &[&str], test: &str, case: &str) -> Command {
-    let mut command = Command::new("timeout");
-    command.args(["-k", "10", "120", program]).args(launcher_args);
-    command.args(["-x", CHILD, "-x", CASE]).arg(std::env::current_exe().expect("the test binary's path")).args([
-        test,
-        "--exact",
-        "--nocapture",
-        "--test-threads=1",
-    ]);
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy().into_owned();
-        if (key.starts_with("OMPI_") || key.starts_with("PMIX_")) && !key.starts_with("OMPI_ALLOW_") {
-            command.env_remove(key);
-        }
-    }
-    command
-        .env(CHILD, "1")
-        .env(CASE, case)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        // Keeps a failing rank's panic message short in the job's output.
-        .env("RUST_BACKTRACE", "0")
-        .stdin(Stdio::null());
-    command
 }
 
 /// The shared-memory launch of mpi.md: 2 ranks on this machine.

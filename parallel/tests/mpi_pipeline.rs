@@ -18,32 +18,18 @@ use brasa_parallel::pipeline::{Partition, Pipeline, PipelineConfig, PipelineRng,
 use brasa_parallel::{abort_job_on_panic, init_from_env, CommOptions, ParallelError};
 use brasa_tensor::{Device, Generator, Tensor};
 use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const CHILD: &str = "BRASA_MPI_TEST_CHILD";
-const CASE: &str = "BRASA_MPI_TEST_CASE";
+#[path = "support/launch.rs"]
+mod launch;
+use launch::{launcher, CASE, CHILD};
 
 /// Runs `test` of this binary on 2 ranks with `case`; returns (exit code, output, elapsed).
 fn mpirun(test: &str, case: &str) -> (Option<i32>, String, Duration) {
-    let mut command = Command::new("timeout");
-    command.args(["-k", "10", "120", "mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", "--timeout", "60"]);
-    command.args(["--mca", "pml", "ob1", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"]);
-    command.args(["-x", CHILD, "-x", CASE]).arg(std::env::current_exe().unwrap());
-    command.args([test, "--exact", "--nocapture", "--test-threads=1"]);
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy().into_owned();
-        if (key.starts_with("OMPI_") || key.starts_with("PMIX_")) && !key.starts_with("OMPI_ALLOW_") {
-            command.env_remove(key);
-        }
-    }
-    command
-        .env(CHILD, "1")
-        .env(CASE, case)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("RUST_BACKTRACE", "0")
-        .stdin(Stdio::null());
+    let mpirun_args = ["-np", "2", "--oversubscribe", "--bind-to", "none", "--timeout", "60"];
+    let transport = ["--mca", "pml", "ob1", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo"];
+    let args: Vec<&str> = mpirun_args.iter().chain(&transport).copied().collect();
+    let mut command = launcher("mpirun", &args, test, case);
     let start = Instant::now();
     let output = command.output().expect("mpirun (Open MPI) on PATH");
     let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));

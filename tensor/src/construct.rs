@@ -6,6 +6,7 @@
 //! Philox4x32-10 stream, so the same seed gives the same numbers on every
 //! device and thread count.
 
+use crate::backend::{for_device, Distribution};
 use crate::device::{default_device, Device};
 use crate::dispatch::dispatch_dtype;
 use crate::dtype::{checked_scalar, DType, WithDType};
@@ -13,11 +14,7 @@ use crate::error::{Result, TensorError};
 use crate::rng::{Generator, GeneratorState};
 use crate::shape::Shape;
 use crate::tensor::Tensor;
-use rayon::prelude::*;
 use std::sync::Mutex;
-
-/// Elements per parallel chunk of a random fill: large enough to pay for a task.
-const RNG_CHUNK: usize = 1 << 16;
 
 static GENERATOR: Mutex<Option<Generator>> = Mutex::new(None);
 
@@ -41,21 +38,15 @@ pub fn set_rng_state(state: GeneratorState) {
     with_generator(|g| g.set_state(state));
 }
 
-/// Fills `out` in parallel chunks from a reserved range of the generator.
-fn parallel_fill<T: Send>(
-    out: &mut [T],
-    fill: impl Fn(&Generator, &mut [T], u64) -> std::result::Result<(), crate::rng::RngError> + Sync,
-) -> Result<()> {
-    let generator = with_generator(|g| {
+/// Reserves `count` elements of the process-wide generator's stream for one
+/// fill: a snapshot of the generator positioned at the first of them (element
+/// `i` of the fill is stream element `offset + i` on every device).
+pub(crate) fn reserve_draws(count: usize) -> Generator {
+    with_generator(|g| {
         let snapshot = Generator::from_state(g.state());
-        g.reserve(out.len() as u64);
+        g.reserve(count as u64);
         snapshot
-    });
-    let base = generator.offset();
-    out.par_chunks_mut(RNG_CHUNK)
-        .enumerate()
-        .try_for_each(|(i, chunk)| fill(&generator, chunk, base + (i * RNG_CHUNK) as u64))?;
-    Ok(())
+    })
 }
 
 fn require_float(op: &'static str, dtype: DType) -> Result<()> {
@@ -66,38 +57,21 @@ fn require_float(op: &'static str, dtype: DType) -> Result<()> {
     }
 }
 
-/// Fills with `draw` in f32 (or f64 for f64 tensors), converting to the
-/// dtype. `draw` is first called on no elements, which checks its arguments
-/// before anything is allocated or drawn.
-fn random(
-    op: &'static str,
-    shape: Shape,
-    dtype: DType,
-    device: Device,
-    draw32: impl Fn(&Generator, &mut [f32], u64) -> std::result::Result<(), crate::rng::RngError> + Sync,
-    draw64: impl Fn(&Generator, &mut [f64], u64) -> std::result::Result<(), crate::rng::RngError> + Sync,
-) -> Result<Tensor> {
-    require_float(op, dtype)?;
-    with_generator(|g| match dtype {
-        DType::F64 => draw64(g, &mut [], 0),
-        _ => draw32(g, &mut [], 0),
-    })?;
-    if !device.is_cpu() {
-        return random(op, shape, dtype, Device::CPU, draw32, draw64)?.to(device);
+/// A tensor of `shape` drawn from `dist` on `device` (float dtypes; any for
+/// Bernoulli). The arguments are checked first (a draw of no elements), so a
+/// bad one is an error before anything is allocated or drawn.
+fn random(op: &'static str, dist: Distribution, shape: Shape, dtype: DType, device: Device) -> Result<Tensor> {
+    if !matches!(dist, Distribution::Bernoulli { .. }) {
+        require_float(op, dtype)?;
     }
-    // Drawn into the tensor's own storage (f32 for the half types), so the
-    // allocator, not a Vec, answers for the size.
-    let draw_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
-    let values = Tensor::uninit(shape, draw_dtype, device)?;
-    // `parallel_fill` hands every chunk of the slice to the generator's
-    // fill, which writes each element of its chunk and reads none.
-    let values = match draw_dtype {
-        // SAFETY: as just said.
-        DType::F64 => unsafe { values.init_with::<f64>(op, |out| parallel_fill(out, draw64)) }?,
-        // SAFETY: as just said.
-        _ => unsafe { values.init_with::<f32>(op, |out| parallel_fill(out, draw32)) }?,
-    };
-    values.to_dtype(dtype)
+    with_generator(|g| match dist {
+        Distribution::Uniform { low, high } if dtype == DType::F64 => g.fill_uniform_f64_at(&mut [], 0, low, high),
+        Distribution::Uniform { low, high } => g.fill_uniform_f32_at(&mut [], 0, low as f32, high as f32),
+        Distribution::Normal { mean, std } if dtype == DType::F64 => g.fill_normal_f64_at(&mut [], 0, mean, std),
+        Distribution::Normal { mean, std } => g.fill_normal_f32_at(&mut [], 0, mean as f32, std as f32),
+        Distribution::Bernoulli { p } => g.fill_bernoulli_at::<u8>(&mut [], 0, p),
+    })?;
+    for_device(device)?.random(op, dist, &shape, dtype, device)
 }
 
 /// An `n`-element 1-d tensor of `dtype` on `device` with element `i` equal
@@ -132,7 +106,13 @@ impl Tensor {
     /// wraps into u8 (`-1` is 255), as PyTorch does.
     pub fn full_on(shape: impl Into<Shape>, value: f64, dtype: DType, device: Device) -> Result<Tensor> {
         if !device.is_cpu() {
-            return Self::full_on(shape, value, dtype, Device::CPU)?.to(device);
+            // The value as the dtype stores it (`-1` into u8 is 255), filled on the device.
+            let value = dispatch_dtype!(dtype, T => checked_scalar::<T>("full", value)?.to_f64());
+            // SAFETY: the host never reads device memory; the fill is queued
+            // on the device's stream before any later work there can read it.
+            let out = unsafe { Tensor::uninit(shape, dtype, device)?.assume_init() };
+            crate::backend::for_device(device)?.fill("full", &out, value)?;
+            return Ok(out);
         }
         dispatch_dtype!(dtype, T => {
             let value = checked_scalar::<T>("full", value)?;
@@ -147,6 +127,9 @@ impl Tensor {
 
     /// Zeros.
     pub fn zeros_on(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
+        if !device.is_cpu() {
+            return Self::full_on(shape, 0.0, dtype, device);
+        }
         Tensor::uninit(shape, dtype, device)?.zeros("zeros")
     }
 
@@ -281,14 +264,7 @@ impl Tensor {
 
     /// Uniform in `[0, 1)` from the process-wide generator (floating dtypes).
     pub fn rand_on(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
-        random(
-            "rand",
-            shape.into(),
-            dtype,
-            device,
-            |g, out, at| g.fill_uniform_f32_at(out, at, 0.0, 1.0),
-            |g, out, at| g.fill_uniform_f64_at(out, at, 0.0, 1.0),
-        )
+        random("rand", Distribution::Uniform { low: 0.0, high: 1.0 }, shape.into(), dtype, device)
     }
 
     /// [`Tensor::rand_on`] on the default device.
@@ -298,26 +274,12 @@ impl Tensor {
 
     /// Uniform in `[low, high)`.
     pub fn uniform_on(shape: impl Into<Shape>, low: f64, high: f64, dtype: DType, device: Device) -> Result<Tensor> {
-        random(
-            "uniform",
-            shape.into(),
-            dtype,
-            device,
-            |g, out, at| g.fill_uniform_f32_at(out, at, low as f32, high as f32),
-            |g, out, at| g.fill_uniform_f64_at(out, at, low, high),
-        )
+        random("uniform", Distribution::Uniform { low, high }, shape.into(), dtype, device)
     }
 
     /// Standard normal from the process-wide generator (floating dtypes).
     pub fn randn_on(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
-        random(
-            "randn",
-            shape.into(),
-            dtype,
-            device,
-            |g, out, at| g.fill_normal_f32_at(out, at, 0.0, 1.0),
-            |g, out, at| g.fill_normal_f64_at(out, at, 0.0, 1.0),
-        )
+        random("randn", Distribution::Normal { mean: 0.0, std: 1.0 }, shape.into(), dtype, device)
     }
 
     /// [`Tensor::randn_on`] on the default device.
@@ -327,22 +289,7 @@ impl Tensor {
 
     /// 1 with probability `p`, else 0, in `dtype` (any dtype).
     pub fn bernoulli_on(shape: impl Into<Shape>, p: f64, dtype: DType, device: Device) -> Result<Tensor> {
-        with_generator(|g| g.fill_bernoulli_at::<u8>(&mut [], 0, p))?;
-        if !device.is_cpu() {
-            return Self::bernoulli_on(shape, p, dtype, Device::CPU)?.to(device);
-        }
-        // Drawn straight into the tensor: the values are 0 and 1 in any dtype.
-        let out = Tensor::uninit(shape, dtype, device)?;
-        dispatch_dtype!(dtype, T => {
-            // SAFETY: `parallel_fill` hands every chunk of the slice to
-            // `fill_bernoulli_at`, which writes each element of its chunk and reads none.
-            unsafe { out.init_with::<T>("bernoulli", |out| parallel_fill(out, |g, out, at| g.fill_bernoulli_at(out, at, p))) }
-        })
-    }
-
-    /// [`Tensor::bernoulli_on`] on the default device.
-    pub fn bernoulli(shape: impl Into<Shape>, p: f64, dtype: DType) -> Result<Tensor> {
-        Self::bernoulli_on(shape, p, dtype, default_device())
+        random("bernoulli", Distribution::Bernoulli { p }, shape.into(), dtype, device)
     }
 
     // ----- constructors that keep this tensor's dtype and device ----------------

@@ -1,16 +1,18 @@
 //! CUDA devices (feature `cuda`): one caching allocator per device, created on
-//! first use, and copies between host and device memory. Ops on CUDA tensors
-//! are not implemented yet: they return an error that says so.
+//! first use, and copies between host and device memory. Ops run through the
+//! CUDA backend (`crate::backend::cuda`); op families not behind the seam yet
+//! return an error that says so.
 
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::storage::{Buffer, UninitTensor};
 use crate::tensor::Tensor;
+use brasa_alloc::StreamId;
 use brasa_alloc::{AllocError, AllocatorConfig, BackendError, CachingAllocator, CudaBackend};
-use cudarc::driver::{result, sys};
+use cudarc::driver::{result, sys, CudaStream};
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 static ALLOCATORS: Mutex<BTreeMap<usize, &'static CachingAllocator<CudaBackend>>> = Mutex::new(BTreeMap::new());
 
@@ -31,34 +33,84 @@ pub(crate) fn allocator(index: usize) -> Result<&'static CachingAllocator<CudaBa
     Ok(allocator)
 }
 
-/// The error for an operation that has no CUDA implementation yet.
+/// The CUDA streams made by [`new_stream`], by device and id (the default
+/// stream is the context's own and is not listed).
+static STREAMS: Mutex<BTreeMap<(usize, u64), Arc<CudaStream>>> = Mutex::new(BTreeMap::new());
+
+/// A new stream on CUDA device `index`, registered under `id` with the
+/// device's allocator (so memory used on it is reused only after its work).
+pub(crate) fn new_stream(index: usize, id: StreamId) -> Result<()> {
+    let allocator = allocator(index)?;
+    let stream = allocator
+        .backend()
+        .context()
+        .new_stream()
+        .map_err(|e| driver_error(Device::Cuda(index), "creating a stream", e))?;
+    allocator.backend().register_stream(id, stream.clone());
+    STREAMS.lock().unwrap_or_else(|e| e.into_inner()).insert((index, id.0), stream);
+    Ok(())
+}
+
+/// The stream `id` of CUDA device `index` (the context's default stream for
+/// [`StreamId::DEFAULT`]).
+pub(crate) fn stream(index: usize, id: StreamId) -> Result<Arc<CudaStream>> {
+    if id == StreamId::DEFAULT {
+        return Ok(allocator(index)?.backend().context().default_stream());
+    }
+    STREAMS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&(index, id.0))
+        .cloned()
+        .ok_or_else(|| TensorError::Device(format!("cuda:{index}: no stream with id {}", id.0)))
+}
+
+/// Waits for all work queued on CUDA device `index`.
+pub(crate) fn synchronize(index: usize) -> Result<()> {
+    allocator(index)?
+        .backend()
+        .context()
+        .synchronize()
+        .map_err(|e| driver_error(Device::Cuda(index), "synchronizing the device", e))
+}
+
+/// The error for an operation that has no CUDA implementation yet (the op
+/// families not behind the device seam, `crate::backend`).
 pub(crate) fn unsupported(op: &'static str) -> TensorError {
     TensorError::Invalid { op, message: "not implemented for CUDA tensors yet; move the tensor to the host".into() }
 }
 
 /// A contiguous copy of `tensor` on `device` with `dtype`, through host memory.
 pub(crate) fn copy_between(tensor: &Tensor, device: Device, dtype: DType) -> Result<Tensor> {
-    // Bring the data to the host, contiguous and converted.
+    // Bring the data to the host, contiguous and converted (a CUDA tensor
+    // is converted and made contiguous on its device first).
     let host = match tensor.device() {
         Device::Cpu(_) => tensor.copy_to(tensor.device(), dtype)?,
-        Device::Cuda(_) => {
-            if !tensor.is_contiguous() || tensor.layout().offset() != 0 || tensor.numel() != tensor.storage().len() {
-                return Err(unsupported("strided copy from a CUDA tensor"));
-            }
-            let mut out = UninitTensor::new(tensor.shape().clone(), tensor.dtype(), Device::CPU)?;
+        Device::Cuda(index) => {
+            let whole = tensor.is_contiguous() && tensor.layout().offset() == 0;
+            let dense = if whole && tensor.dtype() == dtype {
+                tensor.clone()
+            } else {
+                crate::backend::for_device(tensor.device())?.cast(tensor, dtype)?
+            };
+            let mut out = UninitTensor::new(dense.shape().clone(), dtype, Device::CPU)?;
             {
-                let _guard = tensor.storage().device_read_lock();
-                let Buffer::Cuda(block) = tensor.storage().buffer() else { unreachable!("a CUDA tensor's buffer") };
+                let _guard = dense.storage().device_read_lock();
+                let Buffer::Cuda(block) = dense.storage().buffer() else {
+                    return Err(TensorError::invalid("copy", "internal error: a CUDA tensor without device memory"));
+                };
                 let dst = out.as_uninit_bytes_mut("copy")?;
                 if !dst.is_empty() {
-                    bind(tensor.device().index())?;
-                    // SAFETY: the device block holds at least `dst.len()` bytes; the copy is synchronous.
+                    bind(index)?;
+                    // SAFETY: the device block holds at least `dst.len()`
+                    // bytes (a dense tensor of the same shape and dtype); the
+                    // copy waits for the work queued before it.
                     unsafe { result::memcpy_dtoh_sync(dst, block.addr() as sys::CUdeviceptr) }
                         .map_err(|e| driver_error(tensor.device(), "copy to host", e))?;
                 }
             }
             // SAFETY: the copy wrote every byte (of a tensor of the same shape and dtype).
-            unsafe { out.assume_init() }.to_dtype(dtype)?
+            unsafe { out.assume_init() }
         }
     };
     match device {
@@ -68,7 +120,12 @@ pub(crate) fn copy_between(tensor: &Tensor, device: Device, dtype: DType) -> Res
             {
                 let src = host.storage().read_bytes("copy")?;
                 if !src.is_empty() {
-                    let Buffer::Cuda(block) = out.buffer() else { unreachable!("a CUDA storage's buffer") };
+                    let Buffer::Cuda(block) = out.buffer() else {
+                        return Err(TensorError::invalid(
+                            "copy",
+                            "internal error: a CUDA tensor without device memory",
+                        ));
+                    };
                     bind(index)?;
                     // SAFETY: the new device block holds `src.len()` bytes; the copy is synchronous.
                     unsafe { result::memcpy_htod_sync(block.addr() as sys::CUdeviceptr, &src) }
@@ -92,7 +149,7 @@ fn bind(index: usize) -> Result<()> {
 
 /// A CUDA driver failure on `device`, kept whole as the error's source
 /// (an [`AllocError::Backend`] with a [`BackendError::Cuda`]).
-fn driver_error(device: Device, what: &str, source: cudarc::driver::DriverError) -> TensorError {
+pub(crate) fn driver_error(device: Device, what: &str, source: cudarc::driver::DriverError) -> TensorError {
     TensorError::Alloc(AllocError::Backend {
         device: device.to_string(),
         source: BackendError::Cuda { what: what.to_string(), source },

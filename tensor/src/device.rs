@@ -78,6 +78,31 @@ impl FromStr for Device {
     }
 }
 
+/// How many CUDA devices this process can use (`torch.cuda.device_count()`):
+/// 0 without the `cuda` feature, without a driver, or without a GPU. Never
+/// panics (the driver library is probed before it is called).
+///
+/// ```
+/// let n = brasa_tensor::cuda_device_count();
+/// if n == 0 {
+///     println!("no GPU: CUDA tests skip");
+/// }
+/// ```
+pub fn cuda_device_count() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        // SAFETY: only probes whether the driver library can be loaded.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return 0;
+        }
+        cudarc::driver::CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        0
+    }
+}
+
 static DEFAULT_DEVICE: Mutex<Device> = Mutex::new(Device::CPU);
 
 /// The device constructors use when none is named.

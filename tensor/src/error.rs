@@ -145,6 +145,20 @@ pub enum TensorError {
     /// the device).
     #[error("{0}")]
     Device(String),
+    /// A call into a device's runtime failed: loading kernels, launching
+    /// one, a cuBLAS product. The runtime's error is the source.
+    #[error("{op}: {what} on {device} failed: {source}")]
+    DeviceCall {
+        /// The operation.
+        op: &'static str,
+        /// The device.
+        device: Device,
+        /// The call that failed (`launching unary_exp_f32`).
+        what: String,
+        /// The runtime's error (a `cudarc` driver or cuBLAS error).
+        #[source]
+        source: SharedError,
+    },
     /// Any other invalid argument.
     #[error("{op}: {message}")]
     Invalid {

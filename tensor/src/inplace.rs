@@ -1,10 +1,10 @@
 //! In-place writes: `fill_`, `zero_`, `copy_`. Each bumps the storage's
 //! version, which autograd uses to catch a tensor changed after it was saved.
 
+use crate::backend::for_device;
 use crate::dispatch::dispatch_dtype;
 use crate::dtype::{checked_scalar, WithDType};
 use crate::error::{Result, TensorError};
-use crate::storage::lock_storages;
 use crate::tensor::Tensor;
 
 impl Tensor {
@@ -14,15 +14,9 @@ impl Tensor {
     /// allowed, as in PyTorch: its shared elements all get the one value,
     /// each written once.
     pub fn fill_(&self, value: f64) -> Result<()> {
-        dispatch_dtype!(self.dtype(), T => {
-            let value = checked_scalar::<T>("fill_", value)?;
-            // Broadcast dims repeat their element: walk each one once.
-            let layout = self.layout().without_broadcast_dims();
-            let mut data = self.storage().write::<T>("fill_")?;
-            for run in layout.contiguous_runs() {
-                data[run].fill(value);
-            }
-        });
+        // The value as the dtype stores it (`-1` into u8 is 255), as f64.
+        let value = dispatch_dtype!(self.dtype(), T => checked_scalar::<T>("fill_", value)?.to_f64());
+        for_device(self.device())?.fill("fill_", self, value)?;
         self.storage().bump_version();
         Ok(())
     }
@@ -51,31 +45,10 @@ impl Tensor {
         } else {
             src
         };
-        let mut locks = lock_storages(&[src.storage()], &[self.storage()]);
-        dispatch_dtype!(self.dtype(), T => {
-            // The storages differ (a sharing source was copied above).
-            let (to, reads) = locks.write::<T>(self.storage(), "copy_")?;
-            copy_runs::<T>(reads.read::<T>(src.storage(), "copy_")?, &src, to, self);
-        });
-        drop(locks);
+        // The storages differ (a sharing source was copied above).
+        for_device(self.device())?.copy_into("copy_", self, &src)?;
         self.storage().bump_version();
         Ok(())
-    }
-}
-
-/// Element-by-element copy between two layouts of the same shape, a
-/// contiguous run at a time where both sides allow.
-fn copy_runs<T: WithDType>(from: &[T], src: &Tensor, to: &mut [T], dst: &Tensor) {
-    let dst_runs = dst.layout().contiguous_runs();
-    let src_runs = src.layout().contiguous_runs();
-    if dst_runs.run_len() == src_runs.run_len() {
-        for (d, s) in dst_runs.zip(src_runs) {
-            to[d].copy_from_slice(&from[s]);
-        }
-    } else {
-        for (d, s) in dst.layout().offsets().zip(src.layout().offsets()) {
-            to[d] = from[s];
-        }
     }
 }
 

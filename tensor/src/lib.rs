@@ -31,10 +31,12 @@
 //!
 //! ## Cargo features
 //!
-//! - `cuda`: CUDA devices through `brasa-alloc`'s CUDA backend, with host↔device
-//!   copies; ops on CUDA tensors are not implemented yet and say so.
+//! - `cuda`: CUDA devices through `brasa-alloc`'s CUDA backend: host↔device
+//!   copies, and every op through the device seam (`backend`): the PTX
+//!   kernels of `brasa-kernels`, matrix products and convolutions on cuBLAS.
 
-mod construct;
+mod backend;
+pub(crate) mod construct;
 #[cfg(feature = "cuda")]
 mod cuda;
 mod device;
@@ -59,7 +61,7 @@ mod tensor;
 /// [`TensorError::ScratchTooLarge`] carries as its source.
 pub use brasa_kernels::{index::IndexError, scratch::ScratchError, KernelError};
 pub use construct::{manual_seed, rng_state, set_rng_state};
-pub use device::{default_device, set_default_device, Device};
+pub use device::{cuda_device_count, default_device, set_default_device, Device};
 pub use dtype::{convert_slice, DType, DTypeError, WithDType};
 pub use error::{ErrorBox, Result, SharedError, TensorError};
 pub use host_access::{HostBytes, HostBytesMut};
@@ -72,5 +74,5 @@ pub use ops::Conv2dParams;
 pub use rng::{philox4x32_10, Generator, GeneratorState, RngError};
 pub use shape::{broadcast_shapes, resolve_dim, DimIndex, Shape};
 pub use storage::Storage;
-pub use stream::{Event, Stream};
+pub use stream::{synchronize, Event, Stream, StreamGuard};
 pub use tensor::Tensor;

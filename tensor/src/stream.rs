@@ -5,7 +5,11 @@
 //! is finished when the call that queued it returns, an event completes when
 //! it is recorded, and `elapsed_time` between two events is the host time
 //! between their recordings. The same code gets asynchronous semantics on a
-//! CUDA device (where streams are not implemented yet and say so).
+//! CUDA device: ops queue their kernels on the thread's current stream of
+//! the device ([`Stream::current`], set for a scope with
+//! [`Stream::make_current`], PyTorch's `with torch.cuda.stream(s)`), memory
+//! allocated there comes from that stream's pool, and events are CUDA events
+//! (`elapsed_time` is device time).
 //!
 //! ```
 //! use brasa_tensor::{DType, Device, Event, Stream, Tensor};
@@ -23,10 +27,56 @@ use crate::device::Device;
 use crate::error::{Result, TensorError};
 use crate::tensor::Tensor;
 use brasa_alloc::StreamId;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 static NEXT_STREAM: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// This thread's current stream of each device that has one other than
+    /// the default.
+    static CURRENT: RefCell<HashMap<Device, StreamId>> = RefCell::new(HashMap::new());
+}
+
+/// The id of this thread's current stream on `device`.
+pub(crate) fn current_stream_id(device: Device) -> StreamId {
+    CURRENT.with(|c| c.borrow().get(&device).copied().unwrap_or(StreamId::DEFAULT))
+}
+
+/// Waits for all work queued on `device` (`torch.cuda.synchronize`):
+/// immediate on the host, whose work is done when its call returns.
+pub fn synchronize(device: Device) -> Result<()> {
+    match device {
+        Device::Cpu(_) => Ok(()),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(index) => crate::cuda::synchronize(index),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => Err(no_cuda(device)),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn no_cuda(device: Device) -> TensorError {
+    TensorError::Device(format!("{device}: brasa-tensor was built without the `cuda` feature"))
+}
+
+/// Restores the previous current stream of a device when dropped (see
+/// [`Stream::make_current`]).
+#[must_use = "the stream is current only while the guard lives"]
+pub struct StreamGuard {
+    device: Device,
+    previous: StreamId,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        CURRENT.with(|c| {
+            c.borrow_mut().insert(self.device, self.previous);
+        });
+    }
+}
 
 /// A queue of work on a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -41,14 +91,43 @@ impl Stream {
         Stream { device, id: StreamId::DEFAULT }
     }
 
-    /// A new stream on `device`.
+    /// A new stream on `device` (on CUDA, a new driver stream registered with
+    /// the device's allocator).
     pub fn new(device: Device) -> Result<Stream> {
+        let id = StreamId(NEXT_STREAM.fetch_add(1, Ordering::Relaxed));
         match device {
-            Device::Cpu(_) => Ok(Stream { device, id: StreamId(NEXT_STREAM.fetch_add(1, Ordering::Relaxed)) }),
-            Device::Cuda(index) => Err(TensorError::Device(format!(
-                "cuda:{index}: streams other than the default are not implemented yet"
-            ))),
+            Device::Cpu(_) => {}
+            #[cfg(feature = "cuda")]
+            Device::Cuda(index) => crate::cuda::new_stream(index, id)?,
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => return Err(no_cuda(device)),
         }
+        Ok(Stream { device, id })
+    }
+
+    /// This thread's current stream on `device`: the one ops queue their
+    /// work on (the default stream unless [`Stream::make_current`] says
+    /// otherwise).
+    pub fn current(device: Device) -> Stream {
+        Stream { device, id: current_stream_id(device) }
+    }
+
+    /// Makes this stream the thread's current stream of its device until the
+    /// guard is dropped (PyTorch's `with torch.cuda.stream(s):`).
+    ///
+    /// ```
+    /// use brasa_tensor::{Device, Stream};
+    /// let side = Stream::new(Device::CPU)?;
+    /// {
+    ///     let _on_side = side.make_current();
+    ///     assert_eq!(Stream::current(Device::CPU), side);
+    /// }
+    /// assert_eq!(Stream::current(Device::CPU), Stream::default_for(Device::CPU));
+    /// # Ok::<(), brasa_tensor::TensorError>(())
+    /// ```
+    pub fn make_current(&self) -> StreamGuard {
+        let previous = CURRENT.with(|c| c.borrow_mut().insert(self.device, self.id).unwrap_or(StreamId::DEFAULT));
+        StreamGuard { device: self.device, previous }
     }
 
     /// The device the stream belongs to.
@@ -63,7 +142,15 @@ impl Stream {
 
     /// Waits until the work queued on the stream has finished (immediate on the host).
     pub fn synchronize(&self) -> Result<()> {
-        Ok(())
+        match self.device {
+            Device::Cpu(_) => Ok(()),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(index) => crate::cuda::stream(index, self.id)?
+                .synchronize()
+                .map_err(|e| crate::cuda::driver_error(self.device, "synchronizing a stream", e)),
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => Err(no_cuda(self.device)),
+        }
     }
 
     /// Records a new event on the stream.
@@ -80,6 +167,13 @@ impl Stream {
             Some(device) if device != self.device => {
                 Err(TensorError::DeviceMismatch { op: "wait_event", lhs: self.device, rhs: device })
             }
+            #[cfg(feature = "cuda")]
+            Some(Device::Cuda(index)) => match &event.cuda {
+                Some(recorded) => crate::cuda::stream(index, self.id)?
+                    .wait(recorded)
+                    .map_err(|e| crate::cuda::driver_error(self.device, "waiting for an event", e)),
+                None => Ok(()),
+            },
             _ => Ok(()),
         }
     }
@@ -91,16 +185,38 @@ pub struct Event {
     enable_timing: bool,
     recorded_at: Option<Instant>,
     device: Option<Device>,
+    /// The CUDA event, once recorded on a CUDA stream.
+    #[cfg(feature = "cuda")]
+    cuda: Option<std::sync::Arc<cudarc::driver::CudaEvent>>,
 }
 
 impl Event {
     /// An unrecorded event; `elapsed_time` needs `enable_timing` on both ends.
     pub fn new(enable_timing: bool) -> Event {
-        Event { enable_timing, recorded_at: None, device: None }
+        Event {
+            enable_timing,
+            recorded_at: None,
+            device: None,
+            #[cfg(feature = "cuda")]
+            cuda: None,
+        }
     }
 
     /// Records the event at the current end of `stream`'s work.
     pub fn record(&mut self, stream: &Stream) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(index) = stream.device() {
+            use cudarc::driver::sys::CUevent_flags;
+            let flags = if self.enable_timing {
+                CUevent_flags::CU_EVENT_DEFAULT
+            } else {
+                CUevent_flags::CU_EVENT_DISABLE_TIMING
+            };
+            let recorded = crate::cuda::stream(index, stream.id())?
+                .record_event(Some(flags))
+                .map_err(|e| crate::cuda::driver_error(stream.device(), "recording an event", e))?;
+            self.cuda = Some(std::sync::Arc::new(recorded));
+        }
         self.recorded_at = Some(Instant::now());
         self.device = Some(stream.device());
         Ok(())
@@ -108,11 +224,19 @@ impl Event {
 
     /// Whether the work before the event has finished (true on the host once recorded).
     pub fn query(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        if let Some(recorded) = &self.cuda {
+            return recorded.is_complete();
+        }
         self.recorded_at.is_some()
     }
 
     /// Waits for the work before the event.
     pub fn synchronize(&self) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let (Some(recorded), Some(device)) = (&self.cuda, self.device) {
+            return recorded.synchronize().map_err(|e| crate::cuda::driver_error(device, "waiting for an event", e));
+        }
         match self.recorded_at {
             Some(_) => Ok(()),
             None => Err(TensorError::invalid("Event::synchronize", "the event was never recorded")),
@@ -132,6 +256,14 @@ impl Event {
             if a != b {
                 return Err(TensorError::DeviceMismatch { op: OP, lhs: a, rhs: b });
             }
+        }
+        // CUDA events: device time between them (waits for both).
+        #[cfg(feature = "cuda")]
+        if let (Some(first), Some(last), Some(device)) = (&self.cuda, &end.cuda, self.device) {
+            return first
+                .elapsed_ms(last)
+                .map(f64::from)
+                .map_err(|e| crate::cuda::driver_error(device, "timing two events", e));
         }
         Ok(stop.saturating_duration_since(start).as_secs_f64() * 1e3)
     }

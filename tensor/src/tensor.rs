@@ -315,18 +315,11 @@ impl Tensor {
                 self.device()
             )));
         }
-        let out = Tensor::uninit_like(self, dtype, device)?;
-        dispatch_dtype!(self.dtype(), S => dispatch_dtype!(dtype, D => {
-            let src = self.storage.read::<S>("copy")?;
-            // SAFETY: `copy_strided` writes every element of `dst` (one per
-            // element of the source's layout, which has `dst`'s shape), reading none.
-            unsafe {
-                out.init_with::<D>("copy", |dst| {
-                    copy_strided(&src, &self.layout, dst);
-                    Ok(())
-                })
-            }
-        }))
+        if device == self.device() {
+            return crate::backend::for_device(device)?.cast(self, dtype);
+        }
+        // Between two host devices: one process memory, one strided copy.
+        crate::backend::host::convert_into_device(self, device, dtype)
     }
 }
 

@@ -10,13 +10,13 @@
 //! `div` is true division (integers and bool give f32); bool `add`/`mul` are
 //! logical or/and; bool `sub` and `pow` are errors.
 
-use crate::dispatch::{dispatch_float, dispatch_int};
+use crate::backend::for_device;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::ops::common::same_device;
-use crate::ops::elementwise::{broadcast_all, map_binary, prepare, result_dtype, scalar_like, Cost, IntElement};
+use crate::ops::elementwise::{broadcast_all, prepare, result_dtype, scalar_like};
 use crate::tensor::Tensor;
-use brasa_kernels::elementwise::{binary, map2, BinaryOp};
+use brasa_kernels::elementwise::BinaryOp;
 
 /// The dtype `op` computes in for these operands, or an error.
 fn compute_dtype(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<DType> {
@@ -41,53 +41,16 @@ pub(crate) fn binary_op(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> 
     let dtype = compute_dtype(op, a, b)?;
     // The common case needs neither conversion nor broadcasting: skip the copies of shapes and layouts.
     if a.shape() == b.shape() && a.dtype() == dtype && b.dtype() == dtype {
-        return run_binary(op, dtype, a, b);
+        return run_binary(op, a, b);
     }
     let shape = broadcast_all(name, &[a.shape(), b.shape()])?;
     let (a, b) = (prepare(name, a, dtype, &shape)?, prepare(name, b, dtype, &shape)?);
-    run_binary(op, dtype, &a, &b)
+    run_binary(op, &a, &b)
 }
 
-/// `op(a, b)` on operands already of `dtype` and of one shape.
-fn run_binary(op: BinaryOp, dtype: DType, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let name = op.name();
-    let cost = if op == BinaryOp::Pow { Cost::Expensive } else { Cost::Cheap };
-    dispatch_float!(dtype, T => map_binary::<T, T, T>(name, a, b, cost, |x, y, out| binary(op, x, y, out)),
-        dispatch_int!(dtype, T => int_binary::<T>(op, a, b),
-            bool_binary(op, a, b)))
-}
-
-fn int_binary<T: IntElement>(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let name = op.name();
-    let cost = Cost::Cheap;
-    match op {
-        BinaryOp::Add => map_binary::<T, T, T>(name, a, b, cost, |x, y, o| map2(x, y, o, T::wrapping_add)),
-        BinaryOp::Sub => map_binary::<T, T, T>(name, a, b, cost, |x, y, o| map2(x, y, o, T::wrapping_sub)),
-        BinaryOp::Mul => map_binary::<T, T, T>(name, a, b, cost, |x, y, o| map2(x, y, o, T::wrapping_mul)),
-        BinaryOp::Pow => map_binary::<T, T, T>(name, a, b, cost, |x, y, o| map2(x, y, o, T::int_pow)),
-        BinaryOp::Maximum => map_binary::<T, T, T>(name, a, b, cost, |x, y, o| map2(x, y, o, Ord::max)),
-        BinaryOp::Minimum => map_binary::<T, T, T>(name, a, b, cost, |x, y, o| map2(x, y, o, Ord::min)),
-        BinaryOp::ReluBackward => map_binary::<T, T, T>(name, a, b, cost, |x, y, o| {
-            map2(x, y, o, |g, out| if out > T::default() { g } else { T::default() })
-        }),
-        BinaryOp::Div => Err(TensorError::invalid(name, "internal error: integer true division reached the kernel")),
-    }
-}
-
-fn bool_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let name = op.name();
-    let cost = Cost::Cheap;
-    match op {
-        BinaryOp::Add | BinaryOp::Maximum => {
-            map_binary::<bool, bool, bool>(name, a, b, cost, |x, y, o| map2(x, y, o, |p, q| p | q))
-        }
-        BinaryOp::Mul | BinaryOp::Minimum => {
-            map_binary::<bool, bool, bool>(name, a, b, cost, |x, y, o| map2(x, y, o, |p, q| p & q))
-        }
-        BinaryOp::Sub | BinaryOp::Div | BinaryOp::Pow | BinaryOp::ReluBackward => {
-            Err(TensorError::invalid(name, "internal error: this bool op should have been refused or promoted"))
-        }
-    }
+/// `op(a, b)` on operands already of `dtype` and of one shape, by their device.
+fn run_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    for_device(a.device())?.binary(op, a, b)
 }
 
 impl Tensor {

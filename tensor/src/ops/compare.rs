@@ -6,112 +6,42 @@
 //! Floats compare by IEEE rules: NaN is unequal to everything, itself
 //! included, and `-0.0 == 0.0`.
 
-use crate::dispatch::dispatch_dtype;
-use crate::dtype::{DType, WithDType};
+use crate::backend::{for_device, CompareOp};
+use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::ops::common::same_device;
-use crate::ops::elementwise::{
-    broadcast_all, is_integral, map_binary, map_ternary, map_unary, prepare, result_dtype, Cost,
-};
+use crate::ops::elementwise::{broadcast_all, prepare, result_dtype};
 use crate::tensor::Tensor;
-use brasa_kernels::elementwise::{map1, map2, map3};
 
-/// A comparison.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum CompareOp {
-    Eq,
-    Ne,
-    Lt,
-    Le,
-    Gt,
-    Ge,
-}
-
-impl CompareOp {
-    fn name(self, scalar: bool) -> &'static str {
-        match (self, scalar) {
-            (CompareOp::Eq, false) => "eq",
-            (CompareOp::Ne, false) => "ne",
-            (CompareOp::Lt, false) => "lt",
-            (CompareOp::Le, false) => "le",
-            (CompareOp::Gt, false) => "gt",
-            (CompareOp::Ge, false) => "ge",
-            (CompareOp::Eq, true) => "eq_scalar",
-            (CompareOp::Ne, true) => "ne_scalar",
-            (CompareOp::Lt, true) => "lt_scalar",
-            (CompareOp::Le, true) => "le_scalar",
-            (CompareOp::Gt, true) => "gt_scalar",
-            (CompareOp::Ge, true) => "ge_scalar",
-        }
+/// The op's name for messages and profiler ranges.
+fn op_name(op: CompareOp, scalar: bool) -> &'static str {
+    match (op, scalar) {
+        (op, false) => op.kernel_name(),
+        (CompareOp::Eq, true) => "eq_scalar",
+        (CompareOp::Ne, true) => "ne_scalar",
+        (CompareOp::Lt, true) => "lt_scalar",
+        (CompareOp::Le, true) => "le_scalar",
+        (CompareOp::Gt, true) => "gt_scalar",
+        (CompareOp::Ge, true) => "ge_scalar",
     }
-}
-
-/// Binds `$f` to the comparison as a two-argument closure on `$T`.
-macro_rules! with_compare {
-    ($op:expr, $T:ty, $f:ident => $body:expr) => {
-        match $op {
-            CompareOp::Eq => {
-                let $f = |a: $T, b: $T| a == b;
-                $body
-            }
-            CompareOp::Ne => {
-                let $f = |a: $T, b: $T| a != b;
-                $body
-            }
-            CompareOp::Lt => {
-                let $f = |a: $T, b: $T| a < b;
-                $body
-            }
-            CompareOp::Le => {
-                let $f = |a: $T, b: $T| a <= b;
-                $body
-            }
-            CompareOp::Gt => {
-                let $f = |a: $T, b: $T| a > b;
-                $body
-            }
-            CompareOp::Ge => {
-                let $f = |a: $T, b: $T| a >= b;
-                $body
-            }
-        }
-    };
 }
 
 fn compare(op: CompareOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let name = op.name(false);
-    same_device(name, &[a, b])?;
+    let name = op_name(op, false);
+    let device = same_device(name, &[a, b])?;
     let dtype = result_dtype(a, b);
-    let run = |a: &Tensor, b: &Tensor| {
-        dispatch_dtype!(dtype, T => with_compare!(op, T, f =>
-            map_binary::<T, T, bool>(name, a, b, Cost::Cheap, |x, y, out| map2(x, y, out, f))))
-    };
     if a.shape() == b.shape() && a.dtype() == dtype && b.dtype() == dtype {
-        return run(a, b);
+        return for_device(device)?.compare(name, op, a, b);
     }
     let shape = broadcast_all(name, &[a.shape(), b.shape()])?;
-    run(&prepare(name, a, dtype, &shape)?, &prepare(name, b, dtype, &shape)?)
+    for_device(device)?.compare(name, op, &prepare(name, a, dtype, &shape)?, &prepare(name, b, dtype, &shape)?)
 }
 
 /// `x op value` for every element. Float tensors compare with the scalar
 /// rounded to their dtype (as PyTorch does); integer and bool tensors compare
 /// exactly: as i64 for an integral scalar, else as f64.
 fn compare_scalar(op: CompareOp, x: &Tensor, value: f64) -> Result<Tensor> {
-    let name = op.name(true);
-    let integral = is_integral(value) && value.abs() < 9.2e18;
-    dispatch_dtype!(x.dtype(), T => {
-        if T::DTYPE.is_float() {
-            let s = T::from_f64(value);
-            with_compare!(op, T, f => map_unary::<T, bool>(name, x, Cost::Cheap, |src, out| map1(src, out, |v| f(v, s))))
-        } else if integral {
-            let s = value as i64;
-            with_compare!(op, i64, f =>
-                map_unary::<T, bool>(name, x, Cost::Cheap, |src, out| map1(src, out, |v: T| f(v.to_i64(), s))))
-        } else {
-            with_compare!(op, f64, f =>
-                map_unary::<T, bool>(name, x, Cost::Cheap, |src, out| map1(src, out, |v: T| f(v.to_f64(), value))))
-        }
-    })
+    for_device(x.device())?.compare_scalar(op_name(op, true), op, x, value)
 }
 
 impl Tensor {
@@ -212,9 +142,7 @@ impl Tensor {
         let shape = broadcast_all(name, &[self.shape(), on_true.shape(), on_false.shape()])?;
         let cond = prepare(name, self, DType::Bool, &shape)?;
         let (t, f) = (prepare(name, on_true, dtype, &shape)?, prepare(name, on_false, dtype, &shape)?);
-        dispatch_dtype!(dtype, T => map_ternary::<bool, T, T, T>(name, [&cond, &t, &f], Cost::Cheap, |c, x, y, out| {
-            map3(c, x, y, out, |c, x, y| if c { x } else { y })
-        }))
+        for_device(self.device())?.where_cond(&cond, &t, &f)
     }
 }
 

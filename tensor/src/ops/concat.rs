@@ -6,13 +6,10 @@
 //! contiguous runs, whatever their length). `split` and `chunk` return
 //! views, no copy.
 
-use crate::dispatch::dispatch_dtype;
+use crate::backend::for_device;
 use crate::error::{Result, TensorError};
-use crate::layout::Layout;
-use crate::ops::common::output;
 use crate::shape::{resolve_dim, DimIndex, Shape};
 use crate::tensor::Tensor;
-use brasa_kernels::index::copy_runs;
 
 /// Errors unless every tensor has the first one's dtype, device and rank,
 /// naming the first one that differs by its position in the list.
@@ -83,36 +80,7 @@ impl Tensor {
         let mut dims = first.dims().to_vec();
         dims[d] = total;
         let shape = Shape::from(dims);
-        // Checks the size first: then the products below cannot overflow.
-        let result = output(first.device(), first.dtype(), &shape)?;
-        let outer: usize = shape.dims()[..d].iter().product();
-        let inner: usize = shape.dims()[d + 1..].iter().product();
-        // SAFETY: the inputs' blocks tile the output: input `t` fills the
-        // `t.dims()[d]` slices along `d` from `start` on, in every outer run,
-        // and together they cover `0..total`; nothing is read from it.
-        dispatch_dtype!(first.dtype(), T => unsafe {
-            result.init_with::<T>(OP, |dst| {
-                let mut start = 0usize;
-                for t in tensors {
-                    let len = t.dims()[d];
-                    if t.numel() > 0 {
-                        // The block of the output this input fills: `outer` runs of
-                        // `len * inner` elements, `total * inner` apart.
-                        let block = Layout::new([outer, len * inner], vec![(total * inner) as isize, 1], start * inner)?;
-                        let src = t.storage().read::<T>(OP)?;
-                        copy_runs(&src, t.layout().contiguous_runs(), &mut *dst, block.contiguous_runs()).map_err(
-                            |source| TensorError::Index {
-                                op: OP,
-                                message: format!("internal error in a kernel: {source}"),
-                                source,
-                            },
-                        )?;
-                    }
-                    start += len;
-                }
-                Ok(())
-            })
-        })
+        for_device(first.device())?.concat(tensors, d, &shape)
     }
 
     /// Stacks tensors of one shape along a new dim `dim` (which may be their

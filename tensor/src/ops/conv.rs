@@ -7,25 +7,17 @@
 //! receptive fields into a `[C_in·kH·kW, H_out·W_out]` matrix that the weight,
 //! seen as `[C_out, C_in·kH·kW]`, multiplies; the input gradient multiplies by
 //! the transposed weight and folds the columns back (`col2im`); the weight
-//! gradient multiplies the output gradient by the transposed columns. A 1x1
-//! kernel with stride 1 and no padding skips the unfolding: the image is the
-//! matrix. Batches are split over threads by image, each image's product on
-//! one thread, unless there are fewer images than threads. f16 and bf16 are
-//! computed in f32.
+//! gradient multiplies the output gradient by the transposed columns. The
+//! shapes are checked here ([`ConvPlan`]); the device runs the products
+//! ([`crate::backend::Backend::conv2d`] and its gradients).
 
-use crate::dtype::{DType, WithDType};
+use crate::backend::for_device;
 use crate::error::{Result, TensorError};
-use crate::ops::common::{expect_dtype, expect_float, expect_rank, output, same_device};
-use crate::ops::matmul::{gemm_error, merged_stride};
+use crate::ops::common::{expect_dtype, expect_float, expect_rank, same_device};
 use crate::shape::Shape;
-use crate::storage::lock_storages;
 use crate::tensor::Tensor;
-use brasa_kernels::conv::{col2im, im2col, Conv2dGeometry};
-use brasa_kernels::gemm::{gemm_with, GemmElement, GemmOptions, MatMut, MatRef, Parallelism};
-use brasa_kernels::scratch::try_vec;
+use brasa_kernels::conv::Conv2dGeometry;
 use brasa_kernels::KernelError;
-use rayon::prelude::*;
-use std::ops::AddAssign;
 
 /// Stride, padding, dilation and groups of a 2-d convolution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,14 +73,21 @@ impl Conv2dParams {
     }
 }
 
-/// The checked sizes of one convolution.
+/// The checked sizes of one convolution, as the devices see them.
 #[derive(Clone, Copy, Debug)]
-struct ConvPlan {
-    batch: usize,
-    c_in: usize,
-    c_out: usize,
-    groups: usize,
-    geometry: Conv2dGeometry,
+pub(crate) struct ConvPlan {
+    /// Images.
+    pub batch: usize,
+    /// Input channels (all groups).
+    pub c_in: usize,
+    /// Output channels (all groups).
+    pub c_out: usize,
+    /// Channel groups.
+    pub groups: usize,
+    /// One group's geometry (its `channels` are `c_in / groups`).
+    pub geometry: Conv2dGeometry,
+    /// Stride, padding and dilation as given.
+    pub params: Conv2dParams,
 }
 
 impl ConvPlan {
@@ -137,92 +136,28 @@ impl ConvPlan {
                 ),
                     )
                 })?;
-        Ok(ConvPlan { batch, c_in, c_out, groups, geometry })
+        Ok(ConvPlan { batch, c_in, c_out, groups, geometry, params })
     }
 
-    fn output_shape(&self) -> Shape {
+    pub(crate) fn output_shape(&self) -> Shape {
         let (h, w) = self.geometry.output();
         Shape::from([self.batch, self.c_out, h, w])
     }
 
-    fn input_shape(&self) -> Shape {
+    pub(crate) fn input_shape(&self) -> Shape {
         let (h, w) = self.geometry.input();
         Shape::from([self.batch, self.c_in, h, w])
     }
 
-    fn weight_shape(&self) -> Shape {
+    pub(crate) fn weight_shape(&self) -> Shape {
         let (kh, kw) = self.geometry.kernel();
         Shape::from([self.c_out, self.geometry.channels(), kh, kw])
     }
 
     /// Output channels per group.
-    fn c_out_group(&self) -> usize {
+    pub(crate) fn c_out_group(&self) -> usize {
         self.c_out / self.groups
     }
-
-    /// Whether images go to threads one by one (each product on one thread)
-    /// rather than one after another (each product on all threads).
-    fn split_by_image(&self) -> bool {
-        let threads = rayon::current_num_threads();
-        threads > 1 && self.batch >= threads
-    }
-
-    fn options(&self) -> GemmOptions {
-        let parallelism = if self.split_by_image() { Parallelism::Sequential } else { Parallelism::Auto };
-        GemmOptions { parallelism, ..GemmOptions::default() }
-    }
-}
-
-/// The element types the loops run in; f16 and bf16 go through f32.
-trait ConvFloat: GemmElement<Scalar = Self> + WithDType + AddAssign {}
-impl ConvFloat for f32 {}
-impl ConvFloat for f64 {}
-
-/// `t` itself when all strides are non-negative, else a contiguous copy.
-fn non_negative(t: &Tensor) -> Result<Tensor> {
-    if t.strides().iter().all(|&s| s >= 0) {
-        Ok(t.clone())
-    } else {
-        t.contiguous()
-    }
-}
-
-fn strides4(t: &Tensor) -> [usize; 4] {
-    let s = t.strides();
-    // Rank 4 and non-negative: checked by the callers.
-    [s[0] as usize, s[1] as usize, s[2] as usize, s[3] as usize]
-}
-
-/// A 4-d tensor seen as matrices: dim `row_dim` gives the rows and the dims
-/// after it merge into the columns (the weight as `[C_out, C_in·kH·kW]` with
-/// `row_dim` 0; an image's planes as `[C, H·W]` with `row_dim` 1). Returns
-/// the tensor (a contiguous copy when its strides allow no such view), the
-/// row stride and the column stride.
-fn matrix_view(t: &Tensor, row_dim: usize) -> Result<(Tensor, usize, usize)> {
-    let t = non_negative(t)?;
-    let s = strides4(&t);
-    if let Some(cols) = merged_stride(&t.dims()[row_dim + 1..], &s[row_dim + 1..]) {
-        return Ok((t, s[row_dim], cols));
-    }
-    let t = t.contiguous()?;
-    let s = strides4(&t);
-    Ok((t, s[row_dim], 1))
-}
-
-/// Converts f16/bf16 operands to f32, runs `f`, converts the result back.
-fn in_compute_dtype(tensors: &[&Tensor], f: impl FnOnce(&[Tensor]) -> Result<Tensor>) -> Result<Tensor> {
-    let dtype = tensors.first().map_or(DType::F32, |t| t.dtype());
-    match dtype {
-        DType::F16 | DType::BF16 => {
-            let wide = tensors.iter().map(|t| t.to_dtype(DType::F32)).collect::<Result<Vec<_>>>()?;
-            f(&wide)?.to_dtype(dtype)
-        }
-        _ => f(&tensors.iter().map(|t| (*t).clone()).collect::<Vec<_>>()),
-    }
-}
-
-fn kernel_error(op: &'static str) -> impl Fn(KernelError) -> TensorError {
-    move |e| gemm_error(op, e)
 }
 
 impl Tensor {
@@ -265,13 +200,7 @@ impl Tensor {
                 ));
             }
         }
-        in_compute_dtype(&operands, |t| {
-            let bias = t.get(2);
-            match t[0].dtype() {
-                DType::F64 => forward::<f64>(&t[0], &t[1], bias, &plan),
-                _ => forward::<f32>(&t[0], &t[1], bias, &plan),
-            }
-        })
+        for_device(self.device())?.conv2d(self, weight, bias, &plan)
     }
 
     /// The gradient of [`Tensor::conv2d`] with respect to its input, given
@@ -292,10 +221,7 @@ impl Tensor {
         expect_dtype(OP, weight, self.dtype())?;
         let plan = ConvPlan::new(OP, input_shape.dims(), weight.dims(), params)?;
         expect_grad_shape(OP, self, &plan)?;
-        in_compute_dtype(&[self, weight], |t| match t[0].dtype() {
-            DType::F64 => backward_input::<f64>(&t[0], &t[1], &plan),
-            _ => backward_input::<f32>(&t[0], &t[1], &plan),
-        })
+        for_device(self.device())?.conv2d_backward_input(self, weight, &plan)
     }
 
     /// The gradient of [`Tensor::conv2d`] with respect to its weight, with
@@ -316,10 +242,7 @@ impl Tensor {
         expect_dtype(OP, grad_output, self.dtype())?;
         let plan = ConvPlan::new(OP, self.dims(), weight_shape.dims(), params)?;
         expect_grad_shape(OP, grad_output, &plan)?;
-        in_compute_dtype(&[self, grad_output], |t| match t[0].dtype() {
-            DType::F64 => backward_weight::<f64>(&t[0], &t[1], &plan),
-            _ => backward_weight::<f32>(&t[0], &t[1], &plan),
-        })
+        for_device(self.device())?.conv2d_backward_weight(self, grad_output, &plan)
     }
 
     /// The gradient of [`Tensor::conv2d`] with respect to its bias: this
@@ -329,51 +252,8 @@ impl Tensor {
         const OP: &str = "conv2d_backward_bias";
         expect_float(OP, self)?;
         expect_rank(OP, self, 4)?;
-        let grad = self.contiguous()?;
-        let [n, c, h, w] = [grad.dims()[0], grad.dims()[1], grad.dims()[2], grad.dims()[3]];
-        let plane = h * w;
-        // Empty planes sum to zero: skip the batch, which an expanded view
-        // can make huge (2^40 images of nothing would never finish).
-        let n = if plane == 0 { 0 } else { n };
-        let result = output(self.device(), self.dtype(), &Shape::from([c]))?;
-        crate::dispatch::dispatch_dtype!(self.dtype(), T => {
-            let g = grad.storage().read::<T>(OP)?;
-            let g = dense_elements(OP, &g, &grad)?;
-            // SAFETY: each channel's element is set, reading none.
-            unsafe {
-                result.init_with::<T>(OP, |out| {
-                    out.par_iter_mut().enumerate().for_each(|(channel, o)| {
-                        let mut sum = 0.0f64;
-                        for image in 0..n {
-                            let start = (image * c + channel) * plane;
-                            sum += g[start..start + plane].iter().map(|v| v.to_f64()).sum::<f64>();
-                        }
-                        *o = T::from_f64(sum);
-                    });
-                    Ok(())
-                })
-            }
-        })
+        for_device(self.device())?.conv2d_backward_bias(self)
     }
-}
-
-/// The elements of the contiguous tensor `t` within its storage's slice
-/// `data` (empty for an empty tensor, whatever its offset).
-pub(crate) fn dense_elements<'a, T>(op: &'static str, data: &'a [T], t: &Tensor) -> Result<&'a [T]> {
-    if t.numel() == 0 {
-        return Ok(&[]);
-    }
-    let start = t.layout().offset();
-    data.get(start..start + t.numel()).ok_or_else(|| {
-        TensorError::invalid(
-            op,
-            format!(
-                "a tensor of shape {:?} at offset {start} overruns its storage of {} elements",
-                t.dims(),
-                data.len()
-            ),
-        )
-    })
 }
 
 /// Errors unless `grad` has the convolution's output shape.
@@ -394,233 +274,10 @@ fn expect_grad_shape(op: &'static str, grad: &Tensor, plan: &ConvPlan) -> Result
     Ok(())
 }
 
-/// Runs `f(image, chunk, scratch)` for every image's chunk of `out`, on
-/// threads by image or one after another as `plan` says, each thread with a
-/// scratch buffer of `scratch_len` elements.
-///
-/// The column matrix can be far larger than the input and the output (a
-/// wide padding or an expanded input makes `C_in·kH·kW × H_out·W_out`
-/// huge while both fit), so it is allocated fallibly: an error naming `op`
-/// and the bytes, not an abort.
-fn for_each_image<T: Send + Default + Clone>(
-    op: &'static str,
-    plan: &ConvPlan,
-    out: &mut [T],
-    scratch_len: usize,
-    f: impl Fn(usize, &mut [T], &mut Vec<T>) -> Result<()> + Sync + Send,
-) -> Result<()> {
-    if plan.batch == 0 || out.is_empty() {
-        return Ok(());
-    }
-    let per_image = out.len() / plan.batch;
-    let scratch = || try_vec(scratch_len, T::default()).map_err(|e| TensorError::scratch(op, e));
-    if plan.split_by_image() {
-        out.par_chunks_mut(per_image).enumerate().try_for_each_init(scratch, |col, (n, chunk)| match col {
-            Ok(col) => f(n, chunk, col),
-            Err(e) => Err(e.clone()),
-        })
-    } else {
-        let mut col = scratch()?;
-        out.chunks_mut(per_image).enumerate().try_for_each(|(n, chunk)| f(n, chunk, &mut col))
-    }
-}
-
-fn forward<T: ConvFloat>(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>, plan: &ConvPlan) -> Result<Tensor> {
-    const OP: &str = "conv2d";
-    let err = kernel_error(OP);
-    let input = non_negative(input)?;
-    let (weight, w_row, w_col) = matrix_view(weight, 0)?;
-    let geometry = &plan.geometry;
-    let (k, p) = (geometry.col_rows(), geometry.col_cols());
-    let cog = plan.c_out_group();
-    let cig = geometry.channels();
-    let [s_n, s_c, s_h, s_w] = strides4(&input);
-    // The image as a [C, H·W] matrix, when it is one (a 1x1 kernel).
-    let pointwise = if geometry.is_pointwise() { merged_stride(&input.dims()[2..], &[s_h, s_w]) } else { None };
-    // Read before the locks are taken: `to_vec` takes its own.
-    let b: Option<Vec<T>> = bias.map(|b| b.to_vec::<T>()).transpose()?;
-    let shape = plan.output_shape();
-    let result = output(input.device(), input.dtype(), &shape)?;
-    let locks = lock_storages(&[input.storage(), weight.storage()], &[]);
-    let (x, w) = (locks.read::<T>(input.storage(), OP)?, locks.read::<T>(weight.storage(), OP)?);
-    // SAFETY: every image's block of the output is set: by the product
-    // (`beta` zero) or by the bias and then the product adding to it; the
-    // groups' rows tile the block.
-    unsafe {
-        result.init_with::<T>(OP, |out| {
-            let options = plan.options();
-            let scratch = if pointwise.is_some() { 0 } else { geometry.col_len() };
-            for_each_image(OP, plan, out, scratch, |n, out_n, col| {
-                let beta = match &b {
-                    Some(b) => {
-                        for (row, &value) in out_n.chunks_exact_mut(p.max(1)).zip(b) {
-                            row.fill(value);
-                        }
-                        T::ONE
-                    }
-                    None => T::ZERO,
-                };
-                for g in 0..plan.groups {
-                    let x_off = input.layout().offset() + n * s_n + g * cig * s_c;
-                    let a = MatRef::new(w, weight.layout().offset() + g * cog * w_row, [cog, k], [w_row, w_col])
-                        .map_err(&err)?;
-                    let c = MatMut::new(out_n, g * cog * p, [cog, p], [p, 1]).map_err(&err)?;
-                    let cols = match pointwise {
-                        Some(hw) => MatRef::new(x, x_off, [cig, p], [s_c, hw]).map_err(&err)?,
-                        None => {
-                            im2col(geometry, x, x_off, [s_c, s_h, s_w], col).map_err(&err)?;
-                            MatRef::row_major(col, k, p).map_err(&err)?
-                        }
-                    };
-                    gemm_with(&options, T::ONE, a, cols, beta, c).map_err(&err)?;
-                }
-                Ok(())
-            })
-        })
-    }
-}
-
-fn backward_input<T: ConvFloat>(grad: &Tensor, weight: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
-    const OP: &str = "conv2d_backward_input";
-    let err = kernel_error(OP);
-    let (grad, g_row, g_col) = matrix_view(grad, 1)?;
-    let (weight, w_row, w_col) = matrix_view(weight, 0)?;
-    let geometry = &plan.geometry;
-    let (k, p) = (geometry.col_rows(), geometry.col_cols());
-    let cog = plan.c_out_group();
-    let image = geometry.image_len();
-    let (h, w_in) = geometry.input();
-    let g_n = strides4(&grad)[0];
-    let shape = plan.input_shape();
-    let result = output(grad.device(), grad.dtype(), &shape)?;
-    let locks = lock_storages(&[grad.storage(), weight.storage()], &[]);
-    let (gy, w) = (locks.read::<T>(grad.storage(), OP)?, locks.read::<T>(weight.storage(), OP)?);
-    // SAFETY: every image's block of the output is set, group by group:
-    // by the product (`beta` zero) or zeroed and then summed into by `col2im`.
-    unsafe {
-        result.init_with::<T>(OP, |out| {
-            let options = plan.options();
-            let pointwise = geometry.is_pointwise();
-            // Without output channels the gradient is zero and needs no
-            // column buffer (which an empty grad_output's huge planes would
-            // make huge).
-            let scratch = if pointwise || cog == 0 { 0 } else { geometry.col_len() };
-            for_each_image(OP, plan, out, scratch, |n, out_n, col| {
-                if cog == 0 {
-                    out_n.fill(T::ZERO);
-                    return Ok(());
-                }
-                for g in 0..plan.groups {
-                    // W_gᵀ [K, C_out/g] · dY_g [C_out/g, P]
-                    let wt = MatRef::new(w, weight.layout().offset() + g * cog * w_row, [cog, k], [w_row, w_col])
-                        .map_err(&err)?
-                        .t();
-                    let dy =
-                        MatRef::new(gy, grad.layout().offset() + n * g_n + g * cog * g_row, [cog, p], [g_row, g_col])
-                            .map_err(&err)?;
-                    let region = &mut out_n[g * image..(g + 1) * image];
-                    if pointwise {
-                        let c = MatMut::row_major(region, k, h * w_in).map_err(&err)?;
-                        gemm_with(&options, T::ONE, wt, dy, T::ZERO, c).map_err(&err)?;
-                    } else {
-                        let c = MatMut::row_major(col, k, p).map_err(&err)?;
-                        gemm_with(&options, T::ONE, wt, dy, T::ZERO, c).map_err(&err)?;
-                        region.fill(T::ZERO);
-                        col2im(geometry, col, region).map_err(&err)?;
-                    }
-                }
-                Ok(())
-            })
-        })
-    }
-}
-
-fn backward_weight<T: ConvFloat>(input: &Tensor, grad: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
-    const OP: &str = "conv2d_backward_weight";
-    let err = kernel_error(OP);
-    let input = non_negative(input)?;
-    let (grad, g_row, g_col) = matrix_view(grad, 1)?;
-    let geometry = &plan.geometry;
-    let (k, p) = (geometry.col_rows(), geometry.col_cols());
-    let cog = plan.c_out_group();
-    let cig = geometry.channels();
-    let [s_n, s_c, s_h, s_w] = strides4(&input);
-    let g_n = strides4(&grad)[0];
-    let pointwise = if geometry.is_pointwise() { merged_stride(&input.dims()[2..], &[s_h, s_w]) } else { None };
-    let shape = plan.weight_shape();
-    let result = output(input.device(), input.dtype(), &shape)?;
-    let locks = lock_storages(&[input.storage(), grad.storage()], &[]);
-    let (x, gy) = (locks.read::<T>(input.storage(), OP)?, locks.read::<T>(grad.storage(), OP)?);
-    // SAFETY: the output is zeroed first, then only added to.
-    unsafe {
-        result.init_with::<T>(OP, |out| {
-            // dW_g += dY_g [C_out/g, P] · colᵀ [P, K] over the images in `images`.
-            let accumulate =
-                |images: std::ops::Range<usize>, dw: &mut [T], col: &mut [T], options: &GemmOptions| -> Result<()> {
-                    for n in images {
-                        for g in 0..plan.groups {
-                            let x_off = input.layout().offset() + n * s_n + g * cig * s_c;
-                            let dy = MatRef::new(
-                                gy,
-                                grad.layout().offset() + n * g_n + g * cog * g_row,
-                                [cog, p],
-                                [g_row, g_col],
-                            )
-                            .map_err(&err)?;
-                            let cols = match pointwise {
-                                Some(hw) => MatRef::new(x, x_off, [cig, p], [s_c, hw]).map_err(&err)?,
-                                None => {
-                                    im2col(geometry, x, x_off, [s_c, s_h, s_w], col).map_err(&err)?;
-                                    MatRef::row_major(col, k, p).map_err(&err)?
-                                }
-                            };
-                            let c = MatMut::new(dw, g * cog * k, [cog, k], [k, 1]).map_err(&err)?;
-                            gemm_with(options, T::ONE, dy, cols.t(), T::ONE, c).map_err(&err)?;
-                        }
-                    }
-                    Ok(())
-                };
-            out.fill(T::ZERO);
-            // No images or no weights: the gradient is that zero, and needs
-            // no column buffer (which an empty grad_output's huge planes
-            // would make huge).
-            if plan.batch == 0 || out.is_empty() {
-                return Ok(());
-            }
-            let scratch = if pointwise.is_some() { 0 } else { geometry.col_len() };
-            if plan.split_by_image() {
-                // Each thread sums a share of the images into its own partial
-                // gradient; the partials are added at the end.
-                let threads = rayon::current_num_threads().min(plan.batch);
-                let per = plan.batch.div_ceil(threads);
-                let sequential = GemmOptions { parallelism: Parallelism::Sequential, ..GemmOptions::default() };
-                let partials = (0..threads)
-                    .into_par_iter()
-                    .map(|t| {
-                        let mut dw = try_vec(out.len(), T::ZERO).map_err(|e| TensorError::scratch(OP, e))?;
-                        let mut col = try_vec(scratch, T::ZERO).map_err(|e| TensorError::scratch(OP, e))?;
-                        accumulate(t * per..((t + 1) * per).min(plan.batch), &mut dw, &mut col, &sequential)?;
-                        Ok(dw)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                for partial in partials {
-                    for (o, v) in out.iter_mut().zip(partial) {
-                        *o += v;
-                    }
-                }
-            } else {
-                let mut col = try_vec(scratch, T::ZERO).map_err(|e| TensorError::scratch(OP, e))?;
-                accumulate(0..plan.batch, out, &mut col, &GemmOptions::default())?;
-            }
-            Ok(())
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Device;
+    use crate::{DType, Device};
 
     #[test]
     fn params_builders_and_output_shape() {

@@ -404,7 +404,7 @@ pub(crate) fn map_ternary<A: WithDType, B: WithDType, C: WithDType, D: WithDType
 
 /// Updates `dst` in place, row by row: `kernel(dst_row, operand_rows)`. The
 /// operands have `dst`'s shape and dtype and do not share its storage (see
-/// [`prepare_in_place`]). Bumps the storage version. Allocates nothing from
+/// [`prepare_in_place`]); the caller checks `dst` writable and bumps its version. Allocates nothing from
 /// the device: a contiguous `dst` is split into parallel chunks, any other
 /// is walked on this thread.
 pub(crate) fn update_in_place<T: WithDType, const N: usize>(
@@ -414,8 +414,6 @@ pub(crate) fn update_in_place<T: WithDType, const N: usize>(
     cost: Cost,
     kernel: impl Fn(StridedMut<'_, T>, [Strided<'_, T>; N]) -> std::result::Result<(), KernelError> + Sync,
 ) -> Result<()> {
-    let _range = brasa_profile::record_op(op, &[dst.dims()]);
-    dst.check_writable(op)?;
     let reads: Vec<&Storage> = operands.iter().map(|t| &**t.storage()).collect();
     let mut locks = lock_storages(&reads, &[dst.storage()]);
     // No operand shares dst's storage (see `prepare_in_place`): reading one
@@ -448,7 +446,6 @@ pub(crate) fn update_in_place<T: WithDType, const N: usize>(
             kernel(StridedMut::new(&mut *data, starts[0], dst_stride, len), ops).map_err(kernel_error(op))
         })?;
     }
-    dst.storage().bump_version();
     Ok(())
 }
 

@@ -3,23 +3,19 @@
 //!
 //! Indices are `i64` tensors. An index outside `0..size` (negative ones
 //! included) is an error naming the index, where it was, the dim and its
-//! size; nothing is written when one is bad. The loops live in
-//! `brasa_kernels::index`.
+//! size; nothing is written when one is bad. The indices are read to the
+//! host and checked here (on a CUDA device that read waits for the work
+//! queued before it); the device then runs the op
+//! ([`crate::backend::Backend::index_select`] and the others).
 
-use crate::dispatch::dispatch_dtype;
-use crate::dtype::{DType, WithDType};
+use crate::backend::{for_device, Indices};
+use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
-use crate::ops::common::{expect_dtype, expect_rank, output, same_device};
-use crate::ops::reduce::PARALLEL_MIN_WORK;
+use crate::ops::common::{expect_dtype, expect_rank, same_device};
 use crate::shape::{resolve_dim, DimIndex, Shape};
-use crate::storage::lock_storages;
 use crate::tensor::Tensor;
 use brasa_kernels::index::{self as kernels, IndexError};
-use rayon::prelude::*;
-
-/// Indices per parallel task of a large embedding lookup.
-const IDS_PER_TASK: usize = 256;
 
 /// The row-major coordinates of flat position `position` in `dims`.
 fn coordinates(dims: &[usize], mut position: usize) -> Vec<usize> {
@@ -57,31 +53,6 @@ fn index_error(op: &'static str, what: &str, index_dims: &[usize], error: IndexE
 fn index_values(op: &'static str, index: &Tensor) -> Result<Vec<i64>> {
     expect_dtype(op, index, DType::I64)?;
     index.to_vec::<i64>()
-}
-
-/// A contiguous source as one slice: `(tensor, start offset)`.
-fn contiguous_source(x: &Tensor) -> Result<(Tensor, usize)> {
-    let x = x.contiguous()?;
-    let offset = x.layout().offset();
-    Ok((x, offset))
-}
-
-/// Slice `start..start + len` of `data`, or an error (never a panic).
-fn span<'a, T>(op: &'static str, data: &'a [T], start: usize, len: usize) -> Result<&'a [T]> {
-    data.get(start..start.saturating_add(len))
-        .ok_or_else(|| TensorError::invalid(op, format!("internal: {start}+{len} is past {} elements", data.len())))
-}
-
-/// Layout over `x`'s storage with `index`'s shape: the strides of `x`, with
-/// dim `dim` given stride 0, so its offsets are the bases of a gather or
-/// scatter along `dim`. `index` fits inside `x` in every other dim.
-fn bases_layout(op: &'static str, x: &Tensor, index_dims: &[usize], dim: usize) -> Result<Layout> {
-    let mut strides = x.strides().to_vec();
-    if let Some(stride) = strides.get_mut(dim) {
-        *stride = 0;
-    }
-    Layout::new(index_dims, strides, x.layout().offset())
-        .map_err(|source| TensorError::OpLayout { op, source: source.into() })
 }
 
 /// Errors unless `index` has `x`'s rank and fits inside `limit` in every dim
@@ -158,44 +129,26 @@ impl Tensor {
         let mut out_dims = dims.to_vec();
         out_dims[d] = ids.len();
         let what = format!("dim {d}");
-        self.select_rows(OP, &what, &ids, size, inner, Shape::from(out_dims))
+        self.select_rows(OP, &what, &ids, indices, size, inner, Shape::from(out_dims))
     }
 
     /// Shared by `index_select` and `embedding`: rows `ids` of the
     /// `[outer, size, inner]` view of this tensor into a new tensor of `shape`.
+    #[allow(clippy::too_many_arguments)]
     fn select_rows(
         &self,
         op: &'static str,
         what: &str,
         ids: &[i64],
+        index: &Tensor,
         size: usize,
         inner: usize,
         shape: Shape,
     ) -> Result<Tensor> {
         kernels::check_indices(ids, size).map_err(|e| index_error(op, what, &[ids.len()], e))?;
-        let (x, offset) = contiguous_source(self)?;
-        let result = output(x.device(), x.dtype(), &shape)?;
-        dispatch_dtype!(x.dtype(), T => {
-            let data = x.storage().read::<T>(op)?;
-            let src = span(op, &data, offset, x.numel())?;
-            // SAFETY: `index_select` writes all of its output (`inner`
-            // elements per id, for every outer block), reading none; split
-            // by ids, the chunks cover the output.
-            unsafe { result.init_with::<T>(op, |out| {
-                let error = |e| index_error(op, what, &[ids.len()], e);
-                let outer = shape.numel().checked_div(ids.len() * inner).unwrap_or(0);
-                if outer == 1 && out.len() >= PARALLEL_MIN_WORK && inner > 0 {
-                    // One table, many ids (an embedding lookup): split the ids.
-                    out.par_chunks_mut(IDS_PER_TASK * inner)
-                        .zip(ids.par_chunks(IDS_PER_TASK))
-                        .try_for_each(|(out, ids)| kernels::index_select(src, size, inner, ids, out))
-                        .map_err(error)?;
-                } else {
-                    kernels::index_select(src, size, inner, ids, out).map_err(error)?;
-                }
-                Ok(())
-            }) }
-        })
+        let x = self.contiguous()?;
+        let index = index.contiguous()?;
+        for_device(x.device())?.index_select(op, &x, Indices { values: ids, tensor: &index }, size, inner, &shape)
     }
 
     /// Looks up rows of `weight` (`[vocabulary, dim]`) for `ids` (`i64`, any
@@ -211,7 +164,7 @@ impl Tensor {
         let mut shape = ids.dims().to_vec();
         shape.push(width);
         let what = format!("the vocabulary (weight {:?})", weight.dims());
-        weight.select_rows(OP, &what, &values, vocabulary, width, Shape::from(shape)).map_err(|e| match e {
+        weight.select_rows(OP, &what, &values, ids, vocabulary, width, Shape::from(shape)).map_err(|e| match e {
             // Name the id's place in the ids tensor rather than in the flat list.
             TensorError::Index { op, message, source } if ids.rank() > 1 => TensorError::Index {
                 op,
@@ -244,21 +197,8 @@ impl Tensor {
         let d = resolve_dim(dim, x.rank(), OP)?;
         check_index_shape(OP, &index, &x, "input", d, false)?;
         let ids = index_values(OP, &index)?;
-        let size = x.dims()[d];
-        let stride = usize::try_from(x.strides()[d]).unwrap_or(0);
-        let bases = bases_layout(OP, &x, index.dims(), d)?;
-        let result = output(x.device(), x.dtype(), index.shape())?;
-        let result = dispatch_dtype!(x.dtype(), T => {
-            let src = x.storage().read::<T>(OP)?;
-            // SAFETY: `gather` writes one output element per id (the output
-            // has the index's shape), reading none.
-            unsafe {
-                result.init_with::<T>(OP, |out| {
-                    kernels::gather(&src, bases.offsets(), &ids, size, stride, out)
-                        .map_err(|e| index_error(OP, &format!("dim {d}"), index.dims(), e))
-                })
-            }
-        })?;
+        kernels::check_indices(&ids, x.dims()[d]).map_err(|e| index_error(OP, &format!("dim {d}"), index.dims(), e))?;
+        let result = for_device(x.device())?.gather(OP, &x, d, Indices { values: &ids, tensor: &index })?;
         Ok(result.with_layout(Layout::contiguous(out_shape)?))
     }
 
@@ -294,20 +234,8 @@ impl Tensor {
         if src.shares_storage_with(&x) {
             src = src.copy_to(src.device(), src.dtype())?;
         }
-        let size = x.dims()[d];
-        let stride = usize::try_from(x.strides()[d]).unwrap_or(0);
-        let bases = bases_layout(OP, &x, index.dims(), d)?;
-        {
-            let mut locks = lock_storages(&[src.storage()], &[x.storage()]);
-            dispatch_dtype!(x.dtype(), T => {
-                // The storages differ (src was copied if they did not).
-                let (dst, reads) = locks.write::<T>(x.storage(), OP)?;
-                let values = reads.read::<T>(src.storage(), OP)?;
-                let values = src.layout().offsets().map(|o| values.get(o).copied().unwrap_or(T::ZERO));
-                kernels::scatter_add(dst, bases.offsets(), &ids, size, stride, values)
-                    .map_err(|e| index_error(OP, &format!("dim {d}"), index.dims(), e))?;
-            });
-        }
+        kernels::check_indices(&ids, x.dims()[d]).map_err(|e| index_error(OP, &format!("dim {d}"), index.dims(), e))?;
+        for_device(x.device())?.scatter_add(OP, &x, d, Indices { values: &ids, tensor: &index }, &src)?;
         x.storage().bump_version();
         Ok(())
     }
@@ -321,29 +249,24 @@ impl Tensor {
         let mut shape = self.dims().to_vec();
         shape.push(num_classes);
         let shape = Shape::from(shape);
-        let result = output(self.device(), DType::I64, &shape)?;
-        // SAFETY: `one_hot` writes every element of its output (a row of
-        // `num_classes` per id, zeros but the one), reading none.
-        unsafe {
-            result.init_with::<i64>(OP, |out| {
-                kernels::one_hot(&ids, num_classes, out).map_err(|e| match e {
-                    IndexError::OutOfRange { position, index, size } => {
-                        let source = e.clone();
-                        let at = if self.rank() > 1 {
-                            format!("{:?}", coordinates(self.dims(), position))
-                        } else {
-                            format!("position {position}")
-                        };
-                        TensorError::Index {
-                            op: OP,
-                            message: format!("class {index} at {at} is out of range for {size} classes"),
-                            source,
-                        }
-                    }
-                    other => index_error(OP, "the classes", self.dims(), other),
-                })
-            })
-        }
+        kernels::check_indices(&ids, num_classes).map_err(|e| match e {
+            IndexError::OutOfRange { position, index, size } => {
+                let source = e.clone();
+                let at = if self.rank() > 1 {
+                    format!("{:?}", coordinates(self.dims(), position))
+                } else {
+                    format!("position {position}")
+                };
+                TensorError::Index {
+                    op: OP,
+                    message: format!("class {index} at {at} is out of range for {size} classes"),
+                    source,
+                }
+            }
+            other => index_error(OP, "the classes", self.dims(), other),
+        })?;
+        let index = self.contiguous()?;
+        for_device(self.device())?.one_hot(Indices { values: &ids, tensor: &index }, num_classes, &shape)
     }
 }
 

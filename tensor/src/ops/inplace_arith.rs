@@ -13,17 +13,13 @@
 //! category: an integer tensor cannot take a float operand or a fractional
 //! scalar, and `div_` needs a float tensor.
 
-use crate::dispatch::{dispatch_float, dispatch_int};
-use crate::dtype::{integer_scalar, DType, WithDType};
+use crate::backend::{run_update, Update};
+use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::ops::elementwise::{check_can_cast, prepare_in_place, scalar_result_dtype, update_in_place, Cost};
-use crate::ops::unary::{clamp_bounds, int_bound};
+use crate::ops::elementwise::{check_can_cast, prepare_in_place, scalar_result_dtype};
+use crate::ops::unary::clamp_bounds;
 use crate::tensor::Tensor;
-use brasa_kernels::elementwise::Float;
-use brasa_kernels::elementwise::{
-    addcdiv, addcmul, axpy, binary_update, binary_update_self, unary_update, update0, update1, BinaryOp, FloatElement,
-    UnaryOp,
-};
+use brasa_kernels::elementwise::{BinaryOp, UnaryOp};
 
 fn not_float(op: &'static str, dtype: DType) -> TensorError {
     TensorError::not_float(op, dtype)
@@ -50,45 +46,8 @@ fn binary_in_place(op: BinaryOp, name: &'static str, dst: &Tensor, rhs: &Tensor)
         }
         _ => {}
     }
-    let itself = is_same_view(dst, rhs);
-    let rhs = if itself { rhs.clone() } else { prepare_in_place(name, dst, rhs)? };
-    dispatch_float!(dtype, T => {
-        if itself {
-            update_in_place::<T, 0>(name, dst, [], Cost::Cheap, |d, []| binary_update_self(op, d))
-        } else {
-            update_in_place::<T, 1>(name, dst, [&rhs], Cost::Cheap, |d, [x]| binary_update(op, d, x))
-        }
-    }, dispatch_int!(dtype, T => {
-        let f: fn(T, T) -> T = match op {
-            BinaryOp::Add => T::wrapping_add,
-            BinaryOp::Sub => T::wrapping_sub,
-            BinaryOp::Mul => T::wrapping_mul,
-            _ => return Err(TensorError::invalid(name, "internal error: unsupported integer in-place op")),
-        };
-        apply_with(name, dst, &rhs, itself, f)
-    }, {
-        let f: fn(bool, bool) -> bool = match op {
-            BinaryOp::Add => |p, q| p | q,
-            BinaryOp::Mul => |p, q| p & q,
-            _ => return Err(TensorError::invalid(name, "internal error: unsupported bool in-place op")),
-        };
-        apply_with(name, dst, &rhs, itself, f)
-    }))
-}
-
-/// `dst = f(dst, rhs)`, or `dst = f(dst, dst)` when `rhs` is `dst` itself.
-fn apply_with<T: WithDType>(
-    name: &'static str,
-    dst: &Tensor,
-    rhs: &Tensor,
-    itself: bool,
-    f: fn(T, T) -> T,
-) -> Result<()> {
-    if itself {
-        update_in_place::<T, 0>(name, dst, [], Cost::Cheap, |d, []| update0(d, |v| f(v, v)))
-    } else {
-        update_in_place::<T, 1>(name, dst, [rhs], Cost::Cheap, |d, [x]| update1(d, x, f))
-    }
+    let rhs = if is_same_view(dst, rhs) { rhs.clone() } else { prepare_in_place(name, dst, rhs)? };
+    run_update(name, Update::Binary(op), dst, &[&rhs])
 }
 
 /// Errors unless scalars combined with a `dtype` tensor keep its category.
@@ -100,27 +59,25 @@ fn check_scalars(op: &'static str, dtype: DType, scalars: &[f64]) -> Result<()> 
 fn affine_in_place(name: &'static str, dst: &Tensor, mul: f64, add: f64) -> Result<()> {
     let dtype = dst.dtype();
     check_scalars(name, dtype, &[mul, add])?;
-    let op = UnaryOp::Affine { mul, add };
-    dispatch_float!(dtype, T => update_in_place::<T, 0>(name, dst, [], Cost::Cheap, |d, []| unary_update(op, d)),
-        dispatch_int!(dtype, T => {
-            let (m, a) = (T::from_i64(integer_scalar(name, mul)?), T::from_i64(integer_scalar(name, add)?));
-            update_in_place::<T, 0>(name, dst, [], Cost::Cheap, |d, []| update0(d, |v| v.wrapping_mul(m).wrapping_add(a)))
-        }, Err(TensorError::invalid(name, format!("is not supported for {dtype} tensors")))))
+    if dtype.is_bool() {
+        return Err(TensorError::invalid(name, format!("is not supported for {dtype} tensors")));
+    }
+    if !dtype.is_float() {
+        // Integral scalars within i64 (an error otherwise).
+        crate::dtype::integer_scalar(name, mul)?;
+        crate::dtype::integer_scalar(name, add)?;
+    }
+    run_update(name, Update::Unary(UnaryOp::Affine { mul, add }), dst, &[])
 }
 
 /// Runs a float-only fused update on `dst` with `operands` prepared for it.
-fn float_update<const N: usize>(
-    name: &'static str,
-    dst: &Tensor,
-    operands: [&Tensor; N],
-    run: impl FnOnce(&Tensor, [&Tensor; N]) -> Result<()>,
-) -> Result<()> {
+fn float_update(name: &'static str, dst: &Tensor, op: Update, operands: &[&Tensor]) -> Result<()> {
     if !dst.dtype().is_float() {
         return Err(not_float(name, dst.dtype()));
     }
     let prepared: Vec<Tensor> = operands.iter().map(|t| prepare_in_place(name, dst, t)).collect::<Result<_>>()?;
-    let refs: [&Tensor; N] = std::array::from_fn(|k| &prepared[k]);
-    run(dst, refs)
+    let refs: Vec<&Tensor> = prepared.iter().collect();
+    run_update(name, op, dst, &refs)
 }
 
 impl Tensor {
@@ -176,46 +133,30 @@ impl Tensor {
         let name = "add_scaled_";
         let dtype = self.dtype();
         check_scalars(name, dtype, &[alpha])?;
+        if dtype.is_bool() {
+            return Err(TensorError::invalid(name, "is not supported for bool tensors"));
+        }
+        if !dtype.is_float() {
+            crate::dtype::integer_scalar(name, alpha)?;
+        }
         let x = prepare_in_place(name, self, x)?;
-        dispatch_float!(dtype, T => update_in_place::<T, 1>(name, self, [&x], Cost::Cheap, |d, [x]| axpy(alpha, x, d)),
-            dispatch_int!(dtype, T => {
-                let a = T::from_i64(integer_scalar(name, alpha)?);
-                update_in_place::<T, 1>(name, self, [&x], Cost::Cheap, |d, [x]| {
-                    update1(d, x, |v, w: T| v.wrapping_add(w.wrapping_mul(a)))
-                })
-            }, Err(TensorError::invalid(name, "is not supported for bool tensors"))))
+        run_update(name, Update::AddScaled(alpha), self, &[&x])
     }
 
     /// `self += value * a * b` (Adam's second moment). Float tensors only.
     pub fn addcmul_(&self, value: f64, a: &Tensor, b: &Tensor) -> Result<()> {
-        let name = "addcmul_";
-        float_update(name, self, [a, b], |dst, [a, b]| {
-            dispatch_float!(dst.dtype(), T => update_in_place::<T, 2>(name, dst, [a, b], Cost::Cheap,
-                |d, [x, y]| addcmul(value, x, y, d)), Err(not_float(name, dst.dtype())))
-        })
+        float_update("addcmul_", self, Update::Addcmul(value), &[a, b])
     }
 
     /// `self += value * a / b` (Adam's step). Float tensors only.
     pub fn addcdiv_(&self, value: f64, a: &Tensor, b: &Tensor) -> Result<()> {
-        let name = "addcdiv_";
-        float_update(name, self, [a, b], |dst, [a, b]| {
-            dispatch_float!(dst.dtype(), T => update_in_place::<T, 2>(name, dst, [a, b], Cost::Cheap,
-                |d, [x, y]| addcdiv(value, x, y, d)), Err(not_float(name, dst.dtype())))
-        })
+        float_update("addcdiv_", self, Update::Addcdiv(value), &[a, b])
     }
 
     /// `self += weight * (end - self)` (an exponential moving average step).
     /// Float tensors only.
     pub fn lerp_(&self, end: &Tensor, weight: f64) -> Result<()> {
-        let name = "lerp_";
-        float_update(name, self, [end], |dst, [end]| {
-            dispatch_float!(dst.dtype(), T => {
-                let w = <<T as FloatElement>::Compute as Float>::from_f64(weight);
-                update_in_place::<T, 1>(name, dst, [end], Cost::Cheap, |d, [e]| {
-                    update1(d, e, |v: T, e: T| T::store(v.load() + w * (e.load() - v.load())))
-                })
-            }, Err(not_float(name, dst.dtype())))
-        })
+        float_update("lerp_", self, Update::Lerp(weight), &[end])
     }
 
     /// Clamps in place to `[min, max]` (either optional, at least one given;
@@ -225,12 +166,7 @@ impl Tensor {
         let (lo, hi) = clamp_bounds(name, self, min, max)?;
         let dtype = self.dtype();
         check_scalars(name, dtype, &[lo, hi].map(|b| if b.is_infinite() { 0.0 } else { b }))?;
-        let op = UnaryOp::Clamp { min: lo, max: hi };
-        dispatch_float!(dtype, T => update_in_place::<T, 0>(name, self, [], Cost::Cheap, |d, []| unary_update(op, d)),
-            dispatch_int!(dtype, T => {
-                let (lo, hi) = (int_bound::<T>(lo), int_bound::<T>(hi));
-                update_in_place::<T, 0>(name, self, [], Cost::Cheap, |d, []| update0(d, |v| v.max(lo).min(hi)))
-            }, Err(TensorError::invalid(name, format!("is not supported for {dtype} tensors")))))
+        run_update(name, Update::Unary(UnaryOp::Clamp { min: lo, max: hi }), self, &[])
     }
 }
 

@@ -12,14 +12,12 @@
 //! tensors (wrapping as their out-of-place forms do). f16 and bf16 are
 //! computed in f32 per element and rounded once.
 
-use crate::dispatch::{dispatch_float, dispatch_int};
+use crate::backend::{run_update, Update};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::ops::elementwise::{prepare_in_place, update_in_place, Cost, IntElement};
+use crate::ops::elementwise::prepare_in_place;
 use crate::tensor::Tensor;
-use brasa_kernels::elementwise::{
-    binary_update, unary_update, update0, update1, BinaryOp, Float, FloatElement, UnaryOp,
-};
+use brasa_kernels::elementwise::{BinaryOp, UnaryOp};
 
 fn needs_float(op: &'static str, dtype: DType) -> TensorError {
     TensorError::UnsupportedDType {
@@ -30,19 +28,12 @@ fn needs_float(op: &'static str, dtype: DType) -> TensorError {
     }
 }
 
-/// `self = op(self)` for a float tensor.
-fn float_in_place(name: &'static str, dst: &Tensor, op: UnaryOp) -> Result<()> {
-    let cost = if op.is_expensive() { Cost::Expensive } else { Cost::Cheap };
-    dispatch_float!(dst.dtype(), T => update_in_place::<T, 0>(name, dst, [], cost, |d, []| unary_update(op, d)),
-        Err(needs_float(name, dst.dtype())))
-}
-
-/// `self = f(self)` computed in f64 per element (functions the kernels do
-/// not have, such as `log1p`), for a float tensor.
-fn float_in_place_f64(name: &'static str, dst: &Tensor, f: fn(f64) -> f64) -> Result<()> {
-    dispatch_float!(dst.dtype(), T => update_in_place::<T, 0>(name, dst, [], Cost::Expensive, |d, []| {
-        update0(d, |v: T| T::store(<<T as FloatElement>::Compute as Float>::from_f64(f(v.load().to_f64()))))
-    }), Err(needs_float(name, dst.dtype())))
+/// `self = op(self)` for a float tensor (`Update::Unary`, `Log1p`, `LogSigmoid`).
+fn float_in_place(name: &'static str, dst: &Tensor, op: Update) -> Result<()> {
+    if !dst.dtype().is_float() {
+        return Err(needs_float(name, dst.dtype()));
+    }
+    run_update(name, op, dst, &[])
 }
 
 fn refuse_bool(name: &'static str, dst: &Tensor) -> Result<()> {
@@ -52,54 +43,33 @@ fn refuse_bool(name: &'static str, dst: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// `max(v, 0)` (the identity for unsigned types).
-fn relu_int<T: IntElement>(v: T) -> T {
-    v.max(T::ZERO)
-}
-
-/// `log(sigmoid(x))` without overflow: `min(x, 0) - log1p(exp(-|x|))`.
-fn log_sigmoid(x: f64) -> f64 {
-    if x.is_nan() {
-        return x;
-    }
-    x.min(0.0) - (-x.abs()).exp().ln_1p()
+/// `self = op(self)` keeping any non-bool dtype (integers wrap).
+fn same_dtype_in_place(name: &'static str, dst: &Tensor, op: UnaryOp) -> Result<()> {
+    refuse_bool(name, dst)?;
+    run_update(name, Update::Unary(op), dst, &[])
 }
 
 /// `self = max(self, other)` or `min(...)`, `other` broadcast to this shape.
 fn extremum_in_place(name: &'static str, op: BinaryOp, dst: &Tensor, other: &Tensor) -> Result<()> {
     refuse_bool(name, dst)?;
     let other = prepare_in_place(name, dst, other)?;
-    let take_max = op == BinaryOp::Maximum;
-    dispatch_float!(dst.dtype(), T => update_in_place::<T, 1>(name, dst, [&other], Cost::Cheap,
-        |d, [x]| binary_update(op, d, x)),
-        dispatch_int!(dst.dtype(), T => update_in_place::<T, 1>(name, dst, [&other], Cost::Cheap, |d, [x]| {
-            update1(d, x, |v: T, w: T| if take_max { v.max(w) } else { v.min(w) })
-        }), Err(TensorError::invalid(name, format!("is not supported for {} tensors", dst.dtype())))))
+    run_update(name, Update::Binary(op), dst, &[&other])
 }
 
 impl Tensor {
     /// `self = -self`. Integers wrap; an error for bool.
     pub fn neg_(&self) -> Result<()> {
-        refuse_bool("neg_", self)?;
-        dispatch_int!(self.dtype(), T => update_in_place::<T, 0>("neg_", self, [], Cost::Cheap,
-            |d, []| update0(d, |v: T| v.wrapping_neg())),
-            float_in_place("neg_", self, UnaryOp::Neg))
+        same_dtype_in_place("neg_", self, UnaryOp::Neg)
     }
 
     /// `self = |self|`. Integers keep their dtype; an error for bool.
     pub fn abs_(&self) -> Result<()> {
-        refuse_bool("abs_", self)?;
-        dispatch_int!(self.dtype(), T => update_in_place::<T, 0>("abs_", self, [], Cost::Cheap,
-            |d, []| update0(d, |v: T| IntElement::wrapping_abs(v))),
-            float_in_place("abs_", self, UnaryOp::Abs))
+        same_dtype_in_place("abs_", self, UnaryOp::Abs)
     }
 
     /// `self = max(self, 0)`; NaN stays NaN. Integers keep their dtype; an error for bool.
     pub fn relu_(&self) -> Result<()> {
-        refuse_bool("relu_", self)?;
-        dispatch_int!(self.dtype(), T => update_in_place::<T, 0>("relu_", self, [], Cost::Cheap,
-            |d, []| update0(d, relu_int::<T>)),
-            float_in_place("relu_", self, UnaryOp::Relu))
+        same_dtype_in_place("relu_", self, UnaryOp::Relu)
     }
 
     /// `self = sqrt(self)` (Adam's denominator). Float tensors only.
@@ -112,44 +82,44 @@ impl Tensor {
     /// # Ok::<(), brasa_tensor::TensorError>(())
     /// ```
     pub fn sqrt_(&self) -> Result<()> {
-        float_in_place("sqrt_", self, UnaryOp::Sqrt)
+        float_in_place("sqrt_", self, Update::Unary(UnaryOp::Sqrt))
     }
 
     /// `self = 1 / sqrt(self)`. Float tensors only.
     pub fn rsqrt_(&self) -> Result<()> {
-        float_in_place("rsqrt_", self, UnaryOp::Rsqrt)
+        float_in_place("rsqrt_", self, Update::Unary(UnaryOp::Rsqrt))
     }
 
     /// `self = e^self`. Float tensors only.
     pub fn exp_(&self) -> Result<()> {
-        float_in_place("exp_", self, UnaryOp::Exp)
+        float_in_place("exp_", self, Update::Unary(UnaryOp::Exp))
     }
 
     /// `self = ln(self)`. Float tensors only.
     pub fn log_(&self) -> Result<()> {
-        float_in_place("log_", self, UnaryOp::Log)
+        float_in_place("log_", self, Update::Unary(UnaryOp::Log))
     }
 
     /// `self = ln(1 + self)`, accurate for small values. Float tensors only.
     pub fn log1p_(&self) -> Result<()> {
-        float_in_place_f64("log1p_", self, f64::ln_1p)
+        float_in_place("log1p_", self, Update::Log1p)
     }
 
     /// `self = 1 / (1 + e^-self)`. Float tensors only.
     pub fn sigmoid_(&self) -> Result<()> {
-        float_in_place("sigmoid_", self, UnaryOp::Sigmoid)
+        float_in_place("sigmoid_", self, Update::Unary(UnaryOp::Sigmoid))
     }
 
     /// `self = tanh(self)`. Float tensors only.
     pub fn tanh_(&self) -> Result<()> {
-        float_in_place("tanh_", self, UnaryOp::Tanh)
+        float_in_place("tanh_", self, Update::Unary(UnaryOp::Tanh))
     }
 
     /// `self = log(sigmoid(self))`, computed as `min(x, 0) - log1p(e^-|x|)`
     /// so that it neither overflows nor loses the small values (PyTorch's
     /// `logsigmoid`). Float tensors only.
     pub fn log_sigmoid_(&self) -> Result<()> {
-        float_in_place_f64("log_sigmoid_", self, log_sigmoid)
+        float_in_place("log_sigmoid_", self, Update::LogSigmoid)
     }
 
     /// `self = maximum(self, other)` elementwise, `other` broadcast to this

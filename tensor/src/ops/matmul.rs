@@ -1,18 +1,16 @@
 //! Matrix products: [`Tensor::matmul`] with PyTorch's rules (dot products,
 //! matrix-vector, matrix-matrix and batched products with broadcast batch
-//! dimensions), computed by `brasa_kernels::gemm` straight on the operands'
-//! strided views: a transposed or narrowed operand is not copied.
+//! dimensions). The shape rules live here; the product itself is the
+//! device's ([`crate::backend::Backend::matmul`]: `brasa_kernels::gemm` on
+//! the host, reading transposed or narrowed operands in place).
 
-use crate::dtype::DType;
+use crate::backend::MatmulOperands;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
-use crate::ops::common::{output, same_device};
+use crate::ops::common::same_device;
 use crate::shape::{broadcast_shapes, Shape};
-use crate::storage::lock_storages;
 use crate::tensor::Tensor;
-use brasa_kernels::gemm::{batched_gemm, gemm, BatchMut, BatchRef, GemmElement, MatMut, MatRef};
 use brasa_kernels::KernelError;
-use half::{bf16, f16};
 
 const OP: &str = "matmul";
 
@@ -96,39 +94,16 @@ impl Tensor {
                     ),
                 )
             })?;
-        let mut full = batch.dims().to_vec();
-        full.extend([m, n]);
-        let full = Shape::from(full);
         let a_layout = broadcast_matrices(&a, &batch, [m, k])?;
         let b_layout = broadcast_matrices(&b, &batch, [k, n])?;
         // gemm reads non-negative strides only; negative ones are rare enough to copy.
         let (a, a_layout) = non_negative(&a, a_layout)?;
         let (b, b_layout) = non_negative(&b, b_layout)?;
 
-        let result = match output(device, dtype, &full)?.if_empty() {
-            Ok(empty) => empty,
-            Err(result) => {
-                let locks = lock_storages(&[a.storage(), b.storage()], &[]);
-                let problem = Problem { a: &a_layout, b: &b_layout, batch: batch.dims(), m, n, k };
-                macro_rules! run {
-                    ($t:ty, $one:expr, $zero:expr) => {{
-                        let (x, y) = (locks.read::<$t>(a.storage(), OP)?, locks.read::<$t>(b.storage(), OP)?);
-                        // SAFETY: the product sets every element of the output
-                        // (`out = 1·x·y + 0·out`, which does not read `out` when
-                        // beta is zero).
-                        unsafe { result.init_with::<$t>(OP, |out| problem.run::<$t>($one, $zero, x, y, out)) }
-                    }};
-                }
-                match dtype {
-                    DType::F32 => run!(f32, 1.0, 0.0),
-                    DType::F64 => run!(f64, 1.0, 0.0),
-                    DType::F16 => run!(f16, 1.0, 0.0),
-                    DType::BF16 => run!(bf16, 1.0, 0.0),
-                    // Excluded above.
-                    other => Err(TensorError::invalid(OP, format!("unsupported dtype {other}"))),
-                }?
-            }
-        };
+        let a = a.with_layout(a_layout);
+        let b = b.with_layout(b_layout);
+        let operands = MatmulOperands { a: &a, b: &b, batch: batch.dims(), m, n, k };
+        let result = crate::backend::for_device(device)?.matmul(operands)?;
         // Drop the dims a 1-d operand stood for; the memory is the same.
         let mut dims = batch.dims().to_vec();
         if self.rank() > 1 {
@@ -156,94 +131,6 @@ fn non_negative(t: &Tensor, layout: Layout) -> Result<(Tensor, Layout)> {
     let copy = t.with_layout(layout).contiguous()?;
     let layout = copy.layout().clone();
     Ok((copy, layout))
-}
-
-/// One matmul after broadcasting: `a` is `[batch.., m, k]`, `b` is
-/// `[batch.., k, n]`, both with non-negative strides; the output is dense.
-struct Problem<'a> {
-    a: &'a Layout,
-    b: &'a Layout,
-    batch: &'a [usize],
-    m: usize,
-    n: usize,
-    k: usize,
-}
-
-/// A group of batch dims that steps with one stride in each operand.
-#[derive(Clone, Copy, Debug)]
-struct BatchGroup {
-    count: usize,
-    a_stride: usize,
-    b_stride: usize,
-}
-
-impl Problem<'_> {
-    fn strides(layout: &Layout) -> Vec<usize> {
-        // Non-negative: checked by `non_negative`.
-        layout.strides().iter().map(|&s| s as usize).collect()
-    }
-
-    fn run<T: GemmElement>(&self, one: T::Scalar, zero: T::Scalar, x: &[T], y: &[T], out: &mut [T]) -> Result<()> {
-        let (m, n, k) = (self.m, self.n, self.k);
-        let rank = self.batch.len();
-        let sa = Self::strides(self.a);
-        let sb = Self::strides(self.b);
-        let (a_rs, a_cs) = (sa[rank], sa[rank + 1]);
-        let (b_rs, b_cs) = (sb[rank], sb[rank + 1]);
-        let batch_count: usize = self.batch.iter().product();
-        let err = |e| gemm_error(OP, e);
-
-        // `[batch.., m, k] · [k, n]` with rows of A evenly spaced across the
-        // batch: one tall product (better packing and threading than many
-        // small ones), as for a linear layer on a 3-d input.
-        let b_broadcast = (0..rank).all(|d| self.batch[d] == 1 || sb[d] == 0);
-        let mut row_dims = self.batch.to_vec();
-        row_dims.push(m);
-        let mut row_strides = sa[..rank].to_vec();
-        row_strides.push(a_rs);
-        if let Some(rs) = merged_stride(&row_dims, &row_strides).filter(|_| b_broadcast) {
-            let rows = batch_count * m;
-            let a = MatRef::new(x, self.a.offset(), [rows, k], [rs, a_cs]).map_err(err)?;
-            let b = MatRef::new(y, self.b.offset(), [k, n], [b_rs, b_cs]).map_err(err)?;
-            let c = MatMut::row_major(out, rows, n).map_err(err)?;
-            return gemm(one, a, b, zero, c).map_err(err);
-        }
-
-        // Otherwise: the innermost batch dims that step evenly in both
-        // operands make one batched call; the outer ones are looped over.
-        let mut group = BatchGroup { count: 1, a_stride: 0, b_stride: 0 };
-        let mut outer = rank;
-        while outer > 0 {
-            let d = outer - 1;
-            let size = self.batch[d];
-            if size != 1 {
-                let fits = |stride: usize, inner: usize| group.count == 1 || stride == group.count * inner;
-                if !(fits(sa[d], group.a_stride) && fits(sb[d], group.b_stride)) {
-                    break;
-                }
-                if group.count == 1 {
-                    group.a_stride = sa[d];
-                    group.b_stride = sb[d];
-                }
-                group.count *= size;
-            }
-            outer = d;
-        }
-        let outer_layout_a = Layout::new(self.batch[..outer].to_vec(), self.a.strides()[..outer].to_vec(), 0)?;
-        let outer_layout_b = Layout::new(self.batch[..outer].to_vec(), self.b.strides()[..outer].to_vec(), 0)?;
-        let per_call = group.count * m * n;
-        for ((a_off, b_off), chunk) in
-            outer_layout_a.offsets().zip(outer_layout_b.offsets()).zip(out.chunks_exact_mut(per_call.max(1)))
-        {
-            let a = BatchRef::new(x, self.a.offset() + a_off, [group.count, m, k], [group.a_stride, a_rs, a_cs])
-                .map_err(err)?;
-            let b = BatchRef::new(y, self.b.offset() + b_off, [group.count, k, n], [group.b_stride, b_rs, b_cs])
-                .map_err(err)?;
-            let c = BatchMut::new(chunk, 0, [group.count, m, n], [m * n, n, 1]).map_err(err)?;
-            batched_gemm(one, a, b, zero, c).map_err(err)?;
-        }
-        Ok(())
-    }
 }
 
 /// The stride of the one dim that `dims` (with `strides`) merge into, when
@@ -279,7 +166,7 @@ pub(crate) fn naive_matmul<T: crate::WithDType>(a: &[T], b: &[T], m: usize, k: u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Device;
+    use crate::{DType, Device};
 
     fn t(values: &[f32], shape: &[usize]) -> Tensor {
         Tensor::from_slice_on(values, shape, Device::CPU).unwrap()

@@ -3,17 +3,17 @@
 //! themselves live in `brasa-kernels` and know nothing about tensors.
 
 mod binary;
-mod common;
+pub(crate) mod common;
 mod compare;
 mod concat;
-mod conv;
-mod elementwise;
+pub(crate) mod conv;
+pub(crate) mod elementwise;
 mod index;
 mod inplace_arith;
 mod inplace_unary;
-mod matmul;
-mod pool;
-mod reduce;
+pub(crate) mod matmul;
+pub(crate) mod pool;
+pub(crate) mod reduce;
 mod softmax;
 mod unary;
 

@@ -1,35 +1,34 @@
 //! 2-d pooling: [`Tensor::max_pool2d`] (values and PyTorch's flat indices)
 //! and [`Tensor::avg_pool2d`], with their backward passes. Inputs are
-//! `[N, C, H, W]` or unbatched `[C, H, W]`; the `H x W` planes are split over
-//! threads and pooled by the loops in `brasa_kernels::pool`, read in place
-//! whatever their strides.
+//! `[N, C, H, W]` or unbatched `[C, H, W]`. The windows are checked here
+//! ([`PoolPlan`]); the device pools the `H x W` planes
+//! ([`crate::backend::Backend::max_pool2d`] and the others; on the host,
+//! planes split over threads, read in place whatever their strides).
 
-use crate::dispatch::dispatch_dtype;
-use crate::dtype::{DType, WithDType};
+use crate::backend::for_device;
+use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::layout::Layout;
-use crate::ops::common::{expect_dtype, expect_float, offsets_vec, output, same_device};
-use crate::ops::conv::dense_elements;
+use crate::ops::common::{expect_dtype, expect_float, same_device};
 use crate::shape::Shape;
-use crate::storage::{lock_storages, UninitTensor};
 use crate::tensor::Tensor;
-use brasa_kernels::pool::{
-    avg_pool2d_backward_plane, avg_pool2d_plane, max_pool2d_backward_plane, max_pool2d_plane, AvgPoolElement,
-    Pool2dGeometry,
-};
+use brasa_kernels::pool::Pool2dGeometry;
 use brasa_kernels::KernelError;
-use rayon::prelude::*;
 
-/// Work (in window elements) below which a thread gets more than one plane.
-const PLANES_TASK_WORK: usize = 1 << 14;
-
-/// The pooling of one tensor: its planes, their geometry, the output shape.
-struct PoolPlan {
+/// The pooling of one tensor, as the devices see it: its planes, their
+/// geometry, the window.
+pub(crate) struct PoolPlan {
     /// The leading (batch and channel) dims.
-    lead: Vec<usize>,
-    geometry: Pool2dGeometry,
+    pub lead: Vec<usize>,
+    /// One plane's geometry.
+    pub geometry: Pool2dGeometry,
     /// Window elements per output element, for task sizing.
-    window: usize,
+    pub window: usize,
+    /// Window size, (height, width).
+    pub kernel: (usize, usize),
+    /// Window step, (height, width).
+    pub stride: (usize, usize),
+    /// Implicit padding, (height, width).
+    pub padding: (usize, usize),
 }
 
 impl PoolPlan {
@@ -61,45 +60,18 @@ impl PoolPlan {
         let window = kernel.0.checked_mul(kernel.1).ok_or_else(|| {
             TensorError::invalid(op, format!("kernel {kernel:?} has more elements than a usize counts"))
         })?;
-        Ok(PoolPlan { lead: lead.to_vec(), geometry, window })
+        Ok(PoolPlan { lead: lead.to_vec(), geometry, window, kernel, stride, padding })
     }
 
-    fn output_shape(&self) -> Shape {
+    pub(crate) fn output_shape(&self) -> Shape {
         let (h, w) = self.geometry.output();
         Shape::from([self.lead.as_slice(), &[h, w]].concat())
     }
 
-    fn input_shape(&self) -> Shape {
+    pub(crate) fn input_shape(&self) -> Shape {
         let (h, w) = self.geometry.input();
         Shape::from([self.lead.as_slice(), &[h, w]].concat())
     }
-
-    /// Planes per parallel task: enough to pay for the task.
-    fn planes_per_task(&self, per_plane: usize) -> usize {
-        (PLANES_TASK_WORK / per_plane.max(1)).max(1)
-    }
-
-    /// Storage offset of every plane of `layout`, and the plane strides.
-    fn plane_offsets(&self, op: &'static str, layout: &Layout) -> Result<(Vec<usize>, [usize; 2])> {
-        let rank = layout.rank();
-        let strides = layout.strides();
-        let lead = Layout::new(self.lead.clone(), strides[..rank - 2].to_vec(), layout.offset())?;
-        // Non-negative: the callers copy tensors with negative strides.
-        Ok((offsets_vec(op, &lead)?, [strides[rank - 2] as usize, strides[rank - 1] as usize]))
-    }
-}
-
-/// `t` itself when all strides are non-negative, else a contiguous copy.
-fn non_negative(t: &Tensor) -> Result<Tensor> {
-    if t.strides().iter().all(|&s| s >= 0) {
-        Ok(t.clone())
-    } else {
-        t.contiguous()
-    }
-}
-
-fn pool_error(op: &'static str) -> impl Fn(KernelError) -> TensorError {
-    move |source| TensorError::kernel(op, source)
 }
 
 /// Errors unless a gradient has the pooled shape of `input_shape`.
@@ -150,29 +122,7 @@ impl Tensor {
             return Err(TensorError::invalid(OP, "needs a numeric tensor (float, i64 or u8), got bool"));
         }
         let plan = PoolPlan::new(OP, self.dims(), kernel, stride, padding)?;
-        let input = non_negative(self)?;
-        let shape = plan.output_shape();
-        let values = output(self.device(), self.dtype(), &shape)?;
-        let indices = output(self.device(), DType::I64, &shape)?;
-        let (offsets, strides) = plan.plane_offsets(OP, input.layout())?;
-        let geometry = plan.geometry;
-        let olen = geometry.output_len();
-        let per_task = plan.planes_per_task(olen.saturating_mul(plan.window));
-        dispatch_dtype!(self.dtype(), T => {
-            let x = input.storage().read::<T>(OP)?;
-            // SAFETY: every plane of both outputs (one per offset) is set by
-            // `max_pool2d_plane`, which reads neither.
-            unsafe {
-                UninitTensor::init_pair_with::<T, i64>(values, indices, OP, |out, idx| {
-                    out.par_chunks_mut(olen)
-                        .zip(idx.par_chunks_mut(olen))
-                        .zip(offsets.par_iter())
-                        .with_min_len(per_task)
-                        .try_for_each(|((o, i), &offset)| max_pool2d_plane(&geometry, &x, offset, strides, o, i))
-                        .map_err(pool_error(OP))
-                })
-            }
-        })
+        for_device(self.device())?.max_pool2d(self, &plan)
     }
 
     /// The gradient of [`Tensor::max_pool2d`] with respect to its input: this
@@ -207,19 +157,8 @@ impl Tensor {
                 ),
             ));
         }
-        let grad = self.contiguous()?;
-        let indices = indices.contiguous()?;
-        let olen = self.dims()[self.rank() - 2] * self.dims()[self.rank() - 1];
-        let ilen = input[input.len() - 2] * input[input.len() - 1];
-        let result = output(self.device(), self.dtype(), &input_shape)?;
-        let planes = (&grad, &indices, olen, ilen);
-        match self.dtype() {
-            DType::F32 => max_backward::<f32>(planes, result),
-            DType::F64 => max_backward::<f64>(planes, result),
-            DType::F16 => max_backward::<half::f16>(planes, result),
-            DType::BF16 => max_backward::<half::bf16>(planes, result),
-            other => Err(TensorError::invalid(OP, format!("needs a floating-point tensor, got {other}"))),
-        }
+        let (grad, indices) = (self.contiguous()?, indices.contiguous()?);
+        for_device(self.device())?.max_pool2d_backward(&grad, &indices, &input_shape)
     }
 
     /// Average pooling over `kernel` windows moved by `stride` over this
@@ -238,11 +177,7 @@ impl Tensor {
         let _range = brasa_profile::record_op(OP, &[self.dims()]);
         expect_float(OP, self)?;
         let plan = PoolPlan::new(OP, self.dims(), kernel, stride, padding)?;
-        match self.dtype() {
-            DType::F64 => avg_forward::<f64>(self, &plan, count_include_pad),
-            DType::F32 => avg_forward::<f32>(self, &plan, count_include_pad),
-            other => avg_forward::<f32>(&self.to_dtype(DType::F32)?, &plan, count_include_pad)?.to_dtype(other),
-        }
+        for_device(self.device())?.avg_pool2d(self, &plan, count_include_pad)
     }
 
     /// The gradient of [`Tensor::avg_pool2d`] with respect to its input of
@@ -262,95 +197,7 @@ impl Tensor {
         expect_float(OP, self)?;
         let plan = PoolPlan::new(OP, input_shape.dims(), kernel, stride, padding)?;
         expect_pooled_shape(OP, self, &plan)?;
-        match self.dtype() {
-            DType::F64 => avg_backward::<f64>(self, &plan, count_include_pad),
-            DType::F32 => avg_backward::<f32>(self, &plan, count_include_pad),
-            other => avg_backward::<f32>(&self.to_dtype(DType::F32)?, &plan, count_include_pad)?.to_dtype(other),
-        }
-    }
-}
-
-/// Scatters `grad` (contiguous, planes of `olen`) to the positions `indices`
-/// name in the `ilen`-element planes of `out`.
-fn max_backward<T: WithDType + std::ops::AddAssign>(
-    (grad, indices, olen, ilen): (&Tensor, &Tensor, usize, usize),
-    out: UninitTensor,
-) -> Result<Tensor> {
-    const OP: &str = "max_pool2d_backward";
-    let per_task = (PLANES_TASK_WORK / (olen + ilen).max(1)).max(1);
-    let locks = lock_storages(&[grad.storage(), indices.storage()], &[]);
-    let (g, idx) = (locks.read::<T>(grad.storage(), OP)?, locks.read::<i64>(indices.storage(), OP)?);
-    let g = dense_elements(OP, g, grad)?;
-    let idx = dense_elements(OP, idx, indices)?;
-    // SAFETY: the output is filled with zeros, or every plane of it (one
-    // per gradient plane) is set by `max_pool2d_backward_plane`, which
-    // zeroes it before adding; nothing is read first.
-    unsafe {
-        out.init_with::<T>(OP, |out| {
-            if olen == 0 {
-                out.fill(T::ZERO);
-                return Ok(());
-            }
-            out.par_chunks_mut(ilen)
-                .zip(g.par_chunks(olen).zip(idx.par_chunks(olen)))
-                .with_min_len(per_task)
-                .try_for_each(|(o, (g, i))| max_pool2d_backward_plane(g, i, o))
-                .map_err(pool_error(OP))
-        })
-    }
-}
-
-fn avg_forward<T: AvgPoolElement + WithDType>(
-    input: &Tensor,
-    plan: &PoolPlan,
-    count_include_pad: bool,
-) -> Result<Tensor> {
-    const OP: &str = "avg_pool2d";
-    let input = non_negative(input)?;
-    let shape = plan.output_shape();
-    let result = output(input.device(), input.dtype(), &shape)?;
-    let (offsets, strides) = plan.plane_offsets(OP, input.layout())?;
-    let geometry = plan.geometry;
-    let olen = geometry.output_len();
-    let per_task = plan.planes_per_task(olen.saturating_mul(plan.window));
-    let x = input.storage().read::<T>(OP)?;
-    // SAFETY: every plane of the output (one per offset) is set by
-    // `avg_pool2d_plane`, which reads none of it.
-    unsafe {
-        result.init_with::<T>(OP, |out| {
-            out.par_chunks_mut(olen)
-                .zip(offsets.par_iter())
-                .with_min_len(per_task)
-                .try_for_each(|(o, &offset)| avg_pool2d_plane(&geometry, &x, offset, strides, o, count_include_pad))
-                .map_err(pool_error(OP))
-        })
-    }
-}
-
-fn avg_backward<T: AvgPoolElement + WithDType>(
-    grad: &Tensor,
-    plan: &PoolPlan,
-    count_include_pad: bool,
-) -> Result<Tensor> {
-    const OP: &str = "avg_pool2d_backward";
-    let grad = grad.contiguous()?;
-    let shape = plan.input_shape();
-    let result = output(grad.device(), grad.dtype(), &shape)?;
-    let geometry = plan.geometry;
-    let (olen, ilen) = (geometry.output_len(), geometry.input_len());
-    let per_task = plan.planes_per_task(olen.saturating_mul(plan.window));
-    let g = grad.storage().read::<T>(OP)?;
-    let g = dense_elements(OP, &g, &grad)?;
-    // SAFETY: every plane of the output (one per gradient plane) is set by
-    // `avg_pool2d_backward_plane`, which zeroes it before adding.
-    unsafe {
-        result.init_with::<T>(OP, |out| {
-            out.par_chunks_mut(ilen)
-                .zip(g.par_chunks(olen))
-                .with_min_len(per_task)
-                .try_for_each(|(o, g)| avg_pool2d_backward_plane(&geometry, g, o, count_include_pad))
-                .map_err(pool_error(OP))
-        })
+        for_device(self.device())?.avg_pool2d_backward(self, &plan, count_include_pad)
     }
 }
 

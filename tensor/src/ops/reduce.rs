@@ -8,107 +8,15 @@
 //!   rounded to the input dtype once, at the end.
 //! - `max`/`min` keep the dtype; `argmax`/`argmin` give `i64`.
 //!
-//! # How the data is walked
-//! The dims are split into kept and reduced ones, and one of three plans is
-//! picked from the strides:
-//! - **rows**: the reduced elements of each output are one contiguous run
-//!   (reducing the innermost dims of a contiguous tensor) — each output is a
-//!   slice kernel call;
-//! - **columns**: the innermost kept dim is contiguous (reducing an outer or
-//!   middle dim) — the reduced rows are added element-wise into an
-//!   accumulator row, which vectorises along the kept dim;
-//! - otherwise the tensor is copied with the reduced dims moved last, and
-//!   reduced as rows.
-//!
-//! Broadcast dims (stride 0, from `expand`) are read once: a reduced one
-//! multiplies sums (and sums of squared deviations) by its size and changes
-//! no max, min, mean or first position; a kept one gives equal outputs,
-//! computed once and copied. So an expanded tensor costs what the tensor it
-//! was expanded from does.
-//!
-//! Outputs are split over rayon's threads once the work reaches
-//! [`PARALLEL_MIN_WORK`] elements; single long rows are split inside the
-//! kernels.
+//! The dims are resolved and checked here; the device walks the data
+//! ([`crate::backend::Backend::reduce`]: on the host, rows, columns or a
+//! transposing copy picked from the strides, with broadcast dims read once).
 
-use crate::dispatch::{dispatch_dtype, dispatch_float};
-use crate::dtype::{DType, WithDType};
+use crate::backend::{for_device, ReduceOp};
 use crate::error::{Result, TensorError};
-use crate::layout::Layout;
-use crate::ops::common::{expect_float, offsets_vec, output};
-use crate::shape::{resolve_dim, Shape};
+use crate::ops::common::expect_float;
+use crate::shape::resolve_dim;
 use crate::tensor::Tensor;
-use brasa_kernels::reduce::{self as kernels, Accumulator, FloatAccumulator, ReduceElement};
-use rayon::prelude::*;
-
-/// Reductions reading fewer elements than this run on one thread. Measured
-/// by timing sums over the last dim of `[n / 256, 256]` `f32` tensors on one
-/// thread and on two (2-core Zen 5, release build): two threads lose below
-/// 2^17 elements (a fork-join and waking the other core cost ~10 µs, as much
-/// as summing 2^16 elements), break even at 2^17 and win from 2^18 (1.3x,
-/// 1.65x at 2^19).
-pub(crate) const PARALLEL_MIN_WORK: usize = 1 << 17;
-
-/// Elements of input one parallel task reads at least.
-const TASK_WORK: usize = 1 << 14;
-
-/// Outputs along the contiguous kept dim handled per column-kernel call, so
-/// the accumulator row stays in L1.
-const COLUMN_BLOCK: usize = 1024;
-
-/// The column plan is used from this width of the contiguous kept dim on.
-/// Even at width 3 (`[1M, 3]` summed over dim 0) it costs about what the
-/// alternative, a transposing copy of the whole input, does (~7 ms), and it
-/// needs no extra memory, so every width qualifies.
-const COLUMN_MIN_WIDTH: usize = 1;
-
-/// Where each output's reduced elements lie in the source's storage.
-enum Walk {
-    /// The reduced set is empty: every output is the reduction of nothing.
-    Empty,
-    /// Output `i` reduces `src[bases[i] .. bases[i] + len]`; `bases` walks
-    /// the offsets in output order.
-    Rows { bases: Layout, len: usize },
-    /// Outputs come in groups of `width` (one per offset of `outer`); output
-    /// `k` of the group at `base` reduces `src[base + row_offsets[r] + k]`.
-    Columns { outer: Layout, width: usize, row_offsets: Vec<usize> },
-}
-
-/// A resolved reduction: what to read, how, and the output's shape.
-struct Plan {
-    source: Tensor,
-    walk: Walk,
-    out_shape: Shape,
-    /// The shape the walk fills: `out_shape` with 1 for the kept dims that
-    /// are broadcast in the input (stride 0), whose outputs are all equal;
-    /// the result is expanded to `out_shape` afterwards.
-    computed_shape: Shape,
-    /// Elements reduced into each output.
-    count: usize,
-    /// How many equal elements each element the walk reads stands for: the
-    /// product of the reduced dims that are broadcast (stride 0) in the
-    /// input, which the walk reads only once.
-    repeat: usize,
-    /// The reduced dims (size, and whether the walk skipped it as
-    /// broadcast), to turn a position among the elements read into one
-    /// among all reduced elements; `None` when nothing was skipped.
-    positions: Option<Vec<(usize, bool)>>,
-}
-
-/// The row-major position among all reduced elements (of dims `dims`: size,
-/// and whether the walk skipped it as broadcast) of the element at `read`
-/// among those the walk reads. A skipped dim gets coordinate 0, the first of
-/// its equal elements, so ties still go to the first position.
-fn full_position(dims: &[(usize, bool)], read: usize) -> usize {
-    let (mut rest, mut full, mut stride) = (read, 0usize, 1usize);
-    for &(size, skipped) in dims.iter().rev() {
-        if !skipped {
-            full += rest % size * stride;
-            rest /= size;
-        }
-        stride = stride.saturating_mul(size);
-    }
-    full
-}
 
 /// Resolves `dims` (empty = all) into a mask over the tensor's dims; a dim
 /// listed twice is an error.
@@ -130,376 +38,9 @@ fn reduced_mask(x: &Tensor, op: &'static str, dims: &[isize]) -> Result<Vec<bool
     Ok(mask)
 }
 
-/// The dims of `x` kept (`!reduced`) or reduced, with their strides.
-fn split_dims(x: &Tensor, mask: &[bool], reduced: bool) -> (Vec<usize>, Vec<isize>) {
-    let layout = x.layout();
-    layout
-        .dims()
-        .iter()
-        .zip(layout.strides())
-        .zip(mask)
-        .filter(|(_, &m)| m == reduced)
-        .map(|((&d, &s), _)| (d, s))
-        .unzip()
-}
-
-/// The output dims: the kept dims, and 1 for each reduced dim with `keepdim`.
-fn out_dims(dims: &[usize], mask: &[bool], keepdim: bool) -> Vec<usize> {
+/// The output dims: kept dims, and reduced ones as 1 with `keepdim`.
+pub(crate) fn out_dims(dims: &[usize], mask: &[bool], keepdim: bool) -> Vec<usize> {
     dims.iter().zip(mask).filter_map(|(&d, &m)| if m { keepdim.then_some(1) } else { Some(d) }).collect()
-}
-
-fn plan(x: &Tensor, op: &'static str, dims: &[isize], keepdim: bool) -> Result<Plan> {
-    let mask = reduced_mask(x, op, dims)?;
-    let out_shape = Shape::from(out_dims(x.dims(), &mask, keepdim));
-    let count: usize = x.dims().iter().zip(&mask).filter(|(_, &m)| m).map(|(&d, _)| d).product();
-    if count == 0 {
-        let computed_shape = out_shape.clone();
-        return Ok(Plan {
-            source: x.clone(),
-            walk: Walk::Empty,
-            out_shape,
-            computed_shape,
-            count,
-            repeat: 1,
-            positions: None,
-        });
-    }
-    // A broadcast dim (stride 0) holds one value repeated: read it once. A
-    // reduced one scales sums (`repeat`) and is skipped by max, min and
-    // mean; a kept one makes equal outputs, computed once and expanded.
-    let mut view = x.clone();
-    let mut repeat = 1usize;
-    let mut positions = Vec::new();
-    let mut skipped_reduced = false;
-    for (d, (&size, &stride)) in x.dims().iter().zip(x.layout().strides()).enumerate() {
-        let broadcast = stride == 0 && size > 1;
-        if broadcast {
-            view = view.narrow(d, 0, 1)?;
-        }
-        if mask[d] {
-            positions.push((size, broadcast));
-            if broadcast {
-                repeat *= size;
-                skipped_reduced = true;
-            }
-        }
-    }
-    let positions = skipped_reduced.then_some(positions);
-    let computed_shape = Shape::from(out_dims(view.dims(), &mask, keepdim));
-    let (walk, source) = walk(op, &view, &mask)?;
-    Ok(Plan { source, walk, out_shape, computed_shape, count, repeat, positions })
-}
-
-/// How to read the reduced elements of `x` (no reduced dim empty), and from
-/// which tensor: `x` itself, or a copy with the reduced dims moved last.
-fn walk(op: &'static str, x: &Tensor, mask: &[bool]) -> Result<(Walk, Tensor)> {
-    let layout = x.layout();
-    let (kept_dims, kept_strides) = split_dims(x, mask, false);
-    let (red_dims, red_strides) = split_dims(x, mask, true);
-    let len: usize = red_dims.iter().product();
-    let kept = Layout::new(kept_dims, kept_strides, layout.offset());
-    let reduced = Layout::new(red_dims, red_strides, 0);
-    if let (Ok(kept), Ok(reduced)) = (kept, reduced) {
-        let reduced = reduced.coalesced();
-        if len > 1 && reduced.strides() == [1] {
-            return Ok((Walk::Rows { bases: kept, len }, x.clone()));
-        }
-        // The column kernels vectorise along the kept dim, also over a
-        // single reduced element (a copy) where rows would be calls of one.
-        let kept = kept.coalesced();
-        let rank = kept.rank();
-        if let (Some(&width), Some(&1)) = (kept.dims().last(), kept.strides().last()) {
-            if width >= COLUMN_MIN_WIDTH {
-                let outer = Layout::new(&kept.dims()[..rank - 1], kept.strides()[..rank - 1].to_vec(), kept.offset())?;
-                let row_offsets = offsets_vec(op, &reduced)?;
-                return Ok((Walk::Columns { outer, width, row_offsets }, x.clone()));
-            }
-        }
-        if len == 1 {
-            return Ok((Walk::Rows { bases: kept, len }, x.clone()));
-        }
-    }
-    // Move the reduced dims last and copy: then every output is a row.
-    let order: Vec<usize> = (0..mask.len()).filter(|&d| !mask[d]).chain((0..mask.len()).filter(|&d| mask[d])).collect();
-    let source = x.permute(&order)?.contiguous()?;
-    let outputs = x.numel() / len;
-    let bases = Layout::new([outputs], vec![len as isize], source.layout().offset())?;
-    Ok((Walk::Rows { bases, len }, source))
-}
-
-/// One reduction, as the driver calls it.
-trait Reduction<T>: Sync {
-    /// The output element type.
-    type Out: WithDType;
-    /// Reduces one contiguous run (empty only for reductions that allow it).
-    fn row(&self, row: &[T]) -> Self::Out;
-    /// `out[k]` reduces `src[base + row_offsets[r] + k]` over the rows.
-    fn columns(&self, src: &[T], base: usize, row_offsets: &[usize], out: &mut [Self::Out]) -> Result<()>;
-}
-
-/// The error for a float-only reduction of another dtype (checked before, so
-/// this only guards against misuse).
-fn not_float(op: &'static str, dtype: DType) -> TensorError {
-    TensorError::not_float(op, dtype)
-}
-
-fn kernel_error(op: &'static str, error: brasa_kernels::KernelError) -> TensorError {
-    TensorError::kernel(op, error)
-}
-
-/// Runs `reduction` over the plan into a fresh tensor of the output shape.
-fn execute<T: WithDType, R: Reduction<T>>(op: &'static str, plan: &Plan, reduction: &R) -> Result<Tensor> {
-    let _range = brasa_profile::record_op(op, &[]);
-    let source = &plan.source;
-    let result = output(source.device(), R::Out::DTYPE, &plan.computed_shape)?;
-    let src = source.storage().read::<T>(op)?;
-    // SAFETY: every walk writes each output element and reads none: the empty
-    // walk fills them; the row walk writes one per base (the plan has one per
-    // output element); the column walk hands every `width`-group of the
-    // output (one per offset of `outer`) to the column kernels, which set
-    // each element of their block (`out[k] = ...`).
-    let computed = unsafe {
-        result.init_with::<R::Out>(op, |out| {
-            if !out.is_empty() {
-                match &plan.walk {
-                    Walk::Empty => out.fill(reduction.row(&[])),
-                    Walk::Rows { bases, len } => reduce_rows(op, &src, bases, *len, out, reduction)?,
-                    Walk::Columns { outer, width, row_offsets } => {
-                        reduce_columns(op, &src, outer, *width, row_offsets, out, reduction)?
-                    }
-                }
-            }
-            Ok(())
-        })?
-    };
-    drop(src);
-    if plan.computed_shape == plan.out_shape {
-        return Ok(computed);
-    }
-    // Outputs along kept broadcast dims are equal: copy the one computed.
-    computed.expand(plan.out_shape.clone())?.contiguous()
-}
-
-fn reduce_rows<T: WithDType, R: Reduction<T>>(
-    op: &'static str,
-    src: &[T],
-    bases: &Layout,
-    len: usize,
-    out: &mut [R::Out],
-    reduction: &R,
-) -> Result<()> {
-    // Every run lies in the storage: checked once here, so the slicing
-    // below cannot fail.
-    let end = bases.required_storage_len().saturating_sub(1).saturating_add(len);
-    if end > src.len() {
-        return Err(TensorError::invalid(op, format!("internal: rows reach element {end} of {}", src.len())));
-    }
-    if out.len() < 2 || out.len().saturating_mul(len) < PARALLEL_MIN_WORK {
-        for (o, base) in out.iter_mut().zip(bases.offsets()) {
-            *o = reduction.row(&src[base..base + len]);
-        }
-        return Ok(());
-    }
-    let bases = offsets_vec(op, bases)?;
-    let per_task = TASK_WORK.div_ceil(len).max(1);
-    out.par_chunks_mut(per_task).zip(bases.par_chunks(per_task)).for_each(|(out, bases)| {
-        for (o, &base) in out.iter_mut().zip(bases) {
-            *o = reduction.row(&src[base..base + len]);
-        }
-    });
-    Ok(())
-}
-
-fn reduce_columns<T: WithDType, R: Reduction<T>>(
-    op: &'static str,
-    src: &[T],
-    outer: &Layout,
-    width: usize,
-    row_offsets: &[usize],
-    out: &mut [R::Out],
-    reduction: &R,
-) -> Result<()> {
-    let block = |out: &mut [R::Out], base: usize| -> Result<()> {
-        for (i, chunk) in out.chunks_mut(COLUMN_BLOCK).enumerate() {
-            reduction.columns(src, base + i * COLUMN_BLOCK, row_offsets, chunk)?;
-        }
-        Ok(())
-    };
-    let work = out.len().saturating_mul(row_offsets.len());
-    if work < PARALLEL_MIN_WORK {
-        for (out, base) in out.chunks_mut(width).zip(outer.offsets()) {
-            block(out, base)?;
-        }
-        return Ok(());
-    }
-    // Tasks are column blocks of every outer group.
-    let bases = offsets_vec(op, outer)?;
-    out.par_chunks_mut(width).zip(bases.par_iter()).try_for_each(|(out, &base)| {
-        out.par_chunks_mut(COLUMN_BLOCK)
-            .enumerate()
-            .try_for_each(|(i, chunk)| reduction.columns(src, base + i * COLUMN_BLOCK, row_offsets, chunk))
-    })
-}
-
-// ----- the reductions ------------------------------------------------------
-
-/// Sums; each element read stands for `repeat` equal ones (`Plan::repeat`).
-struct Sum {
-    repeat: usize,
-}
-
-impl<T: ReduceElement> Reduction<T> for Sum
-where
-    T::Acc: WithDType,
-{
-    type Out = T::Acc;
-    fn row(&self, row: &[T]) -> T::Acc {
-        let sum = kernels::sum(row);
-        if self.repeat == 1 {
-            sum
-        } else {
-            sum.times(self.repeat)
-        }
-    }
-    fn columns(&self, src: &[T], base: usize, row_offsets: &[usize], out: &mut [T::Acc]) -> Result<()> {
-        kernels::sum_columns(src, base, row_offsets, out).map_err(|e| kernel_error("sum", e))?;
-        if self.repeat != 1 {
-            for o in out.iter_mut() {
-                *o = o.times(self.repeat);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Means over `count` elements read: repeated (broadcast) elements change
-/// neither the sum's share of each element nor the mean.
-struct Mean {
-    count: usize,
-}
-
-impl<T: ReduceElement> Reduction<T> for Mean
-where
-    T::Acc: WithDType + FloatAccumulator,
-{
-    type Out = T::Acc;
-    fn row(&self, row: &[T]) -> T::Acc {
-        kernels::sum(row) / <T::Acc as FloatAccumulator>::from_f64(self.count as f64)
-    }
-    fn columns(&self, src: &[T], base: usize, row_offsets: &[usize], out: &mut [T::Acc]) -> Result<()> {
-        kernels::sum_columns(src, base, row_offsets, out).map_err(|e| kernel_error("mean", e))?;
-        let count = <T::Acc as FloatAccumulator>::from_f64(self.count as f64);
-        for o in out.iter_mut() {
-            *o = *o / count;
-        }
-        Ok(())
-    }
-}
-
-/// Variance with `correction` (Bessel's for 1), or standard deviation, over
-/// `count` elements of which the walk reads one in `repeat` (the mean of the
-/// elements read is the mean of all; each squared deviation counts `repeat`
-/// times).
-struct Var {
-    count: usize,
-    correction: usize,
-    sqrt: bool,
-    repeat: usize,
-}
-
-impl Var {
-    fn finish<A: FloatAccumulator>(&self, squares: A) -> A {
-        let squares = if self.repeat == 1 { squares } else { squares.times(self.repeat) };
-        // PyTorch divides by max(N - correction, 0): a zero divisor gives inf or NaN.
-        let divisor = A::from_f64(self.count.saturating_sub(self.correction) as f64);
-        let var = squares / divisor;
-        if self.sqrt {
-            var.sqrt()
-        } else {
-            var
-        }
-    }
-}
-
-impl<T: ReduceElement> Reduction<T> for Var
-where
-    T::Acc: WithDType + FloatAccumulator,
-{
-    type Out = T::Acc;
-    fn row(&self, row: &[T]) -> T::Acc {
-        if row.is_empty() {
-            return <T::Acc as FloatAccumulator>::NAN;
-        }
-        let mean = kernels::sum(row) / <T::Acc as FloatAccumulator>::from_f64(row.len() as f64);
-        self.finish(kernels::sum_sq_dev(row, mean))
-    }
-    fn columns(&self, src: &[T], base: usize, row_offsets: &[usize], out: &mut [T::Acc]) -> Result<()> {
-        let error = |e| kernel_error("var", e);
-        let mut mean = vec![<T::Acc as Accumulator>::ZERO; out.len()];
-        kernels::sum_columns(src, base, row_offsets, &mut mean).map_err(error)?;
-        let count = <T::Acc as FloatAccumulator>::from_f64(row_offsets.len() as f64);
-        for m in mean.iter_mut() {
-            *m = *m / count;
-        }
-        kernels::sq_dev_columns(src, base, row_offsets, &mean, out).map_err(error)?;
-        for o in out.iter_mut() {
-            *o = self.finish(*o);
-        }
-        Ok(())
-    }
-}
-
-/// Max (`MAX`) or min values.
-struct Extreme<const MAX: bool>;
-
-impl<T: ReduceElement + WithDType, const MAX: bool> Reduction<T> for Extreme<MAX> {
-    type Out = T;
-    fn row(&self, row: &[T]) -> T {
-        // Never empty: empty reductions are refused before planning.
-        let value = if MAX { kernels::max(row) } else { kernels::min(row) };
-        value.unwrap_or(T::ZERO)
-    }
-    fn columns(&self, src: &[T], base: usize, row_offsets: &[usize], out: &mut [T]) -> Result<()> {
-        let result = if MAX {
-            kernels::max_columns(src, base, row_offsets, out)
-        } else {
-            kernels::min_columns(src, base, row_offsets, out)
-        };
-        result.map_err(|e| kernel_error(if MAX { "max" } else { "min" }, e))
-    }
-}
-
-/// Argmax (`MAX`) or argmin; `positions` as in `Plan::positions`.
-struct ArgExtreme<'a, const MAX: bool> {
-    positions: Option<&'a [(usize, bool)]>,
-}
-
-impl<const MAX: bool> ArgExtreme<'_, MAX> {
-    fn full(&self, read: usize) -> i64 {
-        self.positions.map_or(read, |dims| full_position(dims, read)) as i64
-    }
-}
-
-impl<T: ReduceElement, const MAX: bool> Reduction<T> for ArgExtreme<'_, MAX> {
-    type Out = i64;
-    fn row(&self, row: &[T]) -> i64 {
-        let position = if MAX { kernels::argmax(row) } else { kernels::argmin(row) };
-        position.map_or(0, |p| self.full(p))
-    }
-    fn columns(&self, src: &[T], base: usize, row_offsets: &[usize], out: &mut [i64]) -> Result<()> {
-        let result = if MAX {
-            kernels::argmax_columns(src, base, row_offsets, out)
-        } else {
-            kernels::argmin_columns(src, base, row_offsets, out)
-        };
-        result.map_err(|e| kernel_error(if MAX { "argmax" } else { "argmin" }, e))?;
-        if self.positions.is_some() {
-            for o in out.iter_mut() {
-                *o = self.full(*o as usize);
-            }
-        }
-        Ok(())
-    }
 }
 
 /// Errors when a reduced dim is empty: max, min and their positions have no
@@ -518,15 +59,22 @@ fn refuse_empty(x: &Tensor, op: &'static str, dims: &[isize]) -> Result<()> {
     Ok(())
 }
 
+/// `op` over `dims` of `x` by its device: sums, means and variances in
+/// the accumulator dtype (f32 for f16/bf16/f32, f64, i64 for integers and
+/// bool), max and min in `x`'s, positions in i64.
+fn reduce(x: &Tensor, op: ReduceOp, name: &'static str, dims: &[isize], keepdim: bool) -> Result<Tensor> {
+    let mask = reduced_mask(x, name, dims)?;
+    let _range = brasa_profile::record_op(name, &[x.dims()]);
+    for_device(x.device())?.reduce(op, name, x, &mask, keepdim)
+}
+
 impl Tensor {
     /// The sum over `dims` (negative dims count from the end; an empty list
     /// reduces every dim). With `keepdim`, reduced dims stay as size 1.
     /// Integer and `bool` tensors sum into `i64`; `f16`/`bf16` accumulate in
     /// `f32`. Float sums are pairwise (accurate to about `log2(n)` roundings).
     pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
-        let plan = plan(self, "sum", dims, keepdim)?;
-        let sum = Sum { repeat: plan.repeat };
-        let out = dispatch_dtype!(self.dtype(), T => execute::<T, _>("sum", &plan, &sum)?);
+        let out = reduce(self, ReduceOp::Sum, "sum", dims, keepdim)?;
         if self.dtype().is_float() {
             out.to_dtype(self.dtype())
         } else {
@@ -544,9 +92,7 @@ impl Tensor {
     /// `f32`. The mean of no elements is NaN.
     pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         expect_float("mean", self)?;
-        let plan = plan(self, "mean", dims, keepdim)?;
-        let mean = Mean { count: plan.count / plan.repeat };
-        dispatch_float!(self.dtype(), T => execute::<T, _>("mean", &plan, &mean)?.to_dtype(self.dtype()), Err(not_float("mean", self.dtype())))
+        reduce(self, ReduceOp::Mean, "mean", dims, keepdim)?.to_dtype(self.dtype())
     }
 
     /// The mean of every element as a 0-d tensor (see [`Tensor::mean`]).
@@ -589,25 +135,21 @@ impl Tensor {
         sqrt: bool,
     ) -> Result<Tensor> {
         expect_float(op, self)?;
-        let plan = plan(self, op, dims, keepdim)?;
-        let var = Var { count: plan.count, correction, sqrt, repeat: plan.repeat };
-        dispatch_float!(self.dtype(), T => execute::<T, _>(op, &plan, &var)?.to_dtype(self.dtype()), Err(not_float(op, self.dtype())))
+        reduce(self, ReduceOp::Var { correction, sqrt }, op, dims, keepdim)?.to_dtype(self.dtype())
     }
 
     /// The largest value over `dims` (empty = all), in this tensor's dtype;
     /// NaN wins. Reducing a dim of size 0 is an error naming the dim.
     pub fn max(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         refuse_empty(self, "max", dims)?;
-        let plan = plan(self, "max", dims, keepdim)?;
-        dispatch_dtype!(self.dtype(), T => execute::<T, _>("max", &plan, &Extreme::<true>))
+        reduce(self, ReduceOp::Max, "max", dims, keepdim)
     }
 
     /// The smallest value over `dims` (empty = all); NaN wins. Reducing a dim
     /// of size 0 is an error naming the dim.
     pub fn min(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         refuse_empty(self, "min", dims)?;
-        let plan = plan(self, "min", dims, keepdim)?;
-        dispatch_dtype!(self.dtype(), T => execute::<T, _>("min", &plan, &Extreme::<false>))
+        reduce(self, ReduceOp::Min, "min", dims, keepdim)
     }
 
     /// The `i64` position of the largest value over `dims` (empty = all):
@@ -616,16 +158,14 @@ impl Tensor {
     /// dims (the flat index when reducing all). A dim of size 0 is an error.
     pub fn argmax(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         refuse_empty(self, "argmax", dims)?;
-        let plan = plan(self, "argmax", dims, keepdim)?;
-        dispatch_dtype!(self.dtype(), T => execute::<T, _>("argmax", &plan, &ArgExtreme::<true> { positions: plan.positions.as_deref() }))
+        reduce(self, ReduceOp::ArgMax, "argmax", dims, keepdim)
     }
 
     /// The `i64` position of the smallest value over `dims` (see
     /// [`Tensor::argmax`]).
     pub fn argmin(&self, dims: &[isize], keepdim: bool) -> Result<Tensor> {
         refuse_empty(self, "argmin", dims)?;
-        let plan = plan(self, "argmin", dims, keepdim)?;
-        dispatch_dtype!(self.dtype(), T => execute::<T, _>("argmin", &plan, &ArgExtreme::<false> { positions: plan.positions.as_deref() }))
+        reduce(self, ReduceOp::ArgMin, "argmin", dims, keepdim)
     }
 }
 

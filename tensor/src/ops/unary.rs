@@ -18,12 +18,12 @@
 //! - `powf` of an integer or bool tensor with a negative integral exponent is
 //!   an error, as in PyTorch.
 
-use crate::dispatch::{dispatch_float, dispatch_int};
-use crate::dtype::{integer_scalar, DType, WithDType};
+use crate::backend::for_device;
+use crate::dtype::{integer_scalar, DType};
 use crate::error::{Result, TensorError};
-use crate::ops::elementwise::{is_integral, map_unary, scalar_result_dtype, Cost, IntElement};
+use crate::ops::elementwise::{is_integral, scalar_result_dtype};
 use crate::tensor::Tensor;
-use brasa_kernels::elementwise::{map1, unary, UnaryOp};
+use brasa_kernels::elementwise::UnaryOp;
 
 /// What an op does with a non-float tensor.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -36,18 +36,18 @@ enum IntegerInput {
 
 /// Applies a float op, promoting or refusing non-float inputs.
 fn float_op(x: &Tensor, op: UnaryOp, name: &'static str, integers: IntegerInput) -> Result<Tensor> {
-    let cost = if op.is_expensive() { Cost::Expensive } else { Cost::Cheap };
-    dispatch_float!(x.dtype(), T => map_unary::<T, T>(name, x, cost, |src, dst| unary(op, src, dst)), {
-        match integers {
-            IntegerInput::PromoteToF32 => float_op(&x.to_dtype(DType::F32)?, op, name, integers),
-            IntegerInput::Refuse => Err(TensorError::UnsupportedDType {
-                op: name,
-                dtype: x.dtype(),
-                needs: "a floating-point tensor",
-                hint: "; convert it with to_dtype first",
-            }),
-        }
-    })
+    if x.dtype().is_float() {
+        return for_device(x.device())?.unary(name, op, x);
+    }
+    match integers {
+        IntegerInput::PromoteToF32 => float_op(&x.to_dtype(DType::F32)?, op, name, integers),
+        IntegerInput::Refuse => Err(TensorError::UnsupportedDType {
+            op: name,
+            dtype: x.dtype(),
+            needs: "a floating-point tensor",
+            hint: "; convert it with to_dtype first",
+        }),
+    }
 }
 
 fn refuse_bool(x: &Tensor, name: &'static str) -> Result<()> {
@@ -60,29 +60,22 @@ fn refuse_bool(x: &Tensor, name: &'static str) -> Result<()> {
     Ok(())
 }
 
-/// `max(v, 0)` (the identity for unsigned types).
-fn relu_int<T: IntElement>(v: T) -> T {
-    v.max(T::ZERO)
-}
-
-/// Applies `f` to every element of an integer tensor, keeping its dtype.
-fn int_map<T: IntElement>(x: &Tensor, name: &'static str, f: impl Fn(T) -> T + Sync) -> Result<Tensor> {
-    map_unary::<T, T>(name, x, Cost::Cheap, |src, dst| map1(src, dst, &f))
+/// `op` on any non-bool tensor in its own dtype (the backends' integer
+/// kernels wrap, like PyTorch's).
+fn same_dtype_op(x: &Tensor, op: UnaryOp, name: &'static str) -> Result<Tensor> {
+    refuse_bool(x, name)?;
+    for_device(x.device())?.unary(name, op, x)
 }
 
 impl Tensor {
     /// `-x`. Wraps for integers; an error for bool.
     pub fn neg(&self) -> Result<Tensor> {
-        refuse_bool(self, "neg")?;
-        dispatch_int!(self.dtype(), T => int_map::<T>(self, "neg", |v| v.wrapping_neg()),
-            float_op(self, UnaryOp::Neg, "neg", IntegerInput::Refuse))
+        same_dtype_op(self, UnaryOp::Neg, "neg")
     }
 
     /// `|x|`. Integers keep their dtype (`abs(i64::MIN)` wraps to itself); an error for bool.
     pub fn abs(&self) -> Result<Tensor> {
-        refuse_bool(self, "abs")?;
-        dispatch_int!(self.dtype(), T => int_map::<T>(self, "abs", |v| v.wrapping_abs()),
-            float_op(self, UnaryOp::Abs, "abs", IntegerInput::Refuse))
+        same_dtype_op(self, UnaryOp::Abs, "abs")
     }
 
     /// `e^x` (integers and bool are computed in f32).
@@ -127,9 +120,7 @@ impl Tensor {
 
     /// `max(x, 0)`; NaN stays NaN. Integers keep their dtype; an error for bool.
     pub fn relu(&self) -> Result<Tensor> {
-        refuse_bool(self, "relu")?;
-        dispatch_int!(self.dtype(), T => int_map::<T>(self, "relu", relu_int::<T>),
-            float_op(self, UnaryOp::Relu, "relu", IntegerInput::Refuse))
+        same_dtype_op(self, UnaryOp::Relu, "relu")
     }
 
     /// GELU, `x Φ(x)` with the exact normal CDF (PyTorch's default
@@ -179,12 +170,7 @@ impl Tensor {
                 ),
             ));
         }
-        let x = self.to_dtype(dtype)?;
-        dispatch_int!(dtype, T => {
-            // In i64, wrapping, then narrowed: the same result modulo 2^8 for
-            // u8, with exponents past 255 taken as they are.
-            int_map::<T>(&x, "powf", move |v| T::from_i64(v.to_i64().int_pow(e)))
-        }, Err(TensorError::invalid("powf", format!("unsupported dtype {dtype}"))))
+        same_dtype_op(&self.to_dtype(dtype)?, UnaryOp::Powf(e as f64), "powf")
     }
 
     /// `min(max(x, min), max)` with either bound optional (at least one is
@@ -197,11 +183,7 @@ impl Tensor {
     pub fn clamp(&self, min: Option<f64>, max: Option<f64>) -> Result<Tensor> {
         let (lo, hi) = clamp_bounds("clamp", self, min, max)?;
         let dtype = scalar_result_dtype(self.dtype(), &[lo, hi].map(|b| if b.is_infinite() { 0.0 } else { b }));
-        let x = self.to_dtype(dtype)?;
-        dispatch_int!(dtype, T => {
-            let (lo, hi) = (int_bound::<T>(lo), int_bound::<T>(hi));
-            int_map::<T>(&x, "clamp", move |v| v.max(lo).min(hi))
-        }, float_op(&x, UnaryOp::Clamp { min: lo, max: hi }, "clamp", IntegerInput::Refuse))
+        same_dtype_op(&self.to_dtype(dtype)?, UnaryOp::Clamp { min: lo, max: hi }, "clamp")
     }
 
     /// `self * mul + add` in one pass (optimizers and autograd use it; see
@@ -253,13 +235,6 @@ pub(crate) fn clamp_bounds(op: &'static str, x: &Tensor, min: Option<f64>, max: 
     Ok((lo, hi))
 }
 
-/// An f64 bound in an integer type, saturating (infinite bounds become the
-/// type's extremes).
-pub(crate) fn int_bound<T: WithDType>(bound: f64) -> T {
-    // `as` saturates float → integer, and ±inf lands on the extremes.
-    T::from_f64(bound)
-}
-
 /// `x * mul + add` with the scalar dtype rule.
 fn scalar_arith(x: &Tensor, name: &'static str, mul: f64, add: f64) -> Result<Tensor> {
     let dtype = scalar_result_dtype(x.dtype(), &[mul, add]);
@@ -267,12 +242,10 @@ fn scalar_arith(x: &Tensor, name: &'static str, mul: f64, add: f64) -> Result<Te
     if dtype.is_float() {
         return float_op(&x, UnaryOp::Affine { mul, add }, name, IntegerInput::Refuse);
     }
+    // Integral scalars within i64 (an error otherwise); the kernels wrap
+    // them into u8 like PyTorch.
     let (mul, add) = (integer_scalar(name, mul)?, integer_scalar(name, add)?);
-    dispatch_int!(dtype, T => {
-        // Integral scalars within i64 (checked above); `from_i64` wraps into u8 like PyTorch.
-        let (m, a) = (T::from_i64(mul), T::from_i64(add));
-        int_map::<T>(&x, name, move |v| v.wrapping_mul(m).wrapping_add(a))
-    }, Err(TensorError::invalid(name, format!("unsupported dtype {dtype}"))))
+    same_dtype_op(&x, UnaryOp::Affine { mul: mul as f64, add: add as f64 }, name)
 }
 
 #[cfg(test)]

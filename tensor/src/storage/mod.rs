@@ -300,7 +300,11 @@ fn byte_count(op: &'static str, dtype: DType, len: usize) -> Result<usize> {
 
 #[cfg(feature = "cuda")]
 fn cuda_buffer(index: usize, bytes: usize) -> Result<Buffer> {
-    Ok(Buffer::Cuda(crate::cuda::allocator(index)?.allocate(bytes, StreamId::DEFAULT)?))
+    // From the pool of the thread's current stream, as PyTorch's allocator:
+    // the block is reused on that stream in order, on another only after
+    // `record_stream`'s events.
+    let stream = crate::stream::current_stream_id(Device::Cuda(index));
+    Ok(Buffer::Cuda(crate::cuda::allocator(index)?.allocate(bytes, stream)?))
 }
 
 #[cfg(not(feature = "cuda"))]

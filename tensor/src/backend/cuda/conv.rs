@@ -1,0 +1,203 @@
+//! Convolutions on CUDA: `im2col` and `col2im` kernels around cuBLAS
+//! products (through [`Tensor::matmul`], so the transposes are cuBLAS
+//! flags), one group at a time and the whole batch per product:
+//!
+//! - forward: `W_g [C_out/g, K] · col_g [N, K, P]` → `[N, C_out/g, P]`;
+//! - input gradient: `W_gᵀ · dY_g` → columns, folded back by `col2im`;
+//! - weight gradient: `dY_g · col_gᵀ` summed over the batch;
+//! - bias gradient: a sum over dims 0, 2 and 3.
+//!
+//! `K = C_in/g · kH · kW` and `P = H_out · W_out`. The column matrix of the
+//! whole batch is allocated at once from the device's caching allocator (a
+//! wide padding makes it large; an out-of-memory is the usual error).
+
+use super::elementwise::finish;
+use super::{address, grid_for, output_address, suffix, CudaBackend};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ops::conv::ConvPlan;
+use crate::shape::Shape;
+use crate::storage::UninitTensor;
+use crate::tensor::Tensor;
+use brasa_kernels::cuda_ptx::Conv2d;
+use cudarc::driver::{DeviceRepr, PushKernelArg};
+
+/// [`Conv2d`] as a kernel argument (by value, 104 bytes).
+#[repr(transparent)]
+struct Conv2dArg(Conv2d);
+
+// SAFETY: `Conv2d` is `#[repr(C)]` plain data matching the ABI's C struct
+// (its size and offsets are tested in brasa-kernels).
+unsafe impl DeviceRepr for Conv2dArg {}
+
+/// One group's geometry as the kernels take it.
+fn geometry(plan: &ConvPlan) -> Conv2dArg {
+    let g = &plan.geometry;
+    let p = &plan.params;
+    let ((in_h, in_w), (k_h, k_w), (out_h, out_w)) = (g.input(), g.kernel(), g.output());
+    let i = |v: usize| v as i64;
+    Conv2dArg(Conv2d {
+        channels: i(g.channels()),
+        in_h: i(in_h),
+        in_w: i(in_w),
+        k_h: i(k_h),
+        k_w: i(k_w),
+        stride_h: i(p.stride.0),
+        stride_w: i(p.stride.1),
+        pad_h: i(p.padding.0),
+        pad_w: i(p.padding.1),
+        dil_h: i(p.dilation.0),
+        dil_w: i(p.dilation.1),
+        out_h: i(out_h),
+        out_w: i(out_w),
+    })
+}
+
+/// The columns `[N, K, P]` of group `group` of `input` (any strides).
+fn im2col(backend: &CudaBackend, name: &'static str, input: &Tensor, group: usize, plan: &ConvPlan) -> Result<Tensor> {
+    let channels = plan.geometry.channels();
+    let x = input.narrow(1, group * channels, channels)?;
+    let (k, p) = (plan.geometry.col_rows(), plan.geometry.col_cols());
+    let shape = Shape::from([plan.batch, k, p]);
+    let out = UninitTensor::new(shape.clone(), input.dtype(), backend.device)?;
+    if shape.numel() == 0 {
+        return Ok(finish(out));
+    }
+    let kernel = format!("im2col_{}", suffix(input.dtype()));
+    let f = backend.function(name, "conv", &kernel)?;
+    let stream = backend.current_stream(name)?;
+    let g = geometry(plan);
+    let batch = plan.batch as i64;
+    let s = x.strides();
+    let (sn, sc, sh, sw) = (s[0] as i64, s[1] as i64, s[2] as i64, s[3] as i64);
+    let (src, dst) = (address(name, &x)?, output_address(name, &out)?);
+    // SAFETY: `x` is a 4-d view of live device memory described by its
+    // strides; `out` holds `N · K · P` elements; the parameters are the ABI's
+    // `(Conv2d, i64 batch, const T*, i64 sn, i64 sc, i64 sh, i64 sw, T*)`.
+    unsafe {
+        stream
+            .launch_builder(&f)
+            .arg(&g)
+            .arg(&batch)
+            .arg(&src)
+            .arg(&sn)
+            .arg(&sc)
+            .arg(&sh)
+            .arg(&sw)
+            .arg(&dst)
+            .launch(grid_for(shape.numel()))
+    }
+    .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+    Ok(finish(out))
+}
+
+/// The image `[N, C_in/g, H, W]` folded from columns `[N, K, P]` (contiguous).
+fn col2im(backend: &CudaBackend, name: &'static str, col: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
+    let (h, w) = plan.geometry.input();
+    let shape = Shape::from([plan.batch, plan.geometry.channels(), h, w]);
+    let out = UninitTensor::new(shape.clone(), col.dtype(), backend.device)?;
+    if shape.numel() == 0 {
+        return Ok(finish(out));
+    }
+    let kernel = format!("col2im_{}", suffix(col.dtype()));
+    let f = backend.function(name, "conv", &kernel)?;
+    let stream = backend.current_stream(name)?;
+    let g = geometry(plan);
+    let batch = plan.batch as i64;
+    let (src, dst) = (address(name, col)?, output_address(name, &out)?);
+    // SAFETY: `col` is a contiguous `[N, K, P]` tensor and `out` a new
+    // contiguous image the kernel overwrites entirely; the parameters are the
+    // ABI's `(Conv2d, i64 batch, const T*, T*)`.
+    unsafe { stream.launch_builder(&f).arg(&g).arg(&batch).arg(&src).arg(&dst).launch(grid_for(shape.numel())) }
+        .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+    Ok(finish(out))
+}
+
+fn dims(values: &[usize]) -> Vec<isize> {
+    values.iter().map(|&v| v as isize).collect()
+}
+
+/// Puts each group's result into one tensor along `dim` (or returns the one
+/// group's result as it is).
+fn join_groups(parts: Vec<Tensor>, dim: usize, device_shape: Shape, dtype: DType) -> Result<Tensor> {
+    if parts.len() == 1 {
+        return parts.into_iter().next().ok_or_else(|| crate::error::TensorError::invalid("conv2d", "no group"));
+    }
+    let device = parts.first().map(|t| t.device()).unwrap_or(crate::device::Device::CPU);
+    let joined = Tensor::zeros_on(device_shape, dtype, device)?;
+    let mut start = 0;
+    for part in &parts {
+        let len = part.dims()[dim];
+        joined.narrow(dim, start, len)?.copy_(part)?;
+        start += len;
+    }
+    Ok(joined)
+}
+
+pub(super) fn conv2d(
+    backend: &CudaBackend,
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    plan: &ConvPlan,
+) -> Result<Tensor> {
+    const OP: &str = "conv2d";
+    let (cog, k, p) = (plan.c_out_group(), plan.geometry.col_rows(), plan.geometry.col_cols());
+    let (oh, ow) = plan.geometry.output();
+    let w = weight.contiguous()?.reshape(&dims(&[plan.c_out, k]))?;
+    let mut parts = Vec::with_capacity(plan.groups);
+    for g in 0..plan.groups {
+        let col = im2col(backend, OP, input, g, plan)?;
+        parts.push(w.narrow(0, g * cog, cog)?.matmul(&col)?);
+    }
+    let out = join_groups(parts, 1, Shape::from([plan.batch, plan.c_out, p]), input.dtype())?;
+    let out = out.reshape(&dims(&[plan.batch, plan.c_out, oh, ow]))?;
+    if let Some(bias) = bias {
+        out.add_(&bias.reshape(&dims(&[1, plan.c_out, 1, 1]))?)?;
+    }
+    Ok(out)
+}
+
+pub(super) fn conv2d_backward_input(
+    backend: &CudaBackend,
+    grad: &Tensor,
+    weight: &Tensor,
+    plan: &ConvPlan,
+) -> Result<Tensor> {
+    const OP: &str = "conv2d_backward_input";
+    let (cog, k, p) = (plan.c_out_group(), plan.geometry.col_rows(), plan.geometry.col_cols());
+    let w = weight.contiguous()?.reshape(&dims(&[plan.c_out, k]))?;
+    let dy = grad.contiguous()?.reshape(&dims(&[plan.batch, plan.c_out, p]))?;
+    let mut parts = Vec::with_capacity(plan.groups);
+    for g in 0..plan.groups {
+        let wt = w.narrow(0, g * cog, cog)?.t()?;
+        let col = wt.matmul(&dy.narrow(1, g * cog, cog)?)?;
+        parts.push(col2im(backend, OP, &col, plan)?);
+    }
+    let (h, w) = plan.geometry.input();
+    join_groups(parts, 1, Shape::from([plan.batch, plan.c_in, h, w]), grad.dtype())
+}
+
+pub(super) fn conv2d_backward_weight(
+    backend: &CudaBackend,
+    input: &Tensor,
+    grad: &Tensor,
+    plan: &ConvPlan,
+) -> Result<Tensor> {
+    const OP: &str = "conv2d_backward_weight";
+    let (cog, k, p) = (plan.c_out_group(), plan.geometry.col_rows(), plan.geometry.col_cols());
+    let dy = grad.contiguous()?.reshape(&dims(&[plan.batch, plan.c_out, p]))?;
+    let mut parts = Vec::with_capacity(plan.groups);
+    for g in 0..plan.groups {
+        let col = im2col(backend, OP, input, g, plan)?;
+        let per_image = dy.narrow(1, g * cog, cog)?.matmul(&col.transpose(1, 2)?)?;
+        parts.push(per_image.sum(&[0], false)?);
+    }
+    let dw = join_groups(parts, 0, Shape::from([plan.c_out, k]), input.dtype())?;
+    let (kh, kw) = plan.geometry.kernel();
+    dw.reshape(&dims(&[plan.c_out, plan.geometry.channels(), kh, kw]))
+}
+
+pub(super) fn conv2d_backward_bias(grad: &Tensor) -> Result<Tensor> {
+    grad.sum(&[0, 2, 3], false)
+}

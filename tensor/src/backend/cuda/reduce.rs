@@ -1,0 +1,191 @@
+//! Reductions on CUDA: the reduced dims are brought into the middle of a
+//! contiguous `[outer, len, inner]` view (as they are when a contiguous
+//! tensor is reduced over a run of neighbouring dims, e.g. a bias gradient,
+//! `[N, C]` over dim 0: `[1, N, C]`), else by a copy with the reduced dims
+//! moved last (`[outer, len, 1]`); one kernel then folds each run.
+//!
+//! Softmax and log-softmax use the same `[outer, n, inner]` form.
+//!
+//! Launch rule (ABI): with `inner == 1` a block of 256 threads folds each
+//! run (blocks loop over runs); otherwise a thread folds each column.
+
+use super::elementwise::{finish, launch_fill};
+use super::{address, grid_for, output_address, suffix, CudaBackend};
+use crate::backend::ReduceOp;
+use crate::dispatch::dispatch_dtype;
+use crate::dtype::{DType, WithDType};
+use crate::error::Result;
+use crate::ops::reduce::out_dims;
+use crate::shape::Shape;
+use crate::storage::UninitTensor;
+use crate::tensor::Tensor;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// The dtype sums, means and variances of `dtype` accumulate in.
+fn accumulator(dtype: DType) -> DType {
+    match dtype {
+        DType::F64 => DType::F64,
+        d if d.is_float() => DType::F32,
+        _ => DType::I64,
+    }
+}
+
+/// `x` as a contiguous `[outer, len, inner]` with the reduced dims (`mask`,
+/// `len` elements, at least one) in the middle: `x` itself when it is
+/// contiguous and its reduced dims are neighbours, else a copy with the
+/// reduced dims moved last.
+fn middle_view(x: &Tensor, mask: &[bool], len: usize) -> Result<(Tensor, [usize; 3])> {
+    let dims = x.dims();
+    // The reduced dims that move through memory (size-1 dims do not).
+    let spread: Vec<usize> = (0..dims.len()).filter(|&d| mask[d] && dims[d] > 1).collect();
+    if x.is_contiguous() {
+        match (spread.first(), spread.last()) {
+            (None, _) | (_, None) => return Ok((x.clone(), [x.numel(), 1, 1])),
+            (Some(&first), Some(&last)) if (first..=last).all(|d| mask[d] || dims[d] == 1) => {
+                let outer = dims[..first].iter().product();
+                let inner = dims[last + 1..].iter().product();
+                return Ok((x.clone(), [outer, len, inner]));
+            }
+            _ => {}
+        }
+    }
+    let order: Vec<usize> = (0..dims.len()).filter(|&d| !mask[d]).chain((0..dims.len()).filter(|&d| mask[d])).collect();
+    let moved = x.permute(&order)?.contiguous()?;
+    Ok((moved, [x.numel() / len, len, 1]))
+}
+
+/// The ABI's launch for folding `[outer, len, inner]` runs: a block per run
+/// when `inner == 1`, else a thread per column.
+fn runs_config(outer: usize, inner: usize) -> LaunchConfig {
+    if inner == 1 {
+        let blocks = outer.clamp(1, 65_535) as u32;
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (brasa_kernels::cuda_ptx::BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    } else {
+        grid_for(outer * inner)
+    }
+}
+
+pub(super) fn reduce(
+    backend: &CudaBackend,
+    op: ReduceOp,
+    name: &'static str,
+    x: &Tensor,
+    mask: &[bool],
+    keepdim: bool,
+) -> Result<Tensor> {
+    let out_shape = Shape::from(out_dims(x.dims(), mask, keepdim));
+    let out_dtype = match op {
+        ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Var { .. } => accumulator(x.dtype()),
+        ReduceOp::Max | ReduceOp::Min => x.dtype(),
+        ReduceOp::ArgMax | ReduceOp::ArgMin => DType::I64,
+    };
+    let out = UninitTensor::new(out_shape.clone(), out_dtype, backend.device)?;
+    let outputs = out_shape.numel();
+    if outputs == 0 {
+        return Ok(finish(out));
+    }
+    let len: usize = x.dims().iter().zip(mask).filter(|(_, &m)| m).map(|(&d, _)| d).product();
+    let dst = output_address(name, &out)?;
+    if len == 0 {
+        // Max, min and positions of nothing are refused by the op.
+        let value = if op == ReduceOp::Sum { 0.0 } else { f64::NAN };
+        dispatch_dtype!(out_dtype, T => launch_fill::<T>(backend, name, out_dtype, outputs, T::from_f64(value), dst))?;
+        return Ok(finish(out));
+    }
+    let (source, [outer, len, inner]) = middle_view(x, mask, len)?;
+    let kernel_op = match op {
+        ReduceOp::Sum => "sum",
+        ReduceOp::Mean => "mean",
+        ReduceOp::Var { sqrt: false, .. } => "var",
+        ReduceOp::Var { sqrt: true, .. } => "std",
+        ReduceOp::Max => "max",
+        ReduceOp::Min => "min",
+        ReduceOp::ArgMax => "argmax",
+        ReduceOp::ArgMin => "argmin",
+    };
+    let kernel = format!("reduce_{kernel_op}_{}", suffix(x.dtype()));
+    let f = backend.function(name, "reduce", &kernel)?;
+    let stream = backend.current_stream(name)?;
+    let src = address(name, &source)?;
+    let (outer_, len_, inner_) = (outer as i64, len as i64, inner as i64);
+    let config = if inner == 1 {
+        let blocks = outer.clamp(1, 65_535) as u32;
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (brasa_kernels::cuda_ptx::BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    } else {
+        grid_for(outer * inner)
+    };
+    let mut launch = stream.launch_builder(&f);
+    launch.arg(&outer_).arg(&len_).arg(&inner_);
+    let correction = match op {
+        ReduceOp::Var { correction, .. } => correction as i64,
+        _ => 0,
+    };
+    if matches!(op, ReduceOp::Var { .. }) {
+        launch.arg(&correction);
+    }
+    launch.arg(&src).arg(&dst);
+    // SAFETY: `source` is a contiguous `[outer, len, inner]` view of live
+    // device memory and `out` holds `outer · inner` elements of the kernel's
+    // output type; the parameters are the ABI's
+    // `(i64 outer, i64 len, i64 inner, [i64 correction,] const T*, O*)`.
+    unsafe { launch.launch(config) }.map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+    Ok(finish(out))
+}
+
+/// See [`crate::backend::Backend::softmax`].
+pub(super) fn softmax(
+    backend: &CudaBackend,
+    name: &'static str,
+    x: &Tensor,
+    n: usize,
+    inner: usize,
+    log: bool,
+) -> Result<Tensor> {
+    let out = UninitTensor::new(x.shape().clone(), x.dtype(), backend.device)?;
+    if x.numel() == 0 {
+        return Ok(finish(out));
+    }
+    let outer = x.numel() / (n * inner);
+    let kernel = format!("{}softmax_{}", if log { "log_" } else { "" }, suffix(x.dtype()));
+    let f = backend.function(name, "softmax", &kernel)?;
+    let stream = backend.current_stream(name)?;
+    let (src, dst) = (address(name, x)?, output_address(name, &out)?);
+    let (outer_, n_, inner_) = (outer as i64, n as i64, inner as i64);
+    // SAFETY: `x` is a contiguous `[outer, n, inner]` view and `out` a new
+    // tensor of its shape and dtype; the parameters are the ABI's
+    // `(i64 outer, i64 len, i64 inner, const T*, T*)`.
+    unsafe {
+        stream
+            .launch_builder(&f)
+            .arg(&outer_)
+            .arg(&n_)
+            .arg(&inner_)
+            .arg(&src)
+            .arg(&dst)
+            .launch(runs_config(outer, inner))
+    }
+    .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+    Ok(finish(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::accumulator;
+    use crate::dtype::DType;
+
+    #[test]
+    fn accumulators_follow_the_host() {
+        assert_eq!(accumulator(DType::BF16), DType::F32);
+        assert_eq!(accumulator(DType::F64), DType::F64);
+        assert_eq!(accumulator(DType::U8), DType::I64);
+        assert_eq!(accumulator(DType::Bool), DType::I64);
+    }
+}

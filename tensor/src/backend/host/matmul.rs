@@ -1,0 +1,137 @@
+//! The host's matrix products: `brasa_kernels::gemm` straight on the
+//! operands' strided views (a transposed or narrowed operand is not copied),
+//! one tall product when the batch folds into rows, else batched calls.
+
+use crate::backend::MatmulOperands;
+use crate::dtype::DType;
+use crate::error::{Result, TensorError};
+use crate::layout::Layout;
+use crate::ops::common::output;
+use crate::ops::matmul::{gemm_error, merged_stride};
+use crate::shape::Shape;
+use crate::storage::lock_storages;
+use crate::tensor::Tensor;
+use brasa_kernels::gemm::{batched_gemm, gemm, BatchMut, BatchRef, GemmElement, MatMut, MatRef};
+use half::{bf16, f16};
+
+const OP: &str = "matmul";
+
+/// See [`crate::backend::Backend::matmul`].
+pub(super) fn matmul(operands: MatmulOperands<'_>) -> Result<Tensor> {
+    let MatmulOperands { a, b, batch, m, n, k } = operands;
+    let mut full = batch.to_vec();
+    full.extend([m, n]);
+    let full = Shape::from(full);
+    match output(a.device(), a.dtype(), &full)?.if_empty() {
+        Ok(empty) => Ok(empty),
+        Err(result) => {
+            let locks = lock_storages(&[a.storage(), b.storage()], &[]);
+            let problem = Problem { a: a.layout(), b: b.layout(), batch, m, n, k };
+            macro_rules! run {
+                ($t:ty, $one:expr, $zero:expr) => {{
+                    let (x, y) = (locks.read::<$t>(a.storage(), OP)?, locks.read::<$t>(b.storage(), OP)?);
+                    // SAFETY: the product sets every element of the output
+                    // (`out = 1·x·y + 0·out`, which does not read `out` when
+                    // beta is zero).
+                    unsafe { result.init_with::<$t>(OP, |out| problem.run::<$t>($one, $zero, x, y, out)) }
+                }};
+            }
+            match a.dtype() {
+                DType::F32 => run!(f32, 1.0, 0.0),
+                DType::F64 => run!(f64, 1.0, 0.0),
+                DType::F16 => run!(f16, 1.0, 0.0),
+                DType::BF16 => run!(bf16, 1.0, 0.0),
+                // Refused by the op.
+                other => Err(TensorError::invalid(OP, format!("unsupported dtype {other}"))),
+            }
+        }
+    }
+}
+
+/// One matmul after broadcasting: `a` is `[batch.., m, k]`, `b` is
+/// `[batch.., k, n]`, both with non-negative strides; the output is dense.
+struct Problem<'a> {
+    a: &'a Layout,
+    b: &'a Layout,
+    batch: &'a [usize],
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
+/// A group of batch dims that steps with one stride in each operand.
+#[derive(Clone, Copy, Debug)]
+struct BatchGroup {
+    count: usize,
+    a_stride: usize,
+    b_stride: usize,
+}
+
+impl Problem<'_> {
+    fn strides(layout: &Layout) -> Vec<usize> {
+        // Non-negative: checked by `non_negative`.
+        layout.strides().iter().map(|&s| s as usize).collect()
+    }
+
+    fn run<T: GemmElement>(&self, one: T::Scalar, zero: T::Scalar, x: &[T], y: &[T], out: &mut [T]) -> Result<()> {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let rank = self.batch.len();
+        let sa = Self::strides(self.a);
+        let sb = Self::strides(self.b);
+        let (a_rs, a_cs) = (sa[rank], sa[rank + 1]);
+        let (b_rs, b_cs) = (sb[rank], sb[rank + 1]);
+        let batch_count: usize = self.batch.iter().product();
+        let err = |e| gemm_error(OP, e);
+
+        // `[batch.., m, k] · [k, n]` with rows of A evenly spaced across the
+        // batch: one tall product (better packing and threading than many
+        // small ones), as for a linear layer on a 3-d input.
+        let b_broadcast = (0..rank).all(|d| self.batch[d] == 1 || sb[d] == 0);
+        let mut row_dims = self.batch.to_vec();
+        row_dims.push(m);
+        let mut row_strides = sa[..rank].to_vec();
+        row_strides.push(a_rs);
+        if let Some(rs) = merged_stride(&row_dims, &row_strides).filter(|_| b_broadcast) {
+            let rows = batch_count * m;
+            let a = MatRef::new(x, self.a.offset(), [rows, k], [rs, a_cs]).map_err(err)?;
+            let b = MatRef::new(y, self.b.offset(), [k, n], [b_rs, b_cs]).map_err(err)?;
+            let c = MatMut::row_major(out, rows, n).map_err(err)?;
+            return gemm(one, a, b, zero, c).map_err(err);
+        }
+
+        // Otherwise: the innermost batch dims that step evenly in both
+        // operands make one batched call; the outer ones are looped over.
+        let mut group = BatchGroup { count: 1, a_stride: 0, b_stride: 0 };
+        let mut outer = rank;
+        while outer > 0 {
+            let d = outer - 1;
+            let size = self.batch[d];
+            if size != 1 {
+                let fits = |stride: usize, inner: usize| group.count == 1 || stride == group.count * inner;
+                if !(fits(sa[d], group.a_stride) && fits(sb[d], group.b_stride)) {
+                    break;
+                }
+                if group.count == 1 {
+                    group.a_stride = sa[d];
+                    group.b_stride = sb[d];
+                }
+                group.count *= size;
+            }
+            outer = d;
+        }
+        let outer_layout_a = Layout::new(self.batch[..outer].to_vec(), self.a.strides()[..outer].to_vec(), 0)?;
+        let outer_layout_b = Layout::new(self.batch[..outer].to_vec(), self.b.strides()[..outer].to_vec(), 0)?;
+        let per_call = group.count * m * n;
+        for ((a_off, b_off), chunk) in
+            outer_layout_a.offsets().zip(outer_layout_b.offsets()).zip(out.chunks_exact_mut(per_call.max(1)))
+        {
+            let a = BatchRef::new(x, self.a.offset() + a_off, [group.count, m, k], [group.a_stride, a_rs, a_cs])
+                .map_err(err)?;
+            let b = BatchRef::new(y, self.b.offset() + b_off, [group.count, k, n], [group.b_stride, b_rs, b_cs])
+                .map_err(err)?;
+            let c = BatchMut::new(chunk, 0, [group.count, m, n], [m * n, n, 1]).map_err(err)?;
+            batched_gemm(one, a, b, zero, c).map_err(err)?;
+        }
+        Ok(())
+    }
+}

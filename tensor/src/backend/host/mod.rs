@@ -1,0 +1,164 @@
+//! The host backend: the host itself and the logical host devices
+//! (`Device::Cpu(n)`), whose memory the process can read directly.
+
+mod concat;
+mod conv;
+mod copy;
+mod elementwise;
+mod index;
+mod matmul;
+mod pool;
+mod random;
+mod reduce;
+mod softmax;
+mod update;
+
+pub(crate) use conv::dense_elements;
+pub(crate) use reduce::PARALLEL_MIN_WORK;
+
+use crate::backend::{Backend, CompareOp, Distribution, Indices, MatmulOperands, ReduceOp, Update};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ops::conv::ConvPlan;
+use crate::ops::pool::PoolPlan;
+use crate::shape::Shape;
+use crate::tensor::Tensor;
+use brasa_kernels::elementwise::{BinaryOp, UnaryOp};
+
+/// A contiguous copy of host tensor `x` on host device `device`, converted
+/// to `dtype`.
+pub(crate) fn convert_into_device(x: &Tensor, device: Device, dtype: DType) -> Result<Tensor> {
+    copy::cast(x, device, dtype)
+}
+
+/// The kernels of `brasa-kernels` on host memory.
+pub(crate) struct HostBackend;
+
+impl Backend for HostBackend {
+    fn unary(&self, name: &'static str, op: UnaryOp, x: &Tensor) -> Result<Tensor> {
+        elementwise::unary_op(name, op, x)
+    }
+
+    fn binary(&self, op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        elementwise::binary_op(op, a, b)
+    }
+
+    fn compare(&self, name: &'static str, op: CompareOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        elementwise::compare_op(name, op, a, b)
+    }
+
+    fn compare_scalar(&self, name: &'static str, op: CompareOp, x: &Tensor, value: f64) -> Result<Tensor> {
+        elementwise::compare_scalar_op(name, op, x, value)
+    }
+
+    fn where_cond(&self, cond: &Tensor, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
+        elementwise::where_op(cond, on_true, on_false)
+    }
+
+    fn cast(&self, x: &Tensor, dtype: DType) -> Result<Tensor> {
+        copy::cast(x, x.device(), dtype)
+    }
+
+    fn copy_into(&self, name: &'static str, dst: &Tensor, src: &Tensor) -> Result<()> {
+        copy::copy_into(name, dst, src)
+    }
+
+    fn fill(&self, name: &'static str, dst: &Tensor, value: f64) -> Result<()> {
+        copy::fill(name, dst, value)
+    }
+
+    fn reduce(&self, op: ReduceOp, name: &'static str, x: &Tensor, mask: &[bool], keepdim: bool) -> Result<Tensor> {
+        reduce::reduce(op, name, x, mask, keepdim)
+    }
+
+    fn softmax(&self, name: &'static str, x: &Tensor, n: usize, inner: usize, log: bool) -> Result<Tensor> {
+        softmax::softmax(name, x, n, inner, log)
+    }
+
+    fn update(&self, name: &'static str, op: Update, dst: &Tensor, operands: &[&Tensor]) -> Result<()> {
+        update::update(name, op, dst, operands)
+    }
+
+    fn index_select(
+        &self,
+        name: &'static str,
+        x: &Tensor,
+        ids: Indices<'_>,
+        size: usize,
+        inner: usize,
+        shape: &Shape,
+    ) -> Result<Tensor> {
+        index::index_select(name, x, ids, size, inner, shape)
+    }
+
+    fn gather(&self, name: &'static str, x: &Tensor, dim: usize, index: Indices<'_>) -> Result<Tensor> {
+        index::gather(name, x, dim, index)
+    }
+
+    fn scatter_add(
+        &self,
+        name: &'static str,
+        dst: &Tensor,
+        dim: usize,
+        index: Indices<'_>,
+        src: &Tensor,
+    ) -> Result<()> {
+        index::scatter_add(name, dst, dim, index, src)
+    }
+
+    fn one_hot(&self, ids: Indices<'_>, num_classes: usize, shape: &Shape) -> Result<Tensor> {
+        index::one_hot(ids, num_classes, shape)
+    }
+
+    fn conv2d(&self, input: &Tensor, weight: &Tensor, bias: Option<&Tensor>, plan: &ConvPlan) -> Result<Tensor> {
+        conv::conv2d(input, weight, bias, plan)
+    }
+
+    fn conv2d_backward_input(&self, grad: &Tensor, weight: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
+        conv::conv2d_backward_input(grad, weight, plan)
+    }
+
+    fn conv2d_backward_weight(&self, input: &Tensor, grad: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
+        conv::conv2d_backward_weight(input, grad, plan)
+    }
+
+    fn conv2d_backward_bias(&self, grad: &Tensor) -> Result<Tensor> {
+        conv::conv2d_backward_bias(grad)
+    }
+
+    fn max_pool2d(&self, input: &Tensor, plan: &PoolPlan) -> Result<(Tensor, Tensor)> {
+        pool::max_pool2d(input, plan)
+    }
+
+    fn max_pool2d_backward(&self, grad: &Tensor, indices: &Tensor, input_shape: &Shape) -> Result<Tensor> {
+        pool::max_pool2d_backward(grad, indices, input_shape)
+    }
+
+    fn avg_pool2d(&self, input: &Tensor, plan: &PoolPlan, count_include_pad: bool) -> Result<Tensor> {
+        pool::avg_pool2d(input, plan, count_include_pad)
+    }
+
+    fn avg_pool2d_backward(&self, grad: &Tensor, plan: &PoolPlan, count_include_pad: bool) -> Result<Tensor> {
+        pool::avg_pool2d_backward(grad, plan, count_include_pad)
+    }
+
+    fn concat(&self, tensors: &[&Tensor], d: usize, shape: &Shape) -> Result<Tensor> {
+        concat::concat(tensors, d, shape)
+    }
+
+    fn random(
+        &self,
+        op: &'static str,
+        dist: Distribution,
+        shape: &Shape,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        random::random(op, dist, shape, dtype, device)
+    }
+
+    fn matmul(&self, operands: MatmulOperands<'_>) -> Result<Tensor> {
+        matmul::matmul(operands)
+    }
+}

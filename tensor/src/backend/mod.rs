@@ -1,0 +1,347 @@
+//! The device seam: every op is written once, above a narrow per-device
+//! kernel interface ([`Backend`]), and each device implements that interface.
+//!
+//! An op in `crate::ops` does the part that is the same on every device:
+//! checking operands (devices, dtypes, shapes), PyTorch's dtype promotion,
+//! broadcasting (stride-0 views, never copies), choosing the dtype it computes
+//! in, and the errors a user sees. It then asks the operands' device for its
+//! backend ([`for_device`]) and hands it operands that are ready: one device,
+//! the compute dtype, one shape. The backend only executes: it allocates the
+//! output on its device, walks the strided operands and runs the kernel.
+//! Adding a device means implementing [`Backend`]; no op changes.
+//! (The models are candle's `BackendStorage` and burn's backend traits.)
+//!
+//! - [`host::HostBackend`]: the host and logical host devices; the loops of
+//!   `brasa-kernels`, on rayon's threads for large tensors.
+//! - `cuda::CudaBackend` (feature `cuda`): kernels compiled to PTX by `cargo
+//!   xtask kernels` (committed in `brasa-kernels`), launched on the device's
+//!   current stream, and cuBLAS for matrix products.
+//!
+//! Every op runs through the seam, random fills included. Constructors that
+//! build sequences (`arange`, `linspace`, `eye`) compute on the host and
+//! copy to a CUDA device; direct byte access (`host_bytes`) is host-only by
+//! design.
+//!
+//! ```
+//! use brasa_tensor::{DType, Tensor};
+//!
+//! // The same call runs on whichever device holds the operands.
+//! let x = Tensor::arange(0.0, 4.0, 1.0, DType::F32)?;
+//! let y = (x.exp()? + &x)?;
+//! assert_eq!(y.dtype(), DType::F32);
+//! # Ok::<(), brasa_tensor::TensorError>(())
+//! ```
+
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ops::conv::ConvPlan;
+use crate::ops::pool::PoolPlan;
+use crate::shape::Shape;
+use crate::tensor::Tensor;
+use brasa_kernels::elementwise::{BinaryOp, UnaryOp};
+
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda;
+pub(crate) mod host;
+
+/// An elementwise comparison (its result is a bool tensor).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CompareOp {
+    /// `==`
+    Eq,
+    /// `!=`
+    Ne,
+    /// `<`
+    Lt,
+    /// `<=`
+    Le,
+    /// `>`
+    Gt,
+    /// `>=`
+    Ge,
+}
+
+impl CompareOp {
+    /// The op's name, also the kernel-name part (`"lt"`).
+    pub(crate) fn kernel_name(self) -> &'static str {
+        match self {
+            CompareOp::Eq => "eq",
+            CompareOp::Ne => "ne",
+            CompareOp::Lt => "lt",
+            CompareOp::Le => "le",
+            CompareOp::Gt => "gt",
+            CompareOp::Ge => "ge",
+        }
+    }
+}
+
+/// A reduction over some dims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReduceOp {
+    /// The sum (in the accumulator dtype).
+    Sum,
+    /// The mean (floats).
+    Mean,
+    /// The variance `Σ(x − mean)² / max(N − correction, 0)`, or its square
+    /// root (floats).
+    Var {
+        /// Subtracted from the element count (1: Bessel's correction).
+        correction: usize,
+        /// The standard deviation instead.
+        sqrt: bool,
+    },
+    /// The largest element (NaN wins).
+    Max,
+    /// The smallest element (NaN wins).
+    Min,
+    /// The first position of the largest element (or of the first NaN).
+    ArgMax,
+    /// The first position of the smallest element (or of the first NaN).
+    ArgMin,
+}
+
+/// An in-place update of a tensor `dst`, with its operands (see
+/// [`Backend::update`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Update {
+    /// `dst = op(dst)`: floats every [`UnaryOp`]; integers `Neg`, `Abs`,
+    /// `Relu`, `Clamp` and `Affine` with integral factors (wrapping).
+    Unary(UnaryOp),
+    /// `dst = ln(1 + dst)`, in f64 per element (floats).
+    Log1p,
+    /// `dst = log(sigmoid(dst))` as `min(x, 0) − log1p(e^−|x|)`, in f64 (floats).
+    LogSigmoid,
+    /// `dst = op(dst, x)`: `Add`, `Sub`, `Mul`, `Div` (floats), `Maximum`,
+    /// `Minimum`; integers wrap, bool add/max are or, mul/min and.
+    Binary(BinaryOp),
+    /// `dst += alpha · x` (integers: integral `alpha`, wrapping).
+    AddScaled(f64),
+    /// `dst += weight · (end − dst)` (floats).
+    Lerp(f64),
+    /// `dst += value · a · b` (floats).
+    Addcmul(f64),
+    /// `dst += value · a / b` (floats).
+    Addcdiv(f64),
+}
+
+/// Validated `i64` indices: their values, read to the host by the op (which
+/// checks every one against the indexed size, so errors name the offending
+/// index and its position), and the tensor they came from, on the operands'
+/// device (the device reads it there).
+pub(crate) struct Indices<'a> {
+    /// The values, row-major, each within `0..size` of the indexed dim.
+    pub values: &'a [i64],
+    /// The index tensor (`i64`, on the operands' device).
+    pub tensor: &'a Tensor,
+}
+
+/// What a random fill draws (from the process-wide counter-based generator).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Distribution {
+    /// Uniform in `[low, high)`.
+    Uniform {
+        /// Inclusive lower bound.
+        low: f64,
+        /// Exclusive upper bound.
+        high: f64,
+    },
+    /// Normal with this mean and standard deviation.
+    Normal {
+        /// The mean.
+        mean: f64,
+        /// The standard deviation.
+        std: f64,
+    },
+    /// 1 with probability `p`, else 0 (any dtype).
+    Bernoulli {
+        /// The probability of a 1.
+        p: f64,
+    },
+}
+
+/// A matrix product as the backend sees it, after PyTorch's shape rules:
+/// `a` is a view of shape `[batch.., m, k]` and `b` of `[batch.., k, n]`,
+/// both with non-negative strides (batch dims broadcast by stride 0, so one
+/// operand may be shared by every batch entry), and the output is a new
+/// contiguous `[batch.., m, n]`. Row and column strides are arbitrary; the
+/// backend chooses between transposition flags, strided batches and copies.
+pub(crate) struct MatmulOperands<'a> {
+    /// `[batch.., m, k]`.
+    pub a: &'a Tensor,
+    /// `[batch.., k, n]`.
+    pub b: &'a Tensor,
+    /// The broadcast batch dims.
+    pub batch: &'a [usize],
+    /// Rows of each product.
+    pub m: usize,
+    /// Columns of each product.
+    pub n: usize,
+    /// The summed dimension.
+    pub k: usize,
+}
+
+/// What one device does for the ops above the seam. Every method receives
+/// operands that are already checked: on this backend's device, of the dtype
+/// the op computes in, and (for elementwise methods) of one common shape,
+/// possibly through broadcast (stride-0) views. Outputs are new contiguous
+/// tensors on that device unless the method writes into `dst`.
+///
+/// `op` strings name the user-facing op in errors and profiler ranges.
+pub(crate) trait Backend: Sync {
+    /// `op(x)` for every element, in `x`'s dtype (floats: every [`UnaryOp`];
+    /// integers: `Neg`, `Abs`, `Relu`, `Clamp`, `Powf` with an integral
+    /// non-negative exponent and `Affine` with integral factors, wrapping).
+    fn unary(&self, name: &'static str, op: UnaryOp, x: &Tensor) -> Result<Tensor>;
+
+    /// `op(a, b)` for every pair; `a` and `b` have one shape and dtype.
+    fn binary(&self, op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor>;
+
+    /// `a op b` for every pair as a bool tensor; one shape and dtype.
+    fn compare(&self, name: &'static str, op: CompareOp, a: &Tensor, b: &Tensor) -> Result<Tensor>;
+
+    /// `x op value` for every element as a bool tensor: float tensors compare
+    /// with `value` rounded to their dtype; integer and bool tensors compare
+    /// exactly (as i64 for an integral `value` within i64, else as f64).
+    fn compare_scalar(&self, name: &'static str, op: CompareOp, x: &Tensor, value: f64) -> Result<Tensor>;
+
+    /// `cond ? on_true : on_false` elementwise; `cond` is bool, the others
+    /// share a dtype; all three have one shape.
+    fn where_cond(&self, cond: &Tensor, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor>;
+
+    /// A contiguous copy of `x` converted to `dtype`, on this device.
+    fn cast(&self, x: &Tensor, dtype: DType) -> Result<Tensor>;
+
+    /// `dst[i] = src[i]`: same shape and dtype, distinct storages, `dst`
+    /// checked writable (no element shared by two indices). Does not bump
+    /// the version (the caller does).
+    fn copy_into(&self, name: &'static str, dst: &Tensor, src: &Tensor) -> Result<()>;
+
+    /// Sets every element of the view `dst` to `value`, which its dtype holds
+    /// exactly (checked by the caller). Broadcast views are allowed.
+    fn fill(&self, name: &'static str, dst: &Tensor, value: f64) -> Result<()>;
+
+    /// `op` over the dims of `x` where `mask` is true (every reduced dim
+    /// non-empty for max, min and the positions), into a new tensor of the
+    /// kept dims (reduced ones as 1 with `keepdim`): sums, means and
+    /// variances in the accumulator dtype (f32 for f16/bf16/f32, f64, i64 for
+    /// integers and bool), max and min in `x`'s dtype, positions (row-major
+    /// within the reduced dims) in i64. The mean or variance of nothing is NaN.
+    fn reduce(&self, op: ReduceOp, name: &'static str, x: &Tensor, mask: &[bool], keepdim: bool) -> Result<Tensor>;
+
+    /// Softmax (or log-softmax with `log`) of a contiguous float tensor `x`
+    /// seen as `[outer, n, inner]`, over the middle dim; f16 and bf16 in f32.
+    fn softmax(&self, name: &'static str, x: &Tensor, n: usize, inner: usize, log: bool) -> Result<Tensor>;
+
+    /// Updates `dst` in place (see [`Update`] for each op's operands, which
+    /// have `dst`'s shape and dtype and do not share its storage, except a
+    /// `Binary` operand that is `dst`'s own view). The caller checked that
+    /// `dst` is writable and bumps its version ([`run_update`]). Allocates
+    /// nothing.
+    fn update(&self, name: &'static str, op: Update, dst: &Tensor, operands: &[&Tensor]) -> Result<()>;
+
+    /// `out[o, j, i] = x[o, ids[j], i]` for a contiguous `x` seen as
+    /// `[outer, size, inner]` (`index_select`, `embedding`); the output has
+    /// `shape` (`outer · ids · inner` elements).
+    fn index_select(
+        &self,
+        name: &'static str,
+        x: &Tensor,
+        ids: Indices<'_>,
+        size: usize,
+        inner: usize,
+        shape: &Shape,
+    ) -> Result<Tensor>;
+
+    /// PyTorch's `gather` along `dim`: an output of the index's shape with
+    /// `out[p] = x[p with coordinate dim = index[p]]`; `x` and the index
+    /// have one rank, the index fits `x` in every other dim.
+    fn gather(&self, name: &'static str, x: &Tensor, dim: usize, index: Indices<'_>) -> Result<Tensor>;
+
+    /// PyTorch's `scatter_add_` along `dim`: `dst[p with coordinate dim =
+    /// index[p]] += src[p]` over the index's shape (repeats accumulate);
+    /// `src` (already narrowed to the index's shape) does not share `dst`'s
+    /// storage. The caller checks `dst` writable and bumps its version.
+    fn scatter_add(&self, name: &'static str, dst: &Tensor, dim: usize, index: Indices<'_>, src: &Tensor)
+        -> Result<()>;
+
+    /// One-hot rows (`i64`) of `num_classes` for the ids.
+    fn one_hot(&self, ids: Indices<'_>, num_classes: usize, shape: &Shape) -> Result<Tensor>;
+
+    /// 2-d convolution of a float `input` `[N, C_in, H, W]` with `weight`
+    /// (and `bias` `[C_out]`), all of one dtype, as `plan` describes.
+    fn conv2d(&self, input: &Tensor, weight: &Tensor, bias: Option<&Tensor>, plan: &ConvPlan) -> Result<Tensor>;
+
+    /// The convolution's gradient with respect to its input, from the
+    /// output gradient `grad` and the weight.
+    fn conv2d_backward_input(&self, grad: &Tensor, weight: &Tensor, plan: &ConvPlan) -> Result<Tensor>;
+
+    /// The convolution's gradient with respect to its weight, from the input
+    /// and the output gradient `grad`.
+    fn conv2d_backward_weight(&self, input: &Tensor, grad: &Tensor, plan: &ConvPlan) -> Result<Tensor>;
+
+    /// The bias gradient: the 4-d `grad` summed over dims 0, 2 and 3, in its dtype.
+    fn conv2d_backward_bias(&self, grad: &Tensor) -> Result<Tensor>;
+
+    /// Max pooling of `input` (`[N, C, H, W]` or `[C, H, W]`, float, i64 or
+    /// u8): the maxima and their flat in-plane indices (i64).
+    fn max_pool2d(&self, input: &Tensor, plan: &PoolPlan) -> Result<(Tensor, Tensor)>;
+
+    /// Max pooling's input gradient of `input_shape`: the contiguous float
+    /// `grad` routed to the contiguous `indices` of each plane, summed where
+    /// several windows chose one position, zero elsewhere.
+    fn max_pool2d_backward(&self, grad: &Tensor, indices: &Tensor, input_shape: &Shape) -> Result<Tensor>;
+
+    /// Average pooling of a float `input`.
+    fn avg_pool2d(&self, input: &Tensor, plan: &PoolPlan, count_include_pad: bool) -> Result<Tensor>;
+
+    /// Average pooling's input gradient from the output gradient `grad`.
+    fn avg_pool2d_backward(&self, grad: &Tensor, plan: &PoolPlan, count_include_pad: bool) -> Result<Tensor>;
+
+    /// The non-empty list `tensors` (one dtype, shapes equal but along `d`)
+    /// joined along dim `d` into a new tensor of `shape`.
+    fn concat(&self, tensors: &[&Tensor], d: usize, shape: &Shape) -> Result<Tensor>;
+
+    /// A new tensor of `shape` and `dtype` on `device` drawn from `dist`
+    /// (arguments checked by the caller): the fill reserves its elements of
+    /// the process-wide generator's stream ([`crate::construct::reserve_draws`]),
+    /// element `i` being stream element `offset + i`, so every device draws
+    /// the same numbers for the same seed (up to the last bits of the normal
+    /// distribution's `log` and `cos`).
+    fn random(
+        &self,
+        op: &'static str,
+        dist: Distribution,
+        shape: &Shape,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor>;
+
+    /// `a · b` per batch entry (see [`MatmulOperands`]), both of one float
+    /// dtype; f16 and bf16 accumulate in f32.
+    fn matmul(&self, operands: MatmulOperands<'_>) -> Result<Tensor>;
+}
+
+/// Runs `op` on `dst` by its device: checks that `dst` may be written (no
+/// element shared by two indices), updates it, and bumps its storage's
+/// version (autograd's check for tensors changed after they were saved).
+pub(crate) fn run_update(name: &'static str, op: Update, dst: &Tensor, operands: &[&Tensor]) -> Result<()> {
+    let _range = brasa_profile::record_op(name, &[dst.dims()]);
+    dst.check_writable(name)?;
+    for_device(dst.device())?.update(name, op, dst, operands)?;
+    dst.storage().bump_version();
+    Ok(())
+}
+
+/// The backend of `device`.
+pub(crate) fn for_device(device: Device) -> Result<&'static dyn Backend> {
+    match device {
+        Device::Cpu(_) => Ok(&host::HostBackend),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(index) => Ok(cuda::CudaBackend::get(index)?),
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => Err(crate::error::TensorError::Device(format!(
+            "{device}: brasa-tensor was built without the `cuda` feature"
+        ))),
+    }
+}

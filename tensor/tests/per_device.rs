@@ -1,0 +1,422 @@
+//! Op tests that run on every device: each body runs on the host always and
+//! on `cuda:0` when a GPU is present (with the `cuda` feature), skipping with
+//! one line otherwise (candle's per-device test pattern). Expected values are
+//! computed here in plain f64 arithmetic, not by brasa, so the host run is a
+//! real test too; tolerances are per dtype.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use brasa_tensor::{DType, Device, Tensor};
+
+/// `cuda:0` when this build and machine have one; else prints why the CUDA
+/// half of a test is skipped.
+fn cuda() -> Option<Device> {
+    if brasa_tensor::cuda_device_count() == 0 {
+        eprintln!(
+            "skipped on CUDA: no CUDA device{}",
+            if cfg!(feature = "cuda") { "" } else { " (built without the `cuda` feature)" }
+        );
+        return None;
+    }
+    Some(Device::cuda(0))
+}
+
+/// `per_device!(name, |device| body)`: a module `name` with a `cpu` and a
+/// `cuda` test running `body`.
+macro_rules! per_device {
+    ($name:ident, $body:expr) => {
+        mod $name {
+            use super::*;
+            #[test]
+            fn cpu() {
+                let body: fn(Device) = $body;
+                body(Device::CPU);
+            }
+            #[test]
+            fn cuda() {
+                let body: fn(Device) = $body;
+                if let Some(device) = super::cuda() {
+                    body(device);
+                }
+            }
+        }
+    };
+}
+
+fn tensor(values: &[f32], shape: &[usize], device: Device) -> Tensor {
+    Tensor::from_slice_on(values, shape, Device::CPU).unwrap().to(device).unwrap()
+}
+
+/// The tensor's values on the host, as f64.
+fn values(t: &Tensor) -> Vec<f64> {
+    let host = t.to(Device::CPU).unwrap().to_dtype(DType::F64).unwrap();
+    host.to_vec::<f64>().unwrap()
+}
+
+fn assert_close(got: &[f64], want: &[f64], rel: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let ok = (g.is_nan() && w.is_nan()) || (g - w).abs() <= rel * w.abs().max(1.0);
+        assert!(ok, "{what}[{i}]: got {g}, want {w} (rel {rel})");
+    }
+}
+
+fn erf(x: f64) -> f64 {
+    // Abramowitz–Stegun 7.1.26 is too coarse; use a series/continued form
+    // accurate to ~1e-15 via the complementary function's Taylor series.
+    let mut sum = 0.0f64;
+    let mut term = x;
+    let mut n = 0.0;
+    while term.abs() > 1e-17 * sum.abs().max(1e-300) && n < 200.0 {
+        sum += term / (2.0 * n + 1.0);
+        n += 1.0;
+        term *= -x * x / n;
+    }
+    2.0 / std::f64::consts::PI.sqrt() * sum
+}
+
+const X: [f32; 8] = [-3.0, -1.5, -0.25, 0.0, 0.5, 1.0, 2.5, 4.0];
+
+per_device!(unary_float_ops_match_f64_math, |device| {
+    let x = tensor(&X, &[2, 4], device);
+    let xs: Vec<f64> = X.iter().map(|&v| v as f64).collect();
+    let map = |f: fn(f64) -> f64| xs.iter().map(|&v| f(v)).collect::<Vec<_>>();
+    assert_close(&values(&x.exp().unwrap()), &map(f64::exp), 1e-6, "exp");
+    assert_close(&values(&x.tanh().unwrap()), &map(f64::tanh), 1e-6, "tanh");
+    assert_close(&values(&x.sigmoid().unwrap()), &map(|v| 1.0 / (1.0 + (-v).exp())), 1e-6, "sigmoid");
+    assert_close(&values(&x.gelu().unwrap()), &map(|v| 0.5 * v * (1.0 + erf(v / 2f64.sqrt()))), 1e-6, "gelu");
+    assert_close(&values(&x.relu().unwrap()), &map(|v| v.max(0.0)), 0.0, "relu");
+    assert_close(&values(&x.powf(2.0).unwrap()), &map(|v| v * v), 0.0, "powf 2");
+    assert_close(&values(&x.clamp(Some(-1.0), Some(2.0)).unwrap()), &map(|v| v.clamp(-1.0, 2.0)), 0.0, "clamp");
+    assert_close(&values(&x.affine(2.0, 0.5).unwrap()), &map(|v| 2.0 * v + 0.5), 0.0, "affine");
+    // A transposed (strided) operand.
+    let t = x.t().unwrap().neg().unwrap();
+    let want: Vec<f64> = (0..4).flat_map(|c| (0..2).map(move |r| -(X[r * 4 + c] as f64))).collect();
+    assert_close(&values(&t), &want, 0.0, "neg of a transpose");
+    // Half precision: computed in f32, rounded once.
+    for (dtype, rel) in [(DType::F16, 1e-3), (DType::BF16, 8e-3)] {
+        let h = x.to_dtype(dtype).unwrap().exp().unwrap();
+        assert_eq!(h.dtype(), dtype);
+        assert_close(&values(&h), &map(f64::exp), rel, "exp in half precision");
+    }
+});
+
+per_device!(integer_unary_ops_wrap_like_pytorch, |device| {
+    let i = Tensor::from_vec_on(vec![-3i64, 0, 4, i64::MIN], [4], Device::CPU).unwrap().to(device).unwrap();
+    assert_eq!(i.neg().unwrap().to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [3, 0, -4, i64::MIN]);
+    assert_eq!(i.relu().unwrap().to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [0, 0, 4, 0]);
+    assert_eq!(i.mul_scalar(3.0).unwrap().to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [-9, 0, 12, i64::MIN]);
+    let u = Tensor::from_vec_on(vec![1u8, 200], [2], Device::CPU).unwrap().to(device).unwrap();
+    assert_eq!(u.neg().unwrap().to(Device::CPU).unwrap().to_vec::<u8>().unwrap(), [255, 56]);
+    assert_eq!(u.add_scalar(100.0).unwrap().to(Device::CPU).unwrap().to_vec::<u8>().unwrap(), [101, 44]);
+});
+
+per_device!(binary_ops_broadcast_promote_and_wrap, |device| {
+    let a = tensor(&[1.0, 2.0, 3.0], &[3, 1], device);
+    let b = tensor(&[10.0, 20.0, 30.0, 40.0], &[4], device);
+    let sum = (&a + &b).unwrap();
+    assert_eq!(sum.dims(), &[3, 4]);
+    let want: Vec<f64> = (1..=3).flat_map(|r| (1..=4).map(move |c| (r + 10 * c) as f64)).collect();
+    assert_close(&values(&sum), &want, 0.0, "broadcast add");
+    let q = (&b / &a.t().unwrap().narrow(1, 0, 1).unwrap()).unwrap();
+    assert_close(&values(&q), &[10.0, 20.0, 30.0, 40.0], 0.0, "div by a broadcast scalar");
+    let m = a.maximum(&tensor(&[2.0], &[1], device)).unwrap();
+    assert_close(&values(&m), &[2.0, 2.0, 3.0], 0.0, "maximum");
+    // i64 + f32 promotes to f32.
+    let i = Tensor::from_vec_on(vec![1i64, 2, 3], [3, 1], Device::CPU).unwrap().to(device).unwrap();
+    let p = (&i + &a).unwrap();
+    assert_eq!(p.dtype(), DType::F32);
+    assert_close(&values(&p), &[2.0, 4.0, 6.0], 0.0, "promoted add");
+    let big = Tensor::from_vec_on(vec![i64::MAX], [1], Device::CPU).unwrap().to(device).unwrap();
+    let wrapped = (&big + &Tensor::from_vec_on(vec![1i64], [1], Device::CPU).unwrap().to(device).unwrap()).unwrap();
+    assert_eq!(wrapped.to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [i64::MIN]);
+});
+
+per_device!(comparisons_and_where_follow_ieee, |device| {
+    let x = tensor(&[f32::NAN, -1.0, 0.0, 2.0], &[4], device);
+    let zero = tensor(&[-0.0], &[1], device);
+    let gt = x.gt(&zero).unwrap();
+    assert_eq!(gt.dtype(), DType::Bool);
+    assert_eq!(gt.to(Device::CPU).unwrap().to_vec::<bool>().unwrap(), [false, false, false, true]);
+    assert_eq!(x.eq(&zero).unwrap().to(Device::CPU).unwrap().to_vec::<bool>().unwrap(), [false, false, true, false]);
+    assert_eq!(x.ne_scalar(2.0).unwrap().to(Device::CPU).unwrap().to_vec::<bool>().unwrap(), [true, true, true, false]);
+    let i = Tensor::from_vec_on(vec![1i64, 2, 3], [3], Device::CPU).unwrap().to(device).unwrap();
+    assert_eq!(i.lt_scalar(2.5).unwrap().to(Device::CPU).unwrap().to_vec::<bool>().unwrap(), [true, true, false]);
+    let relu = x.gt_scalar(0.0).unwrap().where_cond(&x, &zero).unwrap();
+    assert_close(&values(&relu), &[0.0, 0.0, 0.0, 2.0], 0.0, "where_cond");
+});
+
+per_device!(casts_copies_and_fills, |device| {
+    let x = tensor(&[1.0, -2.5, 3.75, 1e-3, 65504.0, 7.9], &[2, 3], device);
+    let bf = x.to_dtype(DType::BF16).unwrap();
+    let want: Vec<f64> =
+        [1.0f32, -2.5, 3.75, 1e-3, 65504.0, 7.9].iter().map(|&v| half::bf16::from_f32(v).to_f64()).collect();
+    assert_close(&values(&bf), &want, 0.0, "f32 → bf16");
+    let ints = x.to_dtype(DType::I64).unwrap().to(Device::CPU).unwrap().to_vec::<i64>().unwrap();
+    assert_eq!(ints, [1, -2, 3, 0, 65504, 7]);
+    // A contiguous copy of a transpose, a fill of a narrowed view, a copy into a view.
+    let t = x.t().unwrap().contiguous().unwrap();
+    assert_close(&values(&t), &[1.0, f64::from(1e-3_f32), -2.5, 65504.0, 3.75, f64::from(7.9_f32)], 0.0, "contiguous");
+    let z = Tensor::zeros_on([2, 3], DType::F32, device).unwrap();
+    z.narrow(1, 1, 2).unwrap().fill_(5.0).unwrap();
+    assert_close(&values(&z), &[0.0, 5.0, 5.0, 0.0, 5.0, 5.0], 0.0, "fill_ of a view");
+    z.t().unwrap().copy_(&tensor(&[1.0, 2.0], &[2], device)).unwrap();
+    assert_close(&values(&z), &[1.0, 1.0, 1.0, 2.0, 2.0, 2.0], 0.0, "copy_ into a transpose");
+    let full = Tensor::full_on([3], -1.0, DType::U8, device).unwrap();
+    assert_eq!(full.to(Device::CPU).unwrap().to_vec::<u8>().unwrap(), [255, 255, 255]);
+});
+
+/// `[m, k] · [k, n]` in f64, row-major.
+fn naive(a: &[f64], b: &[f64], m: usize, k: usize, n: usize) -> Vec<f64> {
+    (0..m).flat_map(|i| (0..n).map(move |j| (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum())).collect()
+}
+
+per_device!(matmul_batched_transposed_and_half, |device| {
+    let (bs, m, k, n) = (2usize, 3, 4, 5);
+    let av: Vec<f32> = (0..bs * m * k).map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0).collect();
+    let bv: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 13) as f32 - 6.0) / 8.0).collect();
+    let a = tensor(&av, &[bs, m, k], device);
+    let b = tensor(&bv, &[k, n], device);
+    let c = a.matmul(&b).unwrap();
+    assert_eq!(c.dims(), &[bs, m, n]);
+    let b64: Vec<f64> = bv.iter().map(|&v| v as f64).collect();
+    let want: Vec<f64> = (0..bs)
+        .flat_map(|i| {
+            let a64: Vec<f64> = av[i * m * k..(i + 1) * m * k].iter().map(|&v| v as f64).collect();
+            naive(&a64, &b64, m, k, n)
+        })
+        .collect();
+    assert_close(&values(&c), &want, 1e-6, "batched · shared");
+    // A transposed right operand: b = (bᵀ)ᵀ read in place.
+    let bt = tensor(&bv, &[k, n], device).t().unwrap().contiguous().unwrap().t().unwrap();
+    assert_close(&values(&a.matmul(&bt).unwrap()), &want, 1e-6, "transposed operand");
+    // bf16 with f32 accumulation.
+    let c16 = a.to_dtype(DType::BF16).unwrap().matmul(&b.to_dtype(DType::BF16).unwrap()).unwrap();
+    assert_eq!(c16.dtype(), DType::BF16);
+    assert_close(&values(&c16), &want, 2e-2, "bf16");
+    // Vector rules: [k] · [k, n] → [n].
+    let v = tensor(&av[..k], &[k], device);
+    let want_v = naive(&av[..k].iter().map(|&x| x as f64).collect::<Vec<_>>(), &b64, 1, k, n);
+    assert_close(&values(&v.matmul(&b).unwrap()), &want_v, 1e-6, "vector · matrix");
+});
+
+per_device!(reductions_along_any_dims, |device| {
+    // [2, 3, 4] with values 0..24.
+    let v: Vec<f32> = (0..24).map(|i| i as f32).collect();
+    let x = tensor(&v, &[2, 3, 4], device);
+    let at = |i: usize, j: usize, k: usize| (i * 12 + j * 4 + k) as f64;
+    let sum_last: Vec<f64> = (0..2).flat_map(|i| (0..3).map(move |j| (0..4).map(|k| at(i, j, k)).sum())).collect();
+    assert_close(&values(&x.sum(&[-1], false).unwrap()), &sum_last, 0.0, "sum over the last dim");
+    let sum_first: Vec<f64> = (0..3).flat_map(|j| (0..4).map(move |k| at(0, j, k) + at(1, j, k))).collect();
+    assert_close(&values(&x.sum(&[0], false).unwrap()), &sum_first, 0.0, "sum over the first dim");
+    let sum_outer: Vec<f64> = (0..3).map(|j| (0..2).flat_map(|i| (0..4).map(move |k| at(i, j, k))).sum()).collect();
+    let s = x.sum(&[0, 2], true).unwrap();
+    assert_eq!(s.dims(), &[1, 3, 1]);
+    assert_close(&values(&s), &sum_outer, 0.0, "sum over dims 0 and 2 (moved)");
+    assert_close(
+        &values(&x.permute(&[1, 0, 2]).unwrap().sum(&[1], false).unwrap()),
+        &sum_first,
+        0.0,
+        "sum of a transposed view",
+    );
+    assert_close(&values(&x.sum_all().unwrap()), &[276.0], 0.0, "sum_all");
+    assert_close(
+        &values(&x.mean(&[1], false).unwrap()),
+        &(0..2).flat_map(|i| (0..4).map(move |k| at(i, 1, k))).collect::<Vec<_>>(),
+        1e-7,
+        "mean",
+    );
+    let var = x.var(&[2], false).unwrap();
+    assert_close(&values(&var), &[5.0 / 3.0; 6], 1e-6, "unbiased var of 4 consecutive numbers");
+    // Max, argmax with a NaN, and the dtypes.
+    let y = tensor(&[1.0, 7.0, 7.0, f32::NAN, 2.0, 3.0], &[2, 3], device);
+    let max = values(&y.max(&[1], false).unwrap());
+    assert!(max[0] == 7.0 && max[1].is_nan(), "{max:?}");
+    assert_eq!(y.argmax(&[1], false).unwrap().to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [1, 0]);
+    assert_eq!(y.argmin(&[0], false).unwrap().to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [1, 1, 1]);
+    let b = x.gt_scalar(10.0).unwrap().sum_all().unwrap();
+    assert_eq!(b.dtype(), DType::I64);
+    assert_eq!(b.to(Device::CPU).unwrap().item::<i64>().unwrap(), 13);
+    let h = x.to_dtype(DType::BF16).unwrap().sum(&[2], false).unwrap();
+    assert_eq!(h.dtype(), DType::BF16);
+    assert_close(&values(&h), &sum_last, 1e-2, "bf16 sum accumulates in f32");
+    let empty = Tensor::zeros_on([0, 3], DType::F32, device).unwrap();
+    assert_close(&values(&empty.sum(&[0], false).unwrap()), &[0.0; 3], 0.0, "sum of nothing");
+    assert!(values(&empty.mean(&[0], false).unwrap()).iter().all(|m| m.is_nan()), "mean of nothing");
+});
+
+per_device!(softmax_and_log_softmax_along_any_dim, |device| {
+    let v = [1.0f32, 2.0, 3.0, 1000.0, 1000.0, 1000.0];
+    let x = tensor(&v, &[2, 3], device);
+    let soft = |row: &[f64]| {
+        let m = row.iter().cloned().fold(f64::MIN, f64::max);
+        let z: f64 = row.iter().map(|r| (r - m).exp()).sum();
+        row.iter().map(|r| (r - m).exp() / z).collect::<Vec<_>>()
+    };
+    let rows: Vec<f64> = v.iter().map(|&x| x as f64).collect();
+    let want: Vec<f64> = rows.chunks(3).flat_map(soft).collect();
+    assert_close(&values(&x.softmax(1).unwrap()), &want, 1e-6, "softmax over the last dim");
+    let want_log: Vec<f64> = want.iter().map(|p| p.ln()).collect();
+    assert_close(&values(&x.log_softmax(-1).unwrap()), &want_log, 1e-6, "log_softmax");
+    // Over dim 0 (columns): each column of two.
+    let cols: Vec<Vec<f64>> = (0..3).map(|c| soft(&[rows[c], rows[3 + c]])).collect();
+    let want0: Vec<f64> = (0..2).flat_map(|r| cols.iter().map(move |c| c[r])).collect();
+    assert_close(&values(&x.softmax(0).unwrap()), &want0, 1e-6, "softmax over dim 0");
+    let h = x.to_dtype(DType::BF16).unwrap().softmax(1).unwrap();
+    assert_eq!(h.dtype(), DType::BF16);
+    assert_close(&values(&h), &want, 1e-2, "bf16 softmax");
+});
+
+per_device!(in_place_updates_write_through_views, |device| {
+    let p = tensor(&[1.0, 2.0, 3.0, 4.0], &[2, 2], device);
+    let g = tensor(&[0.5, 0.5, 1.0, 1.0], &[2, 2], device);
+    p.add_scaled_(-0.1, &g).unwrap();
+    assert_close(&values(&p), &[0.95, 1.95, 2.9, 3.9], 1e-6, "add_scaled_");
+    assert_eq!(p.version(), 1);
+    let m = tensor(&[0.0; 4], &[2, 2], device);
+    m.lerp_(&g, 0.1).unwrap();
+    assert_close(&values(&m), &[0.05, 0.05, 0.1, 0.1], 1e-6, "lerp_");
+    let v = tensor(&[1.0; 4], &[2, 2], device);
+    v.addcmul_(0.5, &g, &g).unwrap();
+    assert_close(&values(&v), &[1.125, 1.125, 1.5, 1.5], 1e-6, "addcmul_");
+    v.sqrt_().unwrap();
+    v.addcdiv_(2.0, &g, &tensor(&[2.0], &[1], device)).unwrap();
+    let want: Vec<f64> =
+        [1.125f64, 1.125, 1.5, 1.5].iter().zip([0.5, 0.5, 1.0, 1.0]).map(|(a, g)| a.sqrt() + g).collect();
+    assert_close(&values(&v), &want, 1e-6, "sqrt_ then addcdiv_ with a broadcast divisor");
+    // A transposed view, a broadcast operand, the same view twice.
+    let t = tensor(&[1.0, 2.0, 3.0, 4.0], &[2, 2], device);
+    t.t().unwrap().narrow(0, 1, 1).unwrap().mul_(&tensor(&[10.0], &[1], device)).unwrap();
+    assert_close(&values(&t), &[1.0, 20.0, 3.0, 40.0], 0.0, "mul_ through a transposed column");
+    t.add_(&t).unwrap();
+    assert_close(&values(&t), &[2.0, 40.0, 6.0, 80.0], 0.0, "add_ of itself");
+    t.clamp_(Some(5.0), Some(50.0)).unwrap();
+    t.maximum_(&tensor(&[10.0, 0.0], &[2], device)).unwrap();
+    assert_close(&values(&t), &[10.0, 40.0, 10.0, 50.0], 0.0, "clamp_ then maximum_");
+    t.log1p_().unwrap();
+    assert_close(&values(&t), &[11f64.ln(), 41f64.ln(), 11f64.ln(), 51f64.ln()], 1e-6, "log1p_");
+    let i = Tensor::from_vec_on(vec![5i64, -7], [2], Device::CPU).unwrap().to(device).unwrap();
+    i.mul_scalar_(3.0).unwrap();
+    i.neg_().unwrap();
+    assert_eq!(i.to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [-15, 21]);
+    let expanded = tensor(&[1.0], &[1], device).expand([3]).unwrap();
+    assert!(expanded.exp_().unwrap_err().to_string().contains("single memory location"));
+});
+
+fn ids(values: &[i64], shape: &[usize], device: Device) -> Tensor {
+    Tensor::from_slice_on(values, shape, Device::CPU).unwrap().to(device).unwrap()
+}
+
+per_device!(index_select_gather_scatter_embedding_one_hot, |device| {
+    let x = tensor(&[0.0, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3], device);
+    let picked = x.index_select(1, &ids(&[2, 0, 2], &[3], device)).unwrap();
+    assert_close(&values(&picked), &[2.0, 0.0, 2.0, 5.0, 3.0, 5.0], 0.0, "index_select");
+    let error = x.index_select(0, &ids(&[0, 2], &[2], device)).unwrap_err().to_string();
+    assert!(error.contains("index 2 at position 1") && error.contains("dim 0 of size 2"), "{error}");
+    let gathered = x.gather(1, &ids(&[2, 1, 0, 0], &[2, 2], device)).unwrap();
+    assert_close(&values(&gathered), &[2.0, 1.0, 3.0, 3.0], 0.0, "gather");
+    let through_transpose = x.t().unwrap().gather(0, &ids(&[2, 1], &[1, 2], device)).unwrap();
+    assert_close(&values(&through_transpose), &[2.0, 4.0], 0.0, "gather from a transposed view");
+    let total = x.zeros_like().unwrap().scatter_add(1, &ids(&[0, 0, 1, 2], &[2, 2], device), &x).unwrap();
+    assert_close(&values(&total), &[1.0, 0.0, 0.0, 0.0, 3.0, 4.0], 0.0, "scatter_add with a repeated index");
+    let table = tensor(&[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], &[4, 2], device);
+    let rows = Tensor::embedding(&table, &ids(&[3, 0, 1, 3], &[2, 2], device)).unwrap();
+    assert_eq!(rows.dims(), [2, 2, 2]);
+    assert_close(&values(&rows), &[6.0, 7.0, 0.0, 1.0, 2.0, 3.0, 6.0, 7.0], 0.0, "embedding");
+    let hot = ids(&[1, 0], &[2], device).one_hot(3).unwrap();
+    assert_eq!(hot.to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [0, 1, 0, 1, 0, 0]);
+    let error = ids(&[1, 5], &[2], device).one_hot(3).unwrap_err().to_string();
+    assert!(error.contains("class 5 at position 1"), "{error}");
+});
+
+per_device!(convolution_pooling_and_concatenation, |device| {
+    use brasa_tensor::Conv2dParams;
+    // A 2-channel 4x4 image, a 3x2x3x3 weight, padding 1, against a direct sum.
+    let (c_in, c_out, h, w, k) = (2usize, 3usize, 4usize, 4usize, 3usize);
+    let xv: Vec<f32> = (0..c_in * h * w).map(|i| ((i * 5 % 7) as f32 - 3.0) / 3.0).collect();
+    let wv: Vec<f32> = (0..c_out * c_in * k * k).map(|i| ((i * 3 % 11) as f32 - 5.0) / 5.0).collect();
+    let x = tensor(&xv, &[1, c_in, h, w], device);
+    let weight = tensor(&wv, &[c_out, c_in, k, k], device);
+    let bias = tensor(&[0.5, -0.5, 1.0], &[c_out], device);
+    let params = Conv2dParams::default().with_padding((1, 1));
+    let y = x.conv2d(&weight, Some(&bias), params).unwrap();
+    assert_eq!(y.dims(), &[1, c_out, h, w]);
+    let at = |v: &[f32], i: usize| f64::from(v[i]);
+    let mut want = Vec::new();
+    for o in 0..c_out {
+        for i in 0..h {
+            for j in 0..w {
+                let mut sum = [0.5, -0.5, 1.0][o];
+                for c in 0..c_in {
+                    for (di, dj) in (0..k).flat_map(|di| (0..k).map(move |dj| (di, dj))) {
+                        let (ii, jj) = ((i + di) as isize - 1, (j + dj) as isize - 1);
+                        if (0..h as isize).contains(&ii) && (0..w as isize).contains(&jj) {
+                            let xi = (c * h + ii as usize) * w + jj as usize;
+                            sum += at(&xv, xi) * at(&wv, ((o * c_in + c) * k + di) * k + dj);
+                        }
+                    }
+                }
+                want.push(sum);
+            }
+        }
+    }
+    assert_close(&values(&y), &want, 1e-5, "conv2d");
+    // Gradients: checked against their definitions through sums of products.
+    let g = Tensor::ones_on([1, c_out, h, w], DType::F32, device).unwrap();
+    let db = g.conv2d_backward_bias().unwrap();
+    assert_close(&values(&db), &[(h * w) as f64; 3], 0.0, "bias gradient");
+    let dx = g.conv2d_backward_input(&weight, [1, c_in, h, w], params).unwrap();
+    let dw = x.conv2d_backward_weight(&g, [c_out, c_in, k, k], params).unwrap();
+    // <dy, conv(x)> = <dx, x> + (bias term) and = <dw, w> (+ bias): both sides linear.
+    let y_nb = x.conv2d(&weight, None, params).unwrap();
+    let lhs = values(&y_nb).iter().sum::<f64>();
+    let via_dx: f64 = values(&dx).iter().zip(&xv).map(|(d, &v)| d * f64::from(v)).sum();
+    let via_dw: f64 = values(&dw).iter().zip(&wv).map(|(d, &v)| d * f64::from(v)).sum();
+    assert!((lhs - via_dx).abs() < 1e-4 && (lhs - via_dw).abs() < 1e-4, "{lhs} {via_dx} {via_dw}");
+    // Grouped: 2 groups of one channel each, against the two halves alone.
+    let wg = tensor(&wv[..2 * k * k], &[2, 1, k, k], device);
+    let yg = x.conv2d(&wg, None, params.with_groups(2)).unwrap();
+    let first = x.narrow(1, 0, 1).unwrap().conv2d(&wg.narrow(0, 0, 1).unwrap(), None, params).unwrap();
+    assert_close(&values(&yg.narrow(1, 0, 1).unwrap()), &values(&first), 1e-6, "grouped conv2d");
+    // Pooling.
+    let p = tensor(&[1.0, 5.0, 2.0, 0.0, 3.0, 4.0, 9.0, 8.0], &[1, 2, 4], device);
+    let (maxima, idx) = p.max_pool2d((2, 2), (2, 2), (0, 0)).unwrap();
+    assert_close(&values(&maxima), &[5.0, 9.0], 0.0, "max_pool2d");
+    assert_eq!(idx.to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [1, 6]);
+    let back = tensor(&[1.0, 2.0], &[1, 1, 2], device).max_pool2d_backward(&idx, [1, 2, 4]).unwrap();
+    assert_close(&values(&back), &[0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0], 0.0, "max_pool2d_backward");
+    let avg = p.avg_pool2d((2, 2), (2, 2), (0, 0), true).unwrap();
+    assert_close(&values(&avg), &[3.25, 4.75], 0.0, "avg_pool2d");
+    let avg_back =
+        tensor(&[4.0, 8.0], &[1, 1, 2], device).avg_pool2d_backward([1, 2, 4], (2, 2), (2, 2), (0, 0), true).unwrap();
+    assert_close(&values(&avg_back), &[1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0], 0.0, "avg_pool2d_backward");
+    // Concatenation along a middle dim.
+    let a = tensor(&[1.0, 2.0, 3.0, 4.0], &[2, 2], device);
+    let b = tensor(&[5.0, 6.0], &[2, 1], device);
+    assert_close(&values(&Tensor::cat(&[&a, &b], 1).unwrap()), &[1.0, 2.0, 5.0, 3.0, 4.0, 6.0], 0.0, "cat");
+});
+
+per_device!(random_fills_repeat_the_host_stream, |device| {
+    // Each device draws the process-wide stream at the same positions: a
+    // fill on `device` after `manual_seed(7)` equals the host's.
+    let _serial = SEED_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let draw = |on: Device| {
+        brasa_tensor::manual_seed(7);
+        let u = Tensor::rand_on([1000], DType::F32, on).unwrap();
+        let n = Tensor::randn_on([1000], DType::F64, on).unwrap();
+        let b = Tensor::bernoulli_on([1000], 0.3, DType::U8, on).unwrap();
+        (values(&u), values(&n), b.to(Device::CPU).unwrap().to_vec::<u8>().unwrap())
+    };
+    let (hu, hn, hb) = draw(Device::CPU);
+    let (du, dn, db) = draw(device);
+    assert_eq!(hu, du, "uniform draws are bit-identical");
+    assert_eq!(hb, db, "Bernoulli draws are bit-identical");
+    assert_close(&dn, &hn, 1e-12, "normal draws agree to the last bits of log and cos");
+    let ones = hb.iter().filter(|&&v| v == 1).count();
+    assert!((250..350).contains(&ones), "{ones} ones in 1000 draws at p = 0.3");
+    assert!(hu.iter().all(|&v| (0.0..1.0).contains(&v)));
+});
+
+/// Tests that seed the process-wide generator run one at a time.
+static SEED_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
