@@ -86,7 +86,9 @@ pub(crate) struct ConvPlan {
     pub groups: usize,
     /// One group's geometry (its `channels` are `c_in / groups`).
     pub geometry: Conv2dGeometry,
-    /// Stride, padding and dilation as given.
+    /// Stride, padding and dilation as given (the CUDA kernels take them
+    /// whole; the host's geometry carries them inside).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub params: Conv2dParams,
 }
 

@@ -23,11 +23,15 @@ pub(crate) struct PoolPlan {
     pub geometry: Pool2dGeometry,
     /// Window elements per output element, for task sizing.
     pub window: usize,
-    /// Window size, (height, width).
+    /// Window size, (height, width) (read by the CUDA kernels; the host's
+    /// geometry carries it inside).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub kernel: (usize, usize),
     /// Window step, (height, width).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub stride: (usize, usize),
     /// Implicit padding, (height, width).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub padding: (usize, usize),
 }
 
