@@ -14,38 +14,11 @@ use brasa_nn::{
     Celu, Elu, Embedding, GroupNorm, GroupNormConfig, Hardsigmoid, Hardswish, LeakyRelu, LogSigmoid, Mish, Module,
     ModuleExt, NnError, Result, Selu, Softplus,
 };
-use brasa_tensor::{DType, Device, Tensor};
+use brasa_tensor::{DType, Tensor};
 
-const DEV: Device = Device::CPU;
-
-/// Deterministic, irregular values in about `[-2, 2]`.
-fn values(n: usize, salt: f64) -> Vec<f64> {
-    (0..n)
-        .map(|i| 2.0 * ((i as f64 * 0.731 + salt) * 1.37).sin() + 0.3 * ((i * i) as f64 * 0.17 + salt).cos())
-        .collect()
-}
-
-fn tensor_f64(shape: &[usize], salt: f64) -> Tensor {
-    Tensor::from_vec(values(shape.iter().product(), salt), shape).unwrap()
-}
-
-fn to_f64(v: &Var) -> Vec<f64> {
-    v.tensor().to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap()
-}
-
-fn assert_close(got: &[f64], want: &[f64], tol: f64) {
-    assert_eq!(got.len(), want.len(), "lengths differ");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "element {i}: got {g}, want {w}");
-    }
-}
-
-fn invalid_message(err: NnError) -> (&'static str, String) {
-    match err {
-        NnError::Invalid { what, message } => (what, message),
-        other => panic!("expected NnError::Invalid, got {other:?}"),
-    }
-}
+#[path = "support/fixtures.rs"]
+mod fixtures;
+use fixtures::{assert_close, invalid_message, tensor_f64, to_f64, values, DEV};
 
 fn into_autograd(err: NnError) -> AutogradError {
     match err {
