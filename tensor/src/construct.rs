@@ -292,6 +292,11 @@ impl Tensor {
         random("bernoulli", Distribution::Bernoulli { p }, shape.into(), dtype, device)
     }
 
+    /// [`Tensor::bernoulli_on`] on the default device.
+    pub fn bernoulli(shape: impl Into<Shape>, p: f64, dtype: DType) -> Result<Tensor> {
+        Self::bernoulli_on(shape, p, dtype, default_device())
+    }
+
     // ----- constructors that keep this tensor's dtype and device ----------------
 
     /// Zeros of this tensor's shape, dtype and device.
