@@ -8,8 +8,8 @@
 
 use brasa_autograd::{gradcheck, AutogradError, Var};
 use brasa_nn::functional::{
-    binary_cross_entropy_with_logits, cross_entropy, cross_entropy_with, l1_loss, mse_loss, nll_loss, nll_loss_with,
-    CrossEntropyOptions, NllLossOptions, Reduction,
+    binary_cross_entropy_with_logits, binary_cross_entropy_with_logits_with, cross_entropy, cross_entropy_with,
+    l1_loss, mse_loss, nll_loss, nll_loss_with, BceWithLogitsOptions, CrossEntropyOptions, NllLossOptions, Reduction,
 };
 use brasa_nn::NnError;
 use brasa_tensor::{DType, Tensor};
@@ -404,5 +404,100 @@ fn bce_with_logits_gradients() -> TestResult {
         Some(&f64s(&[1.0, 2.0], &[2])),
     );
     assert!(bad.err().unwrap().to_string().contains("pos_weight of shape [2] does not broadcast"));
+    Ok(())
+}
+
+/// PyTorch's documented BCE-with-logits with `weight` and `pos_weight`,
+/// written naively (fine for moderate `x`):
+/// `−w·[pw·t·log σ(x) + (1 − t)·log(1 − σ(x))]`, and its derivatives in
+/// `x` and `t`.
+fn documented_bce(x: f64, t: f64, w: f64, pw: f64) -> (f64, f64, f64) {
+    let s = 1.0 / (1.0 + (-x).exp());
+    let loss = -w * (pw * t * s.ln() + (1.0 - t) * (1.0 - s).ln());
+    let dx = w * ((1.0 - t) * s - pw * t * (1.0 - s));
+    let dt = -w * (pw * s.ln() - (1.0 - s).ln());
+    (loss, dx, dt)
+}
+
+#[test]
+fn bce_with_logits_weight_matches_pytorchs_formula() -> TestResult {
+    // Logits [2, 3] read through a transpose (non-contiguous), weight [2, 1]
+    // broadcast over the columns, pos_weight [3] over the rows.
+    let xs = [0.3, -1.2, 2.0, 0.0, -0.7, 1.5];
+    let ts = [1.0, 0.0, 0.25, 0.5, 1.0, 0.0];
+    let (w, pw) = ([2.0, 0.5], [1.5, 0.25, 3.0]);
+    let x_t = f64s(&[xs[0], xs[3], xs[1], xs[4], xs[2], xs[5]], &[3, 2]).t()?;
+    assert!(!x_t.is_contiguous());
+    let options = |reduction, pos: bool| BceWithLogitsOptions {
+        reduction,
+        weight: Some(f64s(&w, &[2, 1])),
+        pos_weight: pos.then(|| f64s(&pw, &[3])),
+    };
+    for pos in [false, true] {
+        let want: Vec<(f64, f64, f64)> =
+            (0..6).map(|i| documented_bce(xs[i], ts[i], w[i / 3], if pos { pw[i % 3] } else { 1.0 })).collect();
+        let x = Var::param(x_t.clone())?;
+        let t = Var::param(f64s(&ts, &[2, 3]))?;
+        let none = binary_cross_entropy_with_logits_with(&x, &t, &options(Reduction::None, pos))?;
+        assert_close(&none.tensor().to_vec::<f64>()?, &want.iter().map(|v| v.0).collect::<Vec<_>>(), 1e-14);
+        none.sum_all()?.backward()?;
+        assert_close(&x.grad().unwrap().to_vec::<f64>()?, &want.iter().map(|v| v.1).collect::<Vec<_>>(), 1e-14);
+        assert_close(&t.grad().unwrap().to_vec::<f64>()?, &want.iter().map(|v| v.2).collect::<Vec<_>>(), 1e-14);
+        // The mean divides by the number of elements, not the weights' sum.
+        let x = Var::param(x_t.clone())?;
+        let mean = binary_cross_entropy_with_logits_with(&x, &t, &options(Reduction::Mean, pos))?;
+        assert!((mean.item()? - want.iter().map(|v| v.0).sum::<f64>() / 6.0).abs() < 1e-14);
+        mean.backward()?;
+        assert_close(&x.grad().unwrap().to_vec::<f64>()?, &want.iter().map(|v| v.1 / 6.0).collect::<Vec<_>>(), 1e-14);
+        let sum = binary_cross_entropy_with_logits_with(&x, &t, &options(Reduction::Sum, pos))?.item()?;
+        assert!((sum - want.iter().map(|v| v.0).sum::<f64>()).abs() < 1e-13);
+    }
+    // Large logits stay finite with a weight (the stable form).
+    let big = Var::new(f64s(&[-800.0, 800.0], &[2]));
+    let t = Var::new(f64s(&[1.0, 0.0], &[2]));
+    let weighted =
+        BceWithLogitsOptions { reduction: Reduction::None, weight: Some(f64s(&[0.5], &[1])), pos_weight: None };
+    assert_eq!(binary_cross_entropy_with_logits_with(&big, &t, &weighted)?.tensor().to_vec::<f64>()?, [400.0, 400.0]);
+    // No options is the old function.
+    let x = Var::new(f64s(&xs, &[2, 3]));
+    let t = Var::new(f64s(&ts, &[2, 3]));
+    let plain = binary_cross_entropy_with_logits_with(&x, &t, &BceWithLogitsOptions::default())?.item()?;
+    assert_eq!(plain, binary_cross_entropy_with_logits(&x, &t, Reduction::Mean, None)?.item()?);
+    Ok(())
+}
+
+#[test]
+fn bce_with_logits_weight_gradcheck_and_refusals() -> TestResult {
+    let inputs = [
+        f64s(&values(6, 21), &[3, 2]).t()?,
+        f64s(&values(6, 22).iter().map(|v| (v + 2.0) / 4.0).collect::<Vec<_>>(), &[2, 3]),
+    ];
+    let weight = f64s(&[0.5, 2.0, 1.5], &[3]);
+    let pos_weight = f64s(&[2.0, 0.5, 3.0], &[3]);
+    for reduction in [Reduction::Mean, Reduction::Sum, Reduction::None] {
+        for pw in [None, Some(pos_weight.clone())] {
+            let options = BceWithLogitsOptions { reduction, weight: Some(weight.clone()), pos_weight: pw };
+            gradcheck(
+                |v| ag(binary_cross_entropy_with_logits_with(&v[0], &v[1], &options)),
+                &inputs,
+                1e-6,
+                1e-9,
+                1e-6,
+            )?;
+        }
+    }
+    let (x, t) = (Var::new(f64s(&[0.0; 6], &[2, 3])), Var::new(f64s(&[0.0; 6], &[2, 3])));
+    let with_weight = |w: Tensor| BceWithLogitsOptions { weight: Some(w), ..Default::default() };
+    let err = binary_cross_entropy_with_logits_with(&x, &t, &with_weight(f64s(&[1.0, 2.0], &[2])));
+    assert!(err
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("weight of shape [2] does not broadcast to the logits' shape [2, 3]"));
+    // A weight larger than the logits would grow the loss: refused too.
+    let err = binary_cross_entropy_with_logits_with(&x, &t, &with_weight(f64s(&[1.0; 12], &[2, 2, 3])));
+    assert!(err.err().unwrap().to_string().contains("weight of shape [2, 2, 3]"));
+    let err = binary_cross_entropy_with_logits_with(&x, &t, &with_weight(i64s(&[1, 2, 3], &[3])));
+    assert!(err.err().unwrap().to_string().contains("weight must be floating-point, got"));
     Ok(())
 }

@@ -4,10 +4,12 @@
 use crate::error::{AutogradError, Result};
 use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
-use brasa_tensor::{resolve_dim, Tensor, TensorError};
+use brasa_tensor::{resolve_dim, DType, Tensor, TensorError};
 
 impl Var {
-    /// Concatenates along `dim` (see `Tensor::cat`).
+    /// Concatenates along `dim` (see `Tensor::cat`); mixed dtypes promote
+    /// to the common one, and each input's gradient comes back in its own
+    /// dtype (as PyTorch's `cat_tensors_backward` does).
     pub fn cat(vars: &[&Var], dim: isize) -> Result<Var> {
         if let Some(c) = autocast_inputs("cat", vars)? {
             return Var::cat(&c.iter().collect::<Vec<_>>(), dim);
@@ -16,19 +18,20 @@ impl Var {
         let out = Tensor::cat(&tensors, dim)?;
         let rank = vars.first().map(|v| v.rank()).unwrap_or(1);
         let d = resolve_dim(dim, rank, "cat").map_err(TensorError::from)?;
-        let sizes: Vec<usize> = vars.iter().map(|v| v.dims()[d]).collect();
+        let sizes: Vec<(usize, DType)> = vars.iter().map(|v| (v.dims()[d], v.dtype())).collect();
         Ok(record("cat", vars, out, Vec::new, move |c| {
             let mut start = 0;
             let mut grads = Vec::with_capacity(sizes.len());
-            for (i, &len) in sizes.iter().enumerate() {
-                grads.push(c.needs(i).then(|| c.grad.narrow(d, start, len)).transpose()?);
+            for (i, &(len, dtype)) in sizes.iter().enumerate() {
+                grads.push(c.needs(i).then(|| c.grad.narrow(d, start, len)?.to_dtype(dtype)).transpose()?);
                 start += len;
             }
             Ok(grads)
         }))
     }
 
-    /// Stacks `Var`s of one shape along a new dim `dim`.
+    /// Stacks `Var`s of one shape along a new dim `dim`; mixed dtypes promote
+    /// and each gradient comes back in its input's dtype, as for [`Var::cat`].
     pub fn stack(vars: &[&Var], dim: isize) -> Result<Var> {
         if let Some(c) = autocast_inputs("stack", vars)? {
             return Var::stack(&c.iter().collect::<Vec<_>>(), dim);
@@ -36,9 +39,13 @@ impl Var {
         let tensors: Vec<&Tensor> = vars.iter().map(|v| v.tensor()).collect();
         let out = Tensor::stack(&tensors, dim)?;
         let d = resolve_dim(dim, out.rank(), "stack").map_err(TensorError::from)?;
-        let n = vars.len();
+        let dtypes: Vec<DType> = vars.iter().map(|v| v.dtype()).collect();
         Ok(record("stack", vars, out, Vec::new, move |c| {
-            (0..n).map(|i| Ok(c.needs(i).then(|| c.grad.select(d, i)).transpose()?)).collect()
+            dtypes
+                .iter()
+                .enumerate()
+                .map(|(i, &dtype)| Ok(c.needs(i).then(|| c.grad.select(d, i)?.to_dtype(dtype)).transpose()?))
+                .collect()
         }))
     }
 

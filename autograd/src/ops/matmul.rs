@@ -2,7 +2,7 @@
 //! dims): `da = g · bᵀ`, `db = aᵀ · g`, summed back over broadcast batch dims.
 
 use super::sum_to;
-use crate::error::Result;
+use crate::error::{AutogradError, Result};
 use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 use brasa_tensor::Tensor;
@@ -109,4 +109,155 @@ impl Var {
             Ok(grads)
         }))
     }
+
+    /// The product of two matrices, `[n, m] · [m, p] -> [n, p]`
+    /// (`torch.mm`): unlike [`Var::matmul`] no 1-d operand and no batch
+    /// dims; an error names both shapes.
+    ///
+    /// ```
+    /// use brasa_autograd::Var;
+    /// use brasa_tensor::Tensor;
+    /// let a = Var::new(Tensor::from_vec(vec![1.0f64, 2.0, 3.0, 4.0], [2, 2])?);
+    /// let b = Var::new(Tensor::from_vec(vec![1.0f64, 0.0, 0.0, 1.0], [2, 2])?);
+    /// assert_eq!(a.mm(&b)?.tensor().to_vec::<f64>()?, [1.0, 2.0, 3.0, 4.0]);
+    /// assert!(a.mm(&Var::new(Tensor::from_vec(vec![1.0f64; 3], [3])?)).is_err());
+    /// # Ok::<(), brasa_autograd::AutogradError>(())
+    /// ```
+    pub fn mm(&self, mat2: &Var) -> Result<Var> {
+        check_mm("mm", self.dims(), mat2.dims())?;
+        self.matmul(mat2)
+    }
+
+    /// The batched product of `[b, n, m]` and `[b, m, p]` into `[b, n, p]`
+    /// (`torch.bmm`): both 3-d with one batch size, no broadcasting; an
+    /// error names both shapes.
+    ///
+    /// ```
+    /// use brasa_autograd::Var;
+    /// use brasa_tensor::{DType, Tensor};
+    /// let a = Var::new(Tensor::ones([4, 2, 3], DType::F64)?);
+    /// let b = Var::new(Tensor::ones([4, 3, 5], DType::F64)?);
+    /// assert_eq!(a.bmm(&b)?.dims(), &[4, 2, 5]);
+    /// assert!(a.bmm(&Var::new(Tensor::ones([1, 3, 5], DType::F64)?)).is_err());
+    /// # Ok::<(), brasa_autograd::AutogradError>(())
+    /// ```
+    pub fn bmm(&self, mat2: &Var) -> Result<Var> {
+        check_bmm("bmm", self.dims(), mat2.dims())?;
+        self.matmul(mat2)
+    }
+
+    /// `beta · input + alpha · (mat1 · mat2)` (`torch.addmm`): `mat1` and
+    /// `mat2` matrices as in [`Var::mm`], `input` (this `Var`) broadcastable
+    /// to the `[n, p]` result. As in PyTorch, with `beta == 0` the input's
+    /// values are ignored (a NaN there does not reach the result) and its
+    /// gradient is zero.
+    ///
+    /// ```
+    /// use brasa_autograd::Var;
+    /// use brasa_tensor::Tensor;
+    /// let bias = Var::new(Tensor::from_vec(vec![10.0f64, 20.0], [2])?);
+    /// let m1 = Var::new(Tensor::from_vec(vec![1.0f64, 2.0], [1, 2])?);
+    /// let m2 = Var::new(Tensor::from_vec(vec![1.0f64, 0.0, 0.0, 1.0], [2, 2])?);
+    /// let out = bias.addmm(&m1, &m2, 0.5, 2.0)?;
+    /// assert_eq!(out.tensor().to_vec::<f64>()?, [7.0, 14.0]);
+    /// # Ok::<(), brasa_autograd::AutogradError>(())
+    /// ```
+    pub fn addmm(&self, mat1: &Var, mat2: &Var, beta: f64, alpha: f64) -> Result<Var> {
+        let out = check_mm("addmm", mat1.dims(), mat2.dims())?;
+        check_input_broadcasts("addmm", self.dims(), &out)?;
+        add_scaled(self, &mat1.matmul(mat2)?, beta, alpha)
+    }
+
+    /// `beta · input + alpha · (batch1 · batch2)` batched (`torch.baddbmm`):
+    /// `batch1` `[b, n, m]` and `batch2` `[b, m, p]` as in [`Var::bmm`],
+    /// `input` (this `Var`) broadcastable to `[b, n, p]`; `beta == 0`
+    /// ignores the input as [`Var::addmm`] does.
+    ///
+    /// ```
+    /// use brasa_autograd::Var;
+    /// use brasa_tensor::{DType, Tensor};
+    /// let input = Var::new(Tensor::ones([3, 1], DType::F64)?);
+    /// let b1 = Var::new(Tensor::ones([2, 3, 4], DType::F64)?);
+    /// let b2 = Var::new(Tensor::ones([2, 4, 5], DType::F64)?);
+    /// let out = input.baddbmm(&b1, &b2, 1.0, 0.5)?;
+    /// assert_eq!(out.dims(), &[2, 3, 5]);
+    /// assert_eq!(out.tensor().to_vec::<f64>()?, vec![3.0; 30]);
+    /// # Ok::<(), brasa_autograd::AutogradError>(())
+    /// ```
+    pub fn baddbmm(&self, batch1: &Var, batch2: &Var, beta: f64, alpha: f64) -> Result<Var> {
+        let out = check_bmm("baddbmm", batch1.dims(), batch2.dims())?;
+        check_input_broadcasts("baddbmm", self.dims(), &out)?;
+        add_scaled(self, &batch1.matmul(batch2)?, beta, alpha)
+    }
+}
+
+/// The `[n, p]` result shape of `mm`, or an error naming both shapes.
+fn check_mm(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    if a.len() != 2 || b.len() != 2 {
+        return Err(AutogradError::invalid(
+            op,
+            format!("expected two matrices (2-d), got shapes {a:?} and {b:?}; use matmul for other ranks"),
+        ));
+    }
+    if a[1] != b[0] {
+        return Err(AutogradError::invalid(
+            op,
+            format!("shapes {a:?} and {b:?} cannot be multiplied ({} columns vs {} rows)", a[1], b[0]),
+        ));
+    }
+    Ok(vec![a[0], b[1]])
+}
+
+/// The `[b, n, p]` result shape of `bmm`, or an error naming both shapes.
+fn check_bmm(op: &'static str, a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    if a.len() != 3 || b.len() != 3 {
+        return Err(AutogradError::invalid(
+            op,
+            format!("expected two batches of matrices (3-d), got shapes {a:?} and {b:?}; use matmul to broadcast"),
+        ));
+    }
+    if a[0] != b[0] {
+        return Err(AutogradError::invalid(
+            op,
+            format!("batch sizes differ: shapes {a:?} and {b:?} ({} vs {}); bmm does not broadcast", a[0], b[0]),
+        ));
+    }
+    if a[2] != b[1] {
+        return Err(AutogradError::invalid(
+            op,
+            format!("shapes {a:?} and {b:?} cannot be multiplied ({} columns vs {} rows)", a[2], b[1]),
+        ));
+    }
+    Ok(vec![a[0], a[1], b[2]])
+}
+
+/// Errors unless `input` broadcasts to `out` without growing it (PyTorch
+/// expands the input to the product's shape, never the other way).
+fn check_input_broadcasts(op: &'static str, input: &[usize], out: &[usize]) -> Result<()> {
+    let fits = input.len() <= out.len() && input.iter().rev().zip(out.iter().rev()).all(|(&i, &o)| i == o || i == 1);
+    if fits {
+        Ok(())
+    } else {
+        Err(AutogradError::invalid(
+            op,
+            format!("input of shape {input:?} cannot be broadcast to the product's shape {out:?}"),
+        ))
+    }
+}
+
+/// `beta · input + alpha · product`, skipping the multiplies by 1. With
+/// `beta == 0` the input's values are not read (PyTorch's rule: `0 · NaN`
+/// must not reach the result) but it still gets a zero gradient.
+fn add_scaled(input: &Var, product: &Var, beta: f64, alpha: f64) -> Result<Var> {
+    let product = if alpha == 1.0 { product.clone() } else { product.mul_scalar(alpha)? };
+    if beta == 0.0 {
+        let (dims, dtype, device) = (input.dims().to_vec(), input.dtype(), input.device());
+        let zero = Tensor::zeros_on([], product.dtype(), product.device())?;
+        let ignored = record("input_times_zero", &[input], zero, Vec::new, move |_| {
+            Ok(vec![Some(Tensor::zeros_on(dims.as_slice(), dtype, device)?)])
+        });
+        return product.add(&ignored);
+    }
+    let input = if beta == 1.0 { input.clone() } else { input.mul_scalar(beta)? };
+    input.add(&product)
 }

@@ -224,8 +224,22 @@ impl Var {
         ))
     }
 
-    /// Clamps to `[min, max]` (either optional); the gradient passes where
-    /// `min <= x <= max`.
+    /// Clamps to `[min, max]` (either optional); the gradient is PyTorch's
+    /// `clamp_backward`: `where(min <= x <= max, grad, 0)`. The bounds are
+    /// inclusive (an element sitting exactly on a bound gets the gradient),
+    /// compared in `x`'s dtype as PyTorch casts the scalar bounds, so with
+    /// `min > max` (every output is `max`) and for NaN inputs the gradient
+    /// is 0, and a non-finite upstream gradient never leaks into a clamped
+    /// element (a select, not a multiply by a 0/1 mask: `0 * inf` is NaN).
+    ///
+    /// ```
+    /// use brasa_autograd::Var;
+    /// use brasa_tensor::Tensor;
+    /// let x = Var::param(Tensor::from_vec(vec![-2.0f64, -1.0, 0.5, 1.0, 3.0], [5])?)?;
+    /// x.clamp(Some(-1.0), Some(1.0))?.sum_all()?.backward()?;
+    /// assert_eq!(x.grad().unwrap().to_vec::<f64>()?, [0.0, 1.0, 1.0, 1.0, 0.0]);
+    /// # Ok::<(), brasa_autograd::AutogradError>(())
+    /// ```
     pub fn clamp(&self, min: Option<f64>, max: Option<f64>) -> Result<Var> {
         let out = self.tensor().clamp(min, max)?;
         Ok(record(
@@ -235,14 +249,27 @@ impl Var {
             || vec![self.tensor().clone()],
             move |c| {
                 let x = &c.saved[0];
-                let mut g = c.grad.clone();
-                if let Some(lo) = min {
-                    g = g.mul(&mask_as(&x.ge_scalar(lo)?, g.dtype())?)?;
-                }
-                if let Some(hi) = max {
-                    g = g.mul(&mask_as(&x.le_scalar(hi)?, g.dtype())?)?;
-                }
-                Ok(vec![Some(g)])
+                // A bound as `x`'s dtype holds it (rounded, or ±inf past its
+                // range), as PyTorch compares `x >= min` with the scalar
+                // cast to `x`'s dtype: `0.1f32 <= 0.1` is then true.
+                let bound = |b: f64| -> Result<brasa_tensor::Tensor> {
+                    Ok(brasa_tensor::Tensor::full_on([], b, brasa_tensor::DType::F64, x.device())?
+                        .to_dtype(x.dtype())?)
+                };
+                let inside = match (min, max) {
+                    (Some(lo), Some(hi)) => {
+                        let (ge, le) = (x.ge(&bound(lo)?)?, x.le(&bound(hi)?)?);
+                        // Logical and of two bool masks: `le` where `ge`
+                        // holds, else `ge` itself (false).
+                        ge.where_cond(&le, &ge)?
+                    }
+                    (Some(lo), None) => x.ge(&bound(lo)?)?,
+                    (None, Some(hi)) => x.le(&bound(hi)?)?,
+                    // The forward refuses a clamp with no bound.
+                    (None, None) => return Ok(vec![Some(c.grad.clone())]),
+                };
+                let zero = brasa_tensor::Tensor::zeros_on([], c.grad.dtype(), c.grad.device())?;
+                Ok(vec![Some(inside.where_cond(c.grad, &zero)?)])
             },
         ))
     }

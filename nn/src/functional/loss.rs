@@ -235,46 +235,93 @@ pub fn l1_loss(input: &Var, target: &Var, reduction: Reduction) -> Result<Var> {
 /// `log σ(x) = min(x, 0) − log1p(e^−|x|)`: no overflow for large `|x|`.
 /// `target` (probabilities, the shape and dtype of `logits`) may require
 /// grad too; `pos_weight` (the weight of positive examples, broadcast to
-/// `logits`, typically `[classes]`) is a constant.
+/// `logits`, typically `[classes]`) is a constant. For PyTorch's `weight`
+/// (a per-element rescaling) see [`binary_cross_entropy_with_logits_with`].
 pub fn binary_cross_entropy_with_logits(
     logits: &Var,
     target: &Var,
     reduction: Reduction,
     pos_weight: Option<&Tensor>,
 ) -> Result<Var> {
+    let options = BceWithLogitsOptions { reduction, weight: None, pos_weight: pos_weight.cloned() };
+    binary_cross_entropy_with_logits_with(logits, target, &options)
+}
+
+/// Options of [`binary_cross_entropy_with_logits_with`], PyTorch's keyword
+/// arguments with their defaults (no weights, the mean).
+#[derive(Clone, Debug, Default)]
+pub struct BceWithLogitsOptions {
+    /// How the per-element losses are combined.
+    pub reduction: Reduction,
+    /// A per-element rescaling of the loss (PyTorch's `weight`), broadcast
+    /// to the logits' shape; a constant.
+    pub weight: Option<Tensor>,
+    /// The weight of positive examples (PyTorch's `pos_weight`), broadcast
+    /// to the logits' shape (typically `[classes]`); a constant.
+    pub pos_weight: Option<Tensor>,
+}
+
+/// [`binary_cross_entropy_with_logits`] with PyTorch's `weight` as well as
+/// `pos_weight`:
+/// `loss = −w·[pos_weight·t·log σ(x) + (1 − t)·log(1 − σ(x))]`, computed
+/// in the stable form `w·[(1 − t)·x − (1 + (pos_weight − 1)·t)·log σ(x)]`
+/// and then reduced (the mean divides by the number of elements, not by the
+/// weights' sum, as in PyTorch). Each weight must be floating-point, on the
+/// logits' device and broadcast to their shape; an error says which does not.
+///
+/// ```
+/// use brasa_autograd::Var;
+/// use brasa_nn::functional::{binary_cross_entropy_with_logits_with, BceWithLogitsOptions, Reduction};
+/// use brasa_tensor::Tensor;
+/// let x = Var::param(Tensor::from_vec(vec![0.0f64, 0.0], [2])?)?;
+/// let t = Var::new(Tensor::from_vec(vec![1.0f64, 0.0], [2])?);
+/// let options = BceWithLogitsOptions {
+///     reduction: Reduction::None,
+///     weight: Some(Tensor::from_vec(vec![2.0f64, 0.5], [2])?),
+///     ..Default::default()
+/// };
+/// let loss = binary_cross_entropy_with_logits_with(&x, &t, &options)?;
+/// let ln2 = std::f64::consts::LN_2;
+/// assert_eq!(loss.tensor().to_vec::<f64>()?, [2.0 * ln2, 0.5 * ln2]);
+/// # Ok::<(), brasa_nn::NnError>(())
+/// ```
+pub fn binary_cross_entropy_with_logits_with(
+    logits: &Var,
+    target: &Var,
+    options: &BceWithLogitsOptions,
+) -> Result<Var> {
     const WHAT: &str = "binary_cross_entropy_with_logits";
     if let Some(c) = autocast_inputs(WHAT, &[logits, target])? {
-        return binary_cross_entropy_with_logits(&c[0], &c[1], reduction, pos_weight);
+        return binary_cross_entropy_with_logits_with(&c[0], &c[1], options);
     }
     check_pair(WHAT, logits, target)?;
-    let pos_weight_minus_one = match pos_weight {
-        None => None,
-        Some(w) => {
-            if !w.dtype().is_float() {
-                return Err(NnError::invalid(WHAT, format!("pos_weight must be floating-point, got {}", w.dtype())));
-            }
-            if w.device() != logits.device() {
-                return Err(NnError::invalid(
-                    WHAT,
-                    format!("pos_weight is on {}, the logits on {}", w.device(), logits.device()),
-                ));
-            }
-            let fits = broadcast_shapes(w.shape(), logits.shape()).is_ok_and(|s| s.dims() == logits.dims());
-            if !fits {
-                return Err(NnError::invalid(
-                    WHAT,
-                    format!(
-                        "pos_weight of shape {:?} does not broadcast to the logits' shape {:?}",
-                        w.dims(),
-                        logits.dims()
-                    ),
-                ));
-            }
-            Some(w.to_dtype(logits.dtype())?.add_scalar(-1.0)?)
+    let constant = |name: &str, w: &Tensor| -> Result<Tensor> {
+        if !w.dtype().is_float() {
+            return Err(NnError::invalid(WHAT, format!("{name} must be floating-point, got {}", w.dtype())));
         }
+        if w.device() != logits.device() {
+            return Err(NnError::invalid(
+                WHAT,
+                format!("{name} is on {}, the logits on {}", w.device(), logits.device()),
+            ));
+        }
+        let fits = broadcast_shapes(w.shape(), logits.shape()).is_ok_and(|s| s.dims() == logits.dims());
+        if !fits {
+            return Err(NnError::invalid(
+                WHAT,
+                format!("{name} of shape {:?} does not broadcast to the logits' shape {:?}", w.dims(), logits.dims()),
+            ));
+        }
+        Ok(w.to_dtype(logits.dtype())?)
     };
+    let pos_weight_minus_one = match &options.pos_weight {
+        None => None,
+        Some(w) => Some(constant("pos_weight", w)?.add_scalar(-1.0)?),
+    };
+    let weight = options.weight.as_ref().map(|w| constant("weight", w)).transpose()?;
     let numel = logits.numel();
-    Ok(apply(BceWithLogits { reduction, numel, pos_weight_minus_one }, &[logits, target])?)
+    let node = BceWithLogits { reduction: options.reduction, numel, pos_weight_minus_one, weight };
+    Ok(apply(node, &[logits, target])?)
 }
 
 // ----- shared checks and helpers -------------------------------------------------
@@ -700,6 +747,9 @@ struct BceWithLogits {
     numel: usize,
     /// `pos_weight − 1`, in the logits' dtype.
     pos_weight_minus_one: Option<Tensor>,
+    /// The per-element `weight`, in the logits' dtype: it scales the loss
+    /// and so both gradients.
+    weight: Option<Tensor>,
 }
 
 impl Function for BceWithLogits {
@@ -722,6 +772,9 @@ impl Function for BceWithLogits {
             }
             None => loss.sub_(&log_sigmoid)?,
         }
+        if let Some(w) = &self.weight {
+            loss.mul_(w)?;
+        }
         ctx.save_for_backward(x);
         ctx.save_for_backward(t);
         Ok(match self.reduction {
@@ -741,6 +794,11 @@ impl Function for BceWithLogits {
         let factor = match self.reduction {
             Reduction::Mean => grad.mul_scalar(1.0 / self.numel as f64)?,
             Reduction::Sum | Reduction::None => grad.clone(),
+        };
+        // The weight scales every element's loss, so both gradients too.
+        let factor = match &self.weight {
+            Some(w) => factor.mul(w)?,
+            None => factor,
         };
         let grad_x = if needs.first().copied().unwrap_or(false) {
             let g = match &self.pos_weight_minus_one {
