@@ -144,6 +144,10 @@ fn views() {
     check(|v| v[0].sum(&[1], true)?.expand([2, 5, 4]), one);
     check(|v| v[0].narrow(1, 1, 2)?.t_last()?.reshape(&[-1]), one);
     check(|v| v[0].select(0, 1)?.t(), one);
+    // Strided slices: every other element, a step past the end, a slice of a transpose.
+    check(|v| v[0].slice(2, 0, 4, 2), one);
+    check(|v| v[0].slice(1, 1, 100, 3)?.mul(&v[0].slice(1, 0, 1, 1)?), one);
+    check(|v| v[0].transpose(0, 2)?.slice(0, 1, 4, 2)?.sum_all(), one);
 }
 
 trait LastTwo {

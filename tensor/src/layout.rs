@@ -27,6 +27,14 @@ pub enum LayoutError {
         /// The tensor's rank.
         rank: usize,
     },
+    /// A slice with a step that is not positive.
+    #[error("slice: step must be positive, got {step} (dim {dim})")]
+    SliceStep {
+        /// The dimension sliced.
+        dim: usize,
+        /// The step given.
+        step: usize,
+    },
     /// `narrow` past the end of a dimension.
     #[error(
         "narrow: dim {dim} has size {size} but start {start} + length {len} = {} exceeds it",
@@ -387,6 +395,32 @@ impl Layout {
         let offset =
             if len == 0 { self.offset } else { (self.offset as isize + start as isize * self.strides[d]) as usize };
         Ok(self.with(dims, self.strides.clone(), offset))
+    }
+
+    /// Elements `start, start + step, ...` below `end` of dim `dim`: Python's
+    /// `x[start:end:step]` (PyTorch's, so `step` must be positive). As in
+    /// Python, `start` and `end` past the dim's size are clamped to it, and
+    /// `start >= end` gives an empty view.
+    pub fn slice(&self, dim: impl DimIndex, start: usize, end: usize, step: usize) -> Result<Self, LayoutError> {
+        let d = resolve_dim(dim, self.rank(), "slice")?;
+        if step == 0 {
+            return Err(LayoutError::SliceStep { dim: d, step });
+        }
+        let size = self.dims()[d];
+        let end = end.min(size);
+        let start = start.min(end);
+        let len = (end - start).div_ceil(step);
+        let mut dims = self.dims().to_vec();
+        dims[d] = len;
+        let mut strides = self.strides.clone();
+        // `step` <= size here (or the view is empty), so the product fits:
+        // it is at most the span of the dim.
+        let offset =
+            if len == 0 { self.offset } else { (self.offset as isize + start as isize * self.strides[d]) as usize };
+        if len > 1 {
+            strides[d] = self.strides[d] * step as isize;
+        }
+        Ok(self.with(dims, strides, offset))
     }
 
     /// Picks element `index` of dim `dim`, removing that dim.

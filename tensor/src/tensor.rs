@@ -163,6 +163,22 @@ impl Tensor {
         Ok(self.with_layout(self.layout.narrow(dim, start, len)?))
     }
 
+    /// Every `step`-th element of `dim` from `start` up to (not including)
+    /// `end`: Python's `x[start:end:step]` as a view (PyTorch's slicing;
+    /// `step` must be positive, bounds past the size are clamped).
+    ///
+    /// ```
+    /// use brasa_tensor::{DType, Tensor};
+    /// let x = Tensor::arange(0.0, 10.0, 1.0, DType::F32)?;
+    /// let odd = x.slice(0, 1, 10, 2)?;             // x[1:10:2]
+    /// assert_eq!(odd.to_vec::<f32>()?, [1.0, 3.0, 5.0, 7.0, 9.0]);
+    /// assert!(odd.shares_storage_with(&x));
+    /// # Ok::<(), brasa_tensor::TensorError>(())
+    /// ```
+    pub fn slice(&self, dim: impl DimIndex, start: usize, end: usize, step: usize) -> Result<Tensor> {
+        Ok(self.with_layout(self.layout.slice(dim, start, end, step)?))
+    }
+
     /// Index `index` of `dim`, removing that dimension (a view).
     pub fn select(&self, dim: impl DimIndex, index: usize) -> Result<Tensor> {
         Ok(self.with_layout(self.layout.select(dim, index)?))

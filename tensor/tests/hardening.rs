@@ -391,3 +391,26 @@ fn writes_into_expanded_views_are_errors() {
     expanded.fill_(1.0).unwrap();
     assert_eq!(base.to_vec::<f32>().unwrap(), [1.0; 3]);
 }
+
+#[test]
+fn strided_slices_are_views_with_python_bounds() {
+    let x = Tensor::arange(0.0, 12.0, 1.0, DType::F32).unwrap().reshape(&[3, 4]).unwrap();
+    // x[:, 1::2]: columns 1 and 3, a view.
+    let cols = x.slice(1, 1, usize::MAX, 2).unwrap();
+    assert_eq!(cols.dims(), &[3, 2]);
+    assert!(cols.shares_storage_with(&x));
+    assert_eq!(cols.to_vec::<f32>().unwrap(), [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]);
+    // x[::2] then a write through the view.
+    let rows = x.slice(0, 0, 3, 2).unwrap();
+    assert_eq!(rows.dims(), &[2, 4]);
+    rows.fill_(-1.0).unwrap();
+    assert_eq!(&x.to_vec::<f32>().unwrap()[..8], [-1.0, -1.0, -1.0, -1.0, 4.0, 5.0, 6.0, 7.0]);
+    // Bounds past the size clamp; start past end is empty; a step past the end keeps one.
+    assert_eq!(x.slice(1, 5, 9, 1).unwrap().dims(), &[3, 0]);
+    assert_eq!(x.slice(1, 3, 1, 1).unwrap().dims(), &[3, 0]);
+    assert_eq!(x.slice(1, 2, 4, 10).unwrap().to_vec::<f32>().unwrap(), [-1.0, 6.0, -1.0]);
+    // A zero step and a bad dim are errors naming them.
+    let err = x.slice(0, 0, 3, 0).unwrap_err().to_string();
+    assert!(err.contains("step must be positive, got 0 (dim 0)"), "{err}");
+    assert!(x.slice(2, 0, 1, 1).is_err());
+}

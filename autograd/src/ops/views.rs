@@ -84,6 +84,30 @@ impl Var {
         }))
     }
 
+    /// Every `step`-th element of `dim` in `start..end` (Python's
+    /// `x[start:end:step]`, a view; see [`Tensor::slice`]). The gradient is
+    /// zero outside the selected elements.
+    ///
+    /// ```
+    /// use brasa_autograd::Var;
+    /// use brasa_tensor::{DType, Tensor};
+    /// let x = Var::param(Tensor::arange(0.0, 6.0, 1.0, DType::F64)?)?;
+    /// x.slice(0, 0, 6, 3)?.sum_all()?.backward()?;
+    /// let grad = x.grad().map(|g| g.to_vec::<f64>()).transpose()?;
+    /// assert_eq!(grad, Some(vec![1.0, 0.0, 0.0, 1.0, 0.0, 0.0]));
+    /// # Ok::<(), brasa_autograd::AutogradError>(())
+    /// ```
+    pub fn slice(&self, dim: impl DimIndex, start: usize, end: usize, step: usize) -> Result<Var> {
+        let d = resolve_dim(dim, self.rank(), "slice").map_err(TensorError::from)?;
+        let out = self.tensor().slice(d, start, end, step)?;
+        let (shape, dtype) = (self.dims().to_vec(), self.dtype());
+        Ok(record("slice", &[self], out, Vec::new, move |c| {
+            let g = c.grad.new_zeros(shape.clone())?.to_dtype(dtype)?;
+            g.slice(d, start, end, step)?.copy_(c.grad)?;
+            Ok(vec![Some(g)])
+        }))
+    }
+
     /// Index `index` of `dim`, removing the dim.
     pub fn select(&self, dim: impl DimIndex, index: usize) -> Result<Var> {
         let d = resolve_dim(dim, self.rank(), "select").map_err(TensorError::from)?;
