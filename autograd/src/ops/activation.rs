@@ -49,6 +49,19 @@ fn scalar(like: &Tensor, value: f64) -> Result<Tensor> {
 }
 
 impl Var {
+    /// Records `out`, an elementwise function of `self` alone, whose
+    /// backward multiplies the output gradient by `derivative(x)`, computed
+    /// from the saved input `x` (the activations' closed-form derivatives).
+    fn pointwise(
+        &self,
+        op: &'static str,
+        out: Tensor,
+        derivative: impl Fn(&Tensor) -> Result<Tensor> + Send + 'static,
+    ) -> Var {
+        let x = self.tensor();
+        record(op, &[self], out, || vec![x.clone()], move |c| Ok(vec![Some(c.grad.mul(&derivative(&c.saved[0])?)?)]))
+    }
+
     /// `log(1 + e^(beta·x)) / beta`, and `x` itself where `beta·x >
     /// threshold` (PyTorch's `F.softplus(x, beta, threshold)`; its defaults
     /// are `beta = 1`, `threshold = 20`). The gradient is
@@ -81,17 +94,10 @@ impl Var {
         let bx = x.mul_scalar(beta)?;
         let soft = softplus_stable(&bx)?.div_scalar(beta)?;
         let out = bx.gt_scalar(threshold)?.where_cond(x, &soft)?;
-        Ok(record(
-            OP,
-            &[self],
-            out,
-            || vec![x.clone()],
-            move |c| {
-                let bx = c.saved[0].mul_scalar(beta)?;
-                let d = bx.gt_scalar(threshold)?.where_cond(&scalar(&bx, 1.0)?, &bx.sigmoid()?)?;
-                Ok(vec![Some(c.grad.mul(&d)?)])
-            },
-        ))
+        Ok(self.pointwise(OP, out, move |x| {
+            let bx = x.mul_scalar(beta)?;
+            Ok(bx.gt_scalar(threshold)?.where_cond(&scalar(&bx, 1.0)?, &bx.sigmoid()?)?)
+        }))
     }
 
     /// `x · tanh(softplus(x))` (PyTorch's `F.mish`). The gradient is
@@ -110,20 +116,12 @@ impl Var {
     pub fn mish(&self) -> Result<Var> {
         let x = self.tensor();
         let out = x.mul(&softplus_stable(x)?.tanh()?)?;
-        Ok(record(
-            "mish",
-            &[self],
-            out,
-            || vec![x.clone()],
-            |c| {
-                let x = &c.saved[0];
-                // Recomputed rather than saved: one more tensor the size of
-                // the input would live until backward otherwise.
-                let t = softplus_stable(x)?.tanh()?;
-                let d = x.mul(&x.sigmoid()?)?.mul(&t.mul(&t)?.affine(-1.0, 1.0)?)?.add(&t)?;
-                Ok(vec![Some(c.grad.mul(&d)?)])
-            },
-        ))
+        Ok(self.pointwise("mish", out, move |x| {
+            // Recomputed rather than saved: one more tensor the size of
+            // the input would live until backward otherwise.
+            let t = softplus_stable(x)?.tanh()?;
+            Ok(x.mul(&x.sigmoid()?)?.mul(&t.mul(&t)?.affine(-1.0, 1.0)?)?.add(&t)?)
+        }))
     }
 
     /// `x` for `x > 0`, else `alpha · (e^x - 1)` (PyTorch's `F.elu`; default
@@ -192,22 +190,11 @@ impl Var {
         // inputs cannot overflow it.
         let negative = expm1_nonpositive(&x.clamp(None, Some(0.0))?.mul_scalar(input_scale)?)?;
         let out = x.gt_scalar(0.0)?.where_cond(&x.mul_scalar(scale)?, &negative.mul_scalar(alpha * scale)?)?;
-        Ok(record(
-            op,
-            &[self],
-            out,
-            || vec![x.clone()],
-            move |c| {
-                let x = &c.saved[0];
-                let slope = x
-                    .clamp(None, Some(0.0))?
-                    .mul_scalar(input_scale)?
-                    .exp()?
-                    .mul_scalar(alpha * scale * input_scale)?;
-                let d = x.gt_scalar(0.0)?.where_cond(&scalar(x, scale)?, &slope)?;
-                Ok(vec![Some(c.grad.mul(&d)?)])
-            },
-        ))
+        Ok(self.pointwise(op, out, move |x| {
+            let slope =
+                x.clamp(None, Some(0.0))?.mul_scalar(input_scale)?.exp()?.mul_scalar(alpha * scale * input_scale)?;
+            Ok(x.gt_scalar(0.0)?.where_cond(&scalar(x, scale)?, &slope)?)
+        }))
     }
 
     /// `x` for `x > 0`, else `negative_slope · x` (PyTorch's
@@ -227,17 +214,9 @@ impl Var {
         finite(OP, "negative_slope", negative_slope)?;
         let x = self.tensor();
         let out = x.gt_scalar(0.0)?.where_cond(x, &x.mul_scalar(negative_slope)?)?;
-        Ok(record(
-            OP,
-            &[self],
-            out,
-            || vec![x.clone()],
-            move |c| {
-                let x = &c.saved[0];
-                let d = x.gt_scalar(0.0)?.where_cond(&scalar(x, 1.0)?, &scalar(x, negative_slope)?)?;
-                Ok(vec![Some(c.grad.mul(&d)?)])
-            },
-        ))
+        Ok(self.pointwise(OP, out, move |x| {
+            Ok(x.gt_scalar(0.0)?.where_cond(&scalar(x, 1.0)?, &scalar(x, negative_slope)?)?)
+        }))
     }
 
     /// `min(max(x + 3, 0), 6) / 6` (PyTorch's `F.hardsigmoid`). The
@@ -255,17 +234,10 @@ impl Var {
     pub fn hardsigmoid(&self) -> Result<Var> {
         let x = self.tensor();
         let out = x.add_scalar(3.0)?.clamp(Some(0.0), Some(6.0))?.div_scalar(6.0)?;
-        Ok(record(
-            "hardsigmoid",
-            &[self],
-            out,
-            || vec![x.clone()],
-            |c| {
-                let x = &c.saved[0];
-                let inside = x.gt_scalar(-3.0)?.to_dtype(x.dtype())?.mul(&x.lt_scalar(3.0)?.to_dtype(x.dtype())?)?;
-                Ok(vec![Some(c.grad.mul(&inside.div_scalar(6.0)?)?)])
-            },
-        ))
+        Ok(self.pointwise("hardsigmoid", out, move |x| {
+            let inside = x.gt_scalar(-3.0)?.to_dtype(x.dtype())?.mul(&x.lt_scalar(3.0)?.to_dtype(x.dtype())?)?;
+            Ok(inside.div_scalar(6.0)?)
+        }))
     }
 
     /// `x · min(max(x + 3, 0), 6) / 6` (PyTorch's `F.hardswish`). The
@@ -283,19 +255,11 @@ impl Var {
     pub fn hardswish(&self) -> Result<Var> {
         let x = self.tensor();
         let out = x.mul(&x.add_scalar(3.0)?.clamp(Some(0.0), Some(6.0))?)?.div_scalar(6.0)?;
-        Ok(record(
-            "hardswish",
-            &[self],
-            out,
-            || vec![x.clone()],
-            |c| {
-                let x = &c.saved[0];
-                let middle = x.div_scalar(3.0)?.add_scalar(0.5)?;
-                let d = x.gt_scalar(3.0)?.where_cond(&scalar(x, 1.0)?, &middle)?;
-                let d = x.lt_scalar(-3.0)?.where_cond(&scalar(x, 0.0)?, &d)?;
-                Ok(vec![Some(c.grad.mul(&d)?)])
-            },
-        ))
+        Ok(self.pointwise("hardswish", out, move |x| {
+            let middle = x.div_scalar(3.0)?.add_scalar(0.5)?;
+            let d = x.gt_scalar(3.0)?.where_cond(&scalar(x, 1.0)?, &middle)?;
+            Ok(x.lt_scalar(-3.0)?.where_cond(&scalar(x, 0.0)?, &d)?)
+        }))
     }
 
     /// `log(sigmoid(x))`, computed as `min(x, 0) - log1p(e^-|x|)` so that it
@@ -317,12 +281,6 @@ impl Var {
         let tail = x.abs()?.neg()?.exp()?;
         tail.log1p_()?;
         let out = x.clamp(None, Some(0.0))?.sub(&tail)?;
-        Ok(record(
-            "log_sigmoid",
-            &[self],
-            out,
-            || vec![x.clone()],
-            |c| Ok(vec![Some(c.grad.mul(&c.saved[0].neg()?.sigmoid()?)?)]),
-        ))
+        Ok(self.pointwise("log_sigmoid", out, |x| Ok(x.neg()?.sigmoid()?)))
     }
 }

@@ -13,7 +13,6 @@
 
 use super::elementwise::finish;
 use super::{address, grid_for, output_address, suffix, CudaBackend};
-use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::conv::ConvPlan;
 use crate::shape::Shape;
@@ -65,7 +64,7 @@ fn im2col(backend: &CudaBackend, name: &'static str, input: &Tensor, group: usiz
     }
     let kernel = format!("im2col_{}", suffix(input.dtype()));
     let f = backend.function(name, "conv", &kernel)?;
-    let stream = backend.current_stream(name)?;
+    let stream = backend.current_stream()?;
     let g = geometry(plan);
     let batch = plan.batch as i64;
     let s = x.strides();
@@ -101,7 +100,7 @@ fn col2im(backend: &CudaBackend, name: &'static str, col: &Tensor, plan: &ConvPl
     }
     let kernel = format!("col2im_{}", suffix(col.dtype()));
     let f = backend.function(name, "conv", &kernel)?;
-    let stream = backend.current_stream(name)?;
+    let stream = backend.current_stream()?;
     let g = geometry(plan);
     let batch = plan.batch as i64;
     let (src, dst) = (address(name, col)?, output_address(name, &out)?);
@@ -117,14 +116,13 @@ fn dims(values: &[usize]) -> Vec<isize> {
     values.iter().map(|&v| v as isize).collect()
 }
 
-/// Puts each group's result into one tensor along `dim` (or returns the one
-/// group's result as it is).
-fn join_groups(parts: Vec<Tensor>, dim: usize, device_shape: Shape, dtype: DType) -> Result<Tensor> {
+/// Puts each group's result into one tensor of `shape` along `dim` (the one
+/// group's result as it is when there is one).
+fn join_groups(parts: Vec<Tensor>, dim: usize, shape: Shape, like: &Tensor) -> Result<Tensor> {
     if parts.len() == 1 {
         return parts.into_iter().next().ok_or_else(|| crate::error::TensorError::invalid("conv2d", "no group"));
     }
-    let device = parts.first().map(|t| t.device()).unwrap_or(crate::device::Device::CPU);
-    let joined = Tensor::zeros_on(device_shape, dtype, device)?;
+    let joined = Tensor::zeros_on(shape, like.dtype(), like.device())?;
     let mut start = 0;
     for part in &parts {
         let len = part.dims()[dim];
@@ -150,7 +148,7 @@ pub(super) fn conv2d(
         let col = im2col(backend, OP, input, g, plan)?;
         parts.push(w.narrow(0, g * cog, cog)?.matmul(&col)?);
     }
-    let out = join_groups(parts, 1, Shape::from([plan.batch, plan.c_out, p]), input.dtype())?;
+    let out = join_groups(parts, 1, Shape::from([plan.batch, plan.c_out, p]), input)?;
     let out = out.reshape(&dims(&[plan.batch, plan.c_out, oh, ow]))?;
     if let Some(bias) = bias {
         out.add_(&bias.reshape(&dims(&[1, plan.c_out, 1, 1]))?)?;
@@ -175,7 +173,7 @@ pub(super) fn conv2d_backward_input(
         parts.push(col2im(backend, OP, &col, plan)?);
     }
     let (h, w) = plan.geometry.input();
-    join_groups(parts, 1, Shape::from([plan.batch, plan.c_in, h, w]), grad.dtype())
+    join_groups(parts, 1, Shape::from([plan.batch, plan.c_in, h, w]), grad)
 }
 
 pub(super) fn conv2d_backward_weight(
@@ -193,7 +191,7 @@ pub(super) fn conv2d_backward_weight(
         let per_image = dy.narrow(1, g * cog, cog)?.matmul(&col.transpose(1, 2)?)?;
         parts.push(per_image.sum(&[0], false)?);
     }
-    let dw = join_groups(parts, 0, Shape::from([plan.c_out, k]), input.dtype())?;
+    let dw = join_groups(parts, 0, Shape::from([plan.c_out, k]), input)?;
     let (kh, kw) = plan.geometry.kernel();
     dw.reshape(&dims(&[plan.c_out, plan.geometry.channels(), kh, kw]))
 }

@@ -55,7 +55,7 @@ pub(super) fn unary(backend: &CudaBackend, name: &'static str, op: UnaryOp, x: &
         let s = StridedArg(coalesce(name, x.dims(), &[&contiguous, x.layout().strides()])?);
         let kernel = format!("unary_{}_{}", op.name(), suffix(x.dtype()));
         let f = backend.function(name, "elementwise", &kernel)?;
-        let stream = backend.current_stream(name)?;
+        let stream = backend.current_stream()?;
         let (src, dst) = (address(name, x)?, output_address(name, &out)?);
         let (p0, p1) = unary_parameters(op);
         // SAFETY: `s` describes `x`'s view (within its storage) and the
@@ -85,7 +85,7 @@ fn launch_elementwise(
         strides.extend(inputs.iter().map(|t| t.layout().strides()));
         let s = StridedArg(coalesce(name, first.dims(), &strides)?);
         let f = backend.function(name, module, kernel)?;
-        let stream = backend.current_stream(name)?;
+        let stream = backend.current_stream()?;
         let pointers = inputs.iter().map(|t| address(name, t)).collect::<Result<Vec<u64>>>()?;
         let dst = output_address(name, &out)?;
         let mut launch = stream.launch_builder(&f);
@@ -138,7 +138,7 @@ pub(super) fn compare_scalar(
         let s = StridedArg(coalesce(name, x.dims(), &[&contiguous, x.layout().strides()])?);
         let kernel = format!("compare_scalar_{}_{}", op.kernel_name(), suffix(x.dtype()));
         let f = backend.function(name, "elementwise", &kernel)?;
-        let stream = backend.current_stream(name)?;
+        let stream = backend.current_stream()?;
         let (src, dst) = (address(name, x)?, output_address(name, &out)?);
         // SAFETY: `s` describes `x`'s view and the contiguous bool output;
         // the parameters are the ABI's `(Strided, const T*, double, unsigned char*)`.
@@ -167,7 +167,7 @@ pub(super) fn copy_into(backend: &CudaBackend, name: &'static str, dst: &Tensor,
     let kernel = format!("cast_{0}_{0}", suffix(dst.dtype()));
     let s = StridedArg(coalesce(name, dst.dims(), &[dst.layout().strides(), src.layout().strides()])?);
     let f = backend.function(name, "cast", &kernel)?;
-    let stream = backend.current_stream(name)?;
+    let stream = backend.current_stream()?;
     let (from, to) = (address(name, src)?, address(name, dst)?);
     // SAFETY: `s` describes both views within their storages; they do not
     // overlap (the op copies a sharing source first), and `dst` has no
@@ -196,7 +196,7 @@ pub(super) fn launch_fill<T: WithDType>(
 ) -> Result<()> {
     let kernel = format!("fill_{}", suffix(dtype));
     let f = backend.function(name, "fill", &kernel)?;
-    let stream = backend.current_stream(name)?;
+    let stream = backend.current_stream()?;
     let count = n as i64;
     let value = KernelScalar(value);
     // SAFETY: `dst` holds `n` elements of `T`; the parameters are the ABI's

@@ -49,7 +49,7 @@ pub(super) fn index_select(
     let outer = total / (count * inner);
     let kernel = format!("index_select_{}", suffix(x.dtype()));
     let f = backend.function(name, "index", &kernel)?;
-    let stream = backend.current_stream(name)?;
+    let stream = backend.current_stream()?;
     let flag = bad_index_flag(backend, name)?;
     let (src, index, dst, bad) =
         (address(name, x)?, address(name, ids.tensor)?, output_address(name, &out)?, address(name, &flag)?);
@@ -92,7 +92,7 @@ pub(super) fn gather(
     let s = StridedArg(coalesce(name, shape.dims(), &[&contiguous, &bases, index.tensor.strides()])?);
     let kernel = format!("gather_{}", suffix(x.dtype()));
     let f = backend.function(name, "index", &kernel)?;
-    let stream = backend.current_stream(name)?;
+    let stream = backend.current_stream()?;
     let flag = bad_index_flag(backend, name)?;
     let (src, ids, dst, bad) =
         (address(name, x)?, address(name, index.tensor)?, output_address(name, &out)?, address(name, &flag)?);
@@ -135,7 +135,7 @@ pub(super) fn scatter_add(
     let s = StridedArg(coalesce(name, dims, &[&bases, index.tensor.strides(), src.strides()])?);
     let kernel = format!("scatter_add_{}", suffix(dst.dtype()));
     let f = backend.function(name, "index", &kernel)?;
-    let stream = backend.current_stream(name)?;
+    let stream = backend.current_stream()?;
     let flag = bad_index_flag(backend, name)?;
     let (to, ids, from, bad) =
         (address(name, dst)?, address(name, index.tensor)?, address(name, src)?, address(name, &flag)?);
@@ -169,7 +169,7 @@ pub(super) fn one_hot(backend: &CudaBackend, ids: Indices<'_>, num_classes: usiz
         return Ok(finish(out));
     }
     let f = backend.function(OP, "index", "one_hot")?;
-    let stream = backend.current_stream(OP)?;
+    let stream = backend.current_stream()?;
     let flag = bad_index_flag(backend, OP)?;
     let (src, dst, bad) = (address(OP, ids.tensor)?, output_address(OP, &out)?, address(OP, &flag)?);
     let (n_, classes) = (n as i64, num_classes as i64);

@@ -117,8 +117,7 @@ impl CudaBackend {
 
     /// This thread's current stream on this device ([`crate::Stream::current`]):
     /// where ops queue their kernels.
-    fn current_stream(&self, op: &'static str) -> Result<Arc<CudaStream>> {
-        let _ = op; // named by the lookup's own error
+    fn current_stream(&self) -> Result<Arc<CudaStream>> {
         crate::cuda::stream(self.device.index(), crate::stream::current_stream_id(self.device))
     }
 
@@ -134,7 +133,7 @@ impl CudaBackend {
             source: e.clone(),
         })?;
         let mut guard = blas.lock().unwrap_or_else(|e| e.into_inner());
-        let stream = self.current_stream(op)?;
+        let stream = self.current_stream()?;
         // SAFETY: the handle is used only under this lock, by one product at
         // a time, on the stream the op's other kernels use.
         unsafe { guard.set_stream(stream) }.map_err(|e| self.call_error(op, "setting cuBLAS's stream", e))?;

@@ -58,7 +58,7 @@ pub(super) fn max_pool2d(backend: &CudaBackend, input: &Tensor, plan: &PoolPlan)
     if shape.numel() > 0 {
         let kernel = format!("max_pool2d_{}", suffix(input.dtype()));
         let f = backend.function(OP, "pool", &kernel)?;
-        let stream = backend.current_stream(OP)?;
+        let stream = backend.current_stream()?;
         let g = geometry(plan);
         let (planes, channels, [sn, sc, sh, sw]) = planes(input);
         let (src, out, idx) = (address(OP, input)?, output_address(OP, &values)?, output_address(OP, &indices)?);
@@ -116,7 +116,7 @@ pub(super) fn avg_pool2d(
     if shape.numel() > 0 {
         let kernel = format!("avg_pool2d_{}", suffix(input.dtype()));
         let f = backend.function(OP, "pool", &kernel)?;
-        let stream = backend.current_stream(OP)?;
+        let stream = backend.current_stream()?;
         let g = geometry(plan);
         let (planes, channels, [sn, sc, sh, sw]) = planes(input);
         let (src, dst) = (address(OP, input)?, output_address(OP, &out)?);
@@ -157,7 +157,7 @@ pub(super) fn avg_pool2d_backward(
     if shape.numel() > 0 {
         let kernel = format!("avg_pool2d_backward_{}", suffix(grad.dtype()));
         let f = backend.function(OP, "pool", &kernel)?;
-        let stream = backend.current_stream(OP)?;
+        let stream = backend.current_stream()?;
         let g = geometry(plan);
         let planes = plan.lead.iter().product::<usize>() as i64;
         let (src, dst) = (address(OP, &grad)?, output_address(OP, &out)?);

@@ -36,7 +36,7 @@ pub(super) fn random(
         Distribution::Bernoulli { p } => (format!("random_bernoulli_{}", suffix(dtype)), vec![p]),
     };
     let f = backend.function(op, "random", &kernel)?;
-    let stream = backend.current_stream(op)?;
+    let stream = backend.current_stream()?;
     let dst = output_address(op, &out)?;
     let mut launch = stream.launch_builder(&f);
     launch.arg(&count).arg(&seed).arg(&offset);

@@ -109,7 +109,7 @@ pub(super) fn reduce(
     };
     let kernel = format!("reduce_{kernel_op}_{}", suffix(x.dtype()));
     let f = backend.function(name, "reduce", &kernel)?;
-    let stream = backend.current_stream(name)?;
+    let stream = backend.current_stream()?;
     let src = address(name, &source)?;
     let (outer_, len_, inner_) = (outer as i64, len as i64, inner as i64);
     let config = if inner == 1 {
@@ -156,7 +156,7 @@ pub(super) fn softmax(
     let outer = x.numel() / (n * inner);
     let kernel = format!("{}softmax_{}", if log { "log_" } else { "" }, suffix(x.dtype()));
     let f = backend.function(name, "softmax", &kernel)?;
-    let stream = backend.current_stream(name)?;
+    let stream = backend.current_stream()?;
     let (src, dst) = (address(name, x)?, output_address(name, &out)?);
     let (outer_, n_, inner_) = (outer as i64, n as i64, inner as i64);
     // SAFETY: `x` is a contiguous `[outer, n, inner]` view and `out` a new

@@ -44,7 +44,7 @@ pub(super) fn update(
     strides.extend(others.iter().map(|t| t.layout().strides()));
     let s = StridedArg(coalesce(name, dst.dims(), &strides)?);
     let f = backend.function(name, "elementwise", &kernel)?;
-    let stream = backend.current_stream(name)?;
+    let stream = backend.current_stream()?;
     let at = address(name, dst)?;
     let pointers = others.iter().map(|t| address(name, t)).collect::<Result<Vec<u64>>>()?;
     let mut launch = stream.launch_builder(&f);
