@@ -40,6 +40,18 @@ fn key(slot: u16, size: usize, addr: usize) -> u128 {
     (u128::from(slot) << (64 + SIZE_BITS)) | ((size as u128) << 64) | addr as u128
 }
 
+/// The first key of blocks on stream `slot` of at least `size` bytes. No
+/// block reaches `2^SIZE_BITS` bytes, so a larger `size` (a `max_split_size`
+/// of "no limit", say) starts past the stream's keys: nothing fits.
+#[inline]
+fn first_key(slot: u16, size: usize) -> u128 {
+    if (size as u64) < (1 << SIZE_BITS) {
+        key(slot, size, 0)
+    } else {
+        key(slot + 1, 0, 0)
+    }
+}
+
 #[inline]
 fn size_of_key(key: u128) -> usize {
     ((key >> 64) as u64 & ((1 << SIZE_BITS) - 1)) as usize
@@ -66,13 +78,13 @@ impl FreeList {
     /// The smallest block of at least `size` bytes on the stream, with its size.
     #[inline]
     pub fn best_fit(&self, slot: u16, size: usize) -> Option<(usize, BlockId)> {
-        let (&found, &id) = self.blocks.range(key(slot, size, 0)..key(slot + 1, 0, 0)).next()?;
+        let (&found, &id) = self.blocks.range(first_key(slot, size)..key(slot + 1, 0, 0)).next()?;
         Some((size_of_key(found), id))
     }
 
     /// Blocks on the stream of at least `size` bytes, smallest first.
     pub fn at_least(&self, slot: u16, size: usize) -> impl DoubleEndedIterator<Item = (usize, BlockId)> + '_ {
-        self.blocks.range(key(slot, size, 0)..key(slot + 1, 0, 0)).map(|(k, id)| (size_of_key(*k), *id))
+        self.blocks.range(first_key(slot, size)..key(slot + 1, 0, 0)).map(|(k, id)| (size_of_key(*k), *id))
     }
 
     /// Every free block.
@@ -99,6 +111,19 @@ mod tests {
         assert!(!list.remove(0, 4096, 0x1000));
         let sizes: Vec<usize> = list.at_least(0, 0).map(|(s, _)| s).collect();
         assert_eq!(sizes, [1024]);
+    }
+
+    #[test]
+    fn sizes_no_block_can_have_find_nothing() {
+        // A `max_split_size` of "no limit" asks for blocks of at least
+        // usize::MAX bytes (found by the alloc_conf fuzz target).
+        let mut list = FreeList::default();
+        list.insert(0, 4096, 0x1000, BlockId(1));
+        list.insert(1, 4096, 0x2000, BlockId(2));
+        assert_eq!(list.at_least(0, usize::MAX).count(), 0);
+        assert_eq!(list.at_least(0, 1 << 48).count(), 0);
+        assert_eq!(list.best_fit(0, usize::MAX), None);
+        assert_eq!(list.at_least(0, 4096).count(), 1);
     }
 
     #[test]
