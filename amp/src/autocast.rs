@@ -2,10 +2,16 @@
 //!
 //! Inside a region, operations that ask the precision hook
 //! (`brasa_autograd::autocast_inputs`) compute in the dtype the region's
-//! [`Policy`] gives them: matrix products, linear layers and convolutions in
-//! the low dtype (f16 or bf16); softmax, exp/log, pow, sums and means,
-//! losses and norms in f32; `cat`/`stack` in the widest input dtype;
-//! everything else in its inputs' dtype. The casts are differentiable, so
+//! [`Policy`] for their device gives them. As `torch.autocast(device_type=
+//! ...)`, the policy is chosen by the device the inputs live on:
+//! [`Policy::cuda`] for CUDA tensors (matrix products, linear layers and
+//! convolutions in the low dtype; softmax, exp/log, pow, sums and means,
+//! losses and norms in f32; `cat`/`stack` in the widest input dtype) and
+//! [`Policy::cpu`] for host tensors (PyTorch's CPU lists: products,
+//! convolutions and attention in the low dtype; losses in f32; softmax and
+//! exp/log follow their inputs). [`Autocast::policy`],
+//! [`Autocast::cpu_policy`] and [`Autocast::cuda_policy`] override them.
+//! Everything unlisted runs in its inputs' dtype. The casts are differentiable, so
 //! backward runs each operation in the dtype its forward used and every
 //! leaf receives its gradient in its own dtype (f32 for f32 parameters).
 //!
@@ -30,7 +36,7 @@
 //! ```
 //! use brasa_amp::{autocast, autocast_disabled};
 //! use brasa_autograd::Var;
-//! use brasa_tensor::{DType, Tensor};
+//! use brasa_tensor::{DType, Device, Tensor};
 //!
 //! let w = Var::param(Tensor::randn([4, 3], DType::F32)?)?;
 //! let x = Var::new(Tensor::randn([2, 4], DType::F32)?);
@@ -42,7 +48,7 @@
 //!         let _f32 = autocast_disabled();
 //!         assert_eq!(x.matmul(&w)?.dtype(), DType::F32);
 //!     }
-//!     h.log_softmax(-1)?.mean_all()?             // f32
+//!     h.log_softmax(-1)?.mean_all()?             // mean: f32 (brasa's addition)
 //! };
 //! assert_eq!(loss.dtype(), DType::F32);
 //! loss.backward()?;
@@ -52,7 +58,7 @@
 
 use crate::policy::Policy;
 use brasa_autograd::{apply, set_precision_hook, Function, FunctionCtx, PrecisionHook, Var};
-use brasa_tensor::{DType, Tensor};
+use brasa_tensor::{DType, Device, Tensor};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::marker::PhantomData;
@@ -74,15 +80,44 @@ pub struct Autocast {
     dtype: DType,
     enabled: bool,
     cache: bool,
-    policy: Option<Arc<Policy>>,
+    policies: DevicePolicies,
+}
+
+/// A region's tables, one per device type.
+#[derive(Clone, Debug)]
+struct DevicePolicies {
+    /// For tensors in host memory (`cpu:N`).
+    cpu: Arc<Policy>,
+    /// For tensors on CUDA devices.
+    cuda: Arc<Policy>,
+}
+
+impl DevicePolicies {
+    /// PyTorch's choice: the CPU lists for host tensors, the CUDA lists for CUDA ones.
+    fn defaults() -> DevicePolicies {
+        static CPU: OnceLock<Arc<Policy>> = OnceLock::new();
+        static CUDA: OnceLock<Arc<Policy>> = OnceLock::new();
+        DevicePolicies {
+            cpu: Arc::clone(CPU.get_or_init(|| Arc::new(Policy::cpu()))),
+            cuda: Arc::clone(CUDA.get_or_init(|| Arc::new(Policy::cuda()))),
+        }
+    }
+
+    fn for_device(&self, device: Device) -> &Arc<Policy> {
+        match device {
+            Device::Cpu(_) => &self.cpu,
+            Device::Cuda(_) => &self.cuda,
+        }
+    }
 }
 
 impl Autocast {
     /// A region computing low-precision operations in `dtype` (f16 or
     /// bf16; another dtype makes a disabled region, as PyTorch does), with
-    /// the default [`Policy`] and the weight-cast cache on.
+    /// each device type's default [`Policy`] ([`Policy::cpu`] for host
+    /// tensors, [`Policy::cuda`] for CUDA ones) and the weight-cast cache on.
     pub fn new(dtype: DType) -> Autocast {
-        Autocast { dtype, enabled: true, cache: true, policy: None }
+        Autocast { dtype, enabled: true, cache: true, policies: DevicePolicies::defaults() }
     }
 
     /// Enabled (the default) or a region that turns autocast off.
@@ -96,16 +131,28 @@ impl Autocast {
         Autocast { cache, ..self }
     }
 
-    /// The table this region consults (default [`Policy::default`]).
+    /// The table this region consults for tensors on every device.
     pub fn policy(self, policy: impl Into<Arc<Policy>>) -> Autocast {
-        Autocast { policy: Some(policy.into()), ..self }
+        let policy = policy.into();
+        Autocast { policies: DevicePolicies { cpu: Arc::clone(&policy), cuda: policy }, ..self }
+    }
+
+    /// The table for host tensors (default [`Policy::cpu`]).
+    pub fn cpu_policy(mut self, policy: impl Into<Arc<Policy>>) -> Autocast {
+        self.policies.cpu = policy.into();
+        self
+    }
+
+    /// The table for CUDA tensors (default [`Policy::cuda`]).
+    pub fn cuda_policy(mut self, policy: impl Into<Arc<Policy>>) -> Autocast {
+        self.policies.cuda = policy.into();
+        self
     }
 
     /// Enters the region; it lasts until the guard is dropped.
     pub fn enter(self) -> AutocastGuard {
         let enabled = self.enabled && matches!(self.dtype, DType::F16 | DType::BF16);
-        let policy = self.policy.unwrap_or_else(default_policy);
-        push(enabled, AmpHook { dtype: self.dtype, cache: self.cache, policy })
+        push(enabled, AmpHook { dtype: self.dtype, cache: self.cache, policies: self.policies })
     }
 }
 
@@ -134,9 +181,14 @@ pub fn autocast_dtype() -> Option<DType> {
     STATE.with(|state| state.borrow().frames.last().and_then(|f| f.hook.as_ref()).map(|h| h.dtype))
 }
 
-/// The policy of this thread's innermost enabled region.
-pub fn autocast_policy() -> Option<Arc<Policy>> {
-    STATE.with(|state| state.borrow().frames.last().and_then(|f| f.hook.as_ref()).map(|h| Arc::clone(&h.policy)))
+/// The policy this thread's innermost enabled region applies to tensors on
+/// `device`.
+pub fn autocast_policy(device: Device) -> Option<Arc<Policy>> {
+    STATE.with(|state| {
+        let state = state.borrow();
+        let hook = state.frames.last().and_then(|f| f.hook.as_ref())?;
+        Some(Arc::clone(hook.policies.for_device(device)))
+    })
 }
 
 /// Parameter casts held by this thread's cache.
@@ -231,11 +283,6 @@ thread_local! {
     static STATE: RefCell<State> = RefCell::new(State::default());
 }
 
-fn default_policy() -> Arc<Policy> {
-    static DEFAULT: OnceLock<Arc<Policy>> = OnceLock::new();
-    Arc::clone(DEFAULT.get_or_init(|| Arc::new(Policy::default())))
-}
-
 /// Installs the region's hook (none for a disabled region) and records
 /// the one it replaces.
 fn push(enabled: bool, hook: AmpHook) -> AutocastGuard {
@@ -259,12 +306,12 @@ fn push(enabled: bool, hook: AmpHook) -> AutocastGuard {
 struct AmpHook {
     dtype: DType,
     cache: bool,
-    policy: Arc<Policy>,
+    policies: DevicePolicies,
 }
 
 impl PrecisionHook for AmpHook {
-    fn target(&self, op: &str, inputs: &[DType]) -> Option<DType> {
-        self.policy.target(op, inputs, self.dtype)
+    fn target(&self, op: &str, inputs: &[DType], device: Device) -> Option<DType> {
+        self.policies.for_device(device).target(op, inputs, self.dtype)
     }
 
     fn cast(&self, var: &Var, dtype: DType) -> brasa_autograd::Result<Var> {

@@ -2,7 +2,9 @@
 //! backward in the forward's dtype, the parameter-cast cache, nesting,
 //! overrides, what is not autocast, and f32 accumulation of half sums.
 
-use brasa_amp::{autocast, autocast_disabled, cached_casts, Autocast, Category, Policy, Result};
+use brasa_amp::{
+    autocast, autocast_disabled, autocast_policy, cached_casts, Autocast, AutocastGuard, Category, Policy, Result,
+};
 use brasa_autograd::Var;
 use brasa_nn::functional::{
     batch_norm, binary_cross_entropy_with_logits, cross_entropy, l1_loss, layer_norm, mse_loss, nll_loss, Reduction,
@@ -22,6 +24,12 @@ fn param(dims: &[usize]) -> Result<Var> {
 
 fn input(dims: &[usize]) -> Result<Var> {
     Ok(Var::new(randn(dims)?))
+}
+
+/// A region that applies PyTorch's CUDA lists (with brasa's additions) to
+/// every device: what a CUDA tensor gets by default, tested on host tensors.
+fn cuda_lists(low: DType) -> AutocastGuard {
+    Autocast::new(low).policy(Policy::cuda()).enter()
 }
 
 #[test]
@@ -46,7 +54,7 @@ fn lower_ops_run_in_the_low_dtype() -> Result<()> {
 #[test]
 fn float32_ops_run_in_f32() -> Result<()> {
     for low in LOW {
-        let _amp = autocast(low);
+        let _amp = cuda_lists(low);
         let h = input(&[4, 5])?.to_dtype(low)?; // an activation of a low op
         let pos = h.abs()?.add_scalar(0.5)?;
         let checks: Vec<(&str, Var)> = vec![
@@ -74,7 +82,7 @@ fn float32_ops_run_in_f32() -> Result<()> {
 #[test]
 fn losses_and_norms_run_in_f32() -> Result<()> {
     for low in LOW {
-        let _amp = autocast(low);
+        let _amp = cuda_lists(low);
         let logits = input(&[6, 4])?.to_dtype(low)?;
         let classes = Tensor::from_vec(vec![0i64, 1, 2, 3, 0, 1], [6])?;
         assert_eq!(cross_entropy(&logits, &classes)?.dtype(), DType::F32, "cross_entropy");
@@ -92,6 +100,38 @@ fn losses_and_norms_run_in_f32() -> Result<()> {
         assert_eq!(LayerNorm::new([4], Device::CPU)?.forward(&logits)?.dtype(), DType::F32, "LayerNorm");
         assert_eq!(BatchNorm1d::new(4, Device::CPU)?.forward(&logits)?.dtype(), DType::F32, "BatchNorm1d");
     }
+    Ok(())
+}
+
+/// As `torch.autocast(device_type="cpu")`: host tensors get PyTorch's CPU
+/// lists by default, where softmax, exp/log and sums follow their inputs and
+/// losses run in f32; a region can change either device type's table.
+#[test]
+fn host_tensors_get_the_cpu_lists_by_default() -> Result<()> {
+    for low in LOW {
+        let _amp = autocast(low);
+        assert_eq!(autocast_policy(Device::CPU).as_deref(), Some(&Policy::cpu()));
+        assert_eq!(autocast_policy(Device::cuda(0)).as_deref(), Some(&Policy::cuda()));
+        let (x, w) = (input(&[4, 6])?, param(&[3, 6])?);
+        let h = x.linear(&w, None)?;
+        assert_eq!(h.dtype(), low, "linear is low precision on both lists");
+        assert_eq!(h.softmax(-1)?.dtype(), low, "softmax follows its input on the CPU list");
+        assert_eq!(h.log_softmax(-1)?.dtype(), low, "log_softmax too");
+        assert_eq!(h.exp()?.dtype(), low, "exp too");
+        assert_eq!(h.sum_all()?.dtype(), low, "sum too");
+        assert_eq!(h.mean_all()?.dtype(), DType::F32, "mean: brasa's addition to both lists");
+        let classes = Tensor::from_vec(vec![0i64, 1, 2, 0], [4])?;
+        assert_eq!(cross_entropy(&h, &classes)?.dtype(), DType::F32, "losses are on the CPU f32 list");
+        let (g, b) = (param(&[3])?, param(&[3])?);
+        assert_eq!(layer_norm(&h, &[3], Some(&g), Some(&b), 1e-5)?.dtype(), low, "layer_norm is not on it");
+    }
+    // Overriding one device type's table leaves the other's.
+    let _amp = Autocast::new(DType::BF16).cpu_policy(Policy::cuda()).enter();
+    assert_eq!(autocast_policy(Device::CPU).as_deref(), Some(&Policy::cuda()));
+    assert_eq!(input(&[2, 3])?.to_dtype(DType::BF16)?.softmax(-1)?.dtype(), DType::F32);
+    let _inner = Autocast::new(DType::BF16).cuda_policy(Policy::empty()).enter();
+    assert_eq!(autocast_policy(Device::CPU).as_deref(), Some(&Policy::cpu()), "a new region starts from the defaults");
+    assert_eq!(autocast_policy(Device::cuda(0)).as_deref(), Some(&Policy::empty()));
     Ok(())
 }
 
@@ -316,8 +356,8 @@ fn half_sums_and_means_accumulate_in_f32() -> Result<()> {
     for v in cols.to_dtype(DType::F32)?.to_vec::<f32>()? {
         assert!((v - 409.6).abs() < 2.0, "{v}");
     }
-    // Under autocast the Var sum is f32: 70,000 exactly.
-    let _amp = autocast(DType::F16);
+    // Under autocast with the CUDA lists the Var sum is f32: 70,000 exactly.
+    let _amp = cuda_lists(DType::F16);
     let x = Var::new(ones16);
     assert_eq!(x.sum_all()?.dtype(), DType::F32);
     assert_eq!(x.sum_all()?.item()?, 70000.0);

@@ -14,13 +14,13 @@
 //!
 //! ```
 //! use brasa_autograd::{autocast_inputs, set_precision_hook, PrecisionHook, Var};
-//! use brasa_tensor::{DType, Tensor};
+//! use brasa_tensor::{DType, Device, Tensor};
 //! use std::sync::Arc;
 //!
 //! /// Matrix products in bf16, everything else untouched.
 //! struct Bf16Matmul;
 //! impl PrecisionHook for Bf16Matmul {
-//!     fn target(&self, op: &str, _inputs: &[DType]) -> Option<DType> {
+//!     fn target(&self, op: &str, _inputs: &[DType], _device: Device) -> Option<DType> {
 //!         (op == "matmul").then_some(DType::BF16)
 //!     }
 //! }
@@ -38,7 +38,7 @@
 
 use crate::error::Result;
 use crate::var::Var;
-use brasa_tensor::DType;
+use brasa_tensor::{DType, Device};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -46,8 +46,10 @@ use std::sync::Arc;
 /// A precision policy installed on a thread with [`set_precision_hook`].
 pub trait PrecisionHook: Send + Sync {
     /// The dtype the floating-point inputs of `op` (whose current dtypes are
-    /// `inputs`) should be cast to, or `None` to leave them as they are.
-    fn target(&self, op: &str, inputs: &[DType]) -> Option<DType>;
+    /// `inputs`, on `device`) should be cast to, or `None` to leave them as
+    /// they are. The device lets a policy differ per device type, as
+    /// PyTorch's autocast lists do for CPU and CUDA.
+    fn target(&self, op: &str, inputs: &[DType], device: Device) -> Option<DType>;
 
     /// Casts `var` to `dtype` (a differentiable `to_dtype`); a policy may
     /// override this to cache the casts of parameters.
@@ -97,8 +99,13 @@ pub fn autocast_inputs(op: &str, inputs: &[&Var]) -> Result<Option<Vec<Var>>> {
     let Some(hook) = precision_hook() else {
         return Ok(None);
     };
+    let Some(first) = inputs.first() else {
+        return Ok(None);
+    };
     let dtypes: Vec<DType> = inputs.iter().map(|v| v.dtype()).collect();
-    let Some(target) = hook.target(op, &dtypes) else {
+    // Operations run on one device (they reject mixed devices themselves):
+    // the first input's decides which device type's policy applies.
+    let Some(target) = hook.target(op, &dtypes, first.device()) else {
         return Ok(None);
     };
     if !inputs.iter().any(|v| v.dtype().is_float() && v.dtype() != target) {
@@ -135,7 +142,7 @@ mod tests {
 
     struct Always(DType);
     impl PrecisionHook for Always {
-        fn target(&self, _op: &str, _inputs: &[DType]) -> Option<DType> {
+        fn target(&self, _op: &str, _inputs: &[DType], _device: Device) -> Option<DType> {
             Some(self.0)
         }
     }

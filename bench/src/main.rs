@@ -8,6 +8,8 @@
 mod alloc_figures;
 mod amp_figures;
 mod autograd_figures;
+#[cfg(feature = "cuda")]
+mod cuda_figures;
 mod ddp_figures;
 mod measure;
 mod nn_figures;
@@ -16,6 +18,7 @@ mod pipeline_figures;
 mod profile_figures;
 mod tensor_elementwise_figures;
 mod tensor_matmul_figures;
+mod workload_figures;
 
 use measure::{BenchResult, Figure, Options};
 use std::process::ExitCode;
@@ -37,6 +40,9 @@ const GROUPS: &[Group] = &[
     Group { prefixes: &["amp."], run: |options| Ok(amp_figures::run(options)) },
     Group { prefixes: &["profile."], run: |options| Ok(profile_figures::run(options)) },
     Group { prefixes: &["parallel."], run: |options| Ok(parallel_figures::run(options)) },
+    #[cfg(feature = "cuda")]
+    Group { prefixes: &["cuda."], run: |options| Ok(cuda_figures::run(options)) },
+    Group { prefixes: &["workloads.", "nn.transformer"], run: |options| Ok(workload_figures::run(options)) },
 ];
 
 fn main() -> ExitCode {
@@ -44,6 +50,7 @@ fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let mut nn_worker = None;
     let mut parallel_worker = None;
+    let mut workload_worker = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => options.quick = true,
@@ -51,6 +58,8 @@ fn main() -> ExitCode {
             "--nn-worker" => nn_worker = args.next(),
             // Internal: one parallel figure in its own process (see parallel_figures).
             "--parallel-worker" => parallel_worker = args.next(),
+            // Internal: one training workload in its own process (see workload_figures).
+            "--workload-worker" => workload_worker = args.next(),
             "--filter" => options.filter = args.next().unwrap_or_default(),
             other => {
                 eprintln!("brasa-bench: unknown option `{other}` (expected --filter PREFIX, --quick)");
@@ -61,6 +70,13 @@ fn main() -> ExitCode {
     if let Some(name) = nn_worker {
         if let Err(e) = nn_figures::worker(&name, options.quick) {
             eprintln!("brasa-bench --nn-worker {name}: {e}");
+            return ExitCode::FAILURE;
+        }
+        return ExitCode::SUCCESS;
+    }
+    if let Some(spec) = workload_worker {
+        if let Err(e) = workload_figures::worker(&spec, options.quick) {
+            eprintln!("brasa-bench --workload-worker {spec}: {e}");
             return ExitCode::FAILURE;
         }
         return ExitCode::SUCCESS;

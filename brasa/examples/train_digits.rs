@@ -8,6 +8,7 @@
 //! cargo run --release --example train_digits -- --model cnn   # a small CNN
 //! cargo run --release --example train_digits -- --profile     # + trace.json and memory.html
 //! cargo run --release --example train_digits -- --devices 2   # DDP over 2 logical host devices
+//! cargo run --release --example train_digits --features cuda -- --device cuda:0   # on a GPU
 //! ```
 //!
 //! Three training steps of the first epoch are profiled; their op table is
@@ -41,6 +42,7 @@ struct Args {
     cnn: bool,
     bf16: bool,
     devices: usize,
+    device: Device,
     epochs: usize,
     batch_size: usize,
     lr: f64,
@@ -54,6 +56,7 @@ fn parse_args() -> AnyResult<Args> {
         cnn: false,
         bf16: false,
         devices: 1,
+        device: Device::CPU,
         epochs: 30,
         batch_size: 32,
         lr: 2e-3,
@@ -72,6 +75,7 @@ fn parse_args() -> AnyResult<Args> {
             },
             "--bf16" => args.bf16 = true,
             "--devices" => args.devices = value("--devices")?.parse()?,
+            "--device" => args.device = value("--device")?.parse()?,
             "--epochs" => args.epochs = value("--epochs")?.parse()?,
             "--batch-size" => args.batch_size = value("--batch-size")?.parse()?,
             "--lr" => args.lr = value("--lr")?.parse()?,
@@ -86,7 +90,7 @@ fn parse_args() -> AnyResult<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "train_digits [--model mlp|cnn] [--bf16] [--devices N] [--epochs N] [--batch-size N] [--lr X] [--seed N] [--workers N] \
+                    "train_digits [--model mlp|cnn] [--bf16] [--device cpu|cuda:N] [--devices N] [--epochs N] [--batch-size N] [--lr X] [--seed N] [--workers N] \
                      [--profile [DIR]]"
                 );
                 std::process::exit(0);
@@ -96,6 +100,9 @@ fn parse_args() -> AnyResult<Args> {
     }
     if args.devices == 0 {
         return Err("--devices must be at least 1".into());
+    }
+    if args.devices > 1 && args.device != Device::CPU {
+        return Err("--devices N runs DDP over logical host devices: leave --device out".into());
     }
     Ok(args)
 }
@@ -122,9 +129,10 @@ fn accuracy(model: &mut Sequential, data: &TensorDataset) -> Result<f64> {
     model.eval();
     let correct = {
         let _no_grad = no_grad();
-        let logits = model.forward(&Var::new(data.features().clone()))?;
+        let device = model.parameters().first().map_or(Device::CPU, |p| p.device());
+        let logits = model.forward(&Var::new(data.features().to(device)?))?;
         let predicted = logits.tensor().argmax(&[-1], false)?;
-        predicted.eq(data.labels())?.to_dtype(DType::F64)?.sum_all()?.item::<f64>()?
+        predicted.eq(&data.labels().to(device)?)?.to_dtype(DType::F64)?.sum_all()?.item::<f64>()?
     };
     model.train();
     Ok(correct / data.len() as f64)
@@ -187,7 +195,7 @@ fn main() -> AnyResult<()> {
 fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<f64> {
     let (rank, world) = comm.as_ref().map(|c| (c.rank(), c.world_size())).unwrap_or((0, 1));
     let lead = rank == 0;
-    let dev = comm.as_ref().map(|c| c.device()).unwrap_or(Device::CPU);
+    let dev = comm.as_ref().map(|c| c.device()).unwrap_or(args.device);
     let digits = Digits::load()?;
     let (train, test) = if args.cnn { digits.train_test_images()? } else { digits.train_test()? };
     // The seeded generator is process-wide and in-process ranks are threads:

@@ -6,7 +6,7 @@
 //! Philox4x32-10 stream, so the same seed gives the same numbers on every
 //! device and thread count.
 
-use crate::backend::{for_device, Distribution};
+use crate::backend::{for_device, Distribution, Sequence};
 use crate::device::{default_device, Device};
 use crate::dispatch::dispatch_dtype;
 use crate::dtype::{checked_scalar, DType, WithDType};
@@ -74,25 +74,24 @@ fn random(op: &'static str, dist: Distribution, shape: Shape, dtype: DType, devi
     for_device(device)?.random(op, dist, &shape, dtype, device)
 }
 
-/// An `n`-element 1-d tensor of `dtype` on `device` with element `i` equal
-/// to `value(i)` (computed in f64, converted to the dtype: truncated for
+/// A tensor of `shape` and `dtype` holding `sequence`, written on `device`
+/// itself (computed in f64, converted to the dtype: truncated for
 /// integers). For an integer dtype the first and last values are checked to
 /// fit it, without the wrapping of negative integers that u8 fill values
-/// get (`arange(-3, 0)` in u8 is an error, not 253, 254, 255); `value` is
-/// monotonic, so every value between them fits too.
-fn sequence(op: &'static str, n: usize, dtype: DType, device: Device, value: impl Fn(usize) -> f64) -> Result<Tensor> {
-    if !device.is_cpu() {
-        return sequence(op, n, dtype, Device::CPU, value)?.to(device);
-    }
+/// get (`arange(-3, 0)` in u8 is an error, not 253, 254, 255); sequences
+/// are monotonic (eye holds only 0 and 1), so every value between fits too.
+fn sequence(op: &'static str, shape: &[usize], dtype: DType, device: Device, sequence: Sequence) -> Result<Tensor> {
+    // Made first: this is where the element count is checked.
+    let out = Tensor::uninit(shape, dtype, device)?;
+    let (n, cols) = (out.numel(), shape.last().copied().unwrap_or(1));
     if n > 0 && dtype.is_integral() {
-        for end in [value(0), value(n - 1)] {
+        for end in [sequence.value(0, n, cols), sequence.value(n - 1, n, cols)] {
             if !dtype.can_hold(end) || (dtype == DType::U8 && end <= -1.0) {
                 return Err(TensorError::ValueOutOfRange { op, value: end, dtype });
             }
         }
     }
-    let out = Tensor::uninit([n], dtype, device)?;
-    dispatch_dtype!(dtype, T => out.init_from_fn::<T>(op, |i| T::from_f64(value(i))))
+    for_device(device)?.sequence(op, out, sequence)
 }
 
 impl Tensor {
@@ -214,7 +213,7 @@ impl Tensor {
                 "invalid size, possible overflow: start {start}, end {end}, step {step} give {count} elements"
             ));
         }
-        sequence(OP, count as usize, dtype, device, |i| start + i as f64 * step)
+        sequence(OP, &[count as usize], dtype, device, Sequence::Arange { start, step })
     }
 
     /// [`Tensor::arange_on`] on the default device.
@@ -227,13 +226,8 @@ impl Tensor {
     /// can hold, and ends an integer dtype cannot hold (NaN, infinities,
     /// out of range), are errors.
     pub fn linspace_on(start: f64, end: f64, steps: usize, dtype: DType, device: Device) -> Result<Tensor> {
-        let step = (end - start) / steps.saturating_sub(1).max(1) as f64;
-        sequence("linspace", steps, dtype, device, |i| match steps {
-            1 => start,
-            // The second half counts back from `end` so both ends are exact, as PyTorch does.
-            _ if i < steps / 2 => start + step * i as f64,
-            _ => end - step * (steps - 1 - i) as f64,
-        })
+        // The second half counts back from `end` so both ends are exact, as PyTorch does.
+        sequence("linspace", &[steps], dtype, device, Sequence::Linspace { start, end })
     }
 
     /// [`Tensor::linspace_on`] on the default device.
@@ -243,18 +237,7 @@ impl Tensor {
 
     /// The `n × n` identity matrix.
     pub fn eye_on(n: usize, dtype: DType, device: Device) -> Result<Tensor> {
-        if !device.is_cpu() {
-            return Self::eye_on(n, dtype, Device::CPU)?.to(device);
-        }
-        // Checks that n * n elements fit before anything is written.
-        let out = Tensor::uninit([n, n], dtype, device)?.zeros("eye")?;
-        dispatch_dtype!(dtype, T => {
-            let mut data = out.storage().write::<T>("eye")?;
-            for diagonal in data.iter_mut().step_by(n + 1) {
-                *diagonal = T::ONE;
-            }
-        });
-        Ok(out)
+        sequence("eye", &[n, n], dtype, device, Sequence::Eye)
     }
 
     /// [`Tensor::eye_on`] on the default device.

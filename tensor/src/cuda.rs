@@ -30,6 +30,9 @@ pub(crate) fn allocator(index: usize) -> Result<&'static CachingAllocator<CudaBa
         Box::leak(Box::new(CachingAllocator::with_config(backend, config)));
     allocator.set_observer(Some(crate::profiling::allocator_observer(Device::Cuda(index))));
     allocators.insert(index, allocator);
+    drop(allocators);
+    // Outside the lock: the monitor reaches the allocator through it.
+    crate::profiling::register_cuda_monitor(index);
     Ok(allocator)
 }
 

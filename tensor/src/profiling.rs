@@ -75,3 +75,53 @@ impl brasa_profile::DeviceMonitor for HostDeviceMonitor {
 pub(crate) fn register_host_monitor(index: usize) {
     brasa_profile::register_device_monitor(Arc::new(HostDeviceMonitor { index }));
 }
+
+/// What `brasa_profile::utilization()` reports for a CUDA device: the GPU's
+/// name, and its used and total memory as the driver counts them
+/// (`cuMemGetInfo`, so other processes' memory is included, as
+/// `nvidia-smi` shows it). Compute utilization needs NVML, which brasa does
+/// not load: it reads as unknown.
+#[cfg(feature = "cuda")]
+struct CudaDeviceMonitor {
+    index: usize,
+}
+
+#[cfg(feature = "cuda")]
+impl CudaDeviceMonitor {
+    fn backend(&self) -> Option<&'static brasa_alloc::CudaBackend> {
+        crate::cuda::allocator(self.index).ok().map(|a| a.backend())
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl brasa_profile::DeviceMonitor for CudaDeviceMonitor {
+    fn device(&self) -> DeviceId {
+        DeviceId::cuda(self.index as u32)
+    }
+
+    fn name(&self) -> String {
+        let model = self.backend().and_then(|b| b.context().name().ok()).unwrap_or_default();
+        format!("cuda:{} {model}", self.index).trim_end().to_string()
+    }
+
+    fn memory_used(&self) -> Option<u64> {
+        use brasa_alloc::Backend;
+        let backend = self.backend()?;
+        let total = backend.total_bytes() as u64;
+        // Zero total: the driver did not answer.
+        (total > 0).then(|| total.saturating_sub(backend.free_bytes() as u64))
+    }
+
+    fn memory_total(&self) -> Option<u64> {
+        use brasa_alloc::Backend;
+        let total = self.backend()?.total_bytes() as u64;
+        (total > 0).then_some(total)
+    }
+}
+
+/// Registers CUDA device `index` with `brasa_profile::utilization()` (done
+/// when its allocator is created, that is at the device's first use).
+#[cfg(feature = "cuda")]
+pub(crate) fn register_cuda_monitor(index: usize) {
+    brasa_profile::register_device_monitor(Arc::new(CudaDeviceMonitor { index }));
+}

@@ -38,6 +38,7 @@ use crate::error::Result;
 use crate::ops::conv::ConvPlan;
 use crate::ops::pool::PoolPlan;
 use crate::shape::Shape;
+use crate::storage::UninitTensor;
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::{BinaryOp, UnaryOp};
 
@@ -136,6 +137,46 @@ pub(crate) struct Indices<'a> {
     pub tensor: &'a Tensor,
 }
 
+/// A constructor's values (see [`Backend::sequence`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Sequence {
+    /// `start + i·step`, computed in f64.
+    Arange {
+        /// The first value.
+        start: f64,
+        /// The difference between neighbours.
+        step: f64,
+    },
+    /// Evenly spaced from `start` to `end` inclusive; the first half counts
+    /// from `start`, the second back from `end`, so both ends are exact.
+    Linspace {
+        /// The first value.
+        start: f64,
+        /// The last value.
+        end: f64,
+    },
+    /// The identity matrix (a 2-d output).
+    Eye,
+}
+
+impl Sequence {
+    /// Element `i` of `n` (for [`Sequence::Eye`] over `cols` columns: 1 on the diagonal).
+    pub(crate) fn value(&self, i: usize, n: usize, cols: usize) -> f64 {
+        match *self {
+            Sequence::Arange { start, step } => start + i as f64 * step,
+            Sequence::Linspace { start, end } => {
+                let step = (end - start) / n.saturating_sub(1).max(1) as f64;
+                match n {
+                    1 => start,
+                    _ if i < n / 2 => start + step * i as f64,
+                    _ => end - step * (n - 1 - i) as f64,
+                }
+            }
+            Sequence::Eye => f64::from(u8::from(i / cols.max(1) == i % cols.max(1))),
+        }
+    }
+}
+
 /// What a random fill draws (from the process-wide counter-based generator).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Distribution {
@@ -220,6 +261,12 @@ pub(crate) trait Backend: Sync {
     /// Sets every element of the view `dst` to `value`, which its dtype holds
     /// exactly (checked by the caller). Broadcast views are allowed.
     fn fill(&self, name: &'static str, dst: &Tensor, value: f64) -> Result<()>;
+
+    /// Writes `sequence` into the new contiguous `out` (1-d for arange and
+    /// linspace, 2-d for eye), each element computed in f64 and converted
+    /// as `WithDType::from_f64` does; the values' range for integer dtypes
+    /// is checked by the caller.
+    fn sequence(&self, name: &'static str, out: UninitTensor, sequence: Sequence) -> Result<Tensor>;
 
     /// `op` over the dims of `x` where `mask` is true (every reduced dim
     /// non-empty for max, min and the positions), into a new tensor of the

@@ -57,6 +57,21 @@ impl UninitTensor {
         Ok(UninitTensor { storage: Arc::new(storage), layout })
     }
 
+    /// The tensor's dims.
+    pub(crate) fn dims(&self) -> &[usize] {
+        self.layout.dims()
+    }
+
+    /// Its element count.
+    pub(crate) fn numel(&self) -> usize {
+        self.layout.numel()
+    }
+
+    /// Its element type.
+    pub(crate) fn dtype(&self) -> DType {
+        self.storage.dtype()
+    }
+
     #[cfg(feature = "cuda")]
     pub(crate) fn buffer(&self) -> &Buffer {
         &self.storage.buffer

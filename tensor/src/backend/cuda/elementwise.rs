@@ -5,7 +5,7 @@
 
 use super::strided::coalesce;
 use super::{address, grid_for, output_address, suffix, CudaBackend};
-use crate::backend::CompareOp;
+use crate::backend::{CompareOp, Sequence};
 use crate::dispatch::dispatch_dtype;
 use crate::dtype::{DType, WithDType};
 use crate::error::Result;
@@ -204,6 +204,57 @@ pub(super) fn launch_fill<T: WithDType>(
     unsafe { stream.launch_builder(&f).arg(&count).arg(&value).arg(&dst).launch(grid_for(n)) }
         .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
     Ok(())
+}
+
+/// See [`crate::backend::Backend::sequence`]: one launch of the fill
+/// family's `arange_*`, `linspace_*` or `eye_*` kernel.
+pub(super) fn sequence(
+    backend: &CudaBackend,
+    name: &'static str,
+    out: UninitTensor,
+    sequence: Sequence,
+) -> Result<Tensor> {
+    let _range = brasa_profile::record_op(name, &[out.dims()]);
+    let dtype = out.dtype();
+    // SAFETY: the kernel below writes every element before any later work on
+    // this stream can read it; the host never reads device memory.
+    let out = unsafe { out.assume_init() };
+    let n = out.numel();
+    if n == 0 {
+        return Ok(out);
+    }
+    let at = address(name, &out)?;
+    let count = n as i64;
+    let (family, kernel) = match sequence {
+        Sequence::Arange { .. } => ("fill", format!("arange_{}", suffix(dtype))),
+        Sequence::Linspace { .. } => ("fill", format!("linspace_{}", suffix(dtype))),
+        Sequence::Eye => ("fill", format!("eye_{}", suffix(dtype))),
+    };
+    let f = backend.function(name, family, &kernel)?;
+    let stream = backend.current_stream()?;
+    let mut builder = stream.launch_builder(&f);
+    // The ABI's parameters: `(long long n, double start, double step|end, T* out)`
+    // for arange and linspace, `(long long rows, long long cols, T* out)` for eye.
+    let (a, b, rows, cols);
+    match sequence {
+        Sequence::Arange { start, step } => {
+            (a, b) = (start, step);
+            builder.arg(&count).arg(&a).arg(&b).arg(&at);
+        }
+        Sequence::Linspace { start, end } => {
+            (a, b) = (start, end);
+            builder.arg(&count).arg(&a).arg(&b).arg(&at);
+        }
+        Sequence::Eye => {
+            let last = out.dims().last().copied().unwrap_or(1).max(1);
+            (rows, cols) = ((n / last) as i64, last as i64);
+            builder.arg(&rows).arg(&cols).arg(&at);
+        }
+    }
+    // SAFETY: `at` holds `n` contiguous elements of `dtype`; the arguments
+    // are the ABI's for this kernel (see above).
+    unsafe { builder.launch(grid_for(n)) }.map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+    Ok(out)
 }
 
 /// An element passed by value to a kernel (bool as one byte 0/1, f16 and

@@ -24,7 +24,7 @@ mod reduce;
 mod strided;
 mod update;
 
-use crate::backend::{Backend, CompareOp, Distribution, Indices, MatmulOperands, ReduceOp, Update};
+use crate::backend::{Backend, CompareOp, Distribution, Indices, MatmulOperands, ReduceOp, Sequence, Update};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Result, SharedError, TensorError};
@@ -209,6 +209,10 @@ impl Backend for CudaBackend {
 
     fn copy_into(&self, name: &'static str, dst: &Tensor, src: &Tensor) -> Result<()> {
         elementwise::copy_into(self, name, dst, src)
+    }
+
+    fn sequence(&self, name: &'static str, out: UninitTensor, sequence: Sequence) -> Result<Tensor> {
+        elementwise::sequence(self, name, out, sequence)
     }
 
     fn fill(&self, name: &'static str, dst: &Tensor, value: f64) -> Result<()> {

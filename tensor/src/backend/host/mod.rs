@@ -16,13 +16,14 @@ mod update;
 pub(crate) use conv::dense_elements;
 pub(crate) use reduce::PARALLEL_MIN_WORK;
 
-use crate::backend::{Backend, CompareOp, Distribution, Indices, MatmulOperands, ReduceOp, Update};
+use crate::backend::{Backend, CompareOp, Distribution, Indices, MatmulOperands, ReduceOp, Sequence, Update};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::conv::ConvPlan;
 use crate::ops::pool::PoolPlan;
 use crate::shape::Shape;
+use crate::storage::UninitTensor;
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::{BinaryOp, UnaryOp};
 
@@ -66,6 +67,11 @@ impl Backend for HostBackend {
 
     fn fill(&self, name: &'static str, dst: &Tensor, value: f64) -> Result<()> {
         copy::fill(name, dst, value)
+    }
+
+    fn sequence(&self, name: &'static str, out: UninitTensor, sequence: Sequence) -> Result<Tensor> {
+        let (n, cols) = (out.numel(), out.dims().last().copied().unwrap_or(1));
+        crate::dispatch::dispatch_dtype!(out.dtype(), T => out.init_from_fn::<T>(name, |i| <T as crate::dtype::WithDType>::from_f64(sequence.value(i, n, cols))))
     }
 
     fn reduce(&self, op: ReduceOp, name: &'static str, x: &Tensor, mask: &[bool], keepdim: bool) -> Result<Tensor> {

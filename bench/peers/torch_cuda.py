@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""PyTorch side of brasa's `cuda.*` figures, one bench per call, on cuda:0.
+
+Prints one JSON line {"runtime", "bench", "value", "unit"}. Benches:
+  matmul_f32, matmul_bf16   one 4096^3 torch.mm, TFLOP/s (TF32 off: PyTorch's default)
+  mlp, cnn                  the nn.* training steps (784-512-512-10 MLP at batch 128,
+                            the small CNN at batch 64; SGD momentum), samples/s
+Timings synchronize the device before starting and before stopping, as brasa's.
+"""
+import argparse
+import json
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+DEV = "cuda:0"
+
+
+def emit(bench, value, unit):
+    print(json.dumps({"runtime": "torch-" + torch.__version__.split("+")[0], "bench": bench,
+                      "value": value, "unit": unit, "gpu": torch.cuda.get_device_name(0)}), flush=True)
+
+
+def matmul(dtype, iters=50):
+    n = 4096
+    a = torch.randn(n, n, device=DEV).to(dtype)
+    b = torch.randn(n, n, device=DEV).to(dtype)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * n ** 3 * iters / (time.perf_counter() - t0) / 1e12
+
+
+class Cnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3)
+        self.conv2 = nn.Conv2d(32, 64, 3)
+        self.fc1 = nn.Linear(9216, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
+def train(cnn, steps=200):
+    torch.manual_seed(0)
+    if cnn:
+        model, batch, shape = Cnn().to(DEV), 64, (1, 28, 28)
+    else:
+        model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                              nn.Linear(512, 10)).to(DEV)
+        batch, shape = 128, (784,)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    xs = [torch.randn((batch,) + shape, device=DEV) for _ in range(8)]
+    ys = [torch.randint(0, 10, (batch,), device=DEV) for _ in range(8)]
+
+    def step(i):
+        F.cross_entropy(model(xs[i % 8]), ys[i % 8]).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for i in range(10):
+        step(i)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    torch.cuda.synchronize()
+    return steps * batch / (time.perf_counter() - t0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bench", required=True, choices=["matmul_f32", "matmul_bf16", "mlp", "cnn"])
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    if args.bench == "matmul_f32":
+        emit(args.bench, matmul(torch.float32), "TFLOP/s")
+    elif args.bench == "matmul_bf16":
+        emit(args.bench, matmul(torch.bfloat16), "TFLOP/s")
+    else:
+        emit(args.bench, train(args.bench == "cnn"), "samples/s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

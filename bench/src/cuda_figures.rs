@@ -1,0 +1,240 @@
+//! `cuda.*` (feature `cuda`, a GPU present): brasa on `cuda:0` next to
+//! PyTorch on the same GPU, interleaved (brasa, PyTorch, brasa, …; medians).
+//!
+//! - `cuda.matmul_{f32,bf16}_tflops` and `_vs_torch`: one 4096³ product
+//!   (`Tensor::matmul`, cuBLAS; TF32 off in both, as PyTorch's default).
+//! - `cuda.alloc_pair_vs_cudamalloc`: a `cuMemAlloc` + `cuMemFree` pair of
+//!   1 MiB ÷ the same pair served by brasa's caching allocator.
+//! - `cuda.mlp_train_vs_torch`, `cuda.cnn_train_vs_torch`: the training
+//!   steps of `nn.*` (the same models, SGD momentum, batch 128 and 64) on the
+//!   GPU, samples/s ÷ PyTorch's.
+//!
+//! Device work is asynchronous: every timing synchronizes the device before
+//! it starts and before it stops. PyTorch's side is
+//! `bench/peers/torch_cuda.py` (interpreter `$BRASA_TORCH_PYTHON`, else
+//! `python3`). Without a GPU the group prints one line and no figure.
+
+use crate::measure::{median, time, Better, Figure, Options};
+use brasa_alloc::{Backend, CachingAllocator, CudaBackend, StreamId};
+use brasa_autograd::Var;
+use brasa_nn::functional::cross_entropy;
+use brasa_nn::optim::{Optimizer, Sgd, SgdConfig};
+use brasa_nn::{Conv2d, Flatten, Linear, MaxPool2d, ModuleExt, Relu, Result, Sequential};
+use brasa_tensor::{cuda_device_count, manual_seed, synchronize, DType, Device, Tensor};
+use std::hint::black_box;
+use std::process::Command;
+
+const GPU: Device = Device::cuda(0);
+
+/// Parent side: the figures, or one line saying why there are none.
+pub fn run(options: &Options) -> Vec<Figure> {
+    if cuda_device_count() == 0 {
+        eprintln!("cuda: no CUDA device (or no driver): the cuda.* figures are left out");
+        return Vec::new();
+    }
+    let python = std::env::var("BRASA_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let rounds = options.reps(3, 1);
+    let mut figures = Vec::new();
+    for (dtype, flag, tflops_name, vs_name) in [
+        (DType::F32, "f32", "cuda.matmul_f32_tflops", "cuda.matmul_f32_vs_torch"),
+        (DType::BF16, "bf16", "cuda.matmul_bf16_tflops", "cuda.matmul_bf16_vs_torch"),
+    ] {
+        if !options.wants(vs_name) && !options.wants(tflops_name) {
+            continue;
+        }
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            match matmul_tflops(dtype, options.quick) {
+                Ok(v) => ours.push(v),
+                Err(e) => eprintln!("cuda: matmul {flag}: {e}"),
+            }
+            if let Some(v) = torch_value(&python, &format!("matmul_{flag}")) {
+                theirs.push(v);
+            }
+        }
+        if !ours.is_empty() {
+            figures.extend(value_and_ratio(vs_name, &mut ours, &mut theirs, tflops_name, "TFLOP/s"));
+        }
+    }
+    if options.wants("cuda.alloc_pair_vs_cudamalloc") {
+        match alloc_pair_ratio(options.quick) {
+            Ok(v) => figures.push(Figure::new("cuda.alloc_pair_vs_cudamalloc", v, "x", Better::Higher)),
+            Err(e) => eprintln!("cuda: alloc pair: {e}"),
+        }
+    }
+    for (cnn, rate_name, vs_name, torch_name) in [
+        (false, "cuda.mlp_train_samples_per_s", "cuda.mlp_train_vs_torch", "mlp"),
+        (true, "cuda.cnn_train_samples_per_s", "cuda.cnn_train_vs_torch", "cnn"),
+    ] {
+        if !options.wants(vs_name) && !options.wants(rate_name) {
+            continue;
+        }
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            match train_samples_per_s(cnn, options.quick) {
+                Ok(v) => ours.push(v),
+                Err(e) => eprintln!("cuda: {torch_name} training: {e}"),
+            }
+            if let Some(v) = torch_value(&python, torch_name) {
+                theirs.push(v);
+            }
+        }
+        if !ours.is_empty() {
+            figures.extend(value_and_ratio(vs_name, &mut ours, &mut theirs, rate_name, "samples/s"));
+        }
+    }
+    figures
+}
+
+/// brasa's median value and, when PyTorch ran, its ratio to PyTorch's median.
+fn value_and_ratio(
+    ratio_name: &'static str,
+    ours: &mut [f64],
+    theirs: &mut [f64],
+    value_name: &'static str,
+    unit: &'static str,
+) -> Vec<Figure> {
+    let (a, b) = (median(ours), median(theirs));
+    let mut figures = vec![Figure::new(value_name, a, unit, Better::Higher)];
+    if b > 0.0 {
+        figures.push(Figure::new(ratio_name, a / b, "x", Better::Higher));
+    }
+    figures
+}
+
+/// PyTorch's value for one bench of `torch_cuda.py`, or `None` (said on stderr).
+fn torch_value(python: &str, bench: &str) -> Option<f64> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/torch_cuda.py");
+    let output = Command::new(python).args([script, "--bench", bench]).output();
+    let output = match output {
+        Ok(o) if o.status.success() => o,
+        Ok(o) => {
+            eprintln!("cuda: torch {bench} failed: {}", String::from_utf8_lossy(&o.stderr).trim());
+            return None;
+        }
+        Err(e) => {
+            eprintln!("cuda: running {python} {script}: {e}");
+            return None;
+        }
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout.lines().rev().find(|l| l.starts_with('{'))?;
+    serde_json::from_str::<serde_json::Value>(line).ok()?["value"].as_f64()
+}
+
+fn matmul_tflops(dtype: DType, quick: bool) -> Result<f64> {
+    let n = 4096;
+    let a = Tensor::randn_on([n, n], DType::F32, GPU)?.to_dtype(dtype)?;
+    let b = Tensor::randn_on([n, n], DType::F32, GPU)?.to_dtype(dtype)?;
+    for _ in 0..3 {
+        black_box(a.matmul(&b)?);
+    }
+    let iters = if quick { 5 } else { 50 };
+    synchronize(GPU)?;
+    let mut outcome = Ok(());
+    let seconds = time(|| {
+        for _ in 0..iters {
+            if let Err(e) = a.matmul(&b) {
+                outcome = Err(e);
+            }
+        }
+        if let Err(e) = synchronize(GPU) {
+            outcome = Err(e);
+        }
+    });
+    outcome?;
+    Ok(2.0 * (n as f64).powi(3) * iters as f64 / seconds / 1e12)
+}
+
+/// Raw driver pair time ÷ cached pair time, for 1 MiB blocks.
+fn alloc_pair_ratio(quick: bool) -> std::result::Result<f64, String> {
+    let size = 1 << 20;
+    let raw = CudaBackend::new(0).map_err(|e| e.to_string())?;
+    let pairs = if quick { 200 } else { 2000 };
+    let mut raw_samples = Vec::new();
+    let mut cached_samples = Vec::new();
+    let cache = CachingAllocator::new(CudaBackend::new(0).map_err(|e| e.to_string())?);
+    drop(cache.allocate(size, StreamId::DEFAULT).map_err(|e| e.to_string())?);
+    for _ in 0..5 {
+        let mut failure = None;
+        let seconds = time(|| {
+            for _ in 0..pairs {
+                match raw.allocate(size) {
+                    // SAFETY: the address came from `allocate` just now and nothing uses it.
+                    Ok(addr) => unsafe { raw.free(addr, size) },
+                    Err(e) => failure = Some(e.to_string()),
+                }
+            }
+        });
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        raw_samples.push(seconds / pairs as f64);
+        let cached_pairs = pairs * 100;
+        let seconds = time(|| {
+            for _ in 0..cached_pairs {
+                black_box(cache.allocate(size, StreamId::DEFAULT).ok());
+            }
+        });
+        cached_samples.push(seconds / cached_pairs as f64);
+    }
+    Ok(median(&mut raw_samples) / median(&mut cached_samples))
+}
+
+/// nn's MLP (batch 128) or CNN (batch 64) trained on the GPU: samples/s.
+fn train_samples_per_s(cnn: bool, quick: bool) -> Result<f64> {
+    manual_seed(0);
+    let (model, batch, dims): (Sequential, usize, Vec<usize>) = if cnn {
+        let model = Sequential::new()
+            .push(Conv2d::new(1, 32, 3, GPU)?)
+            .push(Relu)
+            .push(Conv2d::new(32, 64, 3, GPU)?)
+            .push(Relu)
+            .push(MaxPool2d::new(2)?)
+            .push(Flatten::new())
+            .push(Linear::new(9216, 128, GPU)?)
+            .push(Relu)
+            .push(Linear::new(128, 10, GPU)?);
+        (model, 64, vec![64, 1, 28, 28])
+    } else {
+        let model = Sequential::new()
+            .push(Linear::new(784, 512, GPU)?)
+            .push(Relu)
+            .push(Linear::new(512, 512, GPU)?)
+            .push(Relu)
+            .push(Linear::new(512, 10, GPU)?);
+        (model, 128, vec![128, 784])
+    };
+    let mut opt = Sgd::new(model.parameters(), SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() })?;
+    let batches: Vec<(Var, Tensor)> = (0..8)
+        .map(|i| -> Result<(Var, Tensor)> {
+            let x = Var::new(Tensor::randn_on(dims.clone(), DType::F32, GPU)?);
+            let y: Vec<i64> = (0..batch).map(|j| ((i * 7 + j * 3) % 10) as i64).collect();
+            Ok((x, Tensor::from_vec_on(y, [batch], GPU)?))
+        })
+        .collect::<Result<_>>()?;
+    let mut step = |i: usize| -> Result<()> {
+        let (x, y) = &batches[i % batches.len()];
+        cross_entropy(&brasa_nn::Module::forward(&model, x)?, y)?.backward()?;
+        opt.step()?;
+        opt.zero_grad()
+    };
+    for i in 0..10 {
+        step(i)?;
+    }
+    let steps = if quick { 20 } else { 200 };
+    synchronize(GPU)?;
+    let mut outcome = Ok(());
+    let seconds = time(|| {
+        for i in 0..steps {
+            if outcome.is_ok() {
+                outcome = step(i);
+            }
+        }
+        if outcome.is_ok() {
+            outcome = synchronize(GPU).map_err(Into::into);
+        }
+    });
+    outcome?;
+    Ok((steps * batch) as f64 / seconds)
+}

@@ -1,0 +1,327 @@
+//! `workloads.*` (and `nn.transformer_train_*`): whole training steps of
+//! common models, brasa next to PyTorch on the same machine, interleaved.
+//!
+//! Each workload trains in f32 and under bf16 autocast: a wide GELU MLP, a
+//! deep narrow MLP with AdamW, a CNN with batch norm and a pre-norm
+//! transformer encoder block; plus issue 17's transformer classifier (4
+//! post-norm encoder layers, f32 only). Per workload and dtype the figures
+//! are brasa's samples/s, the bytes its graph saves for backward, and —
+//! when PyTorch is importable — both as ratios to PyTorch's
+//! (`_vs_torch`: samples/s ratio, higher is better; `_saved_vs_torch`: saved
+//! bytes ratio, lower is better).
+//!
+//! Every measurement runs in a child process: brasa's through
+//! `brasa-bench --workload-worker NAME:DTYPE`, PyTorch's through
+//! `bench/peers/torch_workloads.py` (same models, batch sizes, optimizers
+//! and synthetic data), alternating brasa, PyTorch, brasa, … so that both
+//! see the same machine state; the figure is the median of the rounds.
+//! The Python interpreter is `$BRASA_TORCH_PYTHON`, else `python3`.
+//!
+//! Saved bytes are the same quantity on both sides: the distinct storages
+//! the graph of one forward keeps for backward (brasa:
+//! `Var::graph_stats().saved_bytes` of the loss; PyTorch: a
+//! `saved_tensors_hooks` pack hook summing storages by address).
+
+use crate::measure::{median, time, Better, Figure, Options};
+use brasa_amp::autocast;
+use brasa_autograd::Var;
+use brasa_nn::functional::cross_entropy;
+use brasa_nn::optim::{AdamConfig, AdamW, Optimizer, Sgd, SgdConfig};
+use brasa_nn::{
+    BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Gelu, Linear, MaxPool2d, Module, ModuleExt, NnError, Relu, Result,
+    Sequential,
+};
+use brasa_tensor::{manual_seed, DType, Device, Tensor};
+use std::process::Command;
+
+const DEV: Device = Device::CPU;
+
+/// Which optimizer a workload trains with.
+#[derive(Clone, Copy)]
+enum Opt {
+    /// SGD, lr 0.01, momentum 0.9.
+    Sgd,
+    /// AdamW with PyTorch's defaults (lr 1e-3, weight decay 1e-2).
+    AdamW,
+}
+
+/// One workload: what `torch_workloads.py` calls by the same name.
+struct Workload {
+    name: &'static str,
+    batch: usize,
+    sample_dims: &'static [usize],
+    classes: usize,
+    optimizer: Opt,
+    /// The dtypes it is measured in ("f32", "bf16").
+    dtypes: &'static [&'static str],
+    /// Timed steps per run (full, quick).
+    steps: (usize, usize),
+    build: fn() -> Result<Box<dyn Module>>,
+}
+
+const BOTH: &[&str] = &["f32", "bf16"];
+
+const WORKLOADS: &[Workload] = &[
+    Workload {
+        name: "wide_mlp",
+        batch: 256,
+        sample_dims: &[3072],
+        classes: 100,
+        optimizer: Opt::Sgd,
+        dtypes: BOTH,
+        steps: (20, 3),
+        build: wide_mlp,
+    },
+    Workload {
+        name: "deep_mlp",
+        batch: 128,
+        sample_dims: &[256],
+        classes: 10,
+        optimizer: Opt::AdamW,
+        dtypes: BOTH,
+        steps: (100, 5),
+        build: deep_mlp,
+    },
+    Workload {
+        name: "cnn_bn",
+        batch: 64,
+        sample_dims: &[3, 32, 32],
+        classes: 10,
+        optimizer: Opt::Sgd,
+        dtypes: BOTH,
+        steps: (20, 3),
+        build: cnn_bn,
+    },
+];
+
+/// 3072-2048-2048-100 with GELU.
+fn wide_mlp() -> Result<Box<dyn Module>> {
+    Ok(Box::new(
+        Sequential::new()
+            .push(Linear::new(3072, 2048, DEV)?)
+            .push(Gelu)
+            .push(Linear::new(2048, 2048, DEV)?)
+            .push(Gelu)
+            .push(Linear::new(2048, 100, DEV)?),
+    ))
+}
+
+/// Eight 256-wide ReLU layers and a 10-way head.
+fn deep_mlp() -> Result<Box<dyn Module>> {
+    let mut model = Sequential::new();
+    for _ in 0..8 {
+        model = model.push(Linear::new(256, 256, DEV)?).push(Relu);
+    }
+    Ok(Box::new(model.push(Linear::new(256, 10, DEV)?)))
+}
+
+/// Two conv(3×3, pad 1)–batch-norm–ReLU–max-pool blocks on 3×32×32 images.
+fn cnn_bn() -> Result<Box<dyn Module>> {
+    let conv = |i, o| Conv2d::with_config(i, o, 3, Conv2dConfig::new().padding(1), DEV);
+    Ok(Box::new(
+        Sequential::new()
+            .push(conv(3, 32)?)
+            .push(BatchNorm2d::new(32, DEV)?)
+            .push(Relu)
+            .push(MaxPool2d::new(2)?)
+            .push(conv(32, 64)?)
+            .push(BatchNorm2d::new(64, DEV)?)
+            .push(Relu)
+            .push(MaxPool2d::new(2)?)
+            .push(Flatten::new())
+            .push(Linear::new(64 * 8 * 8, 10, DEV)?),
+    ))
+}
+
+/// What one run of one side reports.
+#[derive(Clone, Copy, Debug)]
+struct RunReport {
+    samples_per_s: f64,
+    saved_bytes: f64,
+}
+
+/// Parent side: for each wanted workload and dtype, alternates brasa and
+/// PyTorch children and turns the medians into figures.
+pub fn run(options: &Options) -> Vec<Figure> {
+    let python = torch_python();
+    if python.is_none() {
+        eprintln!(
+            "workloads: PyTorch is not importable by `{}` (set BRASA_TORCH_PYTHON): the _vs_torch figures are left out",
+            python_command()
+        );
+    }
+    let rounds = options.reps(3, 1);
+    let mut figures = Vec::new();
+    for workload in WORKLOADS {
+        for &dtype in workload.dtypes {
+            let stem = format!("workloads.{}_{dtype}", workload.name);
+            if !options.wants(&stem) {
+                continue;
+            }
+            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            let mut failed = None;
+            for _ in 0..rounds {
+                match child_report(workload, dtype, options.quick) {
+                    Ok(report) => ours.push(report),
+                    Err(e) => failed = Some(e),
+                }
+                if let Some(python) = &python {
+                    match torch_report(python, workload, dtype, options.quick) {
+                        Ok(report) => theirs.push(report),
+                        Err(e) => eprintln!("workloads: PyTorch {stem}: {e}"),
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                eprintln!("workloads: {stem}: {e}");
+                continue;
+            }
+            figures.extend(figures_for(&stem, &ours, &theirs));
+        }
+    }
+    figures
+}
+
+/// The four figures of one workload in one dtype (two without PyTorch).
+fn figures_for(stem: &str, ours: &[RunReport], theirs: &[RunReport]) -> Vec<Figure> {
+    let med = |reports: &[RunReport], f: fn(&RunReport) -> f64| median(&mut reports.iter().map(f).collect::<Vec<_>>());
+    let rate = med(ours, |r| r.samples_per_s);
+    let saved = med(ours, |r| r.saved_bytes);
+    let mut figures = vec![
+        Figure::new(leak(format!("{stem}_samples_per_s")), rate, "samples/s", Better::Higher),
+        Figure::new(leak(format!("{stem}_saved_mb")), saved / (1024.0 * 1024.0), "MiB", Better::Lower),
+    ];
+    if !theirs.is_empty() {
+        let (torch_rate, torch_saved) = (med(theirs, |r| r.samples_per_s), med(theirs, |r| r.saved_bytes));
+        figures.push(Figure::new(leak(format!("{stem}_vs_torch")), rate / torch_rate, "x", Better::Higher));
+        figures.push(Figure::new(leak(format!("{stem}_saved_vs_torch")), saved / torch_saved, "x", Better::Lower));
+    }
+    figures
+}
+
+/// Figure names are `'static` (most are literals); these few are built once
+/// per run of the binary.
+fn leak(name: String) -> &'static str {
+    Box::leak(name.into_boxed_str())
+}
+
+fn python_command() -> String {
+    std::env::var("BRASA_TORCH_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// The interpreter, when it can import torch.
+fn torch_python() -> Option<String> {
+    let python = python_command();
+    let ok = Command::new(&python).args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success());
+    ok.then_some(python)
+}
+
+fn steps(workload: &Workload, quick: bool) -> usize {
+    if quick {
+        workload.steps.1
+    } else {
+        workload.steps.0
+    }
+}
+
+fn torch_report(python: &str, workload: &Workload, dtype: &str, quick: bool) -> std::result::Result<RunReport, String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/torch_workloads.py");
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).to_string();
+    let output = Command::new(python)
+        .arg(script)
+        .args(["--workload", workload.name, "--dtype", dtype, "--threads", &threads])
+        .args(["--steps", &steps(workload, quick).to_string()])
+        .output()
+        .map_err(|e| format!("running {python} {script}: {e}"))?;
+    parse_report(&output, "torch_workloads.py")
+}
+
+fn child_report(workload: &Workload, dtype: &str, quick: bool) -> std::result::Result<RunReport, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut command = Command::new(exe);
+    command.args(["--workload-worker", &format!("{}:{dtype}", workload.name)]);
+    if quick {
+        command.arg("--quick");
+    }
+    let output = command.output().map_err(|e| e.to_string())?;
+    parse_report(&output, "brasa worker")
+}
+
+fn parse_report(output: &std::process::Output, who: &str) -> std::result::Result<RunReport, String> {
+    if !output.status.success() {
+        return Err(format!("{who} failed: {}", String::from_utf8_lossy(&output.stderr).trim()));
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout.lines().rev().find(|l| l.starts_with('{')).ok_or(format!("{who} printed no report"))?;
+    let value: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("{who}: bad report {line}: {e}"))?;
+    let get = |key: &str| value[key].as_f64().ok_or(format!("{who}: report lacks {key}: {line}"));
+    Ok(RunReport { samples_per_s: get("samples_per_s")?, saved_bytes: get("saved_bytes")? })
+}
+
+/// Child side: trains `NAME:DTYPE` and prints its report as JSON.
+pub fn worker(spec: &str, quick: bool) -> Result<()> {
+    let unknown = || NnError::invalid("brasa-bench", format!("unknown workload `{spec}` (expected NAME:f32|bf16)"));
+    let (name, dtype) = spec.split_once(':').ok_or_else(unknown)?;
+    let workload = WORKLOADS.iter().find(|w| w.name == name).ok_or_else(unknown)?;
+    let low = match dtype {
+        "f32" => None,
+        "bf16" => Some(DType::BF16),
+        _ => return Err(unknown()),
+    };
+    manual_seed(0);
+    let model = (workload.build)()?;
+    let mut opt: Box<dyn Optimizer> = match workload.optimizer {
+        Opt::Sgd => {
+            Box::new(Sgd::new(model.parameters(), SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() })?)
+        }
+        Opt::AdamW => Box::new(AdamW::new(model.parameters(), AdamConfig::adamw())?),
+    };
+    let mut shape = vec![workload.batch];
+    shape.extend_from_slice(workload.sample_dims);
+    let batches: Vec<(Var, Tensor)> = (0..4)
+        .map(|i| -> Result<(Var, Tensor)> {
+            let x = Var::new(Tensor::randn_on(shape.clone(), DType::F32, DEV)?);
+            let y: Vec<i64> = (0..workload.batch).map(|j| ((i * 7 + j * 3) % workload.classes) as i64).collect();
+            Ok((x, Tensor::from_vec_on(y, [workload.batch], DEV)?))
+        })
+        .collect::<Result<_>>()?;
+    let forward_loss = |i: usize| -> Result<Var> {
+        let (x, y) = &batches[i % batches.len()];
+        let _amp = low.map(autocast);
+        cross_entropy(&model.forward(x)?, y)
+    };
+    let mut step = |i: usize| -> Result<()> {
+        forward_loss(i)?.backward()?;
+        opt.step()?;
+        opt.zero_grad()
+    };
+    for i in 0..3 {
+        step(i)?;
+    }
+    let saved_bytes = forward_loss(0)?.graph_stats().saved_bytes;
+    let steps = steps(workload, quick);
+    // Timed in chunks so a noisy moment moves one sample, not the figure.
+    let chunk = (steps / 5).max(1);
+    let (mut rates, mut done, mut outcome) = (Vec::new(), 0, Ok(()));
+    while done < steps {
+        let n = chunk.min(steps - done);
+        let seconds = time(|| {
+            for i in 0..n {
+                if outcome.is_ok() {
+                    outcome = step(done + i);
+                }
+            }
+        });
+        outcome.clone()?;
+        rates.push((n * workload.batch) as f64 / seconds);
+        done += n;
+    }
+    let report = serde_json::json!({
+        "workload": workload.name,
+        "dtype": dtype,
+        "samples_per_s": median(&mut rates),
+        "saved_bytes": saved_bytes,
+    });
+    println!("{report}");
+    Ok(())
+}
