@@ -52,7 +52,10 @@ fn conv_transpose2d_gradcheck() {
         .with_padding((1, 1))
         .with_output_padding((2, 2))
         .with_dilation((3, 3));
-    check(|v| v[0].conv_transpose2d(&v[1], Some(&v[2]), past), &[randn(&[1, 2, 3, 3]), randn(&[2, 2, 2, 2]), randn(&[2])]);
+    check(
+        |v| v[0].conv_transpose2d(&v[1], Some(&v[2]), past),
+        &[randn(&[1, 2, 3, 3]), randn(&[2, 2, 2, 2]), randn(&[2])],
+    );
     // Unbatched, no bias.
     check(|v| v[0].conv_transpose2d(&v[1], None, p.with_groups(1)), &[randn(&[2, 3, 3]), randn(&[2, 3, 3, 2])]);
 }

@@ -9,9 +9,7 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use brasa_tensor::{
-    Conv1dParams, ConvTranspose1dParams, ConvTranspose2dParams, DType, Device, Tensor, TensorError,
-};
+use brasa_tensor::{Conv1dParams, ConvTranspose1dParams, ConvTranspose2dParams, DType, Device, Tensor, TensorError};
 use proptest::prelude::*;
 
 /// Values `k / 8`, `|k| <= 8`: exact in every float dtype.
@@ -120,8 +118,7 @@ impl ConvT {
                                     }
                                     let x_at = ((n * self.c_in + ci) * self.h + i) * self.w + j;
                                     let w_at = ((ci * cog + co) * self.kh + a) * self.kw + b;
-                                    let out_at =
-                                        ((n * self.c_out + g * cog + co) * oh + r as usize) * ow + c as usize;
+                                    let out_at = ((n * self.c_out + g * cog + co) * oh + r as usize) * ow + c as usize;
                                     f(x_at, w_at, out_at);
                                 }
                             }
@@ -174,18 +171,20 @@ fn case() -> impl Strategy<Value = (ConvT, bool, u8, u64)> {
         0u8..3,
         any::<u64>(),
     )
-        .prop_map(|((n, groups, cig, cog, h, w), (kh, kw, sh, sw, ph, pw, dh, dw), (oph, opw), bias, layout, seed)| {
-            // An output padding PyTorch allows: below the stride or the dilation.
-            let op = |o: usize, s: usize, d: usize| o % s.max(d);
-            let params = ConvTranspose2dParams {
-                stride: (sh, sw),
-                padding: (ph, pw),
-                output_padding: (op(oph, sh, dh), op(opw, sw, dw)),
-                dilation: (dh, dw),
-                groups,
-            };
-            (ConvT { n, c_in: groups * cig, c_out: groups * cog, h, w, kh, kw, params }, bias, layout, seed)
-        })
+        .prop_map(
+            |((n, groups, cig, cog, h, w), (kh, kw, sh, sw, ph, pw, dh, dw), (oph, opw), bias, layout, seed)| {
+                // An output padding PyTorch allows: below the stride or the dilation.
+                let op = |o: usize, s: usize, d: usize| o % s.max(d);
+                let params = ConvTranspose2dParams {
+                    stride: (sh, sw),
+                    padding: (ph, pw),
+                    output_padding: (op(oph, sh, dh), op(opw, sw, dw)),
+                    dilation: (dh, dw),
+                    groups,
+                };
+                (ConvT { n, c_in: groups * cig, c_out: groups * cog, h, w, kh, kw, params }, bias, layout, seed)
+            },
+        )
 }
 
 proptest! {
@@ -313,7 +312,10 @@ fn conv_transpose2d_errors_name_the_problem() {
         "conv_transpose2d: height: kernel 3, stride 0 and dilation 1 must all be positive"
     );
     let message = e(x.conv_transpose2d(&w, None, p.with_padding((3, 0))));
-    assert!(message.starts_with("conv_transpose2d: height: padding 3 on each side trims the whole output"), "{message}");
+    assert!(
+        message.starts_with("conv_transpose2d: height: padding 3 on each side trims the whole output"),
+        "{message}"
+    );
     assert_eq!(
         e(x.conv_transpose2d(&w, Some(&Tensor::zeros([4], DType::F32).unwrap()), p)),
         "conv_transpose2d: expected a bias of shape [2] (C_out), got [4]"
@@ -336,7 +338,13 @@ fn conv_transpose2d_errors_name_the_problem() {
 
 /// `conv1d` by its loops: `y[n, co, l] = Σ x[n, g·cig + c, l·s − p + k·d]·w[co, c, k]`.
 #[allow(clippy::too_many_arguments)]
-fn conv1d_naive(x: &[f64], w: &[f64], [n, c_in, l]: [usize; 3], [c_out, _, k]: [usize; 3], p: Conv1dParams) -> Vec<f64> {
+fn conv1d_naive(
+    x: &[f64],
+    w: &[f64],
+    [n, c_in, l]: [usize; 3],
+    [c_out, _, k]: [usize; 3],
+    p: Conv1dParams,
+) -> Vec<f64> {
     let out = (l + 2 * p.padding - p.dilation * (k - 1) - 1) / p.stride + 1;
     let (cig, cog) = (c_in / p.groups, c_out / p.groups);
     let mut y = vec![0.0; n * c_out * out];

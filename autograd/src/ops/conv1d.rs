@@ -46,12 +46,8 @@ impl Var {
             let (x, w) = (unit_height(&c.saved[0])?, unit_height(&c.saved[1])?);
             let g = unit_height(&c.grad.contiguous()?)?;
             let mut grads = vec![
-                c.needs(0)
-                    .then(|| drop_height(g.conv2d_backward_input(&w, x_shape.clone(), params)?))
-                    .transpose()?,
-                c.needs(1)
-                    .then(|| drop_height(x.conv2d_backward_weight(&g, w_shape.clone(), params)?))
-                    .transpose()?,
+                c.needs(0).then(|| drop_height(g.conv2d_backward_input(&w, x_shape.clone(), params)?)).transpose()?,
+                c.needs(1).then(|| drop_height(x.conv2d_backward_weight(&g, w_shape.clone(), params)?)).transpose()?,
             ];
             if c.needs.len() > 2 {
                 grads.push(c.needs(2).then(|| g.conv2d_backward_bias()).transpose()?);

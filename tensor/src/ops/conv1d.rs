@@ -213,10 +213,8 @@ impl Tensor {
         }
         expect_3d(OP, self, "input [N, C_in, L]")?;
         expect_3d(OP, weight, "weight [C_in, C_out / groups, k]")?;
-        let out = self
-            .unsqueeze(2)?
-            .conv_transpose2d(&weight.unsqueeze(2)?, bias, params.as_2d())
-            .map_err(as_1d(OP))?;
+        let out =
+            self.unsqueeze(2)?.conv_transpose2d(&weight.unsqueeze(2)?, bias, params.as_2d()).map_err(as_1d(OP))?;
         out.squeeze(2)
     }
 }
