@@ -4,7 +4,7 @@
 //! over stride / padding / output padding / dilation / groups / bias and
 //! strided inputs, its input and weight gradients against the scatter's
 //! adjoints, `conv1d` and `conv_transpose1d` against their 1-d loops, and
-//! the error messages.
+//! the error messages; on CUDA (when present) against the host.
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -469,4 +469,53 @@ fn one_d_errors_name_the_one_d_op() {
     );
     let message = e(x.conv_transpose1d(&w, None, ConvTranspose1dParams::new().with_groups(3)));
     assert!(message.starts_with("conv_transpose1d: input [2, 4, 1, 9] has 4 channels, which groups = 3"), "{message}");
+}
+
+/// On `cuda:0` when this build and machine have one (else one line says
+/// why it is skipped): the transposed and 1-d ops and the transposed
+/// gradients give the host's values, output padding past the stride and
+/// groups included.
+#[test]
+fn cuda_matches_the_host_when_present() {
+    if brasa_tensor::cuda_device_count() == 0 {
+        eprintln!(
+            "skipped on CUDA: no CUDA device{}",
+            if cfg!(feature = "cuda") { "" } else { " (built without the `cuda` feature)" }
+        );
+        return;
+    }
+    let dev = Device::cuda(0);
+    let on = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to(dev).unwrap();
+    let near = |got: &Tensor, want: &Tensor, what: &str| {
+        let (g, w) = (f64s(&got.to(Device::CPU).unwrap()), f64s(want));
+        assert_eq!(g.len(), w.len(), "{what}");
+        for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+            assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{what}[{i}]: cuda {a}, host {b}");
+        }
+    };
+    for p in [
+        ConvTranspose2dParams::new()
+            .with_stride((2, 2))
+            .with_padding((1, 0))
+            .with_output_padding((1, 1))
+            .with_dilation((2, 1))
+            .with_groups(2),
+        ConvTranspose2dParams::new().with_padding((1, 1)).with_output_padding((2, 1)).with_dilation((3, 2)),
+    ] {
+        let (x, w, b) = (tensor(&[2, 4, 3, 4], 31), tensor(&[4, 3 - (p.groups - 1), 2, 3], 32), tensor(&[6], 33));
+        let b = b.narrow(0, 0, (3 - (p.groups - 1)) * p.groups).unwrap();
+        let y = x.conv_transpose2d(&w, Some(&b), p).unwrap();
+        near(&on(&x).conv_transpose2d(&on(&w), Some(&on(&b)), p).unwrap(), &y, "conv_transpose2d");
+        let g = tensor(y.dims(), 34);
+        let gx = g.conv_transpose2d_backward_input(&w, x.dims(), p).unwrap();
+        near(&on(&g).conv_transpose2d_backward_input(&on(&w), x.dims(), p).unwrap(), &gx, "backward_input");
+        let gw = x.conv_transpose2d_backward_weight(&g, w.dims(), p).unwrap();
+        near(&on(&x).conv_transpose2d_backward_weight(&on(&g), w.dims(), p).unwrap(), &gw, "backward_weight");
+    }
+    let (x, w) = (tensor(&[2, 4, 9], 41), tensor(&[6, 2, 3], 42));
+    let p = Conv1dParams::new().with_stride(2).with_padding(1).with_dilation(2).with_groups(2);
+    near(&on(&x).conv1d(&on(&w), None, p).unwrap(), &x.conv1d(&w, None, p).unwrap(), "conv1d");
+    let wt = tensor(&[4, 3, 3], 43);
+    let p = ConvTranspose1dParams::new().with_stride(2).with_padding(1).with_output_padding(1);
+    near(&on(&x).conv_transpose1d(&on(&wt), None, p).unwrap(), &x.conv_transpose1d(&wt, None, p).unwrap(), "ct1d");
 }
