@@ -19,6 +19,8 @@
 //! | `matmul` | `Var::matmul` | [`Category::Lower`] |
 //! | `linear` | `Var::linear`, `Linear` | [`Category::Lower`] |
 //! | `conv2d` | `Var::conv2d`, `Conv2d` | [`Category::Lower`] |
+//! | `conv1d` | `Var::conv1d`, `Conv1d` | [`Category::Lower`] |
+//! | `conv_transpose1d`, `conv_transpose2d` | `Var::conv_transpose1d/2d`, `ConvTranspose1d/2d` | [`Category::Lower`] |
 //! | `softmax`, `log_softmax` | `Var::softmax`, `Var::log_softmax` | [`Category::Float32`] |
 //! | `exp`, `log`, `rsqrt` | `Var::exp`, `Var::log`, `Var::rsqrt` | [`Category::Float32`] |
 //! | `pow` | `Var::pow`, `Var::powf` | [`Category::Float32`] |

@@ -381,3 +381,33 @@ fn checkpoint_recomputes_in_the_forward_dtype() -> brasa_amp::Result<()> {
     assert_eq!(w.grad().map(|g| g.dtype()), Some(brasa_tensor::DType::F32));
     Ok(())
 }
+
+#[test]
+fn one_d_and_transposed_convolutions_ask_under_their_own_names() -> Result<()> {
+    use brasa_tensor::{Conv1dParams, ConvTranspose1dParams, ConvTranspose2dParams};
+    for low in LOW {
+        let _amp = autocast(low);
+        let (img, k) = (input(&[2, 3, 4, 4])?, param(&[3, 2, 3, 3])?);
+        let y = img.conv_transpose2d(&k, Some(&param(&[2])?), ConvTranspose2dParams::default())?;
+        assert_eq!(y.dtype(), low, "conv_transpose2d");
+        let (seq, k1) = (input(&[2, 3, 6])?, param(&[4, 3, 2])?);
+        assert_eq!(seq.conv1d(&k1, None, Conv1dParams::default())?.dtype(), low, "conv1d");
+        let kt = param(&[3, 4, 2])?;
+        assert_eq!(seq.conv_transpose1d(&kt, None, ConvTranspose1dParams::default())?.dtype(), low, "conv_transpose1d");
+    }
+    // Each asks under its own name: overriding one leaves conv2d alone.
+    let policy = Policy::default()
+        .with("conv1d", Category::Float32)
+        .with("conv_transpose1d", Category::Float32)
+        .with("conv_transpose2d", Category::Float32);
+    let _amp = Autocast::new(DType::BF16).policy(policy).enter();
+    let seq = input(&[1, 2, 5])?.to_dtype(DType::BF16)?;
+    assert_eq!(seq.conv1d(&param(&[2, 2, 2])?, None, Conv1dParams::default())?.dtype(), DType::F32);
+    let t = seq.conv_transpose1d(&param(&[2, 2, 2])?, None, ConvTranspose1dParams::default())?;
+    assert_eq!(t.dtype(), DType::F32);
+    let img = input(&[1, 2, 3, 3])?.to_dtype(DType::BF16)?;
+    let t2 = img.conv_transpose2d(&param(&[2, 2, 2, 2])?, None, ConvTranspose2dParams::default())?;
+    assert_eq!(t2.dtype(), DType::F32);
+    assert_eq!(img.conv2d(&param(&[2, 2, 2, 2])?, None, Conv2dParams::default())?.dtype(), DType::BF16);
+    Ok(())
+}

@@ -72,5 +72,8 @@ pub mod prelude {
         LayerNorm, Linear, MaxPool2d, Module, ModuleExt, NnError, Parameters, Relu, Sequential, Sigmoid, Silu,
         StateDict, Tanh,
     };
+    pub use brasa_nn::{
+        Conv1d, Conv1dConfig, ConvTranspose1d, ConvTranspose1dConfig, ConvTranspose2d, ConvTranspose2dConfig,
+    };
     pub use brasa_tensor::{manual_seed, memory, DType, Device, Tensor};
 }

@@ -280,6 +280,9 @@ no_parameters!(
     brasa_tensor::DType,
     brasa_tensor::Device,
     brasa_tensor::Conv2dParams,
+    brasa_tensor::Conv1dParams,
+    brasa_tensor::ConvTranspose1dParams,
+    brasa_tensor::ConvTranspose2dParams,
 );
 
 impl<A: Parameters, B: Parameters> Parameters for (A, B) {

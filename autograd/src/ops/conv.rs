@@ -7,11 +7,17 @@ use crate::var::{record, Var};
 use brasa_tensor::Conv2dParams;
 
 impl Var {
-    /// `conv2d` of this `[N, C_in, H, W]` input with `weight` and an optional `bias`.
+    /// `conv2d` of this `[N, C_in, H, W]` (or unbatched `[C_in, H, W]`)
+    /// input with `weight` and an optional `bias`.
     pub fn conv2d(&self, weight: &Var, bias: Option<&Var>, params: Conv2dParams) -> Result<Var> {
         let inputs: Vec<&Var> = [self, weight].into_iter().chain(bias).collect();
         if let Some(c) = autocast_inputs("conv2d", &inputs)? {
             return c[0].conv2d(&c[1], c.get(2), params);
+        }
+        // The gradients are written for a batch: an unbatched input is a
+        // batch of one, as a view (else backward fails on the 3-d shape).
+        if self.rank() == 3 {
+            return self.unsqueeze(0usize)?.conv2d(weight, bias, params)?.squeeze(0usize);
         }
         let out = self.tensor().conv2d(weight.tensor(), bias.map(|b| b.tensor()), params)?;
         let (x_shape, w_shape) = (self.dims().to_vec(), weight.dims().to_vec());

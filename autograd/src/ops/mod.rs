@@ -6,6 +6,8 @@ mod activation;
 mod binary;
 mod concat;
 mod conv;
+mod conv1d;
+mod conv_transpose;
 mod dropout;
 mod index;
 mod matmul;

@@ -3,6 +3,10 @@
 mod activation;
 mod batch_norm;
 mod conv;
+mod conv1d;
+mod conv_args;
+mod conv_transpose;
+mod conv_transpose1d;
 mod dropout;
 mod embedding;
 mod flatten;
@@ -20,6 +24,9 @@ pub use activation::{
 };
 pub use batch_norm::{BatchNorm1d, BatchNorm2d, BatchNormConfig};
 pub use conv::{Conv2d, Conv2dConfig};
+pub use conv1d::{Conv1d, Conv1dConfig};
+pub use conv_transpose::{ConvTranspose2d, ConvTranspose2dConfig};
+pub use conv_transpose1d::{ConvTranspose1d, ConvTranspose1dConfig};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use flatten::Flatten;

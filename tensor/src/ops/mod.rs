@@ -7,6 +7,8 @@ pub(crate) mod common;
 mod compare;
 mod concat;
 pub(crate) mod conv;
+mod conv1d;
+mod conv_transpose;
 pub(crate) mod elementwise;
 mod index;
 mod inplace_arith;
@@ -18,3 +20,5 @@ mod softmax;
 mod unary;
 
 pub use conv::Conv2dParams;
+pub use conv1d::{Conv1dParams, ConvTranspose1dParams};
+pub use conv_transpose::ConvTranspose2dParams;
