@@ -338,3 +338,62 @@ fn adaptive_pooling_errors_name_the_problem() {
          5, 5] (leading dims differ)"
     );
 }
+
+/// The same results on `cuda:0` as on the host (checked above against the
+/// reference), for ceil-mode and adaptive pooling in f32, f64 and f16, forward
+/// and backward; skipped with one line without a GPU.
+#[test]
+fn cuda_matches_host() {
+    if brasa_tensor::cuda_device_count() == 0 {
+        eprintln!(
+            "skipped on CUDA: no CUDA device{}",
+            if cfg!(feature = "cuda") { "" } else { " (built without the `cuda` feature)" }
+        );
+        return;
+    }
+    let gpu = Device::cuda(0);
+    let on = |t: &Tensor| t.to(gpu).unwrap();
+    let host = |t: &Tensor| f64s(&t.to(Device::CPU).unwrap());
+    let params = [
+        Pool2dParams::new((2, 2)).with_ceil_mode(true),
+        Pool2dParams::new((3, 3)).with_stride((2, 2)).with_padding((1, 1)).with_ceil_mode(true),
+        Pool2dParams::new((3, 2)).with_stride((2, 3)).with_padding((1, 1)).with_ceil_mode(true),
+        Pool2dParams::new((4, 3)).with_stride((4, 3)).with_padding((0, 1)).with_ceil_mode(true),
+    ];
+    for dtype in [DType::F32, DType::F64, DType::F16] {
+        let tol = if dtype == DType::F16 { 2e-3 } else { 1e-5 };
+        // Non-contiguous: stored [N, C, W, H].
+        let x = distinct(&[2, 3, 7, 6], 1).to_dtype(dtype).unwrap().transpose(-1, -2).unwrap();
+        for p in params {
+            let (v, i) = x.max_pool2d_with(p).unwrap();
+            let (gv, gi) = on(&x).max_pool2d_with(p).unwrap();
+            assert_eq!(host(&gv), f64s(&v), "{p:?} {dtype:?}");
+            assert_eq!(gi.to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), i.to_vec::<i64>().unwrap());
+            let g = distinct(v.dims(), 2).to_dtype(dtype).unwrap();
+            close(
+                &host(&on(&g).max_pool2d_backward(&gi, x.shape().clone()).unwrap()),
+                &f64s(&g.max_pool2d_backward(&i, x.shape().clone()).unwrap()),
+                tol,
+            );
+            for include in [true, false] {
+                close(
+                    &host(&on(&x).avg_pool2d_with(p, include).unwrap()),
+                    &f64s(&x.avg_pool2d_with(p, include).unwrap()),
+                    tol,
+                );
+                let back = |g: &Tensor| g.avg_pool2d_backward_with(x.shape().clone(), p, include).unwrap();
+                close(&host(&back(&on(&g))), &f64s(&back(&g)), tol);
+            }
+        }
+        for out in [(3, 3), (5, 4), (9, 7), (1, 1)] {
+            let (v, i) = x.adaptive_max_pool2d(out).unwrap();
+            let (gv, gi) = on(&x).adaptive_max_pool2d(out).unwrap();
+            assert_eq!(host(&gv), f64s(&v), "{out:?} {dtype:?}");
+            assert_eq!(gi.to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), i.to_vec::<i64>().unwrap());
+            close(&host(&on(&x).adaptive_avg_pool2d(out).unwrap()), &f64s(&x.adaptive_avg_pool2d(out).unwrap()), tol);
+            let g = distinct(v.dims(), 2).to_dtype(dtype).unwrap();
+            let back = |g: &Tensor| g.adaptive_avg_pool2d_backward(x.shape().clone()).unwrap();
+            close(&host(&back(&on(&g))), &f64s(&back(&g)), tol);
+        }
+    }
+}
