@@ -198,7 +198,10 @@ fn ceil_mode_allows_a_kernel_past_the_input_by_less_than_the_stride() {
     );
 }
 
-fn ceil_case() -> impl Strategy<Value = (Vec<usize>, (usize, usize), (usize, usize), (usize, usize), bool)> {
+/// (input shape [C, H, W], kernel, stride, padding, ceil_mode).
+type Case = (Vec<usize>, (usize, usize), (usize, usize), (usize, usize), bool);
+
+fn ceil_case() -> impl Strategy<Value = Case> {
     (1usize..3, 1usize..9, 1usize..9, 1usize..5, 1usize..5, 1usize..4, 1usize..4, any::<bool>())
         .prop_flat_map(|(c, h, w, kh, kw, sh, sw, ceil)| {
             (Just((c, h, w, kh, kw, sh, sw, ceil)), 0..=kh / 2, 0..=kw / 2)
