@@ -67,6 +67,7 @@ pub mod prelude {
     pub use brasa_nn::optim::{
         clip_grad_norm_, Adam, AdamConfig, AdamW, GradAccumulator, LrScheduler, Optimizer, Sgd, SgdConfig,
     };
+    pub use brasa_nn::{AdaptiveAvgPool2d, AdaptiveMaxPool2d};
     pub use brasa_nn::{
         AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Conv2dConfig, Dropout, Embedding, Flatten, Gelu, Identity,
         LayerNorm, Linear, MaxPool2d, Module, ModuleExt, NnError, Parameters, Relu, Sequential, Sigmoid, Silu,

@@ -6,6 +6,11 @@
 //! Padding follows PyTorch: it is at most half the kernel, so every window
 //! holds at least one input element; max pooling ignores padded positions,
 //! average pooling counts them in the divisor only when asked to.
+//!
+//! With `ceil_mode` ([`Pool2dGeometry::with_ceil_mode`]) the output size is
+//! rounded up, as PyTorch's: a last window may run past the padded input and
+//! is clipped to it, but it always starts inside the input or its left
+//! padding, so it too holds an input element.
 
 use crate::error::{KernelError, Result};
 use std::ops::{Add, AddAssign, Div};
@@ -27,6 +32,7 @@ fn extent(
     kernel: usize,
     stride: usize,
     padding: usize,
+    ceil_mode: bool,
 ) -> std::result::Result<usize, String> {
     if kernel == 0 || stride == 0 {
         return Err(format!("{axis}: kernel {kernel} and stride {stride} must be positive"));
@@ -40,17 +46,30 @@ fn extent(
     if input == 0 {
         return Err(format!("{axis}: the input has size 0"));
     }
-    let padded = padding.checked_mul(2).and_then(|x| x.checked_add(input)).ok_or(format!("{axis}: overflow"))?;
-    if kernel > padded {
+    let overflow = || format!("{axis}: overflow");
+    let padded = padding.checked_mul(2).and_then(|x| x.checked_add(input)).ok_or_else(overflow)?;
+    // PyTorch's pooling_output_shape: (padded - kernel) / stride + 1, the
+    // division rounded up with ceil_mode (adding stride - 1 first).
+    let rounding = if ceil_mode { stride - 1 } else { 0 };
+    let reach = padded.checked_add(rounding).ok_or_else(overflow)?;
+    if kernel > reach {
         return Err(format!(
             "{axis}: kernel {kernel} is larger than the padded input ({input} + 2 x {padding} = {padded})"
         ));
     }
-    Ok((padded - kernel) / stride + 1)
+    let mut out = (reach - kernel) / stride + 1;
+    // Rounding up may add a window starting in the right padding or beyond:
+    // PyTorch drops it, so the last window starts before input + padding
+    // (in padded coordinates).
+    if ceil_mode && (out - 1).checked_mul(stride).is_none_or(|start| start >= input + padding) {
+        out -= 1;
+    }
+    Ok(out)
 }
 
 impl Pool2dGeometry {
-    /// The geometry of pooling an `input.0 x input.1` plane.
+    /// The geometry of pooling an `input.0 x input.1` plane, output sizes
+    /// rounded down (PyTorch's `ceil_mode=False`).
     ///
     /// Fails when a kernel size or stride is zero, when padding exceeds half
     /// the kernel, when the input is empty, or when the kernel is larger than
@@ -61,9 +80,25 @@ impl Pool2dGeometry {
         stride: (usize, usize),
         padding: (usize, usize),
     ) -> Result<Self> {
-        let out_h = extent("height", input.0, kernel.0, stride.0, padding.0)
+        Self::with_ceil_mode(input, kernel, stride, padding, false)
+    }
+
+    /// As [`Pool2dGeometry::new`], with output sizes rounded up when
+    /// `ceil_mode` (PyTorch's `ceil_mode=True`): `ceil((H + 2p - k) / s) + 1`,
+    /// less one if that last window would start at or past `H + p` (in the
+    /// right padding). A last window running past the padded input is
+    /// clipped; with `ceil_mode` a kernel may then exceed the padded input
+    /// by less than the stride.
+    pub fn with_ceil_mode(
+        input: (usize, usize),
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        padding: (usize, usize),
+        ceil_mode: bool,
+    ) -> Result<Self> {
+        let out_h = extent("height", input.0, kernel.0, stride.0, padding.0, ceil_mode)
             .map_err(|detail| KernelError::ShapeMismatch { detail })?;
-        let out_w = extent("width", input.1, kernel.1, stride.1, padding.1)
+        let out_w = extent("width", input.1, kernel.1, stride.1, padding.1, ceil_mode)
             .map_err(|detail| KernelError::ShapeMismatch { detail })?;
         input.0.checked_mul(input.1).ok_or(KernelError::Overflow { operand: "input" })?;
         Ok(Pool2dGeometry { input, kernel, stride, padding, output: (out_h, out_w) })
@@ -89,7 +124,10 @@ impl Pool2dGeometry {
     /// The input rows (or columns) window `o` covers, clipped to the input,
     /// and the window's size including padding.
     fn window(o: usize, input: usize, kernel: usize, stride: usize, padding: usize) -> (usize, usize, usize) {
-        // o·stride ≤ input + 2·padding − kernel by construction, so `end` ≥ 1.
+        // o·stride < input + padding by construction (with or without
+        // ceil_mode), so the window starts inside the input or its left
+        // padding, `end` > `start` and `hi` > `lo`; `end` ≥ `padding`
+        // because both terms of the `min` are.
         let start = o * stride;
         let end = (start + kernel).min(input + 2 * padding);
         let lo = start.saturating_sub(padding);
@@ -299,6 +337,50 @@ mod tests {
         assert!(Pool2dGeometry::new((5, 5), (3, 3), (1, 0), (0, 0)).is_err());
         assert!(Pool2dGeometry::new((0, 5), (1, 1), (1, 1), (0, 0)).is_err());
         assert!(Pool2dGeometry::new((2, 5), (3, 3), (1, 1), (0, 0)).is_err());
+    }
+
+    #[test]
+    fn ceil_mode_output_sizes() {
+        let ceil = |input, kernel, stride, padding| {
+            Pool2dGeometry::with_ceil_mode((input, 1), (kernel, 1), (stride, 1), (padding, 0), true)
+                .map(|g| g.output().0)
+        };
+        // (5 - 2) / 2 rounded up + 1 = 3: a last window [4, 6) clipped to [4, 5).
+        assert_eq!(ceil(5, 2, 2, 0).unwrap(), 3);
+        assert_eq!(Pool2dGeometry::new((5, 1), (2, 1), (2, 1), (0, 0)).unwrap().output(), (2, 1));
+        // (5 + 2 - 2) / 2 rounded up + 1 = 4, but window 3 would start at 6
+        // = H + p (only right padding): dropped.
+        assert_eq!(ceil(5, 2, 2, 1).unwrap(), 3);
+        // (6 + 2 - 3) / 2 rounded up + 1 = 4, window 3 starts at 6 < H + p.
+        assert_eq!(ceil(6, 3, 2, 1).unwrap(), 4);
+        // (5 + 2 - 3) / 2 = 2 exactly: rounding up changes nothing.
+        assert_eq!(ceil(5, 3, 2, 1).unwrap(), 3);
+        // A kernel past the input by less than the stride gives one window.
+        assert_eq!(ceil(2, 3, 2, 0).unwrap(), 1);
+        assert!(ceil(2, 4, 2, 0).is_err());
+        assert!(Pool2dGeometry::new((2, 1), (3, 1), (2, 1), (0, 0)).is_err());
+    }
+
+    #[test]
+    fn ceil_mode_clipped_window_divisors() {
+        // One row of 6, kernel 3, stride 2, padding 1, ceil: windows over
+        // padded positions [0,3) [2,5) [4,7) and [6,8) (clipped at
+        // H + 2p = 8: input element 5 and one padded zero, divisor 2).
+        let g = Pool2dGeometry::with_ceil_mode((1, 6), (1, 3), (1, 2), (0, 1), true).unwrap();
+        assert_eq!(g.output(), (1, 4));
+        let x = [1.0f64, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let mut with_pad = [0.0; 4];
+        avg_pool2d_plane(&g, &x, 0, [6, 1], &mut with_pad, true).unwrap();
+        assert_eq!(with_pad, [1.0, 3.0, 5.0, 3.0]);
+        let mut without = [0.0; 4];
+        avg_pool2d_plane(&g, &x, 0, [6, 1], &mut without, false).unwrap();
+        assert_eq!(without, [1.5, 3.0, 5.0, 6.0]);
+        let (mut out, mut idx) = ([0.0; 4], [0i64; 4]);
+        max_pool2d_plane(&g, &x, 0, [6, 1], &mut out, &mut idx).unwrap();
+        assert_eq!((out, idx), ([2.0, 4.0, 6.0, 6.0], [1, 3, 5, 5]));
+        let mut grad = [0.0; 6];
+        avg_pool2d_backward_plane(&g, &[6.0; 4], &mut grad, true).unwrap();
+        assert_eq!(grad, [2.0, 4.0, 2.0, 4.0, 2.0, 5.0]);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! [`crate::var::record`]) whose backward uses tensor ops only.
 
 mod activation;
+mod adaptive_pool;
 mod binary;
 mod concat;
 mod conv;

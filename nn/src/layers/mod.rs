@@ -1,6 +1,7 @@
 //! The layers: each in its own file, all re-exported at the crate root.
 
 mod activation;
+mod adaptive_pool;
 mod batch_norm;
 mod conv;
 mod conv1d;
@@ -22,6 +23,7 @@ pub use activation::{
     Celu, Elu, Gelu, GeluTanh, Hardsigmoid, Hardswish, LeakyRelu, LogSigmoid, Mish, Relu, Selu, Sigmoid, Silu,
     Softplus, Tanh,
 };
+pub use adaptive_pool::{AdaptiveAvgPool2d, AdaptiveMaxPool2d};
 pub use batch_norm::{BatchNorm1d, BatchNorm2d, BatchNormConfig};
 pub use conv::{Conv2d, Conv2dConfig};
 pub use conv1d::{Conv1d, Conv1dConfig};

@@ -1,30 +1,34 @@
 //! 2-d pooling layers: [`MaxPool2d`] and [`AvgPool2d`] over `[N, C, H, W]`
 //! (or `[C, H, W]`) inputs, PyTorch's `nn.MaxPool2d` / `nn.AvgPool2d`: a
-//! kernel, a stride (by default the kernel, so windows do not overlap) and
-//! zero padding on each side.
+//! kernel, a stride (by default the kernel, so windows do not overlap),
+//! zero padding on each side, and `ceil_mode` (output sizes rounded up, the
+//! last window clipped).
 
 use crate::error::{NnError, Result};
 use crate::layers::pair::IntoPair;
 use crate::module::Module;
 use brasa_autograd::Var;
+use brasa_tensor::Pool2dParams;
 
-/// A pooling geometry: kernel, stride and padding, each (height, width).
+/// A pooling geometry: kernel, stride and padding, each (height, width),
+/// and whether output sizes round up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Window {
     kernel: (usize, usize),
     stride: (usize, usize),
     padding: (usize, usize),
+    ceil_mode: bool,
 }
 
 impl Window {
     /// Stride = kernel, no padding.
     fn new(layer: &'static str, kernel: (usize, usize)) -> Result<Window> {
-        Window { kernel, stride: kernel, padding: (0, 0) }.checked(layer)
+        Window { kernel, stride: kernel, padding: (0, 0), ceil_mode: false }.checked(layer)
     }
 
     /// The window if PyTorch accepts it, else an error naming `layer`.
     fn checked(self, layer: &'static str) -> Result<Window> {
-        let Window { kernel, stride, padding } = self;
+        let Window { kernel, stride, padding, .. } = self;
         if kernel.0 == 0 || kernel.1 == 0 || stride.0 == 0 || stride.1 == 0 {
             return Err(NnError::invalid(
                 layer,
@@ -38,6 +42,12 @@ impl Window {
             ));
         }
         Ok(self)
+    }
+
+    /// As the tensor ops take it.
+    fn params(self) -> Pool2dParams {
+        let Window { kernel, stride, padding, ceil_mode } = self;
+        Pool2dParams { kernel, stride, padding, ceil_mode }
     }
 }
 
@@ -54,7 +64,7 @@ fn check_input(layer: &'static str, input: &Var) -> Result<()> {
 }
 
 /// The builder methods both pooling layers share (`stride`, `padding`,
-/// `geometry`); `$layer` has a `window: Window` field.
+/// `ceil_mode`, `geometry`, `params`); `$layer` has a `window: Window` field.
 macro_rules! window_builders {
     ($layer:ident, $padding_doc:literal) => {
         impl $layer {
@@ -70,10 +80,23 @@ macro_rules! window_builders {
                 Ok(self)
             }
 
+            /// Rounding output sizes up (`true`: PyTorch's `ceil_mode=True`, a
+            /// last window may run past the padded input and is clipped) or
+            /// down (`false`, the default).
+            pub fn ceil_mode(mut self, ceil_mode: bool) -> $layer {
+                self.window.ceil_mode = ceil_mode;
+                self
+            }
+
             /// `(kernel, stride, padding)`, each (height, width).
             pub fn geometry(&self) -> ((usize, usize), (usize, usize), (usize, usize)) {
-                let Window { kernel, stride, padding } = self.window;
+                let Window { kernel, stride, padding, .. } = self.window;
                 (kernel, stride, padding)
+            }
+
+            /// The whole window, `ceil_mode` included, as the tensor ops take it.
+            pub fn params(&self) -> Pool2dParams {
+                self.window.params()
             }
         }
     };
@@ -89,6 +112,9 @@ macro_rules! window_builders {
 /// let pool = MaxPool2d::new(2)?;
 /// let y = pool.forward(&Var::new(Tensor::zeros([8, 3, 32, 32], DType::F32)?))?;
 /// assert_eq!(y.dims(), &[8, 3, 16, 16]);
+/// // ceil_mode: a 5x5 input gives 3x3, the last windows clipped to one row / column.
+/// let ceil = MaxPool2d::new(2)?.ceil_mode(true);
+/// assert_eq!(ceil.forward(&Var::new(Tensor::zeros([1, 3, 5, 5], DType::F32)?))?.dims(), &[1, 3, 3, 3]);
 /// # Ok::<(), brasa_nn::NnError>(())
 /// ```
 #[derive(crate::Parameters, Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,8 +135,7 @@ window_builders!(MaxPool2d, "With this padding (at most half the kernel; padding
 impl Module for MaxPool2d {
     fn forward(&self, input: &Var) -> Result<Var> {
         check_input("MaxPool2d", input)?;
-        let Window { kernel, stride, padding } = self.window;
-        Ok(input.max_pool2d(kernel, stride, padding)?)
+        Ok(input.max_pool2d_with(self.window.params())?)
     }
 }
 
@@ -154,7 +179,6 @@ window_builders!(AvgPool2d, "With this zero padding (at most half the kernel).")
 impl Module for AvgPool2d {
     fn forward(&self, input: &Var) -> Result<Var> {
         check_input("AvgPool2d", input)?;
-        let Window { kernel, stride, padding } = self.window;
-        Ok(input.avg_pool2d(kernel, stride, padding, self.count_include_pad)?)
+        Ok(input.avg_pool2d_with(self.window.params(), self.count_include_pad)?)
     }
 }

@@ -2,6 +2,7 @@
 //! device, shape) and returns an error naming the problem; the loops
 //! themselves live in `brasa-kernels` and know nothing about tensors.
 
+mod adaptive_pool;
 mod binary;
 pub(crate) mod common;
 mod compare;
@@ -22,3 +23,4 @@ mod unary;
 pub use conv::Conv2dParams;
 pub use conv1d::{Conv1dParams, ConvTranspose1dParams};
 pub use conv_transpose::ConvTranspose2dParams;
+pub use pool::Pool2dParams;

@@ -1,6 +1,7 @@
 //! 2-d pooling: [`Tensor::max_pool2d`] (values and PyTorch's flat indices)
-//! and [`Tensor::avg_pool2d`], with their backward passes. Inputs are
-//! `[N, C, H, W]` or unbatched `[C, H, W]`. The windows are checked here
+//! and [`Tensor::avg_pool2d`], with their backward passes; the `_with`
+//! variants take a [`Pool2dParams`], which adds PyTorch's `ceil_mode`.
+//! Inputs are `[N, C, H, W]` or unbatched `[C, H, W]`. The windows are checked here
 //! ([`PoolPlan`]); the device pools the `H x W` planes
 //! ([`crate::backend::Backend::max_pool2d`] and the others; on the host,
 //! planes split over threads, read in place whatever their strides).
@@ -13,6 +14,64 @@ use crate::shape::Shape;
 use crate::tensor::Tensor;
 use brasa_kernels::pool::Pool2dGeometry;
 use brasa_kernels::KernelError;
+
+/// The window of a 2-d pooling: kernel, stride and padding, each (height,
+/// width), and whether output sizes round up (PyTorch's `ceil_mode`).
+///
+/// With `ceil_mode` the output has `ceil((H + 2p - k) / s) + 1` rows (not
+/// `floor`), less one if the last window would start in the right padding;
+/// a last window running past the padded input is clipped (for average
+/// pooling with `count_include_pad`, its divisor counts the padding it
+/// covers but not what lies beyond).
+///
+/// ```
+/// # use brasa_tensor::{Pool2dParams, Tensor};
+/// let x = Tensor::from_vec((1..=5).map(|v| v as f32).collect(), [1, 1, 5])?;
+/// let p = Pool2dParams::new((1, 2)).with_ceil_mode(true);
+/// assert_eq!(x.avg_pool2d_with(p, true)?.to_vec::<f32>()?, [1.5, 3.5, 5.0]);
+/// assert_eq!(x.avg_pool2d((1, 2), (1, 2), (0, 0), true)?.to_vec::<f32>()?, [1.5, 3.5]);
+/// # Ok::<(), brasa_tensor::TensorError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pool2dParams {
+    /// Window size, (height, width).
+    pub kernel: (usize, usize),
+    /// Step between windows, (height, width).
+    pub stride: (usize, usize),
+    /// Implicit padding on each side, (height, width); at most half the kernel.
+    pub padding: (usize, usize),
+    /// Round output sizes up rather than down.
+    pub ceil_mode: bool,
+}
+
+impl Pool2dParams {
+    /// `kernel` windows with stride = kernel (PyTorch's default), no
+    /// padding, output sizes rounded down.
+    pub fn new(kernel: (usize, usize)) -> Self {
+        Pool2dParams { kernel, stride: kernel, padding: (0, 0), ceil_mode: false }
+    }
+
+    /// With this stride, (height, width).
+    pub fn with_stride(self, stride: (usize, usize)) -> Self {
+        Pool2dParams { stride, ..self }
+    }
+
+    /// With this padding, (height, width).
+    pub fn with_padding(self, padding: (usize, usize)) -> Self {
+        Pool2dParams { padding, ..self }
+    }
+
+    /// Rounding output sizes up (`true`) or down (`false`, the default).
+    pub fn with_ceil_mode(self, ceil_mode: bool) -> Self {
+        Pool2dParams { ceil_mode, ..self }
+    }
+
+    /// The parameters of the positional pooling functions: output sizes
+    /// rounded down.
+    fn floor(kernel: (usize, usize), stride: (usize, usize), padding: (usize, usize)) -> Self {
+        Pool2dParams { kernel, stride, padding, ceil_mode: false }
+    }
+}
 
 /// The pooling of one tensor, as the devices see it: its planes, their
 /// geometry, the window.
@@ -36,13 +95,8 @@ pub(crate) struct PoolPlan {
 }
 
 impl PoolPlan {
-    fn new(
-        op: &'static str,
-        input: &[usize],
-        kernel: (usize, usize),
-        stride: (usize, usize),
-        padding: (usize, usize),
-    ) -> Result<Self> {
+    fn new(op: &'static str, input: &[usize], params: Pool2dParams) -> Result<Self> {
+        let Pool2dParams { kernel, stride, padding, ceil_mode } = params;
         if !(3..=4).contains(&input.len()) {
             return Err(TensorError::shape(
                 op,
@@ -50,16 +104,22 @@ impl PoolPlan {
             ));
         }
         let (lead, plane) = input.split_at(input.len() - 2);
-        let geometry = Pool2dGeometry::new((plane[0], plane[1]), kernel, stride, padding).map_err(|e| {
-            let detail = match e {
-                KernelError::ShapeMismatch { detail } => detail,
-                other => other.to_string(),
-            };
-            TensorError::invalid(
-                op,
-                format!("input {input:?} with kernel {kernel:?}, stride {stride:?}, padding {padding:?}: {detail}"),
-            )
-        })?;
+        let geometry = Pool2dGeometry::with_ceil_mode((plane[0], plane[1]), kernel, stride, padding, ceil_mode)
+            .map_err(|e| {
+                let detail = match e {
+                    KernelError::ShapeMismatch { detail } => detail,
+                    other => other.to_string(),
+                };
+                // Named only when set, so the messages of the positional
+                // functions stay as they were.
+                let ceil = if ceil_mode { ", ceil_mode" } else { "" };
+                TensorError::invalid(
+                    op,
+                    format!(
+                        "input {input:?} with kernel {kernel:?}, stride {stride:?}, padding {padding:?}{ceil}: {detail}"
+                    ),
+                )
+            })?;
         // The kernels divide by a window's size: it must be countable.
         let window = kernel.0.checked_mul(kernel.1).ok_or_else(|| {
             TensorError::invalid(op, format!("kernel {kernel:?} has more elements than a usize counts"))
@@ -120,12 +180,20 @@ impl Tensor {
         stride: (usize, usize),
         padding: (usize, usize),
     ) -> Result<(Tensor, Tensor)> {
+        self.max_pool2d_with(Pool2dParams::floor(kernel, stride, padding))
+    }
+
+    /// [`Tensor::max_pool2d`] with its window given as [`Pool2dParams`],
+    /// which can round output sizes up (`ceil_mode`). The indices are as
+    /// [`Tensor::max_pool2d`]'s, and [`Tensor::max_pool2d_backward`] takes
+    /// them unchanged.
+    pub fn max_pool2d_with(&self, params: Pool2dParams) -> Result<(Tensor, Tensor)> {
         const OP: &str = "max_pool2d";
         let _range = brasa_profile::record_op(OP, &[self.dims()]);
         if self.dtype() == DType::Bool {
             return Err(TensorError::invalid(OP, "needs a numeric tensor (float, i64 or u8), got bool"));
         }
-        let plan = PoolPlan::new(OP, self.dims(), kernel, stride, padding)?;
+        let plan = PoolPlan::new(OP, self.dims(), params)?;
         for_device(self.device())?.max_pool2d(self, &plan)
     }
 
@@ -177,10 +245,19 @@ impl Tensor {
         padding: (usize, usize),
         count_include_pad: bool,
     ) -> Result<Tensor> {
+        self.avg_pool2d_with(Pool2dParams::floor(kernel, stride, padding), count_include_pad)
+    }
+
+    /// [`Tensor::avg_pool2d`] with its window given as [`Pool2dParams`],
+    /// which can round output sizes up (`ceil_mode`). A window clipped by
+    /// `ceil_mode` divides, with `count_include_pad`, by the part of it
+    /// inside the padded input (PyTorch's rule); without, by the input
+    /// elements it covers.
+    pub fn avg_pool2d_with(&self, params: Pool2dParams, count_include_pad: bool) -> Result<Tensor> {
         const OP: &str = "avg_pool2d";
         let _range = brasa_profile::record_op(OP, &[self.dims()]);
         expect_float(OP, self)?;
-        let plan = PoolPlan::new(OP, self.dims(), kernel, stride, padding)?;
+        let plan = PoolPlan::new(OP, self.dims(), params)?;
         for_device(self.device())?.avg_pool2d(self, &plan, count_include_pad)
     }
 
@@ -195,11 +272,23 @@ impl Tensor {
         padding: (usize, usize),
         count_include_pad: bool,
     ) -> Result<Tensor> {
+        self.avg_pool2d_backward_with(input_shape, Pool2dParams::floor(kernel, stride, padding), count_include_pad)
+    }
+
+    /// The gradient of [`Tensor::avg_pool2d_with`] with respect to its input
+    /// of `input_shape`, given this output gradient and the forward pass's
+    /// `params` and `count_include_pad`.
+    pub fn avg_pool2d_backward_with(
+        &self,
+        input_shape: impl Into<Shape>,
+        params: Pool2dParams,
+        count_include_pad: bool,
+    ) -> Result<Tensor> {
         const OP: &str = "avg_pool2d_backward";
         let _range = brasa_profile::record_op(OP, &[self.dims()]);
         let input_shape = input_shape.into();
         expect_float(OP, self)?;
-        let plan = PoolPlan::new(OP, input_shape.dims(), kernel, stride, padding)?;
+        let plan = PoolPlan::new(OP, input_shape.dims(), params)?;
         expect_pooled_shape(OP, self, &plan)?;
         for_device(self.device())?.avg_pool2d_backward(self, &plan, count_include_pad)
     }
