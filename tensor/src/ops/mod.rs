@@ -12,9 +12,12 @@ mod index;
 mod inplace_arith;
 mod inplace_unary;
 pub(crate) mod matmul;
+mod mm;
 pub(crate) mod pool;
 pub(crate) mod reduce;
+mod scatter;
 mod softmax;
 mod unary;
 
 pub use conv::Conv2dParams;
+pub use scatter::ScatterReduce;
