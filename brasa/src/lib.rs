@@ -60,6 +60,7 @@ pub mod prelude {
         checkpoint, checkpoint_sequential, enable_grad, gradcheck, no_grad, Function, FunctionCtx, Var,
     };
     pub use brasa_nn::data::{DataLoader, Dataset, TensorDataset};
+    pub use brasa_nn::functional::cross_entropy_probs;
     pub use brasa_nn::functional::{
         binary_cross_entropy_with_logits, cross_entropy, cross_entropy_with, l1_loss, mse_loss, nll_loss,
         CrossEntropyOptions, Reduction,
@@ -72,5 +73,6 @@ pub mod prelude {
         LayerNorm, Linear, MaxPool2d, Module, ModuleExt, NnError, Parameters, Relu, Sequential, Sigmoid, Silu,
         StateDict, Tanh,
     };
+    pub use brasa_tensor::ScatterReduce;
     pub use brasa_tensor::{manual_seed, memory, DType, Device, Tensor};
 }

@@ -149,7 +149,7 @@ fn one_hot_probabilities_agree_with_class_indices() {
     let logits = Var::new(f64s(&x, &[3, 4]));
     let classes = [2i64, 0, 3];
     let one_hot: Vec<f64> = (0..12).map(|e| if classes[e / 4] == (e % 4) as i64 { 1.0 } else { 0.0 }).collect();
-    let index = Tensor::from_slice(&classes, &[3]).unwrap();
+    let index = Tensor::from_slice(&classes, [3]).unwrap();
     for epsilon in [0.0, 0.3] {
         let options = CrossEntropyOptions { label_smoothing: epsilon, ..Default::default() };
         let by_index = cross_entropy_with(&logits, &index, &options).unwrap().item().unwrap();

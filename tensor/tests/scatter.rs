@@ -57,6 +57,7 @@ enum Mode {
     Sum { include_self: bool },
 }
 
+#[allow(clippy::too_many_arguments)]
 fn naive_scatter(
     x: &[f64],
     dims: &[usize],
@@ -175,10 +176,10 @@ proptest! {
         let src = source(&source_dims, dtype, !strided, 3);
         let out = x.index_add(d, &ids(&raw, &[raw.len()]), &src, alpha).unwrap();
         let (mut expect, sv) = (values(&x), values(&src));
-        for p in 0..sv.len() {
+        for (p, v) in sv.iter().enumerate() {
             let mut c = coords(&source_dims, p);
             c[d] = raw[c[d]] as usize;
-            expect[flat(&dims, &c)] += alpha * sv[p];
+            expect[flat(&dims, &c)] += alpha * v;
         }
         prop_assert_eq!(values(&out), expect);
     }
