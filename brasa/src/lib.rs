@@ -60,6 +60,7 @@ pub mod prelude {
         checkpoint, checkpoint_sequential, enable_grad, gradcheck, no_grad, Function, FunctionCtx, Var,
     };
     pub use brasa_nn::data::{DataLoader, Dataset, TensorDataset};
+    pub use brasa_nn::functional::cross_entropy_probs;
     pub use brasa_nn::functional::{
         binary_cross_entropy_with_logits, cross_entropy, cross_entropy_with, l1_loss, mse_loss, nll_loss,
         CrossEntropyOptions, Reduction,
@@ -76,5 +77,6 @@ pub mod prelude {
     pub use brasa_nn::{
         Conv1d, Conv1dConfig, ConvTranspose1d, ConvTranspose1dConfig, ConvTranspose2d, ConvTranspose2dConfig,
     };
+    pub use brasa_tensor::ScatterReduce;
     pub use brasa_tensor::{manual_seed, memory, DType, Device, Tensor};
 }

@@ -308,8 +308,11 @@ fn class_index_losses_name_what_is_wrong() -> TestResult {
     );
     let shape = message(cross_entropy(&logits, &i64s(&[0, 1, 2], &[3])));
     assert!(shape.contains("a target of shape [3] does not fit an input of shape [2, 3]"), "{shape}");
-    let dtype = message(cross_entropy(&logits, &Tensor::zeros([2], DType::F32)?));
-    assert!(dtype.contains("i64, got f32"), "{dtype}");
+    let dtype = message(cross_entropy(&logits, &Tensor::zeros([2], DType::U8)?));
+    assert!(dtype.contains("i64, got u8"), "{dtype}");
+    // A floating-point target holds probabilities, of the logits' shape.
+    let probabilities = message(cross_entropy(&logits, &Tensor::zeros([2], DType::F32)?));
+    assert!(probabilities.contains("must have the input's shape [2, 3], got [2]"), "{probabilities}");
     let smoothing = CrossEntropyOptions { label_smoothing: 1.5, ..Default::default() };
     assert!(message(cross_entropy_with(&logits, &i64s(&[0, 1], &[2]), &smoothing)).contains("label_smoothing"));
     let weight = CrossEntropyOptions { weight: Some(Tensor::ones([2], DType::F32)?), ..Default::default() };

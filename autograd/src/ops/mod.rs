@@ -14,6 +14,7 @@ mod index;
 mod matmul;
 mod pool;
 mod reduce;
+mod scatter;
 mod softmax;
 mod unary;
 mod views;

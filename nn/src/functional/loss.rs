@@ -1,5 +1,6 @@
 //! Losses, with PyTorch's formulas and defaults (`torch.nn.functional`):
-//! [`cross_entropy`] (class weights, label smoothing, `ignore_index`),
+//! [`cross_entropy`] (class weights, label smoothing, `ignore_index`; class
+//! probability targets are in `cross_entropy_probs.rs`),
 //! [`nll_loss`], [`mse_loss`], [`l1_loss`] and
 //! [`binary_cross_entropy_with_logits`].
 //!
@@ -95,7 +96,9 @@ impl Default for NllLossOptions {
 /// Cross entropy between `logits` (`[N, C]`, `[N, C, d1, ...]` or `[C]`,
 /// unnormalised) and class indices `target` (`i64`, `[N]`, `[N, d1, ...]`
 /// or `[]`), averaged over the targets, with PyTorch's defaults (`-100` is
-/// ignored). See [`cross_entropy_with`].
+/// ignored); or class probabilities of the logits' shape (a floating-point
+/// `target`, see [`crate::functional::cross_entropy_probs`]). See
+/// [`cross_entropy_with`].
 pub fn cross_entropy(logits: &Var, target: &Tensor) -> Result<Var> {
     cross_entropy_with(logits, target, &CrossEntropyOptions::default())
 }
@@ -110,8 +113,15 @@ pub fn cross_entropy(logits: &Var, target: &Tensor) -> Result<Var> {
 /// (NaN when there are none, as in PyTorch). Errors name the problem: a
 /// target out of `0..C`, shapes that do not fit, a non-float `logits`, a
 /// non-`i64` target.
+///
+/// A floating-point `target` holds class probabilities instead (of the
+/// logits' shape), as in PyTorch: see [`crate::functional::cross_entropy_probs`],
+/// which this calls with the target as a constant.
 pub fn cross_entropy_with(logits: &Var, target: &Tensor, options: &CrossEntropyOptions) -> Result<Var> {
     const WHAT: &str = "cross_entropy";
+    if target.dtype().is_float() {
+        return crate::functional::cross_entropy_probs(logits, &Var::new(target.clone()), options);
+    }
     if let Some(c) = autocast_inputs(WHAT, &[logits])? {
         return cross_entropy_with(&c[0], target, options);
     }
@@ -427,8 +437,13 @@ impl Targets {
             return Err(NnError::invalid(
                 what,
                 format!(
-                    "the target must hold class indices as i64, got {} (class-probability targets are not supported)",
-                    target.dtype()
+                    "the target must hold class indices as i64, got {} ({})",
+                    target.dtype(),
+                    if what == "cross_entropy" {
+                        "or class probabilities: a floating-point tensor of the input's shape"
+                    } else {
+                        "class-probability targets are not supported"
+                    }
                 ),
             ));
         }

@@ -2,8 +2,10 @@
 //! `torch.nn.functional`): cross entropy and the other losses, batch and
 //! layer normalisation.
 
+mod cross_entropy_probs;
 mod loss;
 mod norm;
 
+pub use cross_entropy_probs::*;
 pub use loss::*;
 pub use norm::*;

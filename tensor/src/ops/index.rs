@@ -31,7 +31,7 @@ fn coordinates(dims: &[usize], mut position: usize) -> Vec<usize> {
 
 /// Turns a kernel's error into one naming the op, the dim and where the bad
 /// index sits in the index tensor of shape `index_dims`.
-fn index_error(op: &'static str, what: &str, index_dims: &[usize], error: IndexError) -> TensorError {
+pub(super) fn index_error(op: &'static str, what: &str, index_dims: &[usize], error: IndexError) -> TensorError {
     match &error {
         &IndexError::OutOfRange { position, index, size } => {
             let at = if index_dims.len() > 1 {
@@ -50,7 +50,7 @@ fn index_error(op: &'static str, what: &str, index_dims: &[usize], error: IndexE
 }
 
 /// The indices of an `i64` tensor in row-major order.
-fn index_values(op: &'static str, index: &Tensor) -> Result<Vec<i64>> {
+pub(super) fn index_values(op: &'static str, index: &Tensor) -> Result<Vec<i64>> {
     expect_dtype(op, index, DType::I64)?;
     index.to_vec::<i64>()
 }
@@ -96,6 +96,78 @@ fn at_least_1d(x: &Tensor) -> Result<Tensor> {
         x.unsqueeze(0)
     } else {
         Ok(x.clone())
+    }
+}
+
+/// A scatter's operands, checked: the destination (at least 1-d), the
+/// dim, the index with its values read to the host and checked against the
+/// dim's size, and `src` narrowed to the index's shape (a copy when it
+/// shared the destination's storage). Shared by `scatter_add_` and the ops
+/// in `ops/scatter.rs`.
+pub(super) struct Scatter {
+    /// The destination, a view of the caller's tensor (0-d seen as 1-d).
+    pub(super) x: Tensor,
+    /// The scattered dim, resolved.
+    pub(super) dim: usize,
+    /// The index, at least 1-d.
+    pub(super) index: Tensor,
+    /// The index's values in row-major order, each within `0..x.dims()[dim]`.
+    pub(super) ids: Vec<i64>,
+    /// `src` narrowed to the index's shape (`None` for a scatter of a value).
+    pub(super) src: Option<Tensor>,
+}
+
+/// Checks a scatter of `src` (or of a value, without `src`) into `dst`
+/// along `dim` as PyTorch does, before anything is written: devices,
+/// dtypes, ranks, the index's shape against both, and every index value.
+pub(super) fn check_scatter(
+    op: &'static str,
+    dst: &Tensor,
+    dim: impl DimIndex,
+    index: &Tensor,
+    src: Option<&Tensor>,
+) -> Result<Scatter> {
+    let mut operands = vec![dst, index];
+    operands.extend(src);
+    same_device(op, &operands)?;
+    if let Some(src) = src {
+        expect_dtype(op, src, dst.dtype())?;
+    }
+    let (x, index) = (at_least_1d(dst)?, at_least_1d(index)?);
+    let d = resolve_dim(dim, x.rank(), op)?;
+    check_index_shape(op, &index, &x, "self", d, false)?;
+    let src = match src {
+        Some(src) => {
+            let mut src = at_least_1d(src)?;
+            check_index_shape(op, &index, &src, "src", d, true)?;
+            // Only the part of src that index covers is read.
+            for (axis, &size) in index.dims().iter().enumerate() {
+                src = src.narrow(axis, 0, size)?;
+            }
+            if src.shares_storage_with(&x) {
+                src = src.copy_to(src.device(), src.dtype())?;
+            }
+            Some(src)
+        }
+        None => None,
+    };
+    let ids = index_values(op, &index)?;
+    kernels::check_indices(&ids, x.dims()[d]).map_err(|e| index_error(op, &format!("dim {d}"), index.dims(), e))?;
+    Ok(Scatter { x, dim: d, index, ids, src })
+}
+
+impl Scatter {
+    /// Adds the checked `src` into `dst` (the destination or a tensor of
+    /// its shape not sharing `src`'s storage) in place and bumps its
+    /// version; the caller checked that `dst` is writable.
+    pub(super) fn add_into(&self, op: &'static str, dst: &Tensor) -> Result<()> {
+        let Some(src) = &self.src else {
+            return Err(TensorError::invalid(op, "internal: a scatter-add without src"));
+        };
+        let ids = Indices { values: &self.ids, tensor: &self.index };
+        for_device(dst.device())?.scatter_add(op, dst, self.dim, ids, src)?;
+        dst.storage().bump_version();
+        Ok(())
     }
 }
 
@@ -218,26 +290,9 @@ impl Tensor {
     /// dtype. `f16`/`bf16` add in `f32`; integers wrap.
     pub fn scatter_add_(&self, dim: impl DimIndex, index: &Tensor, src: &Tensor) -> Result<()> {
         const OP: &str = "scatter_add_";
-        same_device(OP, &[self, index, src])?;
-        expect_dtype(OP, src, self.dtype())?;
-        let (x, index, src) = (at_least_1d(self)?, at_least_1d(index)?, at_least_1d(src)?);
-        let d = resolve_dim(dim, x.rank(), OP)?;
-        check_index_shape(OP, &index, &x, "self", d, false)?;
-        check_index_shape(OP, &index, &src, "src", d, true)?;
-        x.check_writable(OP)?;
-        let ids = index_values(OP, &index)?;
-        // Only the part of src that index covers is read.
-        let mut src = src;
-        for (axis, &size) in index.dims().iter().enumerate() {
-            src = src.narrow(axis, 0, size)?;
-        }
-        if src.shares_storage_with(&x) {
-            src = src.copy_to(src.device(), src.dtype())?;
-        }
-        kernels::check_indices(&ids, x.dims()[d]).map_err(|e| index_error(OP, &format!("dim {d}"), index.dims(), e))?;
-        for_device(x.device())?.scatter_add(OP, &x, d, Indices { values: &ids, tensor: &index }, &src)?;
-        x.storage().bump_version();
-        Ok(())
+        let s = check_scatter(OP, self, dim, index, Some(src))?;
+        s.x.check_writable(OP)?;
+        s.add_into(OP, &s.x)
     }
 
     /// One-hot encoding of an `i64` tensor of class ids: shape `[..., num_classes]`,

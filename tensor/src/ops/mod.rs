@@ -15,8 +15,10 @@ mod index;
 mod inplace_arith;
 mod inplace_unary;
 pub(crate) mod matmul;
+mod mm;
 pub(crate) mod pool;
 pub(crate) mod reduce;
+mod scatter;
 mod softmax;
 mod unary;
 
@@ -24,3 +26,4 @@ pub use conv::Conv2dParams;
 pub use conv1d::{Conv1dParams, ConvTranspose1dParams};
 pub use conv_transpose::ConvTranspose2dParams;
 pub use pool::Pool2dParams;
+pub use scatter::ScatterReduce;
