@@ -104,7 +104,8 @@ fn value_and_ratio(
 
 /// PyTorch's value for one bench of `torch_cuda.py`, or `None` (said on stderr).
 fn torch_value(python: &str, bench: &str) -> Option<f64> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/torch_cuda.py");
+    let script = crate::measure::peer_script("torch_cuda.py");
+    let script = script.as_str();
     let output = Command::new(python).args([script, "--bench", bench]).output();
     let output = match output {
         Ok(o) if o.status.success() => o,

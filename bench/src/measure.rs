@@ -104,3 +104,11 @@ impl Xorshift {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 }
+
+/// The path of a PyTorch peer script of `bench/peers/`: under
+/// `$BRASA_PEERS_DIR` when set (a binary run away from its checkout), else
+/// in this crate's folder.
+pub fn peer_script(name: &str) -> String {
+    let dir = std::env::var("BRASA_PEERS_DIR").unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/peers").into());
+    format!("{dir}/{name}")
+}

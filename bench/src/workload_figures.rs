@@ -225,7 +225,8 @@ fn steps(workload: &Workload, quick: bool) -> usize {
 }
 
 fn torch_report(python: &str, workload: &Workload, dtype: &str, quick: bool) -> std::result::Result<RunReport, String> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/torch_workloads.py");
+    let script = crate::measure::peer_script("torch_workloads.py");
+    let script = script.as_str();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).to_string();
     let output = Command::new(python)
         .arg(script)
