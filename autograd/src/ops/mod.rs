@@ -3,6 +3,7 @@
 //! [`crate::var::record`]) whose backward uses tensor ops only.
 
 mod activation;
+mod attention;
 mod binary;
 mod concat;
 mod conv;
@@ -14,6 +15,8 @@ mod reduce;
 mod softmax;
 mod unary;
 mod views;
+
+pub use attention::SdpaOptions;
 
 use crate::error::Result;
 use brasa_tensor::{DType, Tensor};
