@@ -1,6 +1,7 @@
 //! The layers: each in its own file, all re-exported at the crate root.
 
 mod activation;
+mod attention;
 mod batch_norm;
 mod conv;
 mod dropout;
@@ -13,11 +14,13 @@ mod linear;
 mod pair;
 mod pool;
 mod sequential;
+mod transformer;
 
 pub use activation::{
     Celu, Elu, Gelu, GeluTanh, Hardsigmoid, Hardswish, LeakyRelu, LogSigmoid, Mish, Relu, Selu, Sigmoid, Silu,
     Softplus, Tanh,
 };
+pub use attention::{AttentionMasks, MultiheadAttention, MultiheadAttentionConfig};
 pub use batch_norm::{BatchNorm1d, BatchNorm2d, BatchNormConfig};
 pub use conv::{Conv2d, Conv2dConfig};
 pub use dropout::Dropout;
@@ -30,3 +33,4 @@ pub use linear::Linear;
 pub use pair::IntoPair;
 pub use pool::{AvgPool2d, MaxPool2d};
 pub use sequential::Sequential;
+pub use transformer::{TransformerActivation, TransformerEncoderLayer, TransformerEncoderLayerConfig};
