@@ -3,14 +3,16 @@
 //!
 //! The queries are processed in chunks of `c` rows. For each chunk the
 //! forward forms the score block `q_c·kᵀ·scale` (plus the mask slice and the
-//! causal fill), its row maximum `m`, `p = exp(scores − m)`, `l = Σ p` and
-//! `out_c = (p·v) / l`, and keeps only `out` and the per-row log-sum-exp
-//! `lse = m + ln l`. The backward recomputes each chunk's probabilities from
-//! `lse` (`p = exp(scores − lse)`) and accumulates
-//! `dV += pᵀ·dO`, `dS = p ∘ (dO·vᵀ − rowsum(dO ∘ out))`, `dQ = dS·k·scale`,
+//! causal fill), its row maximum `m` and `p = softmax(scores)` (one fused
+//! pass), writes `out_c = p·v`, and keeps only `out` and the per-row
+//! log-sum-exp `lse = m − ln(max p)` (`= m + ln Σ exp(scores − m)`). The
+//! backward recomputes each chunk's probabilities — the block's softmax,
+//! which is `exp(scores − lse)` — and accumulates `dV += pᵀ·dO`,
+//! `dS = p ∘ (dO·vᵀ − rowsum(dO ∘ out))`, `dQ = dS·k·scale`,
 //! `dK += dSᵀ·q·scale`. Memory is therefore O(L + S) plus one score block,
 //! in forward and backward alike; the work is the naive composition's plus
-//! one recomputed `q·kᵀ` in backward.
+//! one recomputed `q·kᵀ` and softmax in backward. With the causal mask a
+//! chunk only reads the keys its rows can see.
 //!
 //! Rows whose every key is masked give an output of 0 and gradients of 0
 //! (what PyTorch's memory-efficient kernel returns; its naive composition
@@ -29,10 +31,10 @@ use brasa_tensor::{broadcast_shapes, rng_state, set_rng_state, DType, Device, Ge
 
 const OP: &str = "scaled_dot_product_attention";
 
-/// The number of score elements one chunk may hold by default (16 MiB of
+/// The number of score elements one chunk may hold by default (64 MiB of
 /// f32): large enough for efficient matrix products, small enough that the
 /// score block stays far below the whole matrix at long sequences.
-const DEFAULT_BLOCK_ELEMENTS: usize = 1 << 22;
+const DEFAULT_BLOCK_ELEMENTS: usize = 1 << 24;
 
 /// The options of [`Var::scaled_dot_product_attention`], with PyTorch's
 /// defaults: no mask, not causal, no dropout, `scale = 1/√E`.
@@ -59,7 +61,7 @@ pub struct SdpaOptions {
     pub dropout_p: f64,
     /// The factor applied to `q·kᵀ`; `None` is `1/√E`.
     pub scale: Option<f64>,
-    /// Query rows per block; `None` picks a block of about 16 MiB of f32
+    /// Query rows per block; `None` picks a block of about 64 MiB of f32
     /// scores. Results do not depend on it (beyond rounding), except which
     /// dropout mask is drawn.
     pub chunk_rows: Option<usize>,
@@ -165,6 +167,21 @@ impl Plan {
             scores.add_(&hidden.where_cond(&self.scalar(f64::NEG_INFINITY)?, &self.scalar(0.0)?)?)?;
         }
         Ok(scores)
+    }
+
+    /// `flags` (`[.., rows, 1]`, true on rows that see no key) when some
+    /// row is flagged. Only a mask can hide every key of a row (a causal
+    /// row always sees key 0), so without one this reads nothing back.
+    fn empty_rows(&self, flags: &Tensor) -> Result<Option<Tensor>> {
+        if self.mask.is_none() || flags.to_dtype(DType::F32)?.sum_all()?.item::<f64>()? == 0.0 {
+            return Ok(None);
+        }
+        Ok(Some(flags.clone()))
+    }
+
+    /// `p` with the `empty` rows (whose softmax is NaN) set to 0.
+    fn zero_rows(&self, empty: &Tensor, p: &Tensor) -> Result<Tensor> {
+        Ok(empty.where_cond(&self.scalar(0.0)?, p)?)
     }
 
     /// This chunk's dropout multiplier (the keep mask scaled by `1/(1 − p)`,
@@ -301,27 +318,30 @@ fn forward(plan: &Plan, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, T
     let mut lse_dims = q.dims().to_vec();
     lse_dims[r - 1] = 1;
     let lse = Tensor::zeros_on(lse_dims.as_slice(), plan.compute, plan.device)?;
-    let (zero, one, inf) = (plan.scalar(0.0)?, plan.scalar(1.0)?, plan.scalar(f64::INFINITY)?);
+    let inf = plan.scalar(f64::INFINITY)?;
     for (start, rows) in plan.chunks() {
         let qs = q.narrow(-2, start, rows)?.mul_scalar(plan.scale)?;
-        let p = plan.scores(&qs, k, start, rows)?;
-        let max = p.max(&[-1], true)?;
-        // A row that sees no key has max −∞: shift it by 0 so exp gives 0, not NaN.
-        let max = max.eq_scalar(f64::NEG_INFINITY)?.where_cond(&zero, &max)?;
-        p.sub_(&max)?;
-        p.exp_()?;
-        let sum = p.sum(&[-1], true)?;
+        let scores = plan.scores(&qs, k, start, rows)?;
+        let max = scores.max(&[-1], true)?;
+        let p = scores.softmax(-1)?;
+        drop(scores);
+        // The largest probability is exp(max − lse) = 1/l, so
+        // lse = max − ln(max p), without another exp pass over the block.
+        let mut row_lse = max.sub(&p.max(&[-1], true)?.log()?)?;
+        let empty = plan.empty_rows(&max.eq_scalar(f64::NEG_INFINITY)?)?;
+        let p = match &empty {
+            Some(empty) => {
+                row_lse = empty.where_cond(&inf, &row_lse)?;
+                plan.zero_rows(empty, &p)?
+            }
+            None => p,
+        };
         if plan.dropout_p > 0.0 {
             p.mul_(&plan.dropout_mask(p.dims())?)?;
         }
         let keys = plan.keys(start, rows);
-        let o = p.matmul(&v.narrow(-2, 0, keys)?)?;
-        drop(p);
-        let empty = sum.eq_scalar(0.0)?;
-        o.div_(&empty.where_cond(&one, &sum)?)?;
-        out.narrow(-2, start, rows)?.copy_(&o)?;
-        let row_lse = max.add(&sum.log()?)?;
-        lse.narrow(-2, start, rows)?.copy_(&empty.where_cond(&inf, &row_lse)?)?;
+        out.narrow(-2, start, rows)?.copy_(&p.matmul(&v.narrow(-2, 0, keys)?)?)?;
+        lse.narrow(-2, start, rows)?.copy_(&row_lse)?;
     }
     Ok((out, lse))
 }
@@ -346,9 +366,12 @@ fn backward(
         let keys = plan.keys(start, rows);
         let (k_c, v_c) = (k.narrow(-2, 0, keys)?, v.narrow(-2, 0, keys)?);
         let qs = q.narrow(-2, start, rows)?.mul_scalar(plan.scale)?;
-        let p = plan.scores(&qs, k, start, rows)?;
-        p.sub_(&lse.narrow(-2, start, rows)?)?;
-        p.exp_()?;
+        // The block's softmax again: exp(scores − lse), in one fused pass.
+        let p = plan.scores(&qs, k, start, rows)?.softmax(-1)?;
+        let p = match plan.empty_rows(&lse.narrow(-2, start, rows)?.eq_scalar(f64::INFINITY)?)? {
+            Some(empty) => plan.zero_rows(&empty, &p)?,
+            None => p,
+        };
         let g = grad.narrow(-2, start, rows)?;
         let dp = g.matmul(&v_c.transpose(-2, -1)?)?;
         let kept = if plan.dropout_p > 0.0 {
