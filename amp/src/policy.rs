@@ -21,6 +21,7 @@
 //! | `conv2d` | `Var::conv2d`, `Conv2d` | [`Category::Lower`] |
 //! | `conv1d` | `Var::conv1d`, `Conv1d` | [`Category::Lower`] |
 //! | `conv_transpose1d`, `conv_transpose2d` | `Var::conv_transpose1d/2d`, `ConvTranspose1d/2d` | [`Category::Lower`] |
+//! | `scaled_dot_product_attention` | `Var::scaled_dot_product_attention`, `MultiheadAttention` | [`Category::Lower`] |
 //! | `softmax`, `log_softmax` | `Var::softmax`, `Var::log_softmax` | [`Category::Float32`] |
 //! | `exp`, `log`, `rsqrt` | `Var::exp`, `Var::log`, `Var::rsqrt` | [`Category::Float32`] |
 //! | `pow` | `Var::pow`, `Var::powf` | [`Category::Float32`] |
@@ -93,6 +94,7 @@ pub const CUDA_LOWER: &[&str] = &[
     "lstm_cell",
     "rnn_tanh_cell",
     "rnn_relu_cell",
+    "scaled_dot_product_attention",
 ];
 
 /// PyTorch's CUDA list of operations that run in f32.
@@ -428,6 +430,9 @@ mod tests {
         assert_eq!(cpu.category("softmax"), Category::Follow, "not on PyTorch's CPU lists");
         assert_eq!(cpu.category("mse_loss"), Category::Float32);
         assert_eq!(cpu.category("linear"), Category::Lower);
+        for policy in [&cuda, &cpu] {
+            assert_eq!(policy.category("scaled_dot_product_attention"), Category::Lower);
+        }
         assert_eq!(Policy::default(), cuda);
     }
 

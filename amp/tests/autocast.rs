@@ -43,6 +43,13 @@ fn lower_ops_run_in_the_low_dtype() -> Result<()> {
         assert_eq!(layer.forward(&x)?.dtype(), low, "Linear");
         let (img, k) = (input(&[2, 3, 5, 5])?, param(&[4, 3, 3, 3])?);
         assert_eq!(img.conv2d(&k, Some(&param(&[4])?), Conv2dParams::default())?.dtype(), low, "conv2d");
+        // Attention computes in f32 inside and returns the low dtype; the
+        // f32 leaves get f32 gradients.
+        let (q, kv) = (param(&[2, 2, 5, 4])?, param(&[2, 2, 6, 4])?);
+        let attn = q.scaled_dot_product_attention(&kv, &kv, &brasa_autograd::SdpaOptions::new())?;
+        assert_eq!(attn.dtype(), low, "scaled_dot_product_attention");
+        attn.to_dtype(DType::F32)?.sum_all()?.backward()?;
+        assert_eq!(q.grad().map(|g| g.dtype()), Some(DType::F32));
         // Inputs already in the other half type are cast too (PyTorch does).
         let other = if low == DType::F16 { DType::BF16 } else { DType::F16 };
         let x_other = x.to_dtype(other)?;

@@ -60,5 +60,6 @@ pub use grad_mode::{enable_grad, is_grad_enabled, no_grad, set_grad_enabled, Gra
 pub use gradcheck::gradcheck;
 pub use graph::BackwardCtx;
 pub use introspect::{leaves_reached, live_nodes, saved_tensor_bytes, GraphStats};
+pub use ops::SdpaOptions;
 pub use precision::{autocast_inputs, precision_hook, set_precision_hook, PrecisionHook};
 pub use var::{Var, WeakVar};

@@ -7,6 +7,7 @@
 
 mod alloc_figures;
 mod amp_figures;
+mod attention_figures;
 mod autograd_figures;
 #[cfg(feature = "cuda")]
 mod cuda_figures;
@@ -37,6 +38,7 @@ const GROUPS: &[Group] = &[
     Group { prefixes: &["kernels.fma_peak", "tensor.matmul", "tensor.conv2d"], run: tensor_matmul_figures::run },
     Group { prefixes: &["tensor.add_", "tensor.small_op"], run: tensor_elementwise_figures::run },
     Group { prefixes: &["nn."], run: |options| Ok(nn_figures::run(options)) },
+    Group { prefixes: &["nn.sdpa"], run: |options| Ok(attention_figures::run(options)) },
     Group { prefixes: &["amp."], run: |options| Ok(amp_figures::run(options)) },
     Group { prefixes: &["profile."], run: |options| Ok(profile_figures::run(options)) },
     Group { prefixes: &["parallel."], run: |options| Ok(parallel_figures::run(options)) },

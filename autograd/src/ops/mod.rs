@@ -4,6 +4,7 @@
 
 mod activation;
 mod adaptive_pool;
+mod attention;
 mod binary;
 mod concat;
 mod conv;
@@ -18,6 +19,8 @@ mod scatter;
 mod softmax;
 mod unary;
 mod views;
+
+pub use attention::SdpaOptions;
 
 use crate::error::Result;
 use brasa_tensor::{DType, Tensor};

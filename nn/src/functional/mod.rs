@@ -2,10 +2,12 @@
 //! `torch.nn.functional`): cross entropy and the other losses, batch and
 //! layer normalisation.
 
+mod attention;
 mod cross_entropy_probs;
 mod loss;
 mod norm;
 
+pub use attention::*;
 pub use cross_entropy_probs::*;
 pub use loss::*;
 pub use norm::*;

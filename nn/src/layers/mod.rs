@@ -2,6 +2,7 @@
 
 mod activation;
 mod adaptive_pool;
+mod attention;
 mod batch_norm;
 mod conv;
 mod conv1d;
@@ -18,12 +19,14 @@ mod linear;
 mod pair;
 mod pool;
 mod sequential;
+mod transformer;
 
 pub use activation::{
     Celu, Elu, Gelu, GeluTanh, Hardsigmoid, Hardswish, LeakyRelu, LogSigmoid, Mish, Relu, Selu, Sigmoid, Silu,
     Softplus, Tanh,
 };
 pub use adaptive_pool::{AdaptiveAvgPool2d, AdaptiveMaxPool2d};
+pub use attention::{AttentionMasks, MultiheadAttention, MultiheadAttentionConfig};
 pub use batch_norm::{BatchNorm1d, BatchNorm2d, BatchNormConfig};
 pub use conv::{Conv2d, Conv2dConfig};
 pub use conv1d::{Conv1d, Conv1dConfig};
@@ -39,3 +42,4 @@ pub use linear::Linear;
 pub use pair::IntoPair;
 pub use pool::{AvgPool2d, MaxPool2d};
 pub use sequential::Sequential;
+pub use transformer::{TransformerActivation, TransformerEncoderLayer, TransformerEncoderLayerConfig};
