@@ -51,7 +51,7 @@ fn cached_pair_ns(options: &Options) -> Figure {
 }
 
 /// Sizes log-uniform from 512 B to 64 MiB, fixed seed.
-fn mixed_sizes(count: usize) -> Vec<usize> {
+pub(crate) fn mixed_sizes(count: usize) -> Vec<usize> {
     let mut rng = Xorshift(0x5EED_0A11_0C00_0001);
     let (low, high) = ((512f64).ln(), ((64u64 << 20) as f64).ln());
     (0..count).map(|_| (low + (high - low) * rng.next_f64()).exp() as usize).collect()

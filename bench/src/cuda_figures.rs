@@ -1,10 +1,12 @@
 //! `cuda.*` (feature `cuda`, a GPU present): brasa on `cuda:0` next to
-//! PyTorch on the same GPU, interleaved (brasa, PyTorch, brasa, …; medians).
+//! PyTorch on the same GPU, interleaved (brasa, PyTorch, brasa, PyTorch; medians).
 //!
 //! - `cuda.matmul_{f32,bf16}_tflops` and `_vs_torch`: one 4096³ product
 //!   (`Tensor::matmul`, cuBLAS; TF32 off in both, as PyTorch's default).
-//! - `cuda.alloc_pair_vs_cudamalloc`: a `cuMemAlloc` + `cuMemFree` pair of
-//!   1 MiB ÷ the same pair served by brasa's caching allocator.
+//! - `cuda.alloc_pair_vs_cudamalloc`: `cuMemAlloc` + `cuMemFree` pairs ÷
+//!   the same pairs served by brasa's caching allocator, over the mixed sizes
+//!   of `alloc.speedup_vs_system` (512 B – 64 MiB, log-uniform);
+//!   `cuda.alloc_pair_1mib_vs_cudamalloc`: the same with 1 MiB only.
 //! - `cuda.mlp_train_vs_torch`, `cuda.cnn_train_vs_torch`: the training
 //!   steps of `nn.*` (the same models, SGD momentum, batch 128 and 64) on the
 //!   GPU, samples/s ÷ PyTorch's.
@@ -19,7 +21,7 @@ use brasa_alloc::{Backend, CachingAllocator, CudaBackend, StreamId};
 use brasa_autograd::Var;
 use brasa_nn::functional::cross_entropy;
 use brasa_nn::optim::{Optimizer, Sgd, SgdConfig};
-use brasa_nn::{Conv2d, Flatten, Linear, MaxPool2d, ModuleExt, Relu, Result, Sequential};
+use brasa_nn::{Conv2d, Flatten, Linear, MaxPool2d, ModuleExt, NnError, Relu, Result, Sequential};
 use brasa_tensor::{cuda_device_count, manual_seed, synchronize, DType, Device, Tensor};
 use std::hint::black_box;
 use std::process::Command;
@@ -33,7 +35,8 @@ pub fn run(options: &Options) -> Vec<Figure> {
         return Vec::new();
     }
     let python = std::env::var("BRASA_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
-    let rounds = options.reps(3, 1);
+    // Two rounds: each PyTorch round pays its import and CUDA start-up.
+    let rounds = options.reps(2, 1);
     let mut figures = Vec::new();
     for (dtype, flag, tflops_name, vs_name) in [
         (DType::F32, "f32", "cuda.matmul_f32_tflops", "cuda.matmul_f32_vs_torch"),
@@ -56,10 +59,14 @@ pub fn run(options: &Options) -> Vec<Figure> {
             figures.extend(value_and_ratio(vs_name, &mut ours, &mut theirs, tflops_name, "TFLOP/s"));
         }
     }
-    if options.wants("cuda.alloc_pair_vs_cudamalloc") {
-        match alloc_pair_ratio(options.quick) {
-            Ok(v) => figures.push(Figure::new("cuda.alloc_pair_vs_cudamalloc", v, "x", Better::Higher)),
-            Err(e) => eprintln!("cuda: alloc pair: {e}"),
+    let mixed = crate::alloc_figures::mixed_sizes(2_000);
+    let one_mib = vec![1 << 20; 2_000];
+    for (name, sizes) in [("cuda.alloc_pair_vs_cudamalloc", &mixed), ("cuda.alloc_pair_1mib_vs_cudamalloc", &one_mib)] {
+        if options.wants(name) {
+            match alloc_pair_ratio(sizes, options.quick) {
+                Ok(v) => figures.push(Figure::new(name, v, "x", Better::Higher)),
+                Err(e) => eprintln!("cuda: {name}: {e}"),
+            }
         }
     }
     for (cnn, rate_name, vs_name, torch_name) in [
@@ -147,19 +154,23 @@ fn matmul_tflops(dtype: DType, quick: bool) -> Result<f64> {
     Ok(2.0 * (n as f64).powi(3) * iters as f64 / seconds / 1e12)
 }
 
-/// Raw driver pair time ÷ cached pair time, for 1 MiB blocks.
-fn alloc_pair_ratio(quick: bool) -> std::result::Result<f64, String> {
-    let size = 1 << 20;
+/// Driver pair time ÷ cached pair time over `sizes` (each size allocated
+/// and freed once per pass; passes alternate between the two).
+fn alloc_pair_ratio(sizes: &[usize], quick: bool) -> std::result::Result<f64, String> {
     let raw = CudaBackend::new(0).map_err(|e| e.to_string())?;
-    let pairs = if quick { 200 } else { 2000 };
-    let mut raw_samples = Vec::new();
-    let mut cached_samples = Vec::new();
     let cache = CachingAllocator::new(CudaBackend::new(0).map_err(|e| e.to_string())?);
-    drop(cache.allocate(size, StreamId::DEFAULT).map_err(|e| e.to_string())?);
-    for _ in 0..5 {
+    let cached_pass = || {
+        for &size in sizes {
+            black_box(cache.allocate(size, StreamId::DEFAULT).ok());
+        }
+    };
+    cached_pass();
+    let mut ratios = Vec::new();
+    for _ in 0..if quick { 3 } else { 9 } {
+        let cached = time(cached_pass);
         let mut failure = None;
-        let seconds = time(|| {
-            for _ in 0..pairs {
+        let driver = time(|| {
+            for &size in sizes {
                 match raw.allocate(size) {
                     // SAFETY: the address came from `allocate` just now and nothing uses it.
                     Ok(addr) => unsafe { raw.free(addr, size) },
@@ -170,20 +181,38 @@ fn alloc_pair_ratio(quick: bool) -> std::result::Result<f64, String> {
         if let Some(e) = failure {
             return Err(e);
         }
-        raw_samples.push(seconds / pairs as f64);
-        let cached_pairs = pairs * 100;
-        let seconds = time(|| {
-            for _ in 0..cached_pairs {
-                black_box(cache.allocate(size, StreamId::DEFAULT).ok());
-            }
-        });
-        cached_samples.push(seconds / cached_pairs as f64);
+        ratios.push(driver / cached);
     }
-    Ok(median(&mut raw_samples) / median(&mut cached_samples))
+    Ok(median(&mut ratios))
 }
 
 /// nn's MLP (batch 128) or CNN (batch 64) trained on the GPU: samples/s.
 fn train_samples_per_s(cnn: bool, quick: bool) -> Result<f64> {
+    let batch = if cnn { 64 } else { 128 };
+    let mut step = training_step(cnn)?;
+    for i in 0..10 {
+        step(i)?;
+    }
+    let steps = if quick { 20 } else { 200 };
+    synchronize(GPU)?;
+    let mut outcome = Ok(());
+    let seconds = time(|| {
+        for i in 0..steps {
+            if outcome.is_ok() {
+                outcome = step(i);
+            }
+        }
+        if outcome.is_ok() {
+            outcome = synchronize(GPU).map_err(Into::into);
+        }
+    });
+    outcome?;
+    Ok((steps * batch) as f64 / seconds)
+}
+
+/// One training step of nn's MLP (batch 128) or CNN (batch 64) on the GPU,
+/// as a closure over the step index (8 fixed synthetic batches).
+fn training_step(cnn: bool) -> Result<impl FnMut(usize) -> Result<()>> {
     manual_seed(0);
     let (model, batch, dims): (Sequential, usize, Vec<usize>) = if cnn {
         let model = Sequential::new()
@@ -214,28 +243,35 @@ fn train_samples_per_s(cnn: bool, quick: bool) -> Result<f64> {
             Ok((x, Tensor::from_vec_on(y, [batch], GPU)?))
         })
         .collect::<Result<_>>()?;
-    let mut step = |i: usize| -> Result<()> {
+    Ok(move |i: usize| -> Result<()> {
         let (x, y) = &batches[i % batches.len()];
         cross_entropy(&brasa_nn::Module::forward(&model, x)?, y)?.backward()?;
         opt.step()?;
         opt.zero_grad()
-    };
-    for i in 0..10 {
-        step(i)?;
+    })
+}
+
+/// `brasa-bench --cuda-profile`: the op table (by self CPU time) of five
+/// MLP and five CNN training steps on the GPU, to see where the host waits.
+pub fn profile_steps() -> Result<()> {
+    use brasa_profile::{Profiler, SortBy, TableOptions};
+    for cnn in [false, true] {
+        let mut step = training_step(cnn)?;
+        for i in 0..10 {
+            step(i)?;
+        }
+        synchronize(GPU)?;
+        let profiler =
+            Profiler::builder().record_shapes(false).start().map_err(|e| NnError::invalid("profile", e.to_string()))?;
+        let started = std::time::Instant::now();
+        for i in 0..5 {
+            step(i)?;
+        }
+        synchronize(GPU)?;
+        let seconds = started.elapsed().as_secs_f64();
+        let result = profiler.stop();
+        println!("{} on cuda:0, 5 steps in {:.2} ms", if cnn { "CNN" } else { "MLP" }, seconds * 1e3);
+        println!("{}", result.key_averages().table(&TableOptions::default().sort_by(SortBy::SelfCpu).row_limit(25)));
     }
-    let steps = if quick { 20 } else { 200 };
-    synchronize(GPU)?;
-    let mut outcome = Ok(());
-    let seconds = time(|| {
-        for i in 0..steps {
-            if outcome.is_ok() {
-                outcome = step(i);
-            }
-        }
-        if outcome.is_ok() {
-            outcome = synchronize(GPU).map_err(Into::into);
-        }
-    });
-    outcome?;
-    Ok((steps * batch) as f64 / seconds)
+    Ok(())
 }

@@ -62,6 +62,15 @@ fn main() -> ExitCode {
             "--parallel-worker" => parallel_worker = args.next(),
             // Internal: one training workload in its own process (see workload_figures).
             "--workload-worker" => workload_worker = args.next(),
+            // The op table of GPU training steps (see cuda_figures).
+            #[cfg(feature = "cuda")]
+            "--cuda-profile" => {
+                if let Err(e) = cuda_figures::profile_steps() {
+                    eprintln!("brasa-bench --cuda-profile: {e}");
+                    return ExitCode::FAILURE;
+                }
+                return ExitCode::SUCCESS;
+            }
             "--filter" => options.filter = args.next().unwrap_or_default(),
             other => {
                 eprintln!("brasa-bench: unknown option `{other}` (expected --filter PREFIX, --quick)");

@@ -4,7 +4,7 @@
 //! Each workload trains in f32 and under bf16 autocast: a wide GELU MLP, a
 //! deep narrow MLP with AdamW, a CNN with batch norm and a pre-norm
 //! transformer encoder block; plus issue 17's transformer classifier (4
-//! post-norm encoder layers, f32 only). Per workload and dtype the figures
+//! post-norm encoder layers, f32 only, figures `nn.transformer_train_*`). Per workload and dtype the figures
 //! are brasa's samples/s, the bytes its graph saves for backward, and —
 //! when PyTorch is importable — both as ratios to PyTorch's
 //! (`_vs_torch`: samples/s ratio, higher is better; `_saved_vs_torch`: saved
@@ -14,7 +14,7 @@
 //! `brasa-bench --workload-worker NAME:DTYPE`, PyTorch's through
 //! `bench/peers/torch_workloads.py` (same models, batch sizes, optimizers
 //! and synthetic data), alternating brasa, PyTorch, brasa, … so that both
-//! see the same machine state; the figure is the median of the rounds.
+//! see the same machine state; the figure is the median of the rounds (two).
 //! The Python interpreter is `$BRASA_TORCH_PYTHON`, else `python3`.
 //!
 //! Saved bytes are the same quantity on both sides: the distinct storages
@@ -28,8 +28,8 @@ use brasa_autograd::Var;
 use brasa_nn::functional::cross_entropy;
 use brasa_nn::optim::{AdamConfig, AdamW, Optimizer, Sgd, SgdConfig};
 use brasa_nn::{
-    BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Gelu, Linear, MaxPool2d, Module, ModuleExt, NnError, Relu, Result,
-    Sequential,
+    BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Gelu, Linear, MaxPool2d, Module, ModuleExt, NnError, Parameters, Relu,
+    Result, Sequential, TransformerActivation, TransformerEncoderLayer, TransformerEncoderLayerConfig,
 };
 use brasa_tensor::{manual_seed, DType, Device, Tensor};
 use std::process::Command;
@@ -48,6 +48,8 @@ enum Opt {
 /// One workload: what `torch_workloads.py` calls by the same name.
 struct Workload {
     name: &'static str,
+    /// The figures' stem (`{stem}_{dtype}_…`).
+    stem: &'static str,
     batch: usize,
     sample_dims: &'static [usize],
     classes: usize,
@@ -64,35 +66,95 @@ const BOTH: &[&str] = &["f32", "bf16"];
 const WORKLOADS: &[Workload] = &[
     Workload {
         name: "wide_mlp",
+        stem: "workloads.wide_mlp",
         batch: 256,
         sample_dims: &[3072],
         classes: 100,
         optimizer: Opt::Sgd,
         dtypes: BOTH,
-        steps: (20, 3),
+        steps: (10, 2),
         build: wide_mlp,
     },
     Workload {
         name: "deep_mlp",
+        stem: "workloads.deep_mlp",
         batch: 128,
         sample_dims: &[256],
         classes: 10,
         optimizer: Opt::AdamW,
         dtypes: BOTH,
-        steps: (100, 5),
+        steps: (50, 5),
         build: deep_mlp,
     },
     Workload {
         name: "cnn_bn",
+        stem: "workloads.cnn_bn",
         batch: 64,
         sample_dims: &[3, 32, 32],
         classes: 10,
         optimizer: Opt::Sgd,
         dtypes: BOTH,
-        steps: (20, 3),
+        steps: (10, 2),
         build: cnn_bn,
     },
+    Workload {
+        name: "encoder",
+        stem: "workloads.encoder",
+        batch: 16,
+        sample_dims: &[128, 256],
+        classes: 10,
+        optimizer: Opt::AdamW,
+        dtypes: BOTH,
+        steps: (6, 2),
+        build: || encoder_classifier(1, 256, 4, 1024, true, 0.0),
+    },
+    // Issue 17's figure: 4 post-norm layers, d_model 384, 6 heads, d_ff 1536,
+    // GELU, sequence 128, batch 16, AdamW (PyTorch's default dropout 0.1).
+    Workload {
+        name: "transformer",
+        stem: "nn.transformer_train",
+        batch: 16,
+        sample_dims: &[128, 384],
+        classes: 10,
+        optimizer: Opt::AdamW,
+        dtypes: &["f32"],
+        steps: (5, 1),
+        build: || encoder_classifier(4, 384, 6, 1536, false, 0.1),
+    },
 ];
+
+/// Encoder layers over `[batch, sequence, d_model]`, mean-pooled over the
+/// sequence into a 10-way linear head (`EncoderClassifier` of the peer script).
+fn encoder_classifier(
+    layers: usize,
+    d_model: usize,
+    heads: usize,
+    d_ff: usize,
+    norm_first: bool,
+    dropout: f64,
+) -> Result<Box<dyn Module>> {
+    let config = TransformerEncoderLayerConfig::new()
+        .dim_feedforward(d_ff)
+        .dropout(dropout)
+        .activation(TransformerActivation::Gelu)
+        .batch_first(true)
+        .norm_first(norm_first);
+    let mut model = Sequential::new();
+    for _ in 0..layers {
+        model = model.push(TransformerEncoderLayer::with_config(d_model, heads, config, DEV)?);
+    }
+    Ok(Box::new(model.push(MeanOverSequence).push(Linear::new(d_model, 10, DEV)?)))
+}
+
+/// `[N, L, E] → [N, E]`: the mean over the sequence.
+#[derive(Parameters, Clone, Copy, Debug)]
+struct MeanOverSequence;
+
+impl Module for MeanOverSequence {
+    fn forward(&self, input: &Var) -> Result<Var> {
+        Ok(input.mean(&[1], false)?)
+    }
+}
 
 /// 3072-2048-2048-100 with GELU.
 fn wide_mlp() -> Result<Box<dyn Module>> {
@@ -150,11 +212,16 @@ pub fn run(options: &Options) -> Vec<Figure> {
             python_command()
         );
     }
-    let rounds = options.reps(3, 1);
+    // Two rounds each side: a full run of every workload takes minutes on 2 cores.
+    let rounds = options.reps(2, 1);
     let mut figures = Vec::new();
     for workload in WORKLOADS {
         for &dtype in workload.dtypes {
-            let stem = format!("workloads.{}_{dtype}", workload.name);
+            // One dtype: no dtype in the names (`nn.transformer_train_vs_torch`).
+            let stem = match workload.dtypes {
+                [_] => workload.stem.to_string(),
+                _ => format!("{}_{dtype}", workload.stem),
+            };
             if !options.wants(&stem) {
                 continue;
             }

@@ -322,6 +322,10 @@ impl Tensor {
     /// A contiguous copy on `device` with `dtype`.
     pub(crate) fn copy_to(&self, device: Device, dtype: DType) -> Result<Tensor> {
         let _range = brasa_profile::record_op("copy", &[self.dims()]);
+        if device == self.device() {
+            // On one device (a dtype change, or a contiguous copy): the device's own strided cast.
+            return crate::backend::for_device(device)?.cast(self, dtype);
+        }
         if !self.device().is_cpu() || !device.is_cpu() {
             #[cfg(feature = "cuda")]
             return crate::cuda::copy_between(self, device, dtype);
@@ -330,9 +334,6 @@ impl Tensor {
                 "copy from {} to {device}: brasa-tensor was built without the `cuda` feature",
                 self.device()
             )));
-        }
-        if device == self.device() {
-            return crate::backend::for_device(device)?.cast(self, dtype);
         }
         // Between two host devices: one process memory, one strided copy.
         crate::backend::host::convert_into_device(self, device, dtype)

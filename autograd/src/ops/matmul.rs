@@ -95,13 +95,33 @@ impl Var {
         let out = out.reshape(&out_dims)?;
         let x_dims: Vec<isize> = self.dims().iter().map(|&d| d as isize).collect();
         let has_bias = bias.is_some();
-        let saved = || vec![x2.clone(), weight.tensor().clone()];
+        // As PyTorch: the weight is kept only for the input's gradient and the
+        // input only for the weight's (a frozen layer keeps no input; a first
+        // layer, whose input needs no gradient, keeps no weight — under
+        // autocast that weight is a half-precision copy).
+        let (keep_x, keep_w) = (weight.requires_grad(), self.requires_grad());
+        let saved = || {
+            let mut saved = Vec::with_capacity(2);
+            if keep_x {
+                saved.push(x2.clone());
+            }
+            if keep_w {
+                saved.push(weight.tensor().clone());
+            }
+            saved
+        };
         let inputs: Vec<&Var> = std::iter::once(self).chain(std::iter::once(weight)).chain(bias).collect();
         Ok(record("linear", &inputs, out, saved, move |c| {
-            let (x, w) = (&c.saved[0], &c.saved[1]);
+            let kept = |keep: bool, at: usize| {
+                keep.then(|| c.saved.get(at)).flatten().ok_or_else(|| crate::AutogradError::Invalid {
+                    op: "linear",
+                    message: "internal: a gradient is needed that forward did not save for".into(),
+                })
+            };
             let g = c.grad.reshape(&[rows as isize, out_features as isize])?;
-            let gx = if c.needs(0) { Some(g.matmul(w)?.reshape(&x_dims)?) } else { None };
-            let gw = if c.needs(1) { Some(g.t()?.matmul(x)?) } else { None };
+            let gx =
+                if c.needs(0) { Some(g.matmul(kept(keep_w, usize::from(keep_x))?)?.reshape(&x_dims)?) } else { None };
+            let gw = if c.needs(1) { Some(g.t()?.matmul(kept(keep_x, 0)?)?) } else { None };
             let mut grads = vec![gx, gw];
             if has_bias {
                 grads.push(if c.needs(2) { Some(g.sum(&[0], false)?) } else { None });

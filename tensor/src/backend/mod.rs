@@ -126,12 +126,13 @@ pub(crate) enum Update {
     Addcdiv(f64),
 }
 
-/// Validated `i64` indices: their values, read to the host by the op (which
-/// checks every one against the indexed size, so errors name the offending
-/// index and its position), and the tensor they came from, on the operands'
-/// device (the device reads it there).
+/// Validated `i64` indices (every one within `0..size` of the indexed dim,
+/// checked by the op so errors name the offending index and its position):
+/// the tensor, on the operands' device, and for host tensors its values.
 pub(crate) struct Indices<'a> {
-    /// The values, row-major, each within `0..size` of the indexed dim.
+    /// The values, row-major, read to the host for host tensors. Empty for
+    /// device tensors, which are checked on the device and read there from
+    /// `tensor` (copying them out would cost a transfer per op).
     pub values: &'a [i64],
     /// The index tensor (`i64`, on the operands' device).
     pub tensor: &'a Tensor,

@@ -3,10 +3,13 @@
 //!
 //! Indices are `i64` tensors. An index outside `0..size` (negative ones
 //! included) is an error naming the index, where it was, the dim and its
-//! size; nothing is written when one is bad. The indices are read to the
-//! host and checked here (on a CUDA device that read waits for the work
-//! queued before it); the device then runs the op
-//! ([`crate::backend::Backend::index_select`] and the others).
+//! size; nothing is written when one is bad. Host indices are read and
+//! checked here. Indices on a device are checked there: their minimum and
+//! maximum are reduced on the device and only those two numbers are read
+//! back (a wait for the work queued before, but no copy of the indices);
+//! only when one is out of range are all of them read, to name it. The
+//! device then runs the op ([`crate::backend::Backend::index_select`] and
+//! the others) on the index tensor itself.
 
 use crate::backend::{for_device, Indices};
 use crate::dtype::DType;
@@ -53,6 +56,36 @@ pub(super) fn index_error(op: &'static str, what: &str, index_dims: &[usize], er
 pub(super) fn index_values(op: &'static str, index: &Tensor) -> Result<Vec<i64>> {
     expect_dtype(op, index, DType::I64)?;
     index.to_vec::<i64>()
+}
+
+/// Checks that every index of the `i64` tensor `index` lies in `0..size`
+/// (`error` turns a bad one into the op's error) and returns them in
+/// row-major order as the host kernels need them. For indices on a device
+/// that the host does not need (`keep` false) the check runs on the device
+/// and the result is empty: devices read `Indices::tensor`.
+pub(super) fn checked_ids(
+    op: &'static str,
+    index: &Tensor,
+    size: usize,
+    keep: bool,
+    error: impl Fn(IndexError) -> TensorError,
+) -> Result<Vec<i64>> {
+    expect_dtype(op, index, DType::I64)?;
+    if index.device().is_cpu() || keep || index.numel() == 0 {
+        let ids = index.to_vec::<i64>()?;
+        kernels::check_indices(&ids, size).map_err(&error)?;
+        return Ok(ids);
+    }
+    let flat = index.reshape(&[-1])?;
+    let (low, high) = (flat.min(&[0], false)?, flat.max(&[0], false)?);
+    let bounds = Tensor::stack(&[&low, &high], 0)?.to_vec::<i64>()?;
+    if bounds.len() == 2 && bounds[0] >= 0 && (bounds[1] as u64) < size as u64 {
+        return Ok(Vec::new());
+    }
+    // Out of range: read them all to name the first bad one.
+    let ids = index.to_vec::<i64>()?;
+    kernels::check_indices(&ids, size).map_err(&error)?;
+    Err(TensorError::invalid(op, format!("internal: the device saw indices in {bounds:?} outside 0..{size}")))
 }
 
 /// Errors unless `index` has `x`'s rank and fits inside `limit` in every dim
@@ -126,6 +159,7 @@ pub(super) fn check_scatter(
     dim: impl DimIndex,
     index: &Tensor,
     src: Option<&Tensor>,
+    keep_ids: bool,
 ) -> Result<Scatter> {
     let mut operands = vec![dst, index];
     operands.extend(src);
@@ -151,8 +185,8 @@ pub(super) fn check_scatter(
         }
         None => None,
     };
-    let ids = index_values(op, &index)?;
-    kernels::check_indices(&ids, x.dims()[d]).map_err(|e| index_error(op, &format!("dim {d}"), index.dims(), e))?;
+    let what = format!("dim {d}");
+    let ids = checked_ids(op, &index, x.dims()[d], keep_ids, |e| index_error(op, &what, index.dims(), e))?;
     Ok(Scatter { x, dim: d, index, ids, src })
 }
 
@@ -195,29 +229,28 @@ impl Tensor {
             return self.reshape(&[1])?.index_select(0, &indices.reshape(&[1])?)?.reshape(&[]);
         }
         let d = resolve_dim(dim, self.rank(), OP)?;
-        let ids = index_values(OP, indices)?;
+        expect_dtype(OP, indices, DType::I64)?;
         let dims = self.dims();
         let (size, inner) = (dims[d], dims[d + 1..].iter().product::<usize>());
         let mut out_dims = dims.to_vec();
-        out_dims[d] = ids.len();
+        out_dims[d] = indices.numel();
         let what = format!("dim {d}");
-        self.select_rows(OP, &what, &ids, indices, size, inner, Shape::from(out_dims))
+        let ids = checked_ids(OP, indices, size, false, |e| index_error(OP, &what, &[indices.numel()], e))?;
+        self.select_rows(OP, &ids, indices, size, inner, Shape::from(out_dims))
     }
 
-    /// Shared by `index_select` and `embedding`: rows `ids` of the
-    /// `[outer, size, inner]` view of this tensor into a new tensor of `shape`.
-    #[allow(clippy::too_many_arguments)]
+    /// Shared by `index_select` and `embedding`: rows `index` (checked, its
+    /// values `ids` on the host) of the `[outer, size, inner]` view of this
+    /// tensor into a new tensor of `shape`.
     fn select_rows(
         &self,
         op: &'static str,
-        what: &str,
         ids: &[i64],
         index: &Tensor,
         size: usize,
         inner: usize,
         shape: Shape,
     ) -> Result<Tensor> {
-        kernels::check_indices(ids, size).map_err(|e| index_error(op, what, &[ids.len()], e))?;
         let x = self.contiguous()?;
         let index = index.contiguous()?;
         for_device(x.device())?.index_select(op, &x, Indices { values: ids, tensor: &index }, size, inner, &shape)
@@ -231,30 +264,23 @@ impl Tensor {
         let _range = brasa_profile::record_op(OP, &[weight.dims(), ids.dims()]);
         same_device(OP, &[weight, ids])?;
         expect_rank(OP, weight, 2)?;
-        let values = index_values(OP, ids)?;
         let (vocabulary, width) = (weight.dims()[0], weight.dims()[1]);
         let mut shape = ids.dims().to_vec();
         shape.push(width);
         let what = format!("the vocabulary (weight {:?})", weight.dims());
-        weight.select_rows(OP, &what, &values, ids, vocabulary, width, Shape::from(shape)).map_err(|e| match e {
+        let values = checked_ids(OP, ids, vocabulary, false, |e| match e {
             // Name the id's place in the ids tensor rather than in the flat list.
-            TensorError::Index { op, message, source } if ids.rank() > 1 => TensorError::Index {
-                op,
-                source,
-                message: values
-                    .iter()
-                    .position(|&i| !(0..vocabulary as i64).contains(&i))
-                    .map(|p| {
-                        format!(
-                            "id {} at {:?} is out of range for {what} of size {vocabulary}",
-                            values[p],
-                            coordinates(ids.dims(), p)
-                        )
-                    })
-                    .unwrap_or(message),
+            IndexError::OutOfRange { position, index, size } if ids.rank() > 1 => TensorError::Index {
+                op: OP,
+                message: format!(
+                    "id {index} at {:?} is out of range for {what} of size {size}",
+                    coordinates(ids.dims(), position)
+                ),
+                source: e,
             },
-            other => other,
-        })
+            other => index_error(OP, &what, &[ids.numel()], other),
+        })?;
+        weight.select_rows(OP, &values, ids, vocabulary, width, Shape::from(shape))
     }
 
     /// PyTorch's `gather`: `out[i][j][k] = self[i][index[i][j][k]][k]` for
@@ -268,8 +294,8 @@ impl Tensor {
         let (x, index) = (at_least_1d(self)?, at_least_1d(index)?);
         let d = resolve_dim(dim, x.rank(), OP)?;
         check_index_shape(OP, &index, &x, "input", d, false)?;
-        let ids = index_values(OP, &index)?;
-        kernels::check_indices(&ids, x.dims()[d]).map_err(|e| index_error(OP, &format!("dim {d}"), index.dims(), e))?;
+        let what = format!("dim {d}");
+        let ids = checked_ids(OP, &index, x.dims()[d], false, |e| index_error(OP, &what, index.dims(), e))?;
         let result = for_device(x.device())?.gather(OP, &x, d, Indices { values: &ids, tensor: &index })?;
         Ok(result.with_layout(Layout::contiguous(out_shape)?))
     }
@@ -290,7 +316,7 @@ impl Tensor {
     /// dtype. `f16`/`bf16` add in `f32`; integers wrap.
     pub fn scatter_add_(&self, dim: impl DimIndex, index: &Tensor, src: &Tensor) -> Result<()> {
         const OP: &str = "scatter_add_";
-        let s = check_scatter(OP, self, dim, index, Some(src))?;
+        let s = check_scatter(OP, self, dim, index, Some(src), false)?;
         s.x.check_writable(OP)?;
         s.add_into(OP, &s.x)
     }
@@ -300,11 +326,10 @@ impl Tensor {
     /// `0..num_classes` is an error naming it.
     pub fn one_hot(&self, num_classes: usize) -> Result<Tensor> {
         const OP: &str = "one_hot";
-        let ids = index_values(OP, self)?;
         let mut shape = self.dims().to_vec();
         shape.push(num_classes);
         let shape = Shape::from(shape);
-        kernels::check_indices(&ids, num_classes).map_err(|e| match e {
+        let ids = checked_ids(OP, self, num_classes, false, |e| match e {
             IndexError::OutOfRange { position, index, size } => {
                 let source = e.clone();
                 let at = if self.rank() > 1 {

@@ -145,7 +145,7 @@ impl Tensor {
     pub fn scatter(&self, dim: impl DimIndex, index: &Tensor, src: &Tensor) -> Result<Tensor> {
         const OP: &str = "scatter";
         let _range = brasa_profile::record_op(OP, &[self.dims(), index.dims(), src.dims()]);
-        let s = check_scatter(OP, self, dim, index, Some(src))?;
+        let s = check_scatter(OP, self, dim, index, Some(src), true)?;
         s.overwritten(OP)?.reshape(&signed(self.dims()))
     }
 
@@ -157,7 +157,7 @@ impl Tensor {
     /// points at keep their values.
     pub fn scatter_(&self, dim: impl DimIndex, index: &Tensor, src: &Tensor) -> Result<()> {
         const OP: &str = "scatter_";
-        let s = check_scatter(OP, self, dim, index, Some(src))?;
+        let s = check_scatter(OP, self, dim, index, Some(src), true)?;
         s.x.check_writable(OP)?;
         let out = s.overwritten(OP)?;
         s.x.copy_(&out)
@@ -169,7 +169,7 @@ impl Tensor {
     /// does. See [`Tensor::scatter_value_`].
     pub fn scatter_value(&self, dim: impl DimIndex, index: &Tensor, value: f64) -> Result<Tensor> {
         const OP: &str = "scatter_value";
-        let s = check_scatter(OP, self, dim, index, None)?;
+        let s = check_scatter(OP, self, dim, index, None, true)?;
         s.filled(value)?.reshape(&signed(self.dims()))
     }
 
@@ -178,7 +178,7 @@ impl Tensor {
     /// size in every dim but `dim`.
     pub fn scatter_value_(&self, dim: impl DimIndex, index: &Tensor, value: f64) -> Result<()> {
         const OP: &str = "scatter_value_";
-        let s = check_scatter(OP, self, dim, index, None)?;
+        let s = check_scatter(OP, self, dim, index, None, true)?;
         s.x.check_writable(OP)?;
         let out = s.filled(value)?;
         s.x.copy_(&out)
@@ -208,7 +208,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         const OP: &str = "scatter_reduce";
         let _range = brasa_profile::record_op(OP, &[self.dims(), index.dims(), src.dims()]);
-        let s = check_scatter(OP, self, dim, index, Some(src))?;
+        let s = check_scatter(OP, self, dim, index, Some(src), true)?;
         s.reduced(OP, reduce, include_self)?.reshape(&signed(self.dims()))
     }
 
@@ -226,7 +226,7 @@ impl Tensor {
         include_self: bool,
     ) -> Result<()> {
         const OP: &str = "scatter_reduce_";
-        let s = check_scatter(OP, self, dim, index, Some(src))?;
+        let s = check_scatter(OP, self, dim, index, Some(src), true)?;
         s.x.check_writable(OP)?;
         match reduce {
             ScatterReduce::Sum if include_self => s.add_into(OP, &s.x),
@@ -308,7 +308,7 @@ impl Tensor {
         view[d] = count as isize;
         let spread = index.reshape(&view)?.broadcast_as(source.shape().clone())?.contiguous()?;
         let source = if alpha == 1.0 { source } else { source.mul_scalar(alpha)? };
-        let s = check_scatter(OP, &x, d, &spread, Some(&source))?;
+        let s = check_scatter(OP, &x, d, &spread, Some(&source), true)?;
         s.x.check_writable(OP)?;
         s.add_into(OP, &s.x)
     }

@@ -41,7 +41,7 @@ pub(super) fn index_select(
     shape: &Shape,
 ) -> Result<Tensor> {
     let out = UninitTensor::new(shape.clone(), x.dtype(), backend.device)?;
-    let count = ids.values.len();
+    let count = ids.tensor.numel();
     let total = shape.numel();
     if total == 0 {
         return Ok(finish(out));
@@ -164,7 +164,7 @@ pub(super) fn scatter_add(
 pub(super) fn one_hot(backend: &CudaBackend, ids: Indices<'_>, num_classes: usize, shape: &Shape) -> Result<Tensor> {
     const OP: &str = "one_hot";
     let out = UninitTensor::new(shape.clone(), DType::I64, backend.device)?;
-    let n = ids.values.len();
+    let n = ids.tensor.numel();
     if shape.numel() == 0 {
         return Ok(finish(out));
     }
