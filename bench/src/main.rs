@@ -4,6 +4,9 @@
 //! `{"name": "alloc.cached_pair_ns", "value": 41.2, "unit": "ns", "better": "lower"}`.
 //! Progress goes to stderr. Options: `--filter PREFIX` runs the figures whose
 //! names start with PREFIX; `--quick` shortens every measurement.
+//! `--workload-profile NAME:f32|bf16` prints the op table of three training
+//! steps of one `workloads.*` model (`encoder:f32`, `transformer:f32`, …);
+//! with the `cuda` feature, `--cuda-profile` prints that of the GPU steps.
 
 mod alloc_figures;
 mod amp_figures;
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
     let mut nn_worker = None;
     let mut parallel_worker = None;
     let mut workload_worker = None;
+    let mut workload_profile = false;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => options.quick = true,
@@ -62,6 +66,11 @@ fn main() -> ExitCode {
             "--parallel-worker" => parallel_worker = args.next(),
             // Internal: one training workload in its own process (see workload_figures).
             "--workload-worker" => workload_worker = args.next(),
+            // The op table of one workload's steps (see workload_figures).
+            "--workload-profile" => {
+                workload_worker = args.next();
+                workload_profile = true;
+            }
             // The op table of GPU training steps (see cuda_figures).
             #[cfg(feature = "cuda")]
             "--cuda-profile" => {
@@ -86,7 +95,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if let Some(spec) = workload_worker {
-        if let Err(e) = workload_figures::worker(&spec, options.quick) {
+        if let Err(e) = workload_figures::worker(&spec, options.quick, workload_profile) {
             eprintln!("brasa-bench --workload-worker {spec}: {e}");
             return ExitCode::FAILURE;
         }

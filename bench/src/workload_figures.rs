@@ -326,8 +326,10 @@ fn parse_report(output: &std::process::Output, who: &str) -> std::result::Result
     Ok(RunReport { samples_per_s: get("samples_per_s")?, saved_bytes: get("saved_bytes")? })
 }
 
-/// Child side: trains `NAME:DTYPE` and prints its report as JSON.
-pub fn worker(spec: &str, quick: bool) -> Result<()> {
+/// Child side: trains `NAME:DTYPE` and prints its report as JSON; with
+/// `profile`, prints instead the op table (by self CPU time) of three steps
+/// after the warm-up (`brasa-bench --workload-profile NAME:DTYPE`).
+pub fn worker(spec: &str, quick: bool, profile: bool) -> Result<()> {
     let unknown = || NnError::invalid("brasa-bench", format!("unknown workload `{spec}` (expected NAME:f32|bf16)"));
     let (name, dtype) = spec.split_once(':').ok_or_else(unknown)?;
     let workload = WORKLOADS.iter().find(|w| w.name == name).ok_or_else(unknown)?;
@@ -365,6 +367,16 @@ pub fn worker(spec: &str, quick: bool) -> Result<()> {
     };
     for i in 0..3 {
         step(i)?;
+    }
+    if profile {
+        use brasa_profile::{Profiler, SortBy, TableOptions};
+        let profiler = Profiler::start().map_err(|e| NnError::invalid("brasa-bench", e.to_string()))?;
+        for i in 0..3 {
+            step(i)?;
+        }
+        let table = profiler.stop().key_averages().table(&TableOptions::default().sort_by(SortBy::SelfCpu).row_limit(30));
+        println!("{} {dtype}: three training steps\n{table}", workload.name);
+        return Ok(());
     }
     let saved_bytes = forward_loss(0)?.graph_stats().saved_bytes;
     let steps = steps(workload, quick);
