@@ -374,7 +374,8 @@ pub fn worker(spec: &str, quick: bool, profile: bool) -> Result<()> {
         for i in 0..3 {
             step(i)?;
         }
-        let table = profiler.stop().key_averages().table(&TableOptions::default().sort_by(SortBy::SelfCpu).row_limit(30));
+        let table =
+            profiler.stop().key_averages().table(&TableOptions::default().sort_by(SortBy::SelfCpu).row_limit(30));
         println!("{} {dtype}: three training steps\n{table}", workload.name);
         return Ok(());
     }
