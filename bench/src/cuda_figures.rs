@@ -21,7 +21,7 @@ use brasa_alloc::{Backend, CachingAllocator, CudaBackend, StreamId};
 use brasa_autograd::Var;
 use brasa_nn::functional::cross_entropy;
 use brasa_nn::optim::{Optimizer, Sgd, SgdConfig};
-use brasa_nn::{Conv2d, Flatten, Linear, MaxPool2d, ModuleExt, NnError, Relu, Result, Sequential};
+use brasa_nn::{ModuleExt, NnError, Result};
 use brasa_tensor::{cuda_device_count, manual_seed, synchronize, DType, Device, Tensor};
 use std::hint::black_box;
 use std::process::Command;
@@ -34,7 +34,7 @@ pub fn run(options: &Options) -> Vec<Figure> {
         eprintln!("cuda: no CUDA device (or no driver): the cuda.* figures are left out");
         return Vec::new();
     }
-    let python = std::env::var("BRASA_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let python = crate::measure::torch_python();
     // Two rounds: each PyTorch round pays its import and CUDA start-up.
     let rounds = options.reps(2, 1);
     let mut figures = Vec::new();
@@ -214,26 +214,10 @@ fn train_samples_per_s(cnn: bool, quick: bool) -> Result<f64> {
 /// as a closure over the step index (8 fixed synthetic batches).
 fn training_step(cnn: bool) -> Result<impl FnMut(usize) -> Result<()>> {
     manual_seed(0);
-    let (model, batch, dims): (Sequential, usize, Vec<usize>) = if cnn {
-        let model = Sequential::new()
-            .push(Conv2d::new(1, 32, 3, GPU)?)
-            .push(Relu)
-            .push(Conv2d::new(32, 64, 3, GPU)?)
-            .push(Relu)
-            .push(MaxPool2d::new(2)?)
-            .push(Flatten::new())
-            .push(Linear::new(9216, 128, GPU)?)
-            .push(Relu)
-            .push(Linear::new(128, 10, GPU)?);
-        (model, 64, vec![64, 1, 28, 28])
+    let (model, batch, dims) = if cnn {
+        (crate::nn_figures::cnn_on(GPU)?, 64, vec![64, 1, 28, 28])
     } else {
-        let model = Sequential::new()
-            .push(Linear::new(784, 512, GPU)?)
-            .push(Relu)
-            .push(Linear::new(512, 512, GPU)?)
-            .push(Relu)
-            .push(Linear::new(512, 10, GPU)?);
-        (model, 128, vec![128, 784])
+        (crate::nn_figures::mlp_on(GPU)?, 128, vec![128, 784])
     };
     let mut opt = Sgd::new(model.parameters(), SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() })?;
     let batches: Vec<(Var, Tensor)> = (0..8)

@@ -105,10 +105,44 @@ impl Xorshift {
     }
 }
 
+/// The interpreter that runs the PyTorch peer scripts: `$BRASA_TORCH_PYTHON`,
+/// else `python3`.
+pub fn torch_python() -> String {
+    std::env::var("BRASA_TORCH_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
 /// The path of a PyTorch peer script of `bench/peers/`: under
 /// `$BRASA_PEERS_DIR` when set (a binary run away from its checkout), else
 /// in this crate's folder.
 pub fn peer_script(name: &str) -> String {
     let dir = std::env::var("BRASA_PEERS_DIR").unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/peers").into());
     format!("{dir}/{name}")
+}
+
+/// Runs `step(0..steps)` in five timed chunks and returns each chunk's rate
+/// (`items_per_step` per call, per second): a noisy moment moves one sample,
+/// not the median. Stops at the first error.
+pub fn chunk_rates<E>(
+    steps: usize,
+    items_per_step: usize,
+    mut step: impl FnMut(usize) -> Result<(), E>,
+) -> Result<Vec<f64>, E> {
+    let chunk = (steps / 5).max(1);
+    let (mut rates, mut done) = (Vec::new(), 0);
+    while done < steps {
+        let n = chunk.min(steps - done);
+        let mut outcome = Ok(());
+        let seconds = time(|| {
+            for i in 0..n {
+                outcome = step(done + i);
+                if outcome.is_err() {
+                    break;
+                }
+            }
+        });
+        outcome?;
+        rates.push((n * items_per_step) as f64 / seconds);
+        done += n;
+    }
+    Ok(rates)
 }

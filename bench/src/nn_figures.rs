@@ -6,7 +6,7 @@
 //! Each workload runs in a child process (`brasa-bench --nn-worker NAME`) so
 //! that its peak RSS is its own, not that of the figures measured before it.
 
-use crate::measure::{median, time, Better, Figure, Options};
+use crate::measure::{chunk_rates, median, Better, Figure, Options};
 use brasa_autograd::Var;
 use brasa_nn::functional::cross_entropy;
 use brasa_nn::optim::{Optimizer, Sgd, SgdConfig};
@@ -34,25 +34,36 @@ const WORKLOADS: &[Workload] = &[
 
 /// The 784-512-512-10 ReLU MLP of the reference workloads.
 pub(crate) fn mlp() -> Result<Sequential> {
+    mlp_on(DEV)
+}
+
+/// [`mlp`] on `device`.
+pub(crate) fn mlp_on(device: Device) -> Result<Sequential> {
     Ok(Sequential::new()
-        .push(Linear::new(784, 512, DEV)?)
+        .push(Linear::new(784, 512, device)?)
         .push(Relu)
-        .push(Linear::new(512, 512, DEV)?)
+        .push(Linear::new(512, 512, device)?)
         .push(Relu)
-        .push(Linear::new(512, 10, DEV)?))
+        .push(Linear::new(512, 10, device)?))
 }
 
 fn cnn() -> Result<Sequential> {
+    cnn_on(DEV)
+}
+
+/// The CNN of the reference workloads (conv 1→32, conv 32→64, max pool,
+/// linear 9216→128→10) on `device`.
+pub(crate) fn cnn_on(device: Device) -> Result<Sequential> {
     Ok(Sequential::new()
-        .push(Conv2d::new(1, 32, 3, DEV)?)
+        .push(Conv2d::new(1, 32, 3, device)?)
         .push(Relu)
-        .push(Conv2d::new(32, 64, 3, DEV)?)
+        .push(Conv2d::new(32, 64, 3, device)?)
         .push(Relu)
         .push(MaxPool2d::new(2)?)
         .push(Flatten::new())
-        .push(Linear::new(9216, 128, DEV)?)
+        .push(Linear::new(9216, 128, device)?)
         .push(Relu)
-        .push(Linear::new(128, 10, DEV)?))
+        .push(Linear::new(128, 10, device)?))
 }
 
 /// Parent side: runs each wanted workload in a child and turns its report into figures.
@@ -142,24 +153,7 @@ pub fn worker(name: &str, quick: bool) -> Result<()> {
         step(i)?;
     }
     let allocs_before = memory::stats(DEV)?.num_device_alloc;
-    // Timed in chunks so a noisy moment moves one sample, not the figure.
-    let chunk = (steps / 5).max(1);
-    let mut rates = Vec::new();
-    let mut done = 0;
-    let mut outcome = Ok(());
-    while done < steps {
-        let n = chunk.min(steps - done);
-        let seconds = time(|| {
-            for i in 0..n {
-                if outcome.is_ok() {
-                    outcome = step(done + i);
-                }
-            }
-        });
-        outcome.clone()?;
-        rates.push((n * workload.batch) as f64 / seconds);
-        done += n;
-    }
+    let mut rates = chunk_rates(steps, workload.batch, &mut step)?;
     let allocs = memory::stats(DEV)?.num_device_alloc - allocs_before;
     let report = serde_json::json!({
         "samples_per_s": median(&mut rates),

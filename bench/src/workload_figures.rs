@@ -22,7 +22,7 @@
 //! `Var::graph_stats().saved_bytes` of the loss; PyTorch: a
 //! `saved_tensors_hooks` pack hook summing storages by address).
 
-use crate::measure::{median, time, Better, Figure, Options};
+use crate::measure::{chunk_rates, median, Better, Figure, Options};
 use brasa_amp::autocast;
 use brasa_autograd::Var;
 use brasa_nn::functional::cross_entropy;
@@ -205,11 +205,11 @@ struct RunReport {
 /// Parent side: for each wanted workload and dtype, alternates brasa and
 /// PyTorch children and turns the medians into figures.
 pub fn run(options: &Options) -> Vec<Figure> {
-    let python = torch_python();
+    let python = importable_torch_python();
     if python.is_none() {
         eprintln!(
             "workloads: PyTorch is not importable by `{}` (set BRASA_TORCH_PYTHON): the _vs_torch figures are left out",
-            python_command()
+            crate::measure::torch_python()
         );
     }
     // Two rounds each side: a full run of every workload takes minutes on 2 cores.
@@ -272,13 +272,9 @@ fn leak(name: String) -> &'static str {
     Box::leak(name.into_boxed_str())
 }
 
-fn python_command() -> String {
-    std::env::var("BRASA_TORCH_PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
-/// The interpreter, when it can import torch.
-fn torch_python() -> Option<String> {
-    let python = python_command();
+/// The peer interpreter, when it can import torch.
+fn importable_torch_python() -> Option<String> {
+    let python = crate::measure::torch_python();
     let ok = Command::new(&python).args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success());
     ok.then_some(python)
 }
@@ -381,22 +377,7 @@ pub fn worker(spec: &str, quick: bool, profile: bool) -> Result<()> {
     }
     let saved_bytes = forward_loss(0)?.graph_stats().saved_bytes;
     let steps = steps(workload, quick);
-    // Timed in chunks so a noisy moment moves one sample, not the figure.
-    let chunk = (steps / 5).max(1);
-    let (mut rates, mut done, mut outcome) = (Vec::new(), 0, Ok(()));
-    while done < steps {
-        let n = chunk.min(steps - done);
-        let seconds = time(|| {
-            for i in 0..n {
-                if outcome.is_ok() {
-                    outcome = step(done + i);
-                }
-            }
-        });
-        outcome.clone()?;
-        rates.push((n * workload.batch) as f64 / seconds);
-        done += n;
-    }
+    let mut rates = chunk_rates(steps, workload.batch, &mut step)?;
     let report = serde_json::json!({
         "workload": workload.name,
         "dtype": dtype,

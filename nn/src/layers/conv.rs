@@ -4,7 +4,8 @@
 //! stride, padding, dilation and groups set through [`Conv2dConfig`].
 
 use crate::error::{NnError, Result};
-use crate::init;
+
+use crate::layers::conv_args::conv_parameters;
 use crate::layers::pair::IntoPair;
 use crate::module::Module;
 use brasa_autograd::Var;
@@ -161,15 +162,8 @@ impl Conv2d {
             return Err(NnError::invalid("Conv2d", format!("parameters must be floating point, got {}", config.dtype)));
         }
         let shape = [out_channels, in_channels / groups, kh, kw];
-        let weight = init::kaiming_uniform(&shape, 5f64.sqrt(), config.dtype, device)?;
-        let bias = if config.bias {
-            let (fan_in, _) = init::fans(&shape)?;
-            let bound = 1.0 / (fan_in as f64).sqrt();
-            Some(Var::param(init::uniform(&[out_channels], bound, config.dtype, device)?)?)
-        } else {
-            None
-        };
-        Ok(Conv2d { weight: Var::param(weight)?, bias, params: config.params(), in_channels })
+        let (weight, bias) = conv_parameters(&shape, out_channels, config.bias, config.dtype, device)?;
+        Ok(Conv2d { weight, bias, params: config.params(), in_channels })
     }
 
     /// `in_channels`.

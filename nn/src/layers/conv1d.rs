@@ -4,8 +4,8 @@
 //! dilation and groups set through [`Conv1dConfig`].
 
 use crate::error::Result;
-use crate::init;
-use crate::layers::conv_args::{check_input, ConvArgs};
+
+use crate::layers::conv_args::{check_input, conv_parameters, ConvArgs};
 use crate::module::Module;
 use brasa_autograd::Var;
 use brasa_tensor::{Conv1dParams, DType, Device};
@@ -140,15 +140,8 @@ impl Conv1d {
         }
         .check("Conv1d")?;
         let shape = [out_channels, in_channels / c.groups, kernel];
-        let weight = init::kaiming_uniform(&shape, 5f64.sqrt(), c.dtype, device)?;
-        let bias = if c.bias {
-            let (fan_in, _) = init::fans(&shape)?;
-            let bound = 1.0 / (fan_in as f64).sqrt();
-            Some(Var::param(init::uniform(&[out_channels], bound, c.dtype, device)?)?)
-        } else {
-            None
-        };
-        Ok(Conv1d { weight: Var::param(weight)?, bias, params: c.params() })
+        let (weight, bias) = conv_parameters(&shape, out_channels, c.bias, c.dtype, device)?;
+        Ok(Conv1d { weight, bias, params: c.params() })
     }
 
     /// `in_channels`.

@@ -3,14 +3,40 @@
 //! stride and dilation, groups dividing both channel counts, an output
 //! padding below the stride or the dilation (transposed ones), a float
 //! dtype; and the input's rank and channel count in `forward`. Each error
-//! names the layer and the values given.
+//! names the layer and the values given. Also the parameters every
+//! convolution layer (`Conv2d` too) initialises the same way.
 //!
 //! [`Conv1d`]: crate::Conv1d
 //! [`ConvTranspose1d`]: crate::ConvTranspose1d
 //! [`ConvTranspose2d`]: crate::ConvTranspose2d
 
 use crate::error::{NnError, Result};
-use brasa_tensor::DType;
+use crate::init;
+use brasa_autograd::Var;
+use brasa_tensor::{DType, Device};
+
+/// A convolution's `weight` of `shape` and optional `bias` of
+/// `out_channels`, as PyTorch initialises them: the weight from
+/// `kaiming_uniform(a = √5)`, the bias from `U(±1/√fan_in)` with `fan_in`
+/// the weight's dim 1 times its kernel (for transposed layers, dim 1 is
+/// `out_channels / groups`, as in PyTorch).
+pub(crate) fn conv_parameters(
+    shape: &[usize],
+    out_channels: usize,
+    bias: bool,
+    dtype: DType,
+    device: Device,
+) -> Result<(Var, Option<Var>)> {
+    let weight = Var::param(init::kaiming_uniform(shape, 5f64.sqrt(), dtype, device)?)?;
+    let bias = if bias {
+        let (fan_in, _) = init::fans(shape)?;
+        let bound = 1.0 / (fan_in as f64).sqrt();
+        Some(Var::param(init::uniform(&[out_channels], bound, dtype, device)?)?)
+    } else {
+        None
+    };
+    Ok((weight, bias))
+}
 
 /// A layer's sizes per spatial dim (one entry for 1-d, two for 2-d).
 pub(crate) struct ConvArgs<'a> {

@@ -5,8 +5,8 @@
 //! [`ConvTranspose2dConfig`].
 
 use crate::error::Result;
-use crate::init;
-use crate::layers::conv_args::{check_input, ConvArgs};
+
+use crate::layers::conv_args::{check_input, conv_parameters, ConvArgs};
 use crate::layers::pair::IntoPair;
 use crate::module::Module;
 use brasa_autograd::Var;
@@ -176,16 +176,8 @@ impl ConvTranspose2d {
         }
         .check("ConvTranspose2d")?;
         let shape = [in_channels, out_channels / c.groups, kh, kw];
-        let weight = init::kaiming_uniform(&shape, 5f64.sqrt(), c.dtype, device)?;
-        let bias = if c.bias {
-            // PyTorch's fan_in of the transposed weight: its dim 1 times the kernel.
-            let (fan_in, _) = init::fans(&shape)?;
-            let bound = 1.0 / (fan_in as f64).sqrt();
-            Some(Var::param(init::uniform(&[out_channels], bound, c.dtype, device)?)?)
-        } else {
-            None
-        };
-        Ok(ConvTranspose2d { weight: Var::param(weight)?, bias, params: c.params() })
+        let (weight, bias) = conv_parameters(&shape, out_channels, c.bias, c.dtype, device)?;
+        Ok(ConvTranspose2d { weight, bias, params: c.params() })
     }
 
     /// `in_channels`.

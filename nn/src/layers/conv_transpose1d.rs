@@ -5,8 +5,8 @@
 //! [`ConvTranspose1dConfig`].
 
 use crate::error::Result;
-use crate::init;
-use crate::layers::conv_args::{check_input, ConvArgs};
+
+use crate::layers::conv_args::{check_input, conv_parameters, ConvArgs};
 use crate::module::Module;
 use brasa_autograd::Var;
 use brasa_tensor::{ConvTranspose1dParams, DType, Device};
@@ -164,16 +164,8 @@ impl ConvTranspose1d {
         }
         .check("ConvTranspose1d")?;
         let shape = [in_channels, out_channels / c.groups, kernel];
-        let weight = init::kaiming_uniform(&shape, 5f64.sqrt(), c.dtype, device)?;
-        let bias = if c.bias {
-            // PyTorch's fan_in of the transposed weight: its dim 1 times the kernel.
-            let (fan_in, _) = init::fans(&shape)?;
-            let bound = 1.0 / (fan_in as f64).sqrt();
-            Some(Var::param(init::uniform(&[out_channels], bound, c.dtype, device)?)?)
-        } else {
-            None
-        };
-        Ok(ConvTranspose1d { weight: Var::param(weight)?, bias, params: c.params() })
+        let (weight, bias) = conv_parameters(&shape, out_channels, c.bias, c.dtype, device)?;
+        Ok(ConvTranspose1d { weight, bias, params: c.params() })
     }
 
     /// `in_channels`.
