@@ -216,6 +216,8 @@ pub fn run(options: &Options) -> Vec<Figure> {
     let rounds = options.reps(2, 1);
     let mut figures = Vec::new();
     for workload in WORKLOADS {
+        // Our medians per dtype, for the bf16 ÷ f32 figures.
+        let mut medians: Vec<(&str, RunReport)> = Vec::new();
         for &dtype in workload.dtypes {
             // One dtype: no dtype in the names (`nn.transformer_train_vs_torch`).
             let stem = match workload.dtypes {
@@ -244,22 +246,52 @@ pub fn run(options: &Options) -> Vec<Figure> {
                 continue;
             }
             figures.extend(figures_for(&stem, &ours, &theirs));
+            medians.push((dtype, median_report(&ours)));
         }
+        figures.extend(bf16_figures(workload.stem, &medians));
     }
     figures
 }
 
+/// The medians of a side's runs.
+fn median_report(reports: &[RunReport]) -> RunReport {
+    let med = |f: fn(&RunReport) -> f64| median(&mut reports.iter().map(f).collect::<Vec<_>>());
+    RunReport { samples_per_s: med(|r| r.samples_per_s), saved_bytes: med(|r| r.saved_bytes) }
+}
+
+/// What bf16 autocast buys over f32 on our side, when both were measured:
+/// `{stem}_bf16_vs_f32` (speed) and `{stem}_bf16_saved_ratio` (bytes held
+/// for backward after one forward, bf16 ÷ f32).
+fn bf16_figures(stem: &str, medians: &[(&str, RunReport)]) -> Vec<Figure> {
+    let find = |dtype: &str| medians.iter().find(|(d, _)| *d == dtype).map(|(_, r)| *r);
+    let (Some(f32_report), Some(bf16_report)) = (find("f32"), find("bf16")) else {
+        return Vec::new();
+    };
+    vec![
+        Figure::new(
+            leak(format!("{stem}_bf16_vs_f32")),
+            bf16_report.samples_per_s / f32_report.samples_per_s,
+            "x",
+            Better::Higher,
+        ),
+        Figure::new(
+            leak(format!("{stem}_bf16_saved_ratio")),
+            bf16_report.saved_bytes / f32_report.saved_bytes,
+            "x",
+            Better::Lower,
+        ),
+    ]
+}
+
 /// The four figures of one workload in one dtype (two without PyTorch).
 fn figures_for(stem: &str, ours: &[RunReport], theirs: &[RunReport]) -> Vec<Figure> {
-    let med = |reports: &[RunReport], f: fn(&RunReport) -> f64| median(&mut reports.iter().map(f).collect::<Vec<_>>());
-    let rate = med(ours, |r| r.samples_per_s);
-    let saved = med(ours, |r| r.saved_bytes);
+    let RunReport { samples_per_s: rate, saved_bytes: saved } = median_report(ours);
     let mut figures = vec![
         Figure::new(leak(format!("{stem}_samples_per_s")), rate, "samples/s", Better::Higher),
         Figure::new(leak(format!("{stem}_saved_mb")), saved / (1024.0 * 1024.0), "MiB", Better::Lower),
     ];
     if !theirs.is_empty() {
-        let (torch_rate, torch_saved) = (med(theirs, |r| r.samples_per_s), med(theirs, |r| r.saved_bytes));
+        let RunReport { samples_per_s: torch_rate, saved_bytes: torch_saved } = median_report(theirs);
         figures.push(Figure::new(leak(format!("{stem}_vs_torch")), rate / torch_rate, "x", Better::Higher));
         figures.push(Figure::new(leak(format!("{stem}_saved_vs_torch")), saved / torch_saved, "x", Better::Lower));
     }

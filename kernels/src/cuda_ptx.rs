@@ -37,6 +37,7 @@ modules!(
     "random",
     "reduce",
     "softmax",
+    "norm",
     "index",
     "conv",
     "pool",

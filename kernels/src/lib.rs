@@ -44,6 +44,7 @@ pub mod elementwise;
 mod error;
 pub mod gemm;
 pub mod index;
+pub mod norm;
 pub mod peak;
 pub mod pool;
 pub mod reduce;

@@ -75,7 +75,7 @@ fn fold_lanes<A: Copy>(mut lanes: [A; LANES], combine: impl Fn(A, A) -> A) -> A 
 
 /// `Σ f(x[i])` in 16 lanes.
 #[inline(always)]
-fn lane_sum_by<A: Accumulator>(x: &[A], f: impl Fn(A) -> A) -> A {
+pub(crate) fn lane_sum_by<A: Accumulator>(x: &[A], f: impl Fn(A) -> A) -> A {
     let mut lanes = [A::ZERO; LANES];
     let mut chunks = x.chunks_exact(LANES);
     for chunk in &mut chunks {

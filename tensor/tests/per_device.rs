@@ -268,6 +268,62 @@ per_device!(softmax_and_log_softmax_along_any_dim, |device| {
     assert_close(&values(&h), &want, 1e-2, "bf16 softmax");
 });
 
+per_device!(layer_norm_forward_and_backward, |device| {
+    // Rows of 300 (longer than a CUDA block of 256 threads), offset by 100
+    // so the variance is a small difference of large numbers.
+    let (rows, width) = (3usize, 300usize);
+    let v: Vec<f32> = (0..rows * width).map(|i| 100.0 + ((i * 37) % 101) as f32 / 10.0).collect();
+    let w: Vec<f32> = (0..width).map(|i| 0.5 + (i % 7) as f32 / 4.0).collect();
+    let b: Vec<f32> = (0..width).map(|i| (i % 5) as f32 - 2.0).collect();
+    let g: Vec<f32> = (0..rows * width).map(|i| ((i * 13) % 17) as f32 / 8.0 - 1.0).collect();
+    let eps = 1e-5;
+    let (x, wt, bt, gt) = (
+        tensor(&v, &[rows, width], device),
+        tensor(&w, &[width], device),
+        tensor(&b, &[width], device),
+        tensor(&g, &[rows, width], device),
+    );
+    let (y, mean, rstd) = x.native_layer_norm(&[width], Some(&wt), Some(&bt), eps).unwrap();
+    let (dx, dw, db) = gt.native_layer_norm_backward(&x, &[width], &mean, &rstd, Some(&wt), [true; 3]).unwrap();
+    // The same in f64, term by term.
+    let f = |s: &[f32]| s.iter().map(|&x| x as f64).collect::<Vec<_>>();
+    let (v, w, b, g) = (f(&v), f(&w), f(&b), f(&g));
+    let (mut want_y, mut want_dx, mut want_dw, mut want_db) = (vec![], vec![], vec![0.0; width], vec![0.0; width]);
+    let (mut want_mean, mut want_rstd) = (vec![], vec![]);
+    for r in 0..rows {
+        let (x, gr) = (&v[r * width..(r + 1) * width], &g[r * width..(r + 1) * width]);
+        let m = x.iter().sum::<f64>() / width as f64;
+        let s = 1.0 / (x.iter().map(|x| (x - m).powi(2)).sum::<f64>() / width as f64 + eps).sqrt();
+        let xh: Vec<f64> = x.iter().map(|x| (x - m) * s).collect();
+        let gh: Vec<f64> = gr.iter().zip(&w).map(|(g, w)| g * w).collect();
+        let mean_g = gh.iter().sum::<f64>() / width as f64;
+        let mean_gx = gh.iter().zip(&xh).map(|(g, x)| g * x).sum::<f64>() / width as f64;
+        for k in 0..width {
+            want_y.push(xh[k] * w[k] + b[k]);
+            want_dx.push(s * (gh[k] - mean_g - xh[k] * mean_gx));
+            want_dw[k] += gr[k] * xh[k];
+            want_db[k] += gr[k];
+        }
+        want_mean.push(m);
+        want_rstd.push(s);
+    }
+    assert_eq!(mean.dims(), [rows, 1]);
+    assert_close(&values(&mean), &want_mean, 1e-6, "layer_norm mean");
+    assert_close(&values(&rstd), &want_rstd, 1e-4, "layer_norm rstd");
+    assert_close(&values(&y), &want_y, 1e-4, "layer_norm output");
+    assert_close(&values(&dx.unwrap()), &want_dx, 1e-3, "layer_norm input gradient");
+    assert_close(&values(&dw.unwrap()), &want_dw, 1e-4, "layer_norm weight gradient");
+    assert_close(&values(&db.unwrap()), &want_db, 1e-5, "layer_norm bias gradient");
+    // bf16 input: computed in f32 and returned in bf16, so it matches the f32
+    // result of the same (rounded) input to bf16's precision.
+    let rounded = x.to_dtype(DType::BF16).unwrap();
+    let (h, _, _) = rounded.native_layer_norm(&[width], Some(&wt), Some(&bt), eps).unwrap();
+    assert_eq!(h.dtype(), DType::BF16);
+    let (want_h, _, _) =
+        rounded.to_dtype(DType::F32).unwrap().native_layer_norm(&[width], Some(&wt), Some(&bt), eps).unwrap();
+    assert_close(&values(&h), &values(&want_h), 1e-2, "bf16 layer_norm");
+});
+
 per_device!(in_place_updates_write_through_views, |device| {
     let p = tensor(&[1.0, 2.0, 3.0, 4.0], &[2, 2], device);
     let g = tensor(&[0.5, 0.5, 1.0, 1.0], &[2, 2], device);

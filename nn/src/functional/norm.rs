@@ -4,7 +4,9 @@
 //! normalises on tensors and saves only the input and the per-channel (or
 //! per-row) mean and inverse standard deviation; the backward is the closed
 //! form, so a normalisation costs a few passes over memory and one saved
-//! input rather than a graph of a dozen elementwise ops.
+//! input rather than a graph of a dozen elementwise ops. Layer norm runs on
+//! the device's fused kernels (`Tensor::native_layer_norm` and its
+//! backward): one pass per row each way.
 //!
 //! f16 and bf16 inputs are normalised in f32 and the output converted back,
 //! and their `weight` and `bias` may be f32 (a half-precision model keeps its
@@ -324,26 +326,20 @@ pub fn layer_norm(
     if !eps.is_finite() || eps < 0.0 {
         return Err(NnError::invalid("layer_norm", format!("eps must be finite and non-negative, got {eps}")));
     }
-    let width: usize = normalized_shape.iter().product();
     let mut inputs = vec![input];
     inputs.extend(weight);
     inputs.extend(bias);
-    let function = LayerNormFn {
-        shape: to_isize(normalized_shape),
-        width,
-        eps,
-        has_weight: weight.is_some(),
-        has_bias: bias.is_some(),
-    };
+    let function =
+        LayerNormFn { shape: normalized_shape.to_vec(), eps, has_weight: weight.is_some(), has_bias: bias.is_some() };
     Ok(apply(function, &inputs)?)
 }
 
-/// The layer normalisation of [`layer_norm`], on the input seen as `[rows, width]`.
+/// The layer normalisation of [`layer_norm`]: one fused pass per direction
+/// ([`Tensor::native_layer_norm`] and its backward), saving the input, the
+/// per-row mean and `1/√(var + eps)`, and the weight.
 struct LayerNormFn {
     /// `normalized_shape`, the shape of the weight and bias.
-    shape: Vec<isize>,
-    /// The number of elements each row normalises.
-    width: usize,
+    shape: Vec<usize>,
     eps: f64,
     has_weight: bool,
     has_bias: bool,
@@ -356,26 +352,16 @@ impl Function for LayerNormFn {
 
     fn forward(&mut self, ctx: &mut FunctionCtx, inputs: &[Tensor]) -> brasa_autograd::Result<Tensor> {
         let x = &inputs[0];
-        let dtype = compute_dtype(x.dtype());
-        let width = self.width as isize;
-        let rows = x.reshape(&[-1, width])?.to_dtype(dtype)?;
-        let mean = rows.mean(&[1], true)?;
-        let invstd = rows.var_with_correction(&[1], 0, true)?.add_scalar(self.eps)?.rsqrt()?;
-        let out = rows.sub(&mean)?;
-        out.mul_(&invstd)?;
-        if self.has_weight {
-            out.mul_(&inputs[1].reshape(&[width])?)?;
-        }
-        if self.has_bias {
-            out.add_(&inputs[1 + self.has_weight as usize].reshape(&[width])?)?;
-        }
+        let weight = self.has_weight.then(|| &inputs[1]);
+        let bias = self.has_bias.then(|| &inputs[1 + self.has_weight as usize]);
+        let (out, mean, rstd) = x.native_layer_norm(&self.shape, weight, bias, self.eps)?;
         ctx.save_for_backward(x);
         ctx.save_for_backward(&mean);
-        ctx.save_for_backward(&invstd);
-        if self.has_weight {
-            ctx.save_for_backward(&inputs[1]);
+        ctx.save_for_backward(&rstd);
+        if let Some(weight) = weight {
+            ctx.save_for_backward(weight);
         }
-        Ok(out.reshape(&to_isize(x.dims()))?.to_dtype(x.dtype())?)
+        Ok(out)
     }
 
     fn backward(
@@ -384,42 +370,17 @@ impl Function for LayerNormFn {
         grad_output: &Tensor,
         needs: &[bool],
     ) -> brasa_autograd::Result<Vec<Option<Tensor>>> {
-        let (input, mean, invstd) = (&saved[0], &saved[1], &saved[2]);
-        let dtype = mean.dtype();
-        let width = self.width as isize;
-        let x = input.reshape(&[-1, width])?.to_dtype(dtype)?;
-        let g = grad_output.reshape(&[-1, width])?.to_dtype(dtype)?.contiguous()?;
-        let weight = if self.has_weight { Some(saved[3].reshape(&[width])?.to_dtype(dtype)?) } else { None };
-
-        let x_hat = x.sub(mean)?;
-        x_hat.mul_(invstd)?;
-        let mut grads = Vec::with_capacity(needs.len());
-        let weight_grad = if self.has_weight && needs[1] {
-            Some(g.mul(&x_hat)?.sum(&[0], false)?.reshape(&self.shape)?)
-        } else {
-            None
-        };
-        if needs[0] {
-            // dx = invstd · (ĝ - mean(ĝ) - x̂ · mean(ĝ · x̂)) per row, with ĝ = g · w.
-            let g_hat = match &weight {
-                Some(w) => g.mul(w)?,
-                None => g.clone(),
-            };
-            let mean_g = g_hat.mean(&[1], true)?;
-            let mean_g_xhat = g_hat.mul(&x_hat)?.mean(&[1], true)?;
-            x_hat.mul_(&mean_g_xhat)?;
-            let dx = g_hat.sub(&x_hat)?;
-            dx.sub_(&mean_g)?;
-            dx.mul_(invstd)?;
-            grads.push(Some(dx.reshape(&to_isize(input.dims()))?));
-        } else {
-            grads.push(None);
-        }
+        let (input, mean, rstd) = (&saved[0], &saved[1], &saved[2]);
+        let weight = self.has_weight.then(|| &saved[3]);
+        let bias_at = 1 + self.has_weight as usize;
+        let mask = [needs[0], self.has_weight && needs[1], self.has_bias && needs[bias_at]];
+        let (dx, dw, db) = grad_output.native_layer_norm_backward(input, &self.shape, mean, rstd, weight, mask)?;
+        let mut grads = vec![dx];
         if self.has_weight {
-            grads.push(weight_grad);
+            grads.push(dw);
         }
         if self.has_bias {
-            grads.push(needs[grads.len()].then(|| g.sum(&[0], false)?.reshape(&self.shape)).transpose()?);
+            grads.push(db);
         }
         Ok(grads)
     }

@@ -223,6 +223,21 @@ pub(crate) struct MatmulOperands<'a> {
     pub k: usize,
 }
 
+/// The operands of [`Backend::layer_norm_backward`], all contiguous and of
+/// one compute dtype (f32 or f64).
+pub(crate) struct LayerNormBackward<'a> {
+    /// The output's gradient, `[rows, width]`.
+    pub grad: &'a Tensor,
+    /// The input, `[rows, width]`.
+    pub x: &'a Tensor,
+    /// Each row's mean, `[rows]`, as the forward returned it.
+    pub mean: &'a Tensor,
+    /// Each row's `1/√(var + eps)`, `[rows]`.
+    pub rstd: &'a Tensor,
+    /// The affine weight, `[width]`, if the forward had one.
+    pub weight: Option<&'a Tensor>,
+}
+
 /// What one device does for the ops above the seam. Every method receives
 /// operands that are already checked: on this backend's device, of the dtype
 /// the op computes in, and (for elementwise methods) of one common shape,
@@ -280,6 +295,23 @@ pub(crate) trait Backend: Sync {
     /// Softmax (or log-softmax with `log`) of a contiguous float tensor `x`
     /// seen as `[outer, n, inner]`, over the middle dim; f16 and bf16 in f32.
     fn softmax(&self, name: &'static str, x: &Tensor, n: usize, inner: usize, log: bool) -> Result<Tensor>;
+
+    /// Layer normalisation of each row of `x` (contiguous `[rows, width]`, f32
+    /// or f64) with the optional affine `weight` and `bias` (contiguous
+    /// `[width]`, `x`'s dtype): the output (`x`'s shape) and each row's mean
+    /// and `1/√(var + eps)` (`[rows]`, biased variance).
+    fn layer_norm(
+        &self,
+        x: &Tensor,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<(Tensor, Tensor, Tensor)>;
+
+    /// The gradients of [`Backend::layer_norm`] asked for by `needs` (input,
+    /// weight, bias): `[rows, width]`, `[width]`, `[width]` in the operands'
+    /// dtype. The weight's gradient is `None` when there is no weight.
+    fn layer_norm_backward(&self, args: LayerNormBackward<'_>, needs: [bool; 3]) -> Result<[Option<Tensor>; 3]>;
 
     /// Updates `dst` in place (see [`Update`] for each op's operands, which
     /// have `dst`'s shape and dtype and do not share its storage, except a

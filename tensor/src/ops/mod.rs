@@ -14,6 +14,7 @@ pub(crate) mod elementwise;
 mod index;
 mod inplace_arith;
 mod inplace_unary;
+mod layer_norm;
 pub(crate) mod matmul;
 mod mm;
 pub(crate) mod pool;

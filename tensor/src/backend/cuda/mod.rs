@@ -18,13 +18,16 @@ mod conv;
 mod elementwise;
 mod index;
 mod matmul;
+mod norm;
 mod pool;
 mod random;
 mod reduce;
 mod strided;
 mod update;
 
-use crate::backend::{Backend, CompareOp, Distribution, Indices, MatmulOperands, ReduceOp, Sequence, Update};
+use crate::backend::{
+    Backend, CompareOp, Distribution, Indices, LayerNormBackward, MatmulOperands, ReduceOp, Sequence, Update,
+};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Result, SharedError, TensorError};
@@ -225,6 +228,20 @@ impl Backend for CudaBackend {
 
     fn softmax(&self, name: &'static str, x: &Tensor, n: usize, inner: usize, log: bool) -> Result<Tensor> {
         reduce::softmax(self, name, x, n, inner, log)
+    }
+
+    fn layer_norm(
+        &self,
+        x: &Tensor,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        norm::layer_norm(self, x, weight, bias, eps)
+    }
+
+    fn layer_norm_backward(&self, args: LayerNormBackward<'_>, needs: [bool; 3]) -> Result<[Option<Tensor>; 3]> {
+        norm::layer_norm_backward(self, args, needs)
     }
 
     fn update(&self, name: &'static str, op: Update, dst: &Tensor, operands: &[&Tensor]) -> Result<()> {

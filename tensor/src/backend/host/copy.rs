@@ -36,19 +36,36 @@ pub(super) fn copy_into(name: &'static str, dst: &Tensor, src: &Tensor) -> Resul
     Ok(())
 }
 
-/// Element-by-element copy between two layouts of the same shape, a
-/// contiguous run at a time where both sides allow.
+/// Copy between two layouts of the same shape, a contiguous run at a time
+/// where both sides allow: runs as long as the largest length that divides
+/// both sides' runs (a transposed-then-reshaped gradient copied into a
+/// narrowed slice has runs of a head's width on one side and of the slice's
+/// width on the other), element by element only when that length is 1.
 fn copy_runs<T: WithDType>(from: &[T], src: &Tensor, to: &mut [T], dst: &Tensor) {
     let dst_runs = dst.layout().contiguous_runs();
     let src_runs = src.layout().contiguous_runs();
-    if dst_runs.run_len() == src_runs.run_len() {
-        for (d, s) in dst_runs.zip(src_runs) {
+    let common = gcd(dst_runs.run_len(), src_runs.run_len());
+    if common > 1 {
+        let chunks = move |runs: crate::layout::ContiguousRuns| {
+            runs.flat_map(move |run| run.step_by(common).map(move |start| start..start + common))
+        };
+        for (d, s) in chunks(dst_runs).zip(chunks(src_runs)) {
             to[d].copy_from_slice(&from[s]);
         }
     } else {
         for (d, s) in dst.layout().offsets().zip(src.layout().offsets()) {
             to[d] = from[s];
         }
+    }
+}
+
+/// The greatest common divisor (`gcd(0, n) = n`). Runs are products of
+/// trailing dims, so one length usually divides the other; gcd covers any.
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }
 
@@ -64,4 +81,41 @@ pub(super) fn fill(name: &'static str, dst: &Tensor, value: f64) -> Result<()> {
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gcd;
+    use crate::{DType, Tensor};
+
+    /// The values of `t` in row-major order, through the contiguous path.
+    fn values(t: &Tensor) -> Vec<f32> {
+        t.contiguous().unwrap().to_vec::<f32>().unwrap()
+    }
+
+    #[test]
+    fn gcd_of_run_lengths() {
+        assert_eq!(gcd(256, 64), 64);
+        assert_eq!(gcd(6, 4), 2);
+        assert_eq!(gcd(7, 3), 1);
+        assert_eq!(gcd(0, 5), 5);
+    }
+
+    #[test]
+    fn copy_between_runs_of_different_lengths_keeps_every_element_in_place() {
+        // Source runs of 6 (a transposed [2, 3, 4, 6] read as [2, 4, 3, 6]),
+        // destination runs of 18 (a narrowed [2, 4, 30] viewed as [2, 4, 3, 6]).
+        let source = Tensor::arange(0.0, 144.0, 1.0, DType::F32).unwrap().reshape(&[2, 3, 4, 6]).unwrap();
+        let src = source.transpose(1, 2).unwrap();
+        let big = Tensor::zeros([2, 4, 30], DType::F32).unwrap();
+        let dst = big.narrow(2, 6, 18).unwrap().reshape(&[2, 4, 3, 6]).unwrap();
+        dst.copy_(&src).unwrap();
+        assert_eq!(values(&dst), values(&src));
+        // `dst` is a view: the values landed in `big`.
+        assert_eq!(values(&big.narrow(2, 6, 18).unwrap()), values(&src.reshape(&[2, 4, 18]).unwrap()));
+        let untouched = [big.narrow(2, 0, 6).unwrap(), big.narrow(2, 24, 6).unwrap()];
+        for part in untouched {
+            assert!(values(&part).iter().all(|&v| v == 0.0));
+        }
+    }
 }

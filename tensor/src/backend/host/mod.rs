@@ -7,6 +7,7 @@ mod copy;
 mod elementwise;
 mod index;
 mod matmul;
+mod norm;
 mod pool;
 mod random;
 mod reduce;
@@ -16,7 +17,9 @@ mod update;
 pub(crate) use conv::dense_elements;
 pub(crate) use reduce::PARALLEL_MIN_WORK;
 
-use crate::backend::{Backend, CompareOp, Distribution, Indices, MatmulOperands, ReduceOp, Sequence, Update};
+use crate::backend::{
+    Backend, CompareOp, Distribution, Indices, LayerNormBackward, MatmulOperands, ReduceOp, Sequence, Update,
+};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -80,6 +83,20 @@ impl Backend for HostBackend {
 
     fn softmax(&self, name: &'static str, x: &Tensor, n: usize, inner: usize, log: bool) -> Result<Tensor> {
         softmax::softmax(name, x, n, inner, log)
+    }
+
+    fn layer_norm(
+        &self,
+        x: &Tensor,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        norm::layer_norm(x, weight, bias, eps)
+    }
+
+    fn layer_norm_backward(&self, args: LayerNormBackward<'_>, needs: [bool; 3]) -> Result<[Option<Tensor>; 3]> {
+        norm::layer_norm_backward(args, needs)
     }
 
     fn update(&self, name: &'static str, op: Update, dst: &Tensor, operands: &[&Tensor]) -> Result<()> {
