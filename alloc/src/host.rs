@@ -3,10 +3,18 @@
 //! Segments of 1 MiB and more are mapped straight from the operating system
 //! (`mmap` on Unix), so releasing a segment really returns its pages; smaller
 //! requests go through the global allocator.
+//!
+//! Pinned (page-locked) host memory is always mapped; it is locked with
+//! `mlock`, or — when a device driver is given ([`HostBackend::pinned_by`]) —
+//! registered with the driver, whose streams' events then decide when a block
+//! that a device copied from may be reused (see [`crate::HostPinning`]).
 
 use crate::backend::{Backend, BackendError, StreamId};
+use crate::pinning::{HostEvent, HostPinning};
 use std::alloc::{self, Layout};
+use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Alignment of every host allocation: a cache line, and enough for any SIMD load.
 pub const HOST_ALIGNMENT: usize = 64;
@@ -15,13 +23,28 @@ pub const HOST_ALIGNMENT: usize = 64;
 const MAP_THRESHOLD: usize = 1 << 20;
 
 /// Host memory, optionally limited to a number of bytes.
-#[derive(Debug)]
 pub struct HostBackend {
     name: String,
     limit: Option<usize>,
     in_use: AtomicUsize,
-    /// Page-locked ("pinned") memory: every allocation is mapped and `mlock`ed.
+    /// Page-locked ("pinned") memory: every allocation is mapped and locked
+    /// (`mlock`, or registered with `pinning`).
     pinned: bool,
+    /// The device driver that pins the memory and records the events of its
+    /// streams; `None`: `mlock`, and host events.
+    pinning: Option<Arc<dyn HostPinning>>,
+}
+
+impl fmt::Debug for HostBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostBackend")
+            .field("name", &self.name)
+            .field("limit", &self.limit)
+            .field("in_use", &self.in_use)
+            .field("pinned", &self.pinned)
+            .field("pinned_by", &self.pinning_name())
+            .finish()
+    }
 }
 
 impl HostBackend {
@@ -37,7 +60,7 @@ impl HostBackend {
 
     /// A host backend with its own name (e.g. a logical device `cpu:3`) and limit.
     pub fn named(name: impl Into<String>, limit: Option<usize>) -> Self {
-        HostBackend { name: name.into(), limit, in_use: AtomicUsize::new(0), pinned: false }
+        HostBackend { name: name.into(), limit, in_use: AtomicUsize::new(0), pinned: false, pinning: None }
     }
 
     /// Page-locked host memory (what CUDA calls pinned memory): every
@@ -45,13 +68,57 @@ impl HostBackend {
     /// OS never pages it out and a device can copy from it asynchronously.
     /// Allocation fails with a message naming `RLIMIT_MEMLOCK` when the lock
     /// limit is reached.
+    ///
+    /// No device knows this memory: a device copy from it is synchronous.
+    /// Use [`HostBackend::pinned_by`] for memory a device copies from asynchronously.
     pub fn pinned(name: impl Into<String>, limit: Option<usize>) -> Self {
         HostBackend { pinned: true, ..Self::named(name, limit) }
+    }
+
+    /// Page-locked host memory registered with a device driver: every
+    /// allocation is mapped from the OS and handed to `pinning` (for CUDA,
+    /// `cuMemHostRegister`), so the device can copy from it asynchronously.
+    /// The backend's events are the driver's: a block that a device stream
+    /// used ([`Allocation::record_stream`](crate::Allocation::record_stream))
+    /// is reused only after that stream's work queued before its free has run.
+    pub fn pinned_by(name: impl Into<String>, limit: Option<usize>, pinning: Arc<dyn HostPinning>) -> Self {
+        HostBackend { pinned: true, pinning: Some(pinning), ..Self::named(name, limit) }
     }
 
     /// Whether this backend hands out page-locked memory.
     pub fn is_pinned(&self) -> bool {
         self.pinned
+    }
+
+    /// The driver that pins this backend's memory ([`HostPinning::name`]),
+    /// `None` for plain or `mlock`ed memory.
+    pub fn pinning_name(&self) -> Option<String> {
+        self.pinning.as_ref().map(|p| p.name())
+    }
+
+    /// Locks a fresh mapping: registered with the driver, else `mlock`ed. On
+    /// failure the mapping is left as it was (the caller undoes it).
+    fn lock(&self, addr: usize, bytes: usize) -> Result<(), BackendError> {
+        match &self.pinning {
+            Some(pinning) => pinning.register(addr, bytes).map_err(|error| {
+                BackendError::Device(format!(
+                    "cannot pin {bytes} bytes of host memory with {}: {error}",
+                    pinning.name()
+                ))
+            }),
+            None => lock_pages(addr, bytes),
+        }
+    }
+
+    /// Undoes [`HostBackend::lock`] before the pages go (`munmap` unlocks `mlock`ed ones).
+    ///
+    /// # Safety
+    /// The range must be a locked range that nothing uses any more.
+    unsafe fn unlock(&self, addr: usize, bytes: usize) {
+        if let Some(pinning) = &self.pinning {
+            // SAFETY: the caller's guarantee.
+            unsafe { pinning.unregister(addr, bytes) };
+        }
     }
 
     /// The byte limit, if any.
@@ -88,7 +155,7 @@ impl Default for HostBackend {
 }
 
 impl Backend for HostBackend {
-    type Event = ();
+    type Event = HostEvent;
 
     fn device_name(&self) -> String {
         self.name.clone()
@@ -100,7 +167,14 @@ impl Backend for HostBackend {
         }
         self.reserve(bytes)?;
         let result = if self.pinned {
-            map_pages(bytes).and_then(|addr| lock_pages(addr, bytes))
+            map_pages(bytes).and_then(|addr| match self.lock(addr, bytes) {
+                Ok(()) => Ok(addr),
+                Err(error) => {
+                    // SAFETY: the mapping was made just above and nobody has seen it.
+                    unsafe { unmap_pages(addr, bytes) };
+                    Err(error)
+                }
+            })
         } else if bytes >= MAP_THRESHOLD {
             map_pages(bytes)
         } else {
@@ -113,7 +187,12 @@ impl Backend for HostBackend {
     }
 
     unsafe fn free(&self, addr: usize, bytes: usize) {
-        // Unmapping also unlocks pinned pages.
+        if self.pinned {
+            // SAFETY: the caller guarantees `addr`/`bytes` came from `allocate`, so
+            // were locked, and are unused.
+            unsafe { self.unlock(addr, bytes) };
+        }
+        // Unmapping also unlocks `mlock`ed pages.
         if self.pinned || bytes >= MAP_THRESHOLD {
             // SAFETY: the caller guarantees `addr`/`bytes` came from `map_pages`.
             unsafe { unmap_pages(addr, bytes) };
@@ -136,21 +215,25 @@ impl Backend for HostBackend {
         }
     }
 
-    // The host runs synchronously: an event is complete when recorded.
-    fn record_event(&self, _stream: StreamId) -> Result<(), BackendError> {
-        Ok(())
+    // The host runs synchronously: an event is complete when recorded. A
+    // device stream that copies from pinned memory has the driver's events.
+    fn record_event(&self, stream: StreamId) -> Result<HostEvent, BackendError> {
+        match &self.pinning {
+            Some(pinning) => Ok(pinning.record_event(stream)?.map_or_else(HostEvent::complete, HostEvent::on_device)),
+            None => Ok(HostEvent::complete()),
+        }
     }
 
-    fn event_completed(&self, _event: &()) -> bool {
-        true
+    fn event_completed(&self, event: &HostEvent) -> bool {
+        event.is_complete()
     }
 
-    fn synchronize_event(&self, _event: &()) -> Result<(), BackendError> {
-        Ok(())
+    fn synchronize_event(&self, event: &HostEvent) -> Result<(), BackendError> {
+        event.synchronize()
     }
 
     fn synchronize_device(&self) -> Result<(), BackendError> {
-        Ok(())
+        self.pinning.as_ref().map_or(Ok(()), |pinning| pinning.synchronize())
     }
 
     fn virtual_memory_granularity(&self) -> Option<usize> {
@@ -170,7 +253,7 @@ impl Backend for HostBackend {
         self.reserve(bytes)?;
         let result = commit_pages(addr, bytes).and_then(|()| {
             if self.pinned {
-                lock_pages(addr, bytes).map(|_| ()).inspect_err(|_| {
+                self.lock(addr, bytes).inspect_err(|_| {
                     // SAFETY: the pages were committed just above and nobody has seen them.
                     unsafe { decommit_pages(addr, bytes) }
                 })
@@ -185,6 +268,10 @@ impl Backend for HostBackend {
     }
 
     unsafe fn unmap(&self, addr: usize, bytes: usize) {
+        if self.pinned {
+            // SAFETY: the caller passes a mapped (so locked) range that nothing uses any more.
+            unsafe { self.unlock(addr, bytes) };
+        }
         // SAFETY: the caller passes a committed range that nothing uses any more.
         unsafe { decommit_pages(addr, bytes) };
         self.in_use.fetch_sub(bytes, Ordering::Relaxed);
@@ -309,16 +396,14 @@ unsafe fn unmap_pages(addr: usize, bytes: usize) {
     unsafe { libc::munmap(addr as *mut libc::c_void, bytes) };
 }
 
-/// Locks a fresh mapping in RAM, or unmaps it and says why not.
+/// Locks a fresh mapping in RAM, or says why not (the caller unmaps it).
 #[cfg(unix)]
-fn lock_pages(addr: usize, bytes: usize) -> Result<usize, BackendError> {
+fn lock_pages(addr: usize, bytes: usize) -> Result<(), BackendError> {
     // SAFETY: `addr..addr + bytes` is a mapping this backend just made.
     if unsafe { libc::mlock(addr as *const libc::c_void, bytes) } == 0 {
-        return Ok(addr);
+        return Ok(());
     }
     let error = std::io::Error::last_os_error();
-    // SAFETY: the mapping is ours and nothing else has seen it.
-    unsafe { unmap_pages(addr, bytes) };
     Err(BackendError::Device(format!(
         "cannot pin {bytes} bytes of host memory (mlock: {error}); raise the locked-memory limit \
          (RLIMIT_MEMLOCK, `ulimit -l`) or pin less"
@@ -326,8 +411,8 @@ fn lock_pages(addr: usize, bytes: usize) -> Result<usize, BackendError> {
 }
 
 #[cfg(not(unix))]
-fn lock_pages(addr: usize, _bytes: usize) -> Result<usize, BackendError> {
-    Ok(addr)
+fn lock_pages(_addr: usize, _bytes: usize) -> Result<(), BackendError> {
+    Ok(())
 }
 
 #[cfg(not(unix))]

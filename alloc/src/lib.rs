@@ -10,7 +10,8 @@
 //! segment page by page in a reserved address range, giving whole free pages
 //! back (see [`AllocatorConfig::expandable_segments`]).
 //!
-//! It sits in front of any [`Backend`]: host memory ([`HostBackend`]), CUDA
+//! It sits in front of any [`Backend`]: host memory ([`HostBackend`], also
+//! page-locked, by `mlock` or by a device driver through [`HostPinning`]), CUDA
 //! (`CudaBackend`, feature `cuda`), or a test backend that fails on command
 //! ([`FailingBackend`]). Statistics follow `torch.cuda.memory_stats()`;
 //! [`CachingAllocator::summary`] prints PyTorch's table, and
@@ -49,6 +50,7 @@ mod cuda;
 mod error;
 mod failing;
 mod host;
+mod pinning;
 pub mod policy;
 mod pool;
 mod snapshot;
@@ -64,6 +66,7 @@ pub use cuda::CudaBackend;
 pub use error::{find_out_of_memory, format_size, AllocError, OutOfMemory};
 pub use failing::{FailingBackend, TestEvent};
 pub use host::{HostBackend, HOST_ALIGNMENT};
+pub use pinning::{HostEvent, HostPinning, StreamEvent};
 pub use policy::PoolKind;
 pub use snapshot::{BlockSnapshot, BlockState, FragmentationReport, SegmentSnapshot, Snapshot};
 pub use stats::{MemoryStats, Stat, StatArray};

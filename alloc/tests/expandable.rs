@@ -6,8 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use brasa_alloc::{
-    AllocatorConfig, Backend, BackendError, BlockState, CachingAllocator, FailingBackend, HostBackend, StreamId,
-    TraceAction,
+    AllocatorConfig, Backend, BackendError, BlockState, CachingAllocator, FailingBackend, HostBackend, HostEvent,
+    StreamId, TraceAction,
 };
 
 const MIB: usize = 1 << 20;
@@ -233,7 +233,7 @@ fn blocks_awaiting_other_streams_are_not_unmapped() {
 struct PlainHost(HostBackend);
 
 impl Backend for PlainHost {
-    type Event = ();
+    type Event = HostEvent;
     fn device_name(&self) -> String {
         self.0.device_name()
     }
@@ -250,13 +250,13 @@ impl Backend for PlainHost {
     fn free_bytes(&self) -> usize {
         self.0.free_bytes()
     }
-    fn record_event(&self, stream: StreamId) -> Result<(), BackendError> {
+    fn record_event(&self, stream: StreamId) -> Result<HostEvent, BackendError> {
         self.0.record_event(stream)
     }
-    fn event_completed(&self, event: &()) -> bool {
+    fn event_completed(&self, event: &HostEvent) -> bool {
         self.0.event_completed(event)
     }
-    fn synchronize_event(&self, event: &()) -> Result<(), BackendError> {
+    fn synchronize_event(&self, event: &HostEvent) -> Result<(), BackendError> {
         self.0.synchronize_event(event)
     }
     fn synchronize_device(&self) -> Result<(), BackendError> {

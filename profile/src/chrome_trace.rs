@@ -128,8 +128,11 @@ impl<'a, W: Write> TraceWriter<'a, W> {
             self.metadata("process_sort_index", pid, 0, &format!(r#""sort_index":{}"#, rank + 1))?;
             let queues: BTreeSet<u32> =
                 self.result.device_intervals.iter().filter(|d| d.device == device).map(|d| d.queue).collect();
+            // PyTorch's traces call a CUDA device's tracks `stream N`.
+            let track = if device.kind == "cuda" { "stream" } else { "queue" };
             for queue in queues {
-                self.metadata("thread_name", pid, u64::from(queue), &format!(r#""name":"queue {queue}""#))?;
+                self.metadata("thread_name", pid, u64::from(queue), &format!(r#""name":"{track} {queue}""#))?;
+                self.metadata("thread_sort_index", pid, u64::from(queue), &format!(r#""sort_index":{queue}"#))?;
             }
         }
         Ok(())
@@ -169,8 +172,9 @@ impl<'a, W: Write> TraceWriter<'a, W> {
             let launched_by = interval.range.filter(|&i| i < r.ranges.len());
             let external = launched_by.map_or(String::new(), |i| format!(r#","External id":{}"#, i + 1));
             self.event(&format!(
-                r#""name":{},"cat":"kernel","ph":"X","ts":{},"dur":{},"pid":{pid},"tid":{},"args":{{"device":"{}","queue":{},"correlation":{correlation}{external}}}"#,
+                r#""name":{},"cat":"{}","ph":"X","ts":{},"dur":{},"pid":{pid},"tid":{},"args":{{"device":"{}","queue":{},"correlation":{correlation}{external}}}"#,
                 json_string(&interval.name),
+                device_category(&interval.name),
                 self.ts(interval.start_ns),
                 micros(interval.duration_ns()),
                 interval.queue,
@@ -227,6 +231,19 @@ impl<'a, W: Write> TraceWriter<'a, W> {
             }
         }
         Ok(())
+    }
+}
+
+/// The trace category of device work, as Kineto names it: copies and fills
+/// go by PyTorch's names (`Memcpy HtoD (Pinned -> Device)`, `Memset (Device)`),
+/// everything else is a kernel.
+fn device_category(name: &str) -> &'static str {
+    if name.starts_with("Memcpy ") {
+        "gpu_memcpy"
+    } else if name.starts_with("Memset ") {
+        "gpu_memset"
+    } else {
+        "kernel"
     }
 }
 

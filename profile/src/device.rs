@@ -7,8 +7,16 @@
 //!
 //! [`device_span`] times one piece of device work (a kernel) and attaches it to the
 //! innermost open host range on the calling thread; the op table shows it as
-//! `Self Device` / `Device total`, the trace draws it on the device's track with a
+//! `Self CUDA` / `CUDA total` (`Self Device` / `Device total` when other devices
+//! recorded too), the trace draws it on the device's track (one per queue) with a
 //! flow arrow from the launching range.
+//!
+//! Device time reaches the host timeline through one reference pair per timer
+//! and session ([`DeviceTimer::record_reference`]): a marker and the host time
+//! it was reached at. An interval's start is placed at the reference's host time
+//! plus the device time from the reference marker to its start marker; its
+//! duration is the device time between its own two markers (so long sessions
+//! lose no precision on short kernels).
 
 use std::borrow::Cow;
 use std::marker::PhantomData;
@@ -44,6 +52,21 @@ pub trait DeviceTimer: Send + Sync {
 
     /// The profiler is done with `marker`; a pool may reuse it. Default: nothing.
     fn release_marker(&self, _marker: Marker) {}
+
+    /// The reference pair that maps this timer's markers onto the host clock:
+    /// a marker and the host time (`clock`'s nanoseconds) at which the device
+    /// reached it. Every interval is placed at `host + elapsed(reference, marker)`.
+    ///
+    /// The default records a marker on the current queue and reads the clock
+    /// after it, which is exact for timers that run on the host. A device whose
+    /// queues may be busy should record the marker where nothing waits ahead of
+    /// it (CUDA: an idle stream of its own) and wait for that one marker only,
+    /// so the device's time and the host's are read together; this is called
+    /// once per timer and session, never per interval.
+    fn record_reference(&self, clock: &dyn Clock) -> Result<(Marker, u64), ProfileError> {
+        let marker = self.record_marker()?;
+        Ok((marker, clock.now_ns()))
+    }
 }
 
 /// A [`DeviceTimer`] for work that runs on the host (the CPU backend, logical host

@@ -114,6 +114,17 @@ impl TableOptions {
 pub struct KeyAverages {
     rows: Vec<KeyAverage>,
     grouped_by_input_shape: bool,
+    device_label: &'static str,
+}
+
+/// What the device columns are called: `CUDA` when every device interval ran
+/// on a CUDA device (PyTorch's `Self CUDA` / `CUDA total`), `Device` otherwise.
+fn device_label(result: &ProfileResult) -> &'static str {
+    let mut kinds = result.device_intervals.iter().map(|d| d.device.kind);
+    match kinds.next() {
+        Some("cuda") if kinds.all(|kind| kind == "cuda") => "CUDA",
+        _ => "Device",
+    }
 }
 
 impl ProfileResult {
@@ -155,7 +166,17 @@ impl KeyAverages {
             row.self_mem_bytes = row.self_mem_bytes.saturating_add(stat.self_mem_bytes);
             row.mem_bytes = row.mem_bytes.saturating_add(stat.mem_bytes);
         }
-        Self { rows, grouped_by_input_shape: group_by_input_shape }
+        Self { rows, grouped_by_input_shape: group_by_input_shape, device_label: device_label(result) }
+    }
+
+    /// The name of the device columns: `CUDA` when all device time was
+    /// recorded on CUDA devices, else `Device`.
+    pub fn device_label(&self) -> &'static str {
+        if self.device_label.is_empty() {
+            "Device"
+        } else {
+            self.device_label
+        }
     }
 
     /// The rows, in the current order.
@@ -183,9 +204,12 @@ impl KeyAverages {
         self.rows.iter().fold(0u64, |sum, r| sum.saturating_add(r.self_device_ns))
     }
 
-    /// The table as PyTorch prints it. Device columns appear when any device time
-    /// was recorded, memory columns when any memory event was, `Input Shapes` when
-    /// grouped by shape.
+    /// The table as PyTorch prints it. Device columns (`Self CUDA`, `Self CUDA %`,
+    /// `CUDA total`, `CUDA time avg`, and the footer `Self CUDA time total`; named
+    /// `Device` instead of `CUDA` when other devices recorded too) appear when any
+    /// device time was recorded, as PyTorch hides its CUDA columns for CPU-only
+    /// runs; memory columns when any memory event was; `Input Shapes` when grouped
+    /// by shape.
     pub fn table(&self, options: &TableOptions) -> String {
         let mut rows: Vec<&KeyAverage> = self.rows.iter().collect();
         if let Some(key) = options.sort_by {
@@ -197,16 +221,23 @@ impl KeyAverages {
         let has_mem = self.rows.iter().any(|r| r.mem_bytes != 0 || r.self_mem_bytes != 0);
         let shown = &rows[..options.row_limit.unwrap_or(rows.len()).min(rows.len())];
 
-        let mut headers = vec!["Name", "Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg"];
+        let label = self.device_label();
+        let mut headers: Vec<String> =
+            ["Name", "Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg"].map(String::from).into();
         if has_device {
-            headers.extend(["Self Device", "Self Device %", "Device total", "Device time avg"]);
+            headers.extend([
+                format!("Self {label}"),
+                format!("Self {label} %"),
+                format!("{label} total"),
+                format!("{label} time avg"),
+            ]);
         }
         if has_mem {
-            headers.extend(["Self Mem", "Mem"]);
+            headers.extend(["Self Mem".to_owned(), "Mem".to_owned()]);
         }
-        headers.push("# of Calls");
+        headers.push("# of Calls".to_owned());
         if self.grouped_by_input_shape {
-            headers.push("Input Shapes");
+            headers.push("Input Shapes".to_owned());
         }
 
         let name_width = shown
@@ -266,8 +297,7 @@ impl KeyAverages {
         let mut out = String::new();
         out.push_str(&separator);
         out.push('\n');
-        let header_cells: Vec<String> = headers.iter().map(|h| (*h).to_owned()).collect();
-        out.push_str(&line(&header_cells));
+        out.push_str(&line(&headers));
         out.push('\n');
         out.push_str(&separator);
         out.push('\n');
@@ -279,7 +309,7 @@ impl KeyAverages {
         out.push('\n');
         out.push_str(&format!("Self CPU time total: {}\n", format_time_ns(self.self_cpu_time_total_ns())));
         if has_device {
-            out.push_str(&format!("Self Device time total: {}\n", format_time_ns(self.self_device_time_total_ns())));
+            out.push_str(&format!("Self {label} time total: {}\n", format_time_ns(self.self_device_time_total_ns())));
         }
         out
     }
@@ -410,6 +440,59 @@ mod tests {
         assert!(body[0].contains("forward"));
         // Percentages still use all rows: forward's self time is 58.62 % of the total.
         assert!(body[0].contains("58.62%"), "{}", body[0]);
+    }
+
+    #[test]
+    fn device_columns_are_named_after_the_devices_and_hidden_without_device_time() {
+        use crate::event::{DeviceId, DeviceInterval};
+        let interval = |device, range, start, end| DeviceInterval {
+            name: "kernel".into(),
+            device,
+            queue: 0,
+            start_ns: start,
+            end_ns: end,
+            launch_ns: start,
+            range: Some(range),
+            tid: 1,
+        };
+        let mut r = sample();
+        assert!(!r.key_averages().table(&TableOptions::default()).contains("CUDA"));
+        // 1 000 ns under matmul (inside forward), 250 ns directly under forward.
+        r.device_intervals =
+            vec![interval(DeviceId::cuda(0), 1, 1_500_000, 1_501_000), interval(DeviceId::cuda(0), 0, 6_000, 6_250)];
+        let k = r.key_averages();
+        assert_eq!(k.device_label(), "CUDA");
+        let (fwd, mm) = (k.get("forward").unwrap(), k.get("matmul").unwrap());
+        assert_eq!((fwd.self_device_ns, fwd.device_total_ns), (250, 1_250));
+        assert_eq!((mm.self_device_ns, mm.device_total_ns), (1_000, 1_000));
+        assert_eq!(mm.device_time_avg_ns(), 500.0, "two calls");
+        let table = k.table(&TableOptions::default());
+        let header = table.lines().nth(1).unwrap();
+        let columns: Vec<&str> = header.split("  ").map(str::trim).filter(|c| !c.is_empty()).collect();
+        assert_eq!(
+            columns,
+            [
+                "Name",
+                "Self CPU %",
+                "Self CPU",
+                "CPU total %",
+                "CPU total",
+                "CPU time avg",
+                "Self CUDA",
+                "Self CUDA %",
+                "CUDA total",
+                "CUDA time avg",
+                "# of Calls"
+            ]
+        );
+        let matmul_row = table.lines().find(|l| l.trim_start().starts_with("matmul")).unwrap();
+        assert!(matmul_row.contains("80.00%"), "1000 of 1250 ns: {matmul_row}");
+        assert!(table.ends_with("Self CUDA time total: 1.250us\n"), "{table}");
+
+        r.device_intervals.push(interval(DeviceId::cpu(1), 3, 7_000_000, 7_000_100));
+        let mixed = r.key_averages();
+        assert_eq!(mixed.device_label(), "Device");
+        assert!(mixed.table(&TableOptions::default()).contains("Self Device time total: 1.350us"));
     }
 
     #[test]

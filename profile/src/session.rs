@@ -257,11 +257,10 @@ impl Session {
         if let Some(index) = timers.iter().position(same) {
             return Ok(index);
         }
-        // Read the host clock after enqueueing the origin marker: the device reaches
-        // the marker no earlier than that, so device work is never placed before the
-        // host launched it.
-        let origin = timer.record_marker()?;
-        let origin_host_ns = self.clock.now_ns();
+        // The timer says when on the host clock the device reached its origin
+        // marker (by default: the clock read just after enqueueing it, so device
+        // work is never placed before the host launched it).
+        let (origin, origin_host_ns) = timer.record_reference(self.clock.as_ref())?;
         timers.push(TimerSlot { timer: Arc::clone(timer), origin, origin_host_ns });
         Ok(timers.len() - 1)
     }
@@ -351,15 +350,18 @@ impl Session {
                 };
                 to_release.push((raw.slot, raw.start));
                 to_release.push((raw.slot, raw.end));
+                // Placed from the origin, timed between its own markers: a
+                // device timer's precision may fall with the distance (CUDA
+                // gives f32 milliseconds), and the duration is what a table sums.
                 let start = slot.timer.elapsed_ns(slot.origin, raw.start);
-                let end = slot.timer.elapsed_ns(slot.origin, raw.end);
-                match (start, end) {
-                    (Ok(start), Ok(end)) => result.device_intervals.push(DeviceInterval {
+                let duration = slot.timer.elapsed_ns(raw.start, raw.end);
+                match (start, duration) {
+                    (Ok(start), Ok(duration)) => result.device_intervals.push(DeviceInterval {
                         name: raw.name,
                         device: slot.timer.device(),
                         queue: raw.queue,
                         start_ns: slot.origin_host_ns.saturating_add(start),
-                        end_ns: slot.origin_host_ns.saturating_add(end.max(start)),
+                        end_ns: slot.origin_host_ns.saturating_add(start).saturating_add(duration),
                         launch_ns: raw.launch_ns,
                         range: global(raw.range),
                         tid: info.tid,

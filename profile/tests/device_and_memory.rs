@@ -116,9 +116,11 @@ fn device_time_is_resolved_after_the_profile_and_attributed_to_ops() {
     assert_eq!((row("relu").self_device_ns, row("relu").device_total_ns), (100, 100));
     assert_eq!((row("step").self_device_ns, row("step").device_total_ns), (0, 600));
     let table = k.table(&TableOptions::default().sort_by(SortBy::DeviceTotal));
-    assert!(table.contains("Self Device"), "{table}");
-    assert!(table.contains("Device total"));
-    assert!(table.contains("Self Device time total: 0.600us"), "{table}");
+    // All device time is on cuda:0: PyTorch's column names.
+    assert!(table.contains("Self CUDA"), "{table}");
+    assert!(table.contains("CUDA total"));
+    assert!(!table.contains("Self Device"), "{table}");
+    assert!(table.contains("Self CUDA time total: 0.600us"), "{table}");
     let first_row = table.lines().nth(3).unwrap();
     assert!(first_row.trim_start().starts_with("step"), "sorted by device total: {first_row}");
 
@@ -239,4 +241,176 @@ fn host_timer_on_the_real_clock_never_places_work_before_its_launch() {
         assert!(range.start_ns <= interval.launch_ns && interval.launch_ns <= range.end_ns);
     }
     validate_trace(&result.chrome_trace_json()); // includes: every flow ends after it starts
+}
+
+/// A GPU-like timer: its markers carry device-clock timestamps set by the test
+/// (the device runs later, on its own clock), it switches streams, resolves
+/// far from its origin only to the microsecond (as f32 milliseconds do), and
+/// maps onto the host clock through its own reference pair.
+struct FakeGpu {
+    device_ns: Mutex<HashMap<u64, u64>>,
+    next: AtomicUsize,
+    queue: AtomicUsize,
+    /// (device time of the reference marker, host time it maps to)
+    reference: (u64, u64),
+    references: AtomicUsize,
+}
+
+impl FakeGpu {
+    fn new(reference: (u64, u64)) -> Self {
+        FakeGpu {
+            device_ns: Mutex::default(),
+            next: AtomicUsize::new(0),
+            queue: AtomicUsize::new(0),
+            reference,
+            references: AtomicUsize::new(0),
+        }
+    }
+
+    fn runs(&self, marker: u64, device_ns: u64) {
+        self.device_ns.lock().unwrap().insert(marker, device_ns);
+    }
+}
+
+impl DeviceTimer for FakeGpu {
+    fn device(&self) -> DeviceId {
+        DeviceId::cuda(1)
+    }
+    fn current_queue(&self) -> u32 {
+        self.queue.load(Ordering::SeqCst) as u32
+    }
+    fn record_marker(&self) -> Result<Marker, ProfileError> {
+        Ok(Marker(self.next.fetch_add(1, Ordering::SeqCst) as u64))
+    }
+    fn elapsed_ns(&self, from: Marker, to: Marker) -> Result<u64, ProfileError> {
+        let times = self.device_ns.lock().unwrap();
+        let (a, b) = (times[&from.0], times[&to.0]);
+        let exact = b.saturating_sub(a);
+        // Far apart, only whole microseconds survive.
+        Ok(if exact > 1_000_000 { exact / 1_000 * 1_000 } else { exact })
+    }
+    fn record_reference(&self, _clock: &dyn brasa_profile::Clock) -> Result<(Marker, u64), ProfileError> {
+        self.references.fetch_add(1, Ordering::SeqCst);
+        let marker = self.record_marker()?;
+        self.runs(marker.0, self.reference.0);
+        Ok((marker, self.reference.1))
+    }
+}
+
+#[test]
+fn cuda_time_is_placed_by_the_reference_pair_and_rolls_up_through_nested_ranges() {
+    let _lock = exclusive();
+    let host = ManualClock::new(10_000);
+    // The device's clock reads 7_000_000 when the host's reads 12_000.
+    let gpu = Arc::new(FakeGpu::new((7_000_000, 12_000)));
+    let timer: Arc<dyn DeviceTimer> = gpu.clone();
+    let profiler = Profiler::builder().clock(Arc::new(host.clone())).record_steps(false).start().unwrap();
+    {
+        let _step = record_function("step");
+        host.advance(100);
+        {
+            let _fwd = record_op("forward", &[]);
+            host.advance(100);
+            {
+                let _mm = record_op("matmul", &[]);
+                gpu.queue.store(7, Ordering::SeqCst);
+                let _k = device_span(&timer, "gemm"); // reference 0, markers 1, 2
+                host.advance(100);
+            }
+            {
+                let _relu = record_op("relu", &[]);
+                gpu.queue.store(9, Ordering::SeqCst);
+                let _k = device_span(&timer, "relu_kernel"); // markers 3, 4
+                host.advance(100);
+            }
+            let _copy = device_span(&timer, "Memcpy HtoD (Pinned -> Device)"); // markers 5, 6, in forward
+            host.advance(100);
+        }
+    }
+    // Far from the reference (beyond the timer's exact range) and exactly timed.
+    for (marker, t) in [(1, 9_000_000), (2, 9_000_500), (3, 9_000_500), (4, 9_000_600), (5, 9_001_000), (6, 9_001_050)]
+    {
+        gpu.runs(marker, t);
+    }
+    let result = profiler.stop();
+    assert_eq!(gpu.references.load(Ordering::SeqCst), 1, "one reference pair per timer and session");
+    assert!(result.warnings.is_empty(), "{:?}", result.warnings);
+    assert_eq!(result.device_intervals.len(), 3);
+    let gemm = result.device_intervals.iter().find(|d| d.name == "gemm").unwrap();
+    // 12_000 host + (9_000_000 - 7_000_000) device, and 500 ns long although
+    // the timer resolves the distance from its origin only to the microsecond.
+    assert_eq!((gemm.start_ns, gemm.end_ns), (2_012_000, 2_012_500));
+    assert_eq!((gemm.queue, gemm.device), (7, DeviceId::cuda(1)));
+    let relu = result.device_intervals.iter().find(|d| d.name == "relu_kernel").unwrap();
+    assert_eq!((relu.duration_ns(), relu.queue), (100, 9));
+
+    let k = result.key_averages();
+    assert_eq!(k.device_label(), "CUDA");
+    let row = |n: &str| k.get(n).unwrap().clone();
+    assert_eq!((row("matmul").self_device_ns, row("matmul").device_total_ns), (500, 500));
+    assert_eq!((row("relu").self_device_ns, row("relu").device_total_ns), (100, 100));
+    assert_eq!((row("forward").self_device_ns, row("forward").device_total_ns), (50, 650));
+    assert_eq!((row("step").self_device_ns, row("step").device_total_ns), (0, 650));
+    assert_eq!(k.self_device_time_total_ns(), 650, "self times add up to all device time once");
+
+    let table = k.table(&TableOptions::default().sort_by(SortBy::SelfDevice));
+    let header = table.lines().nth(1).unwrap();
+    for column in ["Self CUDA", "Self CUDA %", "CUDA total", "CUDA time avg"] {
+        assert!(header.contains(column), "missing {column}: {header}");
+    }
+    let first = table.lines().nth(3).unwrap();
+    assert!(first.trim_start().starts_with("matmul"), "sorted by self CUDA: {first}");
+    assert!(first.contains("76.92%"), "500 of 650 ns: {first}");
+    assert!(first.contains("500.000ns") || first.contains("0.500us"), "{first}");
+    assert!(table.ends_with("Self CUDA time total: 0.650us\n"), "{table}");
+
+    let events = validate_trace(&result.chrome_trace_json());
+    let device_work: Vec<_> =
+        phase(&events, "X").into_iter().filter(|e| e["cat"] == "kernel" || e["cat"] == "gpu_memcpy").collect();
+    assert_eq!(device_work.len(), 3);
+    let pid = device_work[0]["pid"].as_u64().unwrap();
+    assert!(device_work.iter().all(|e| e["pid"].as_u64() == Some(pid)), "one process per device");
+    let gemm_event = device_work.iter().find(|e| e["name"] == "gemm").unwrap();
+    // ts is relative to the profile's start (host 10_000).
+    assert_eq!(gemm_event["ts"].as_f64(), Some(2002.0));
+    assert_eq!(gemm_event["dur"].as_f64(), Some(0.5));
+    assert_eq!(gemm_event["tid"].as_u64(), Some(7));
+    let copy = device_work.iter().find(|e| e["name"] == "Memcpy HtoD (Pinned -> Device)").unwrap();
+    assert_eq!(copy["cat"], "gpu_memcpy");
+    let metadata = phase(&events, "M");
+    let named = |what: &str, tid: u64, name: &str| {
+        metadata.iter().any(|e| e["name"] == what && e["pid"] == pid && e["tid"] == tid && e["args"]["name"] == name)
+    };
+    assert!(named("process_name", 0, "cuda:1"));
+    assert!(named("thread_name", 7, "stream 7"), "a track per stream");
+    assert!(named("thread_name", 9, "stream 9"));
+}
+
+#[test]
+fn device_columns_say_device_when_not_all_device_time_is_cuda() {
+    let _lock = exclusive();
+    let clock = ManualClock::new(0);
+    let host_timer: Arc<dyn DeviceTimer> = Arc::new(HostTimer::new(DeviceId::cpu(1), Arc::new(clock.clone())));
+    let gpu = Arc::new(FakeGpu::new((0, 0)));
+    let gpu_timer: Arc<dyn DeviceTimer> = gpu.clone();
+    let profiler = Profiler::builder().clock(Arc::new(clock.clone())).record_steps(false).start().unwrap();
+    {
+        let _op = record_op("add", &[]);
+        let _host = device_span(&host_timer, "add_on_host");
+        let _gpu = device_span(&gpu_timer, "add_on_gpu"); // reference 0, markers 1, 2
+        clock.advance(40);
+    }
+    gpu.runs(1, 10);
+    gpu.runs(2, 30);
+    let result = profiler.stop();
+    let k = result.key_averages();
+    assert_eq!(k.device_label(), "Device");
+    assert_eq!(k.get("add").unwrap().self_device_ns, 40 + 20);
+    let table = k.table(&TableOptions::default());
+    assert!(table.contains("Self Device %") && table.contains("Device total"), "{table}");
+    assert!(!table.contains("CUDA"), "{table}");
+    let events = validate_trace(&result.chrome_trace_json());
+    let tracks: Vec<_> = phase(&events, "M").into_iter().filter(|e| e["name"] == "thread_name").collect();
+    assert!(tracks.iter().any(|e| e["args"]["name"] == "queue 0"), "host devices keep `queue N`");
+    assert!(tracks.iter().any(|e| e["args"]["name"] == "stream 0"));
 }

@@ -68,6 +68,18 @@ pub(crate) fn stream(index: usize, id: StreamId) -> Result<Arc<CudaStream>> {
         .ok_or_else(|| TensorError::Device(format!("cuda:{index}: no stream with id {}", id.0)))
 }
 
+/// The stream made by [`new_stream`] with id `id`, on whichever device
+/// (ids of made streams are unique across devices).
+pub(crate) fn stream_by_id(id: StreamId) -> Option<Arc<CudaStream>> {
+    let streams = STREAMS.lock().unwrap_or_else(|e| e.into_inner());
+    streams.iter().find(|((_, stream_id), _)| *stream_id == id.0).map(|(_, stream)| stream.clone())
+}
+
+/// The CUDA devices used so far (those with an allocator).
+pub(crate) fn devices_in_use() -> Vec<usize> {
+    ALLOCATORS.lock().unwrap_or_else(|e| e.into_inner()).keys().copied().collect()
+}
+
 /// Waits for all work queued on CUDA device `index`.
 pub(crate) fn synchronize(index: usize) -> Result<()> {
     allocator(index)?

@@ -94,12 +94,34 @@ static PINNED: OnceLock<CachingAllocator<HostBackend>> = OnceLock::new();
 
 /// The caching allocator of page-locked host memory, shared by all host
 /// devices (PyTorch's `CachingHostAllocator`).
+///
+/// Which kind of page-locking is decided at its first use, for the life of
+/// the process: registered with the CUDA driver when brasa-tensor is built
+/// with `cuda` and a CUDA device is present (copies from it to a device can
+/// then be asynchronous, `Tensor::to_non_blocking`); otherwise `mlock`ed host
+/// memory — still never paged out, but a device copy from it is synchronous.
+/// (PyTorch raises when there is no CUDA; brasa keeps the host fallback so
+/// that code pinning its batches, such as a `DataLoader` with `pin_memory`,
+/// runs unchanged on a machine without a GPU.)
 pub(crate) fn pinned_allocator() -> Result<&'static CachingAllocator<HostBackend>> {
     if let Some(allocator) = PINNED.get() {
         return Ok(allocator);
     }
     let config = AllocatorConfig::from_env().map_err(brasa_alloc::AllocError::from)?;
-    Ok(PINNED.get_or_init(|| observed(HostBackend::pinned("cpu:pinned", None), config, Device::CPU)))
+    let backend = match device_pinning() {
+        Some(pinning) => HostBackend::pinned_by("cpu:pinned", None, pinning),
+        None => HostBackend::pinned("cpu:pinned", None),
+    };
+    Ok(PINNED.get_or_init(|| observed(backend, config, Device::CPU)))
+}
+
+/// The device driver that pins host memory for its devices, when there is one.
+fn device_pinning() -> Option<std::sync::Arc<dyn brasa_alloc::HostPinning>> {
+    #[cfg(feature = "cuda")]
+    if let Ok(pinning) = crate::cuda_pinned::CudaPinning::new() {
+        return Some(std::sync::Arc::new(pinning));
+    }
+    None
 }
 
 /// The caching allocator of logical host device `index`.

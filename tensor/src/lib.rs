@@ -39,6 +39,8 @@ mod backend;
 pub(crate) mod construct;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_pinned;
 mod device;
 mod dispatch;
 mod display;

@@ -114,6 +114,15 @@ pub fn set_observer(device: Device, observer: Option<Observer>) -> Result<()> {
     with_allocator!(device, a => a.set_observer(observer))
 }
 
+/// The device driver that page-locks [`Tensor::pin_memory`](crate::Tensor::pin_memory)'s
+/// memory: `Some("CUDA (cuMemHostRegister)")` when built with `cuda` and a CUDA
+/// device is present (copies from it to the device are asynchronous), `None`
+/// when it is `mlock`ed host memory (device copies from it are synchronous).
+/// Decided at the first pinning, for the life of the process.
+pub fn pinned_memory_driver() -> Result<Option<String>> {
+    Ok(crate::host_devices::pinned_allocator()?.backend().pinning_name())
+}
+
 /// Statistics of the page-locked host memory pool behind [`crate::Tensor::pin_memory`]
 /// (`torch.cuda.host_memory_stats`).
 pub fn pinned_stats() -> Result<MemoryStats> {

@@ -272,6 +272,16 @@ impl Event {
 impl Tensor {
     /// A copy in page-locked host memory, from which a device can copy
     /// asynchronously (`Tensor.pin_memory()`). Host tensors only.
+    ///
+    /// With the `cuda` feature and a CUDA device present, the memory is
+    /// registered with the CUDA driver and [`Tensor::to_non_blocking`] to a
+    /// CUDA device queues the copy and returns at once. Without CUDA (no
+    /// feature, no driver or no device) the memory is `mlock`ed instead — a
+    /// documented fallback where PyTorch raises: pinning still works (a data
+    /// loader that pins runs unchanged), but a device copy from it would be
+    /// synchronous. [`crate::memory::pinned_memory_driver`] says which.
+    /// Pinning fails with an error naming `RLIMIT_MEMLOCK` (mlock) or the
+    /// driver's error when the memory cannot be locked.
     pub fn pin_memory(&self) -> Result<Tensor> {
         if !self.device().is_cpu() {
             return Err(TensorError::Device(format!(
@@ -302,9 +312,25 @@ impl Tensor {
     }
 
     /// A copy on `device` that may overlap with the caller's work where the
-    /// device allows (`.to(device, non_blocking=True)`): synchronize a stream or
-    /// an event before reading it. Host copies finish before this returns.
+    /// device allows (`.to(device, non_blocking=True)`).
+    ///
+    /// From a contiguous tensor in CUDA-registered pinned memory
+    /// ([`Tensor::pin_memory`]) to a CUDA device, the copy is queued on the
+    /// device's current stream (`cuMemcpyHtoDAsync`) and this returns before it
+    /// runs: ops queued on that stream afterwards see the data; another stream
+    /// must wait for an event first, and the host must not write to the source
+    /// until the stream has passed the copy. Dropping the source is safe: its
+    /// pinned block is reused only after an event on the stream says the copy
+    /// ran (PyTorch's caching host allocator). Any other copy (a source that is
+    /// not pinned or not contiguous, device to host, host to host) is the
+    /// synchronous [`Tensor::to`], as PyTorch falls back for pageable memory.
     pub fn to_non_blocking(&self, device: Device) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let (Device::Cpu(_), Device::Cuda(index)) = (self.device(), device) {
+            if let Some(copy) = crate::cuda_pinned::copy_to_device_async(self, index)? {
+                return Ok(copy);
+            }
+        }
         self.to(device)
     }
 

@@ -383,8 +383,10 @@ where
     }
 
     /// The device batches are delivered on: the worker copies them there with
-    /// `to_non_blocking` (after pinning, if asked), so the training loop gets
-    /// them ready to use. Read-ahead batches then occupy that device's memory.
+    /// `to_non_blocking` (after pinning, if asked: on a CUDA device the copies
+    /// from pinned memory are then asynchronous DMA) and waits for the copies
+    /// itself, so the training loop gets them ready to use, on any stream.
+    /// Read-ahead batches then occupy that device's memory.
     pub fn device(mut self, device: Device) -> Self {
         self.settings.device = Some(device);
         self.placement = placement(self.settings);
@@ -410,7 +412,15 @@ fn placement<B: TensorBatch + 'static>(settings: Settings) -> Option<Stage<B>> {
     Some(Arc::new(move |batch: B| {
         let batch = if pin { batch.pinned()? } else { batch };
         match device {
-            Some(device) => batch.to_device(device),
+            Some(device) => {
+                let batch = batch.to_device(device)?;
+                // From pinned memory the copies are only queued (on this
+                // worker's current stream). The worker, not the training loop,
+                // waits for them, so a delivered batch is complete and may be
+                // used on any stream of the device, as a synchronous copy's.
+                brasa_tensor::Stream::current(device).record_event(false)?.synchronize()?;
+                Ok(batch)
+            }
             None => Ok(batch),
         }
     }))

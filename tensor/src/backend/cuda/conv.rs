@@ -70,6 +70,7 @@ fn im2col(backend: &CudaBackend, name: &'static str, input: &Tensor, group: usiz
     let s = x.strides();
     let (sn, sc, sh, sw) = (s[0] as i64, s[1] as i64, s[2] as i64, s[3] as i64);
     let (src, dst) = (address(name, &x)?, output_address(name, &out)?);
+    let span = backend.launch_span(&kernel);
     // SAFETY: `x` is a 4-d view of live device memory described by its
     // strides; `out` holds `N · K · P` elements; the parameters are the ABI's
     // `(Conv2d, i64 batch, const T*, i64 sn, i64 sc, i64 sh, i64 sw, T*)`.
@@ -87,6 +88,7 @@ fn im2col(backend: &CudaBackend, name: &'static str, input: &Tensor, group: usiz
             .launch(grid_for(shape.numel()))
     }
     .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+    drop(span);
     Ok(finish(out))
 }
 
@@ -104,11 +106,13 @@ fn col2im(backend: &CudaBackend, name: &'static str, col: &Tensor, plan: &ConvPl
     let g = geometry(plan);
     let batch = plan.batch as i64;
     let (src, dst) = (address(name, col)?, output_address(name, &out)?);
+    let span = backend.launch_span(&kernel);
     // SAFETY: `col` is a contiguous `[N, K, P]` tensor and `out` a new
     // contiguous image the kernel overwrites entirely; the parameters are the
     // ABI's `(Conv2d, i64 batch, const T*, T*)`.
     unsafe { stream.launch_builder(&f).arg(&g).arg(&batch).arg(&src).arg(&dst).launch(grid_for(shape.numel())) }
         .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+    drop(span);
     Ok(finish(out))
 }
 

@@ -58,11 +58,13 @@ pub(super) fn unary(backend: &CudaBackend, name: &'static str, op: UnaryOp, x: &
         let stream = backend.current_stream()?;
         let (src, dst) = (address(name, x)?, output_address(name, &out)?);
         let (p0, p1) = unary_parameters(op);
+        let span = backend.launch_span(&kernel);
         // SAFETY: `s` describes `x`'s view (within its storage) and the
         // contiguous output of the same element count; the kernel's
         // parameters are the ABI's `(Strided, const T*, T*, double, double)`.
         unsafe { stream.launch_builder(&f).arg(&s).arg(&src).arg(&dst).arg(&p0).arg(&p1).launch(grid_for(x.numel())) }
             .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+        drop(span);
     }
     Ok(finish(out))
 }
@@ -94,11 +96,13 @@ fn launch_elementwise(
             launch.arg(p);
         }
         launch.arg(&dst);
+        let span = backend.launch_span(kernel);
         // SAFETY: `s` describes every input's view (within its storage) and
         // the contiguous output; the parameters are the ABI's
         // `(Strided, const A*, [const B*, [const C*,]] D*)`.
         unsafe { launch.launch(grid_for(first.numel())) }
             .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+        drop(span);
     }
     Ok(finish(out))
 }
@@ -140,10 +144,12 @@ pub(super) fn compare_scalar(
         let f = backend.function(name, "elementwise", &kernel)?;
         let stream = backend.current_stream()?;
         let (src, dst) = (address(name, x)?, output_address(name, &out)?);
+        let span = backend.launch_span(&kernel);
         // SAFETY: `s` describes `x`'s view and the contiguous bool output;
         // the parameters are the ABI's `(Strided, const T*, double, unsigned char*)`.
         unsafe { stream.launch_builder(&f).arg(&s).arg(&src).arg(&value).arg(&dst).launch(grid_for(x.numel())) }
             .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+        drop(span);
     }
     Ok(finish(out))
 }
@@ -169,11 +175,13 @@ pub(super) fn copy_into(backend: &CudaBackend, name: &'static str, dst: &Tensor,
     let f = backend.function(name, "cast", &kernel)?;
     let stream = backend.current_stream()?;
     let (from, to) = (address(name, src)?, address(name, dst)?);
+    let span = backend.launch_span(&kernel);
     // SAFETY: `s` describes both views within their storages; they do not
     // overlap (the op copies a sharing source first), and `dst` has no
     // element reachable from two indices (checked writable by the op).
     unsafe { stream.launch_builder(&f).arg(&s).arg(&from).arg(&to).launch(grid_for(dst.numel())) }
         .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+    drop(span);
     Ok(())
 }
 
@@ -199,10 +207,12 @@ pub(super) fn launch_fill<T: WithDType>(
     let stream = backend.current_stream()?;
     let count = n as i64;
     let value = KernelScalar(value);
+    let span = backend.launch_span(&kernel);
     // SAFETY: `dst` holds `n` elements of `T`; the parameters are the ABI's
     // `(long long n, T value, T* out)`.
     unsafe { stream.launch_builder(&f).arg(&count).arg(&value).arg(&dst).launch(grid_for(n)) }
         .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+    drop(span);
     Ok(())
 }
 
@@ -251,9 +261,11 @@ pub(super) fn sequence(
             builder.arg(&rows).arg(&cols).arg(&at);
         }
     }
+    let span = backend.launch_span(&kernel);
     // SAFETY: `at` holds `n` contiguous elements of `dtype`; the arguments
     // are the ABI's for this kernel (see above).
     unsafe { builder.launch(grid_for(n)) }.map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+    drop(span);
     Ok(out)
 }
 

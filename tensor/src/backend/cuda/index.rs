@@ -54,6 +54,7 @@ pub(super) fn index_select(
     let (src, index, dst, bad) =
         (address(name, x)?, address(name, ids.tensor)?, output_address(name, &out)?, address(name, &flag)?);
     let (outer_, size_, inner_, count_) = (outer as i64, size as i64, inner as i64, count as i64);
+    let span = backend.launch_span(&kernel);
     // SAFETY: `x` is a contiguous `[outer, size, inner]` view, the index a
     // contiguous i64 tensor of `count` checked ids, `out` holds
     // `outer · count · inner` elements; the parameters are the ABI's
@@ -72,6 +73,7 @@ pub(super) fn index_select(
             .launch(grid_for(total.max(count)))
     }
     .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+    drop(span);
     Ok(finish(out))
 }
 
@@ -97,6 +99,7 @@ pub(super) fn gather(
     let (src, ids, dst, bad) =
         (address(name, x)?, address(name, index.tensor)?, output_address(name, &out)?, address(name, &flag)?);
     let (size, stride) = (x.dims()[dim] as i64, x.strides()[dim] as i64);
+    let span = backend.launch_span(&kernel);
     // SAFETY: `s` walks the index's shape: the contiguous output, `x`'s
     // bases (its strides, 0 along `dim`) and the index; every id is within
     // `0..size` (checked), so `base + id · stride` stays in `x`'s view. The
@@ -115,6 +118,7 @@ pub(super) fn gather(
             .launch(grid_for(shape.numel()))
     }
     .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+    drop(span);
     Ok(finish(out))
 }
 
@@ -140,6 +144,7 @@ pub(super) fn scatter_add(
     let (to, ids, from, bad) =
         (address(name, dst)?, address(name, index.tensor)?, address(name, src)?, address(name, &flag)?);
     let (size, stride) = (dst.dims()[dim] as i64, dst.strides()[dim] as i64);
+    let span = backend.launch_span(&kernel);
     // SAFETY: `s` walks the index's shape: `dst`'s bases (0 along `dim`),
     // the index and `src` (narrowed to the index's shape, not sharing
     // `dst`'s storage); every id is within `0..size` (checked). The
@@ -158,6 +163,7 @@ pub(super) fn scatter_add(
             .launch(grid_for(numel))
     }
     .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+    drop(span);
     Ok(())
 }
 
@@ -173,6 +179,7 @@ pub(super) fn one_hot(backend: &CudaBackend, ids: Indices<'_>, num_classes: usiz
     let flag = bad_index_flag(backend, OP)?;
     let (src, dst, bad) = (address(OP, ids.tensor)?, output_address(OP, &out)?, address(OP, &flag)?);
     let (n_, classes) = (n as i64, num_classes as i64);
+    let span = backend.launch_span("one_hot");
     // SAFETY: the ids are a contiguous i64 tensor of `n` checked classes and
     // `out` holds `n · num_classes` i64; the parameters are the ABI's
     // `(i64 n, i64 classes, const i64*, i64*, i64*)`.
@@ -187,5 +194,6 @@ pub(super) fn one_hot(backend: &CudaBackend, ids: Indices<'_>, num_classes: usiz
             .launch(grid_for(shape.numel().max(n)))
     }
     .map_err(|e| backend.call_error(OP, "launching one_hot", e))?;
+    drop(span);
     Ok(finish(out))
 }

@@ -134,6 +134,7 @@ pub(super) fn matmul(backend: &CudaBackend, operands: MatmulOperands<'_>) -> Res
     };
     // The raw cuBLAS call does not make the device's context current itself.
     backend.context.bind_to_thread().map_err(|e| backend.call_error(OP, "binding the CUDA context", e))?;
+    let span = backend.launch_span("cublasGemmStridedBatchedEx");
     // Cᵀ (n × m, ld n) = Bᵀ (n × k) · Aᵀ (k × m).
     // SAFETY: the handle is bound to this device's stream; the pointers
     // address the operands' views, whose matrices and batch strides were
@@ -168,6 +169,7 @@ pub(super) fn matmul(backend: &CudaBackend, operands: MatmulOperands<'_>) -> Res
         )
     }
     .map_err(|e| backend.call_error(OP, "cublasGemmStridedBatchedEx", e))?;
+    drop(span);
     // SAFETY: the product writes every element of the output (beta = 0:
     // cuBLAS does not read C), before later work on this stream reads it.
     Ok(unsafe { out.assume_init() })

@@ -11,6 +11,10 @@
 //! copies to the host (`to_vec`, `item`, `to(cpu)`) and explicit
 //! synchronization wait.
 //!
+//! While a profiler records, every kernel launch (and cuBLAS call) is timed
+//! with a pair of CUDA events on its stream and attributed to the op that
+//! launched it (`timing`), resolved only when the profile stops.
+//!
 //! Kernel names follow the PTX ABI of `brasa-kernels/cuda/ABI.md`:
 //! `<family>_<op>_<dtype>` (`unary_exp_f32`, `cast_f32_bf16`).
 
@@ -23,6 +27,7 @@ mod pool;
 mod random;
 mod reduce;
 mod strided;
+mod timing;
 mod update;
 
 use crate::backend::{
@@ -54,6 +59,8 @@ pub(crate) struct CudaBackend {
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
     blas: OnceLock<std::result::Result<Mutex<CudaBlas>, SharedError>>,
+    /// CUDA events as the profiler's device markers (see `timing`).
+    timer: Arc<dyn brasa_profile::DeviceTimer>,
 }
 
 impl CudaBackend {
@@ -67,6 +74,7 @@ impl CudaBackend {
         let context = crate::cuda::allocator(index)?.backend().context().clone();
         let backend = CudaBackend {
             device: Device::Cuda(index),
+            timer: Arc::new(timing::CudaTimer::new(index, Arc::clone(&context))),
             context,
             modules: Mutex::default(),
             functions: Mutex::default(),

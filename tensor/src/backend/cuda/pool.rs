@@ -62,6 +62,7 @@ pub(super) fn max_pool2d(backend: &CudaBackend, input: &Tensor, plan: &PoolPlan)
         let g = geometry(plan);
         let (planes, channels, [sn, sc, sh, sw]) = planes(input);
         let (src, out, idx) = (address(OP, input)?, output_address(OP, &values)?, output_address(OP, &indices)?);
+        let span = backend.launch_span(&kernel);
         // SAFETY: `input` is a view of live device memory described by its
         // strides; both outputs hold one element per pooled position; the
         // parameters are the ABI's `(Pool2d, i64 planes, i64 channels,
@@ -82,6 +83,7 @@ pub(super) fn max_pool2d(backend: &CudaBackend, input: &Tensor, plan: &PoolPlan)
                 .launch(grid_for(shape.numel()))
         }
         .map_err(|e| backend.call_error(OP, format!("launching {kernel}"), e))?;
+        drop(span);
     }
     Ok((finish(values), finish(indices)))
 }
@@ -121,6 +123,7 @@ pub(super) fn avg_pool2d(
         let (planes, channels, [sn, sc, sh, sw]) = planes(input);
         let (src, dst) = (address(OP, input)?, output_address(OP, &out)?);
         let include = i32::from(count_include_pad);
+        let span = backend.launch_span(&kernel);
         // SAFETY: as for max pooling; the parameters are the ABI's
         // `(Pool2d, i64 planes, i64 channels, const T*, i64 sn, i64 sc, i64
         // sh, i64 sw, T*, int count_include_pad)`.
@@ -140,6 +143,7 @@ pub(super) fn avg_pool2d(
                 .launch(grid_for(shape.numel()))
         }
         .map_err(|e| backend.call_error(OP, format!("launching {kernel}"), e))?;
+        drop(span);
     }
     Ok(finish(out))
 }
@@ -162,6 +166,7 @@ pub(super) fn avg_pool2d_backward(
         let planes = plan.lead.iter().product::<usize>() as i64;
         let (src, dst) = (address(OP, &grad)?, output_address(OP, &out)?);
         let include = i32::from(count_include_pad);
+        let span = backend.launch_span(&kernel);
         // SAFETY: `grad` is contiguous with the pooled shape and `out` a new
         // contiguous input-shaped tensor the kernel writes entirely; the
         // parameters are the ABI's `(Pool2d, i64 planes, const T*, T*, int)`.
@@ -176,6 +181,7 @@ pub(super) fn avg_pool2d_backward(
                 .launch(grid_for(shape.numel()))
         }
         .map_err(|e| backend.call_error(OP, format!("launching {kernel}"), e))?;
+        drop(span);
     }
     Ok(finish(out))
 }

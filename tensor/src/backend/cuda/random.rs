@@ -44,8 +44,10 @@ pub(super) fn random(
         launch.arg(p);
     }
     launch.arg(&dst);
+    let span = backend.launch_span(&kernel);
     // SAFETY: `out` holds `n` elements of `dtype`; the parameters are the
     // ABI's `(i64 n, u64 seed, u64 offset, double.., T* out)`.
     unsafe { launch.launch(grid_for(n)) }.map_err(|e| backend.call_error(op, format!("launching {kernel}"), e))?;
+    drop(span);
     Ok(finish(out))
 }

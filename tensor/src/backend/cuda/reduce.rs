@@ -132,11 +132,13 @@ pub(super) fn reduce(
         launch.arg(&correction);
     }
     launch.arg(&src).arg(&dst);
+    let span = backend.launch_span(&kernel);
     // SAFETY: `source` is a contiguous `[outer, len, inner]` view of live
     // device memory and `out` holds `outer · inner` elements of the kernel's
     // output type; the parameters are the ABI's
     // `(i64 outer, i64 len, i64 inner, [i64 correction,] const T*, O*)`.
     unsafe { launch.launch(config) }.map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+    drop(span);
     Ok(finish(out))
 }
 
@@ -159,6 +161,7 @@ pub(super) fn softmax(
     let stream = backend.current_stream()?;
     let (src, dst) = (address(name, x)?, output_address(name, &out)?);
     let (outer_, n_, inner_) = (outer as i64, n as i64, inner as i64);
+    let span = backend.launch_span(&kernel);
     // SAFETY: `x` is a contiguous `[outer, n, inner]` view and `out` a new
     // tensor of its shape and dtype; the parameters are the ABI's
     // `(i64 outer, i64 len, i64 inner, const T*, T*)`.
@@ -173,6 +176,7 @@ pub(super) fn softmax(
             .launch(runs_config(outer, inner))
     }
     .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+    drop(span);
     Ok(finish(out))
 }
 

@@ -56,6 +56,7 @@ pub(super) fn update(
     for v in &scalars {
         launch.arg(v);
     }
+    let span = backend.launch_span(&kernel);
     // SAFETY: `s` describes `dst`'s view (written and read with the same
     // strides, which the ABI allows) and each operand's view, all within
     // their storages; operands do not overlap `dst` otherwise (the op copies
@@ -63,5 +64,6 @@ pub(super) fn update(
     // const T* dst, [const T* operands..], T* dst, [double scalars..])`.
     unsafe { launch.launch(grid_for(dst.numel())) }
         .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
+    drop(span);
     Ok(())
 }
