@@ -69,12 +69,14 @@ pub(super) fn layer_norm(
         launch.arg(&eps64);
     }
     launch.arg(&dst).arg(&mean_dst).arg(&rstd_dst);
+    let span = backend.launch_span(&kernel);
     // SAFETY: `x` is a contiguous `[rows, width]` of `dtype`, `weight`/`bias`
     // contiguous `[width]` of `dtype` or null, the outputs fresh tensors of
     // `[rows, width]`, `[rows]`, `[rows]`; the parameters are the ABI's
     // `(i64, i64, const T*, const T*, const T*, T, T*, T*, T*)`.
     unsafe { launch.launch(rows_config(rows)) }
         .map_err(|e| backend.call_error(OP, format!("launching {kernel}"), e))?;
+    drop(span);
     Ok((finish(out), finish(mean), finish(rstd)))
 }
 
@@ -107,6 +109,7 @@ pub(super) fn layer_norm_backward(
         let kernel = format!("layer_norm_bwd_dx_{}", suffix(dtype));
         let f = backend.function(OP, "norm", &kernel)?;
         let (w, dst) = (optional_address(OP, weight)?, output_address(OP, &out)?);
+        let span = backend.launch_span(&kernel);
         // SAFETY: contiguous `[rows, width]` gradient and input, `[rows]`
         // statistics, `[width]` weight or null, a fresh `[rows, width]` output;
         // the ABI's `(i64, i64, const T*, const T*, const T*, const T*, const T*, T*)`.
@@ -124,6 +127,7 @@ pub(super) fn layer_norm_backward(
                 .launch(rows_config(rows))
         }
         .map_err(|e| backend.call_error(OP, format!("launching {kernel}"), e))?;
+        drop(span);
         dx = Some(finish(out));
     }
     let (mut dw, mut db) = (None, None);
@@ -134,6 +138,7 @@ pub(super) fn layer_norm_backward(
         let db_addr = db_out.as_ref().map_or(Ok(0), |t| output_address(OP, t))?;
         let kernel = format!("layer_norm_bwd_param_{}", suffix(dtype));
         let f = backend.function(OP, "norm", &kernel)?;
+        let span = backend.launch_span(&kernel);
         // SAFETY: as above, with fresh `[width]` outputs or null; the ABI's
         // `(i64, i64, const T*, const T*, const T*, const T*, T*, T*)`.
         unsafe {
@@ -150,6 +155,7 @@ pub(super) fn layer_norm_backward(
                 .launch(grid_for(width))
         }
         .map_err(|e| backend.call_error(OP, format!("launching {kernel}"), e))?;
+        drop(span);
         dw = dw_out.map(finish);
         db = db_out.map(finish);
     }
