@@ -45,6 +45,7 @@ mod error;
 pub mod gemm;
 pub mod index;
 pub mod norm;
+pub mod optim;
 pub mod peak;
 pub mod pool;
 pub mod reduce;

@@ -24,7 +24,7 @@ use super::{check_non_negative, check_params, checked_grad, state_name, write_gr
 use crate::error::{NnError, Result};
 use crate::state_dict::StateDict;
 use brasa_autograd::{no_grad, Var};
-use brasa_tensor::Tensor;
+use brasa_tensor::{fused_adam_, AdamOptions, AdamParam, Tensor};
 
 /// The hyperparameters of [`Adam`] and [`AdamW`], with `torch.optim.Adam`'s
 /// defaults (`AdamW` in PyTorch defaults to `weight_decay = 1e-2`: see
@@ -99,21 +99,56 @@ impl AdamCore {
         Ok(AdamCore { what, decoupled, params, config, state, scratch: Scratch::default() })
     }
 
+    /// One step: every parameter whose tensors allow it (contiguous, state
+    /// complete) in one fused pass each ([`fused_adam_`], one call for all of
+    /// them), the others through the composed in-place ops. Both give the
+    /// same bits.
     fn step(&mut self) -> Result<()> {
         let _guard = no_grad();
         self.scratch.ensure(&self.params)?;
+        let mut fused: Vec<(usize, Tensor, Tensor)> = Vec::new();
         for index in 0..self.params.len() {
-            if let Some(grad) = checked_grad(self.what, &self.params[index])? {
+            let Some(grad) = checked_grad(self.what, &self.params[index])? else { continue };
+            let param = self.params[index].tensor().clone();
+            self.state_for(index, &param)?;
+            if self.fusable(index, &param) {
+                fused.push((index, param, grad));
+            } else {
                 self.update(index, &grad)?;
+            }
+        }
+        if fused.is_empty() {
+            return Ok(());
+        }
+        let AdamConfig { lr, betas, eps, weight_decay, amsgrad, maximize } = self.config;
+        let options = AdamOptions { lr, betas, eps, weight_decay, decoupled: self.decoupled, amsgrad, maximize };
+        let mut list = Vec::with_capacity(fused.len());
+        for (index, param, grad) in &fused {
+            let state = self.state[*index].as_ref().ok_or_else(|| NnError::invalid(self.what, "internal: no state"))?;
+            list.push(AdamParam {
+                param,
+                grad,
+                exp_avg: &state.exp_avg,
+                exp_avg_sq: &state.exp_avg_sq,
+                max_exp_avg_sq: state.max_exp_avg_sq.as_ref(),
+                step: state.step + 1,
+            });
+        }
+        fused_adam_(&list, options)?;
+        // Counted only once the update is done (the fused op checks every
+        // parameter before it writes any).
+        for (index, _, _) in &fused {
+            if let Some(state) = &mut self.state[*index] {
+                state.step += 1;
             }
         }
         Ok(())
     }
 
-    fn update(&mut self, index: usize, grad: &Tensor) -> Result<()> {
-        let AdamConfig { lr, betas: (beta1, beta2), eps, weight_decay, amsgrad, maximize } = self.config;
-        let param = self.params[index].tensor();
-        let state = match &mut self.state[index] {
+    /// The state of parameter `index`, created (zero moments) on its first step.
+    fn state_for(&mut self, index: usize, param: &Tensor) -> Result<&mut MomentState> {
+        let amsgrad = self.config.amsgrad;
+        Ok(match &mut self.state[index] {
             Some(state) => state,
             slot @ None => slot.insert(MomentState {
                 step: 0,
@@ -121,9 +156,30 @@ impl AdamCore {
                 exp_avg_sq: param.zeros_like()?,
                 max_exp_avg_sq: if amsgrad { Some(param.zeros_like()?) } else { None },
             }),
+        })
+    }
+
+    /// Whether the fused update can run on parameter `index`: it and its
+    /// state are contiguous (updated in place in one pass) and amsgrad has
+    /// its buffer. A loaded state dict could hold anything else.
+    fn fusable(&self, index: usize, param: &Tensor) -> bool {
+        let Some(state) = &self.state[index] else { return false };
+        let max_ok = match (&state.max_exp_avg_sq, self.config.amsgrad) {
+            (Some(max), true) => max.is_contiguous() && max.dims() == param.dims() && max.dtype() == param.dtype(),
+            (None, true) => false,
+            (_, false) => true,
         };
-        state.step += 1;
+        let like = |t: &Tensor| t.is_contiguous() && t.dims() == param.dims() && t.dtype() == param.dtype();
+        max_ok && param.is_contiguous() && like(&state.exp_avg) && like(&state.exp_avg_sq)
+    }
+
+    fn update(&mut self, index: usize, grad: &Tensor) -> Result<()> {
+        let AdamConfig { lr, betas: (beta1, beta2), eps, weight_decay, amsgrad, maximize } = self.config;
+        let param = &self.params[index].tensor().clone();
+        self.state_for(index, param)?;
         let scratch = self.scratch.like(param)?;
+        let state = self.state[index].as_mut().ok_or_else(|| NnError::invalid(self.what, "internal: no state"))?;
+        state.step += 1;
         if self.decoupled && weight_decay != 0.0 {
             param.mul_scalar_(1.0 - lr * weight_decay)?;
         }
@@ -246,7 +302,7 @@ macro_rules! adam_optimizer {
         /// ```
         #[doc = $example]
         /// use brasa_autograd::Var;
-        /// use brasa_tensor::Tensor;
+        /// use brasa_tensor::{fused_adam_, AdamOptions, AdamParam, Tensor};
         ///
         /// let w = Var::param(Tensor::from_vec(vec![1.0f64, -2.0], [2])?)?;
         #[doc = concat!("let mut opt = ", stringify!($name), "::new(vec![w.clone()], AdamConfig { lr: 0.1, ..Default::default() })?;")]

@@ -36,6 +36,7 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::conv::ConvPlan;
+use crate::ops::fused_adam::AdamUpdate;
 use crate::ops::pool::PoolPlan;
 use crate::shape::Shape;
 use crate::storage::UninitTensor;
@@ -312,6 +313,11 @@ pub(crate) trait Backend: Sync {
     /// weight, bias): `[rows, width]`, `[width]`, `[width]` in the operands'
     /// dtype. The weight's gradient is `None` when there is no weight.
     fn layer_norm_backward(&self, args: LayerNormBackward<'_>, needs: [bool; 3]) -> Result<[Option<Tensor>; 3]>;
+
+    /// Adam's update of each parameter in place, in one pass over its
+    /// memory: parameter, gradient and state all contiguous, of one shape
+    /// and float dtype per update, on this device.
+    fn adam_step(&self, updates: &[&AdamUpdate<'_>]) -> Result<()>;
 
     /// Updates `dst` in place (see [`Update`] for each op's operands, which
     /// have `dst`'s shape and dtype and do not share its storage, except a

@@ -88,14 +88,64 @@ impl StorageLocks<'_> {
         // values) keeps every other slice of this set from living meanwhile;
         // `LockedReads` refuses this storage.
         let data = unsafe { held.storage.exclusive(op, count)? };
-        Ok((data, LockedReads { held: &self.held, written: at }))
+        Ok((data, LockedReads { held: &self.held, written: Written::One(at) }))
+    }
+
+    /// [`StorageLocks::write`] for several distinct write-locked storages at
+    /// once (a fused update writing a parameter and its optimizer state):
+    /// their elements as `&mut [T]`, in the order of `storages`, with read
+    /// access to the other locked storages. A storage named twice is an error.
+    pub(crate) fn write_many<T: WithDType>(
+        &mut self,
+        storages: &[&Storage],
+        op: &'static str,
+    ) -> Result<(Vec<&mut [T]>, LockedReads<'_>)> {
+        let mut positions = Vec::with_capacity(storages.len());
+        for storage in storages {
+            let at = self.position(storage).ok_or_else(|| not_locked(op, "not locked"))?;
+            if !matches!(self.held[at].lock, Lock::Write(_)) {
+                return Err(not_locked(op, "read but not write-locked"));
+            }
+            if positions.contains(&at) {
+                return Err(TensorError::invalid(
+                    op,
+                    "two of the tensors it writes share one storage; give each its own memory",
+                ));
+            }
+            positions.push(at);
+        }
+        let mut slices = Vec::with_capacity(storages.len());
+        for &at in &positions {
+            let storage = self.held[at].storage;
+            let count = storage.element_count::<T>(op)?;
+            // SAFETY: as in `write`: each storage is write-locked while `self`
+            // lives, the positions are distinct so no two slices alias, and
+            // `LockedReads` refuses all of them.
+            slices.push(unsafe { storage.exclusive(op, count)? });
+        }
+        Ok((slices, LockedReads { held: &self.held, written: Written::Many(positions) }))
+    }
+}
+
+/// Which held storages a [`LockedReads`] must not hand out.
+enum Written {
+    One(usize),
+    Many(Vec<usize>),
+}
+
+impl Written {
+    fn contains(&self, at: usize) -> bool {
+        match self {
+            Written::One(w) => *w == at,
+            Written::Many(ws) => ws.contains(&at),
+        }
     }
 }
 
 /// Read access to the storages of a [`StorageLocks`] but the one being written.
 pub(crate) struct LockedReads<'r> {
     held: &'r [Held<'r>],
-    written: usize,
+    written: Written,
 }
 
 impl<'r> LockedReads<'r> {
@@ -106,7 +156,7 @@ impl<'r> LockedReads<'r> {
             .iter()
             .position(|h| std::ptr::eq(h.storage, storage))
             .ok_or_else(|| not_locked(op, "not locked"))?;
-        if at == self.written {
+        if self.written.contains(at) {
             return Err(TensorError::invalid(
                 op,
                 "internal error: the written storage is read through its `&mut` slice, not as a second slice",

@@ -23,6 +23,7 @@ mod elementwise;
 mod index;
 mod matmul;
 mod norm;
+mod optim;
 mod pool;
 mod random;
 mod reduce;
@@ -37,6 +38,7 @@ use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Result, SharedError, TensorError};
 use crate::ops::conv::ConvPlan;
+use crate::ops::fused_adam::AdamUpdate;
 use crate::ops::pool::PoolPlan;
 use crate::shape::Shape;
 use crate::storage::{Buffer, Storage, UninitTensor};
@@ -250,6 +252,10 @@ impl Backend for CudaBackend {
 
     fn layer_norm_backward(&self, args: LayerNormBackward<'_>, needs: [bool; 3]) -> Result<[Option<Tensor>; 3]> {
         norm::layer_norm_backward(self, args, needs)
+    }
+
+    fn adam_step(&self, updates: &[&AdamUpdate<'_>]) -> Result<()> {
+        optim::adam_step(self, updates)
     }
 
     fn update(&self, name: &'static str, op: Update, dst: &Tensor, operands: &[&Tensor]) -> Result<()> {

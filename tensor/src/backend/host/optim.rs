@@ -1,0 +1,72 @@
+//! The host's fused Adam: each parameter's storages locked together (the
+//! parameter and its state for writing, the gradient for reading), then one
+//! pass of `brasa_kernels::optim::adam_step` over the elements, in parallel
+//! chunks for large parameters. Elements are independent, so the result does
+//! not depend on the chunking.
+
+use crate::backend::host::PARALLEL_MIN_WORK;
+use crate::dispatch::dispatch_float;
+use crate::dtype::WithDType;
+use crate::error::{Result, TensorError};
+use crate::ops::fused_adam::AdamUpdate;
+use crate::storage::{lock_storages, Storage};
+use crate::tensor::Tensor;
+use brasa_kernels::elementwise::FloatElement;
+use brasa_kernels::optim::adam_step as adam_kernel;
+use rayon::prelude::*;
+
+const OP: &str = "fused_adam_";
+
+/// Elements one parallel task updates.
+const CHUNK: usize = 1 << 14;
+
+/// See [`crate::backend::Backend::adam_step`].
+pub(super) fn adam_step(updates: &[&AdamUpdate<'_>]) -> Result<()> {
+    for update in updates {
+        dispatch_float!(update.param.dtype(), T => step::<T>(update),
+            Err(TensorError::invalid(OP, format!("needs float tensors, got {}", update.param.dtype()))))?;
+    }
+    Ok(())
+}
+
+/// `t`'s elements within its storage's slice.
+fn window<'a, T>(data: &'a mut [T], t: &Tensor) -> Result<&'a mut [T]> {
+    let (offset, n) = (t.layout().offset(), t.numel());
+    let len = data.len();
+    data.get_mut(offset..offset + n)
+        .ok_or_else(|| TensorError::invalid(OP, format!("internal: {offset}+{n} is past {len} elements")))
+}
+
+fn step<T: WithDType + FloatElement>(update: &AdamUpdate<'_>) -> Result<()> {
+    let written: Vec<&Tensor> = std::iter::once(update.param).chain(update.state.iter().copied()).collect();
+    let storages: Vec<&Storage> = written.iter().map(|t| &**t.storage()).collect();
+    let mut locks = lock_storages(&[update.grad.storage()], &storages);
+    let (slices, reads) = locks.write_many::<T>(&storages, OP)?;
+    let grad_data = reads.read::<T>(update.grad.storage(), OP)?;
+    let offset = update.grad.layout().offset();
+    let grad = grad_data
+        .get(offset..offset + update.grad.numel())
+        .ok_or_else(|| TensorError::invalid(OP, "internal: the gradient is past its storage"))?;
+    let mut views = Vec::with_capacity(slices.len());
+    for (data, t) in slices.into_iter().zip(&written) {
+        views.push(window(data, t)?);
+    }
+    let c = update.coefficients;
+    let kernel = |e| TensorError::kernel(OP, e);
+    let mut views = views.into_iter();
+    let (Some(param), Some(exp_avg), Some(exp_avg_sq)) = (views.next(), views.next(), views.next()) else {
+        return Err(TensorError::invalid(OP, "internal: a parameter without its two moments"));
+    };
+    let max = views.next();
+    if grad.len() < PARALLEL_MIN_WORK {
+        return adam_kernel(&c, param, grad, exp_avg, exp_avg_sq, max).map_err(kernel);
+    }
+    let chunks = param.par_chunks_mut(CHUNK).zip(grad.par_chunks(CHUNK)).zip(exp_avg.par_chunks_mut(CHUNK));
+    let chunks = chunks.zip(exp_avg_sq.par_chunks_mut(CHUNK));
+    match max {
+        Some(max) => chunks
+            .zip(max.par_chunks_mut(CHUNK))
+            .try_for_each(|((((p, g), m), v), x)| adam_kernel(&c, p, g, m, v, Some(x)).map_err(kernel)),
+        None => chunks.try_for_each(|(((p, g), m), v)| adam_kernel(&c, p, g, m, v, None).map_err(kernel)),
+    }
+}
