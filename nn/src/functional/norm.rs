@@ -10,7 +10,9 @@
 //! and their `weight` and `bias` may be f32 (a half-precision model keeps its
 //! norms in f32: `brasa_amp::to_half`). They ask the precision hook first
 //! (`brasa_autograd::autocast_inputs`, as `batch_norm`, `layer_norm` and
-//! `group_norm`), so under `brasa_amp::autocast` they take and return f32.
+//! `group_norm`), so under `brasa_amp::autocast` they take and return f32
+//! where its policy says so (batch norm on the host follows its input: a
+//! half input is normalised in f32 here and saved as it is).
 //! Group norm is layer norm of each group's slice followed by a per-channel
 //! affine transform, so it reuses layer norm's closed-form backward.
 //!
