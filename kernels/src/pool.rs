@@ -542,7 +542,7 @@ mod tests {
                     seed ^= seed >> 7;
                     seed ^= seed << 17;
                     // Few distinct values (ties), and some NaNs.
-                    if seed % 23 == 0 {
+                    if seed.is_multiple_of(23) {
                         f64::NAN
                     } else {
                         (seed % 7) as f64 - 3.0
