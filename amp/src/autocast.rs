@@ -8,8 +8,8 @@
 //! convolutions in the low dtype; softmax, exp/log, pow, sums and means,
 //! losses and norms in f32; `cat`/`stack` in the widest input dtype) and
 //! [`Policy::cpu`] for host tensors (PyTorch's CPU lists: products,
-//! convolutions and attention in the low dtype; losses in f32; softmax and
-//! exp/log follow their inputs). [`Autocast::policy`],
+//! convolutions and attention in the low dtype; losses in f32; softmax,
+//! exp/log and batch norm follow their inputs). [`Autocast::policy`],
 //! [`Autocast::cpu_policy`] and [`Autocast::cuda_policy`] override them.
 //! Everything unlisted runs in its inputs' dtype. The casts are differentiable, so
 //! backward runs each operation in the dtype its forward used and every

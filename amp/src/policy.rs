@@ -6,7 +6,8 @@
 //! "Autocast Op Reference" of the `torch.amp` docs): [`Policy::cuda`] (the
 //! default) and [`Policy::cpu`], each with brasa's additions
 //! ([`BRASA_FLOAT32`]: means, variances and batch norm in f32, which
-//! PyTorch leaves to follow their input — pytorch/pytorch#88929).
+//! PyTorch leaves to follow their input — pytorch/pytorch#88929; on the
+//! CPU batch norm follows its input, as in PyTorch).
 //! [`Policy::pytorch_cuda`] and [`Policy::pytorch_cpu`] are PyTorch's lists
 //! alone. Any entry can be overridden with [`Policy::with`].
 //!
@@ -29,7 +30,7 @@
 //! | `mean`, `var`, `std` | `Var::mean(_all)`, `Var::var`, `Var::std` | [`Category::Float32`] (brasa) |
 //! | `cross_entropy`, `nll_loss`, `mse_loss`, `l1_loss`, `binary_cross_entropy_with_logits` | `brasa_nn::functional` | [`Category::Float32`] |
 //! | `layer_norm` | `functional::layer_norm`, `LayerNorm` | [`Category::Float32`] |
-//! | `batch_norm` | `functional::batch_norm`, `BatchNorm1d/2d` | [`Category::Float32`] (brasa) |
+//! | `batch_norm` | `functional::batch_norm`, `BatchNorm1d/2d` | [`Category::Float32`] (brasa; [`Policy::cpu`]: [`Category::Follow`], computed in f32 inside) |
 //! | `cat`, `stack` | `Var::cat`, `Var::stack` | [`Category::Promote`] |
 //!
 //! Every other operation (elementwise arithmetic, activations, views,
@@ -294,9 +295,10 @@ pub const CPU_FLOAT32: &[&str] = &[
 /// PyTorch's CPU list of operations that take the widest input dtype.
 pub const CPU_PROMOTE: &[&str] = &["cat", "stack", "index_copy"];
 
-/// brasa's additions to both default policies: reductions that PyTorch
+/// brasa's additions to the default policies: reductions that PyTorch
 /// leaves to follow their input, and batch norm, whose f32 output PyTorch
-/// does not give (pytorch/pytorch#88929). brasa's f16/bf16 kernels already
+/// does not give (pytorch/pytorch#88929; [`Policy::cpu`] leaves batch norm
+/// to follow its input, as PyTorch's CPU autocast does). brasa's f16/bf16 kernels already
 /// accumulate these in f32; in f32 the result keeps its precision too.
 pub const BRASA_FLOAT32: &[&str] = &["mean", "var", "std", "batch_norm", "group_norm"];
 
@@ -327,10 +329,18 @@ impl Policy {
     }
 
     /// PyTorch's CPU lists ([`CPU_LOWER`], [`CPU_FLOAT32`],
-    /// [`CPU_PROMOTE`]) with brasa's [`BRASA_FLOAT32`]. Softmax, exp/log and
-    /// sums are not on PyTorch's CPU lists: they follow their inputs here.
+    /// [`CPU_PROMOTE`]) with brasa's [`BRASA_FLOAT32`] but for batch norm.
+    /// Softmax, exp/log and sums are not on PyTorch's CPU lists: they follow
+    /// their inputs here.
+    ///
+    /// Batch norm follows its input, as in PyTorch's CPU autocast: the
+    /// host's batch norm computes a half input's statistics and
+    /// normalisation in f32 anyway and saves that input for backward, so
+    /// casting it to f32 first would only add a cast, save the f32 copy
+    /// (twice the bytes), and leave what comes after it (ReLU, pooling) in
+    /// f32 until the next convolution casts back.
     pub fn cpu() -> Policy {
-        Policy::pytorch_cpu().with_all(BRASA_FLOAT32, Category::Float32)
+        Policy::pytorch_cpu().with_all(BRASA_FLOAT32, Category::Float32).with("batch_norm", Category::Follow)
     }
 
     /// PyTorch's CUDA lists exactly (batch norm follows its input).
@@ -430,6 +440,8 @@ mod tests {
         assert_eq!(cpu.category("softmax"), Category::Follow, "not on PyTorch's CPU lists");
         assert_eq!(cpu.category("mse_loss"), Category::Float32);
         assert_eq!(cpu.category("linear"), Category::Lower);
+        assert_eq!(cpu.category("batch_norm"), Category::Follow, "computed in f32 inside, on a half input");
+        assert_eq!(cpu.category("group_norm"), Category::Float32);
         for policy in [&cuda, &cpu] {
             assert_eq!(policy.category("scaled_dot_product_attention"), Category::Lower);
         }

@@ -13,6 +13,7 @@
 //! padding, so it too holds an input element.
 
 use crate::error::{KernelError, Result};
+use half::{bf16, f16};
 use std::ops::{Add, AddAssign, Div};
 
 /// Sizes of one 2-d pooling of an `H x W` plane, checked when made; pairs
@@ -154,13 +155,62 @@ impl Pool2dGeometry {
     }
 }
 
+/// An element max pooling can compare, through a key that orders as the
+/// element does (NaN included) and compares cheaply: f16 and bf16 widen to
+/// f32 (their own comparisons branch on signs and NaN, which made bf16
+/// pooling 3x slower than f32's); every other type is its own key.
+pub trait MaxPoolElement: Copy + Send + Sync {
+    /// What is compared.
+    type Key: Copy + PartialOrd;
+    /// The key of this element.
+    fn key(self) -> Self::Key;
+}
+
+macro_rules! own_key {
+    ($($t:ty),*) => {$(
+        impl MaxPoolElement for $t {
+            type Key = $t;
+            #[inline(always)]
+            fn key(self) -> $t {
+                self
+            }
+        }
+    )*};
+}
+
+own_key!(f32, f64, i8, i16, i32, i64, u8, u16, u32, u64, bool);
+
+impl MaxPoolElement for bf16 {
+    type Key = f32;
+    #[inline(always)]
+    fn key(self) -> f32 {
+        crate::convert::bf16_to_f32(self)
+    }
+}
+
+impl MaxPoolElement for f16 {
+    type Key = f32;
+    #[inline(always)]
+    fn key(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+/// Whether `v` (a key) takes the place of the best so far: a larger value,
+/// or a NaN (`v != v` only for NaN), so that a NaN wins over any number.
+#[inline(always)]
+#[allow(clippy::eq_op)]
+fn takes_over<K: PartialOrd>(v: K, best: K) -> bool {
+    (v > best) | (v != v)
+}
+
 /// Max pooling of one plane. Element `(h, w)` of the input is
 /// `input[offset + h·strides[0] + w·strides[1]]`; `out` and `indices` (the
 /// flat index `h·W + w` of each maximum) are dense `H_out x W_out`.
 ///
 /// Ties keep the first maximum in row-major order; a NaN wins over any
 /// number (the last NaN of the window is reported), as in PyTorch.
-pub fn max_pool2d_plane<T: Copy + PartialOrd>(
+pub fn max_pool2d_plane<T: MaxPoolElement>(
     geometry: &Pool2dGeometry,
     input: &[T],
     offset: usize,
@@ -174,6 +224,14 @@ pub fn max_pool2d_plane<T: Copy + PartialOrd>(
     Pool2dGeometry::check_len("indices", g.output_len(), indices.len())?;
     let (out_h, out_w) = g.output;
     let in_w = g.input.1;
+    if g.kernel == (2, 2) && g.stride == (2, 2) && g.padding == (0, 0) && strides[1] == 1 {
+        // Whole windows (no ceil-mode clipping): checked by `new`, which
+        // rounds 2·out ≤ input down, and by `check_plane` for the rows.
+        if 2 * out_h <= g.input.0 && 2 * out_w <= in_w {
+            max_pool_2x2(g, input, offset, strides[0], out, indices);
+            return Ok(());
+        }
+    }
     for oh in 0..out_h {
         let (h_lo, h_hi, _) = Pool2dGeometry::window(oh, g.input.0, g.kernel.0, g.stride.0, g.padding.0);
         for ow in 0..out_w {
@@ -187,10 +245,7 @@ pub fn max_pool2d_plane<T: Copy + PartialOrd>(
                 let row = offset + h * strides[0];
                 for w in w_lo..w_hi {
                     let at = row + w * strides[1];
-                    let (v, best) = (input[at], input[best_at]);
-                    // `v != v` is true only for NaN.
-                    #[allow(clippy::eq_op)]
-                    let take = (v > best) | (v != v);
+                    let take = takes_over(input[at].key(), input[best_at].key());
                     best_at = std::hint::select_unpredictable(take, at, best_at);
                     best_hw = std::hint::select_unpredictable(take, h * in_w + w, best_hw);
                 }
@@ -200,6 +255,45 @@ pub fn max_pool2d_plane<T: Copy + PartialOrd>(
         }
     }
     Ok(())
+}
+
+/// [`max_pool2d_plane`] for the usual 2x2 windows with stride 2 over
+/// dense rows (`row_stride` apart), every window inside the plane: the
+/// four candidates are read from two row slices, with no index checks in
+/// the loop, and compared by key.
+fn max_pool_2x2<T: MaxPoolElement>(
+    g: &Pool2dGeometry,
+    input: &[T],
+    offset: usize,
+    row_stride: usize,
+    out: &mut [T],
+    indices: &mut [i64],
+) {
+    let (out_h, out_w) = g.output;
+    let in_w = g.input.1;
+    let step = [0, 1, in_w as i64, in_w as i64 + 1];
+    for (oh, (out_row, index_row)) in out.chunks_exact_mut(out_w).zip(indices.chunks_exact_mut(out_w)).enumerate() {
+        if oh == out_h {
+            break;
+        }
+        let top = offset + 2 * oh * row_stride;
+        let (r0, r1) = (&input[top..top + 2 * out_w], &input[top + row_stride..top + row_stride + 2 * out_w]);
+        let base = (2 * oh * in_w) as i64;
+        let windows = r0.chunks_exact(2).zip(r1.chunks_exact(2));
+        for (ow, ((o, index), (p0, p1))) in out_row.iter_mut().zip(index_row.iter_mut()).zip(windows).enumerate() {
+            let candidates = [p0[0], p0[1], p1[0], p1[1]];
+            let (mut best, mut best_key, mut at) = (candidates[0], candidates[0].key(), 0);
+            for (&v, &s) in candidates[1..].iter().zip(&step[1..]) {
+                let key = v.key();
+                let take = takes_over(key, best_key);
+                best = std::hint::select_unpredictable(take, v, best);
+                best_key = std::hint::select_unpredictable(take, key, best_key);
+                at = std::hint::select_unpredictable(take, s, at);
+            }
+            *o = best;
+            *index = base + 2 * ow as i64 + at;
+        }
+    }
 }
 
 /// The backward pass of max pooling for one plane: `grad_input` (a dense
@@ -405,6 +499,70 @@ mod tests {
         assert_eq!(err.to_string(), "shape mismatch: index 12 is outside an input plane of 12 elements");
         assert!(max_pool2d_backward_plane(&[1.0; 6], &[0, 0, 0, 0, 0, -1], &mut grad).is_err());
         assert!(max_pool2d_backward_plane(&[1.0; 6], &[0, 0], &mut grad).is_err());
+    }
+
+    /// Max pooling from the definition, on f64 values: the first maximum in
+    /// row-major order, or the last NaN.
+    fn naive_max_pool(g: &Pool2dGeometry, plane: &dyn Fn(usize, usize) -> f64) -> (Vec<f64>, Vec<i64>) {
+        let (mut out, mut idx) = (Vec::new(), Vec::new());
+        for oh in 0..g.output.0 {
+            for ow in 0..g.output.1 {
+                let (h0, h1, _) = Pool2dGeometry::window(oh, g.input.0, g.kernel.0, g.stride.0, g.padding.0);
+                let (w0, w1, _) = Pool2dGeometry::window(ow, g.input.1, g.kernel.1, g.stride.1, g.padding.1);
+                let mut best: Option<(f64, usize)> = None;
+                for h in h0..h1 {
+                    for w in w0..w1 {
+                        let v = plane(h, w);
+                        if best.is_none_or(|(b, _)| v > b || v.is_nan()) {
+                            best = Some((v, h * g.input.1 + w));
+                        }
+                    }
+                }
+                let (v, at) = best.unwrap();
+                out.push(v);
+                idx.push(at as i64);
+            }
+        }
+        (out, idx)
+    }
+
+    /// The 2x2 / stride 2 loop agrees with the definition on f32 and bf16
+    /// (ties and NaNs included), for planes of odd and even sizes read with
+    /// an offset and a row stride wider than the row, and with ceil mode
+    /// (whose clipped last windows take the general loop).
+    #[test]
+    fn max_pool_2x2_matches_the_definition() {
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        for (h, w, ceil) in [(2, 2, false), (5, 7, false), (8, 6, false), (5, 7, true), (2, 3, false), (16, 32, false)]
+        {
+            let (row_stride, offset) = (w + 3, 5);
+            let data: Vec<f64> = (0..offset + h * row_stride)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    // Few distinct values (ties), and some NaNs.
+                    if seed.is_multiple_of(23) {
+                        f64::NAN
+                    } else {
+                        (seed % 7) as f64 - 3.0
+                    }
+                })
+                .collect();
+            let g = Pool2dGeometry::with_ceil_mode((h, w), (2, 2), (2, 2), (0, 0), ceil).unwrap();
+            let (want, want_idx) = naive_max_pool(&g, &|r, c| data[offset + r * row_stride + c]);
+            let n = g.output_len();
+            let x32: Vec<f32> = data.iter().map(|&v| v as f32).collect();
+            let (mut out, mut idx) = (vec![0.0f32; n], vec![-1i64; n]);
+            max_pool2d_plane(&g, &x32, offset, [row_stride, 1], &mut out, &mut idx).unwrap();
+            assert_eq!(idx, want_idx, "f32 {h}x{w} ceil {ceil}");
+            assert!(out.iter().zip(&want).all(|(&o, &v)| o as f64 == v || o.is_nan() && v.is_nan()));
+            let x16: Vec<bf16> = data.iter().map(|&v| bf16::from_f64(v)).collect();
+            let (mut out, mut idx) = (vec![bf16::ZERO; n], vec![-1i64; n]);
+            max_pool2d_plane(&g, &x16, offset, [row_stride, 1], &mut out, &mut idx).unwrap();
+            assert_eq!(idx, want_idx, "bf16 {h}x{w} ceil {ceil}");
+            assert!(out.iter().zip(&want).all(|(&o, &v)| o.to_f64() == v || o.is_nan() && v.is_nan()));
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! once, at the end: f16 ones (and bf16 ones on CPUs without AVX512-BF16)
 //! are widened to f32 while they are packed; bf16 ones on CPUs with it stay
 //! bf16, packed in pairs for its dot-product instruction.
+//! [`gemm_into_f32_with`] keeps such a C in f32 (no rounding at all).
 //!
 //! `beta == 0` follows BLAS: C is overwritten without being read, so NaN or
 //! infinity already in C does not reach the result.
@@ -21,6 +22,7 @@ mod blocking;
 mod buffer;
 mod driver;
 mod element;
+mod into_f32;
 mod matrix;
 mod microkernel;
 #[cfg(target_arch = "x86_64")]
@@ -36,6 +38,7 @@ mod pack_avx512;
 mod parallel;
 
 pub use blocking::Blocking;
+pub use into_f32::{gemm_into_f32_with, GemmIntoF32};
 pub use matrix::{BatchMut, BatchRef, MatMut, MatRef};
 pub use microkernel::KernelChoice;
 

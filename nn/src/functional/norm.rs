@@ -12,7 +12,9 @@
 //! and their `weight` and `bias` may be f32 (a half-precision model keeps its
 //! norms in f32: `brasa_amp::to_half`). They ask the precision hook first
 //! (`brasa_autograd::autocast_inputs`, as `batch_norm`, `layer_norm` and
-//! `group_norm`), so under `brasa_amp::autocast` they take and return f32.
+//! `group_norm`), so under `brasa_amp::autocast` they take and return f32
+//! where its policy says so (batch norm on the host follows its input: a
+//! half input is normalised in f32 here and saved as it is).
 //! Group norm is layer norm of each group's slice followed by a per-channel
 //! affine transform, so it reuses layer norm's closed-form backward.
 //!
@@ -126,6 +128,7 @@ pub fn batch_norm(
     let mut stat_shape = vec![1usize; dims.len()];
     stat_shape[1] = channels;
     let reduce: Vec<isize> = (0..dims.len() as isize).filter(|&d| d != 1).collect();
+    let mut wide_input = None;
     let (mean, invstd) = if training {
         let per_channel = input.numel() / channels.max(1);
         if per_channel <= 1 {
@@ -135,6 +138,10 @@ pub fn batch_norm(
             ));
         }
         let x = input.tensor().to_dtype(dtype)?;
+        if dtype != input.dtype() {
+            // The forward normalises this copy in place: one conversion.
+            wide_input = Some(x.clone());
+        }
         let mean = x.mean(&reduce, true)?;
         let var = x.var_with_correction(&reduce, 0, true)?;
         if let (Some(running_mean), Some(running_var)) = (running_mean, running_var) {
@@ -161,8 +168,14 @@ pub fn batch_norm(
     let mut inputs = vec![input];
     inputs.extend(weight);
     inputs.extend(bias);
-    let function =
-        BatchNormFn { mean, invstd, batch_stats: training, has_weight: weight.is_some(), has_bias: bias.is_some() };
+    let function = BatchNormFn {
+        mean,
+        invstd,
+        wide_input,
+        batch_stats: training,
+        has_weight: weight.is_some(),
+        has_bias: bias.is_some(),
+    };
     Ok(apply(function, &inputs)?)
 }
 
@@ -172,6 +185,9 @@ struct BatchNormFn {
     mean: Tensor,
     /// `1 / √(var + eps)`, `[1, C, 1, ...]`.
     invstd: Tensor,
+    /// A half input converted to the compute dtype for the statistics: a
+    /// copy of its own, which the forward normalises in place (and drops).
+    wide_input: Option<Tensor>,
     /// The statistics are the batch's (so they depend on the input).
     batch_stats: bool,
     has_weight: bool,
@@ -198,7 +214,13 @@ impl Function for BatchNormFn {
         if self.has_bias {
             beta.add_(&inputs[1 + self.has_weight as usize].reshape(&shape)?)?;
         }
-        let out = x.to_dtype(dtype)?.mul(&alpha)?;
+        let out = match self.wide_input.take() {
+            Some(wide) => {
+                wide.mul_(&alpha)?;
+                wide
+            }
+            None => x.to_dtype(dtype)?.mul(&alpha)?,
+        };
         out.add_(&beta)?;
         ctx.save_for_backward(x);
         ctx.save_for_backward(&self.mean);
@@ -234,7 +256,13 @@ impl Function for BatchNormFn {
 
         // x̂ = (x - mean) · invstd, and the per-channel sums Σg and Σg·x̂.
         let x_hat = if input_sums || needs_weight {
-            let x_hat = x.sub(mean)?;
+            // A half input's conversion is a copy of its own: centred in place.
+            let x_hat = if saved[0].dtype() != dtype {
+                x.sub_(mean)?;
+                x
+            } else {
+                x.sub(mean)?
+            };
             x_hat.mul_(invstd)?;
             Some(x_hat)
         } else {

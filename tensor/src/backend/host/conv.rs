@@ -4,7 +4,13 @@
 //! gradient multiplies by the transposed weight and folds the columns back
 //! (`col2im`); the weight gradient sums the products over images. Images go
 //! to threads one by one when there are enough of them, else each product
-//! uses every thread. f16 and bf16 are computed in f32.
+//! uses every thread.
+//!
+//! f16 and bf16 stay in their dtype end to end: the columns are unfolded in
+//! it and the products read it (bf16 with AVX512-BF16 dot products where
+//! the CPU has them), accumulating in f32. What is summed beyond one
+//! product (the folded input gradient, the weight gradient over images) is
+//! summed in f32 and rounded once.
 
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
@@ -15,9 +21,10 @@ use crate::shape::Shape;
 use crate::storage::lock_storages;
 use crate::tensor::Tensor;
 use brasa_kernels::conv::{col2im, im2col};
-use brasa_kernels::gemm::{gemm_with, GemmElement, GemmOptions, MatMut, MatRef, Parallelism};
+use brasa_kernels::gemm::{gemm_into_f32_with, gemm_with, GemmElement, GemmOptions, MatMut, MatRef, Parallelism};
 use brasa_kernels::scratch::try_vec;
 use brasa_kernels::KernelError;
+use half::{bf16, f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 use std::ops::AddAssign;
 
@@ -33,10 +40,120 @@ fn options(plan: &ConvPlan) -> GemmOptions {
     GemmOptions { parallelism, ..GemmOptions::default() }
 }
 
-/// The element types the loops run in; f16 and bf16 go through f32.
-trait ConvFloat: GemmElement<Scalar = Self> + WithDType + AddAssign {}
-impl ConvFloat for f32 {}
-impl ConvFloat for f64 {}
+/// The type sums are kept in: f32, or f64 for f64 (a product's `Scalar`).
+trait Accumulator: GemmElement<Scalar = Self> + WithDType + AddAssign {}
+impl Accumulator for f32 {}
+impl Accumulator for f64 {}
+
+/// The element types the loops run in, each with the type its sums are
+/// kept in ([`Accumulator`]: f32 for f32, f16 and bf16; f64 for f64).
+trait ConvFloat: GemmElement<Scalar: Accumulator> + WithDType {
+    /// `C = alpha·A·B + beta·C` with C in the accumulator type.
+    fn gemm_acc(
+        options: &GemmOptions,
+        alpha: Self::Scalar,
+        a: MatRef<'_, Self>,
+        b: MatRef<'_, Self>,
+        beta: Self::Scalar,
+        c: MatMut<'_, Self::Scalar>,
+    ) -> std::result::Result<(), KernelError>;
+
+    /// Rounds accumulated values into this type (a copy when they are it).
+    fn from_acc(src: &[Self::Scalar], dst: &mut [Self]);
+
+    /// The value as an f64, exactly; cheap enough for loops to vectorise.
+    fn widen(self) -> f64;
+}
+
+impl ConvFloat for f32 {
+    fn gemm_acc(
+        options: &GemmOptions,
+        alpha: f32,
+        a: MatRef<'_, f32>,
+        b: MatRef<'_, f32>,
+        beta: f32,
+        c: MatMut<'_, f32>,
+    ) -> std::result::Result<(), KernelError> {
+        gemm_with(options, alpha, a, b, beta, c)
+    }
+    fn from_acc(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        f64::from(self)
+    }
+}
+
+impl ConvFloat for f64 {
+    fn gemm_acc(
+        options: &GemmOptions,
+        alpha: f64,
+        a: MatRef<'_, f64>,
+        b: MatRef<'_, f64>,
+        beta: f64,
+        c: MatMut<'_, f64>,
+    ) -> std::result::Result<(), KernelError> {
+        gemm_with(options, alpha, a, b, beta, c)
+    }
+    fn from_acc(src: &[f64], dst: &mut [f64]) {
+        dst.copy_from_slice(src);
+    }
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        self
+    }
+}
+
+impl ConvFloat for bf16 {
+    fn gemm_acc(
+        options: &GemmOptions,
+        alpha: f32,
+        a: MatRef<'_, bf16>,
+        b: MatRef<'_, bf16>,
+        beta: f32,
+        c: MatMut<'_, f32>,
+    ) -> std::result::Result<(), KernelError> {
+        gemm_into_f32_with(options, alpha, a, b, beta, c)
+    }
+    fn from_acc(src: &[f32], dst: &mut [bf16]) {
+        brasa_kernels::convert::narrow_bf16_slice(src, dst);
+    }
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        f64::from(brasa_kernels::convert::bf16_to_f32(self))
+    }
+}
+
+impl ConvFloat for f16 {
+    fn gemm_acc(
+        options: &GemmOptions,
+        alpha: f32,
+        a: MatRef<'_, f16>,
+        b: MatRef<'_, f16>,
+        beta: f32,
+        c: MatMut<'_, f32>,
+    ) -> std::result::Result<(), KernelError> {
+        gemm_into_f32_with(options, alpha, a, b, beta, c)
+    }
+    fn from_acc(src: &[f32], dst: &mut [f16]) {
+        dst.convert_from_f32_slice(src);
+    }
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        f64::from(self.to_f32())
+    }
+}
+
+/// One for the products' scalars.
+fn one<T: ConvFloat>() -> T::Scalar {
+    <T::Scalar as WithDType>::ONE
+}
+
+/// Zero for the products' scalars.
+fn zero<T: ConvFloat>() -> T::Scalar {
+    <T::Scalar as WithDType>::ZERO
+}
 
 /// `t` itself when all strides are non-negative, else a contiguous copy.
 fn non_negative(t: &Tensor) -> Result<Tensor> {
@@ -69,56 +186,59 @@ fn matrix_view(t: &Tensor, row_dim: usize) -> Result<(Tensor, usize, usize)> {
     Ok((t, s[row_dim], 1))
 }
 
-/// Converts f16/bf16 operands to f32, runs `f`, converts the result back.
-fn in_compute_dtype(tensors: &[&Tensor], f: impl FnOnce(&[Tensor]) -> Result<Tensor>) -> Result<Tensor> {
-    let dtype = tensors.first().map_or(DType::F32, |t| t.dtype());
-    match dtype {
-        DType::F16 | DType::BF16 => {
-            let wide = tensors.iter().map(|t| t.to_dtype(DType::F32)).collect::<Result<Vec<_>>>()?;
-            f(&wide)?.to_dtype(dtype)
-        }
-        _ => f(&tensors.iter().map(|t| (*t).clone()).collect::<Vec<_>>()),
-    }
-}
-
 fn kernel_error(op: &'static str) -> impl Fn(KernelError) -> TensorError {
     move |e| gemm_error(op, e)
 }
 
+/// Runs `$body` with `$T` the element type of the floating-point `$dtype`.
+macro_rules! dispatch_conv {
+    ($op:expr, $dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            DType::BF16 => {
+                type $T = bf16;
+                $body
+            }
+            DType::F16 => {
+                type $T = f16;
+                $body
+            }
+            other => Err(TensorError::invalid($op, format!("needs a floating-point tensor, got {other}"))),
+        }
+    };
+}
+
 /// See [`crate::backend::Backend::conv2d`].
 pub(super) fn conv2d(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>, plan: &ConvPlan) -> Result<Tensor> {
-    let mut operands = vec![input, weight];
-    operands.extend(bias);
-    in_compute_dtype(&operands, |t| {
-        let bias = t.get(2);
-        match t[0].dtype() {
-            DType::F64 => forward::<f64>(&t[0], &t[1], bias, plan),
-            _ => forward::<f32>(&t[0], &t[1], bias, plan),
-        }
-    })
+    dispatch_conv!("conv2d", input.dtype(), T => forward::<T>(input, weight, bias, plan))
 }
 
 /// See [`crate::backend::Backend::conv2d_backward_input`].
 pub(super) fn conv2d_backward_input(grad: &Tensor, weight: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
-    in_compute_dtype(&[grad, weight], |t| match t[0].dtype() {
-        DType::F64 => backward_input::<f64>(&t[0], &t[1], plan),
-        _ => backward_input::<f32>(&t[0], &t[1], plan),
-    })
+    dispatch_conv!("conv2d_backward_input", grad.dtype(), T => backward_input::<T>(grad, weight, plan))
 }
 
 /// See [`crate::backend::Backend::conv2d_backward_weight`].
 pub(super) fn conv2d_backward_weight(input: &Tensor, grad: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
-    in_compute_dtype(&[input, grad], |t| match t[0].dtype() {
-        DType::F64 => backward_weight::<f64>(&t[0], &t[1], plan),
-        _ => backward_weight::<f32>(&t[0], &t[1], plan),
-    })
+    dispatch_conv!("conv2d_backward_weight", input.dtype(), T => backward_weight::<T>(input, grad, plan))
 }
 
 /// See [`crate::backend::Backend::conv2d_backward_bias`]: sums accumulated
 /// in f64.
 pub(super) fn conv2d_backward_bias(grad: &Tensor) -> Result<Tensor> {
     const OP: &str = "conv2d_backward_bias";
-    let grad_output = grad;
+    dispatch_conv!(OP, grad.dtype(), T => backward_bias::<T>(grad))
+}
+
+fn backward_bias<T: ConvFloat>(grad_output: &Tensor) -> Result<Tensor> {
+    const OP: &str = "conv2d_backward_bias";
     let grad = grad_output.contiguous()?;
     let [n, c, h, w] = [grad.dims()[0], grad.dims()[1], grad.dims()[2], grad.dims()[3]];
     let plane = h * w;
@@ -126,24 +246,38 @@ pub(super) fn conv2d_backward_bias(grad: &Tensor) -> Result<Tensor> {
     // can make huge (2^40 images of nothing would never finish).
     let n = if plane == 0 { 0 } else { n };
     let result = output(grad_output.device(), grad_output.dtype(), &Shape::from([c]))?;
-    crate::dispatch::dispatch_dtype!(grad_output.dtype(), T => {
-        let g = grad.storage().read::<T>(OP)?;
-        let g = dense_elements(OP, &g, &grad)?;
-        // SAFETY: each channel's element is set, reading none.
-        unsafe {
-            result.init_with::<T>(OP, |out| {
-                out.par_iter_mut().enumerate().for_each(|(channel, o)| {
-                    let mut sum = 0.0f64;
-                    for image in 0..n {
+    let g = grad.storage().read::<T>(OP)?;
+    let g = dense_elements(OP, &g, &grad)?;
+    // SAFETY: each channel's element is set, reading none.
+    unsafe {
+        result.init_with::<T>(OP, |out| {
+            out.par_iter_mut().enumerate().for_each(|(channel, o)| {
+                let sum: f64 = (0..n)
+                    .map(|image| {
                         let start = (image * c + channel) * plane;
-                        sum += g[start..start + plane].iter().map(|v| v.to_f64()).sum::<f64>();
-                    }
-                    *o = T::from_f64(sum);
-                });
-                Ok(())
-            })
+                        plane_sum(&g[start..start + plane])
+                    })
+                    .sum();
+                *o = T::from_f64(sum);
+            });
+            Ok(())
+        })
+    }
+}
+
+/// The f64 sum of a plane, in eight independent partial sums (so that the
+/// loop vectorises, where one running sum would wait on every addition).
+fn plane_sum<T: ConvFloat>(values: &[T]) -> f64 {
+    const LANES: usize = 8;
+    let mut lanes = [0.0f64; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let rest: f64 = chunks.remainder().iter().map(|&v| v.widen()).sum();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += v.widen();
         }
-    })
+    }
+    lanes.iter().sum::<f64>() + rest
 }
 
 /// The elements of the contiguous tensor `t` within its storage's slice
@@ -173,18 +307,18 @@ pub(crate) fn dense_elements<'a, T>(op: &'static str, data: &'a [T], t: &Tensor)
 /// wide padding or an expanded input makes `C_in·kH·kW × H_out·W_out`
 /// huge while both fit), so it is allocated fallibly: an error naming `op`
 /// and the bytes, not an abort.
-fn for_each_image<T: Send + Default + Clone>(
+fn for_each_image<T: Send, S: Send + Default + Clone>(
     op: &'static str,
     plan: &ConvPlan,
     out: &mut [T],
     scratch_len: usize,
-    f: impl Fn(usize, &mut [T], &mut Vec<T>) -> Result<()> + Sync + Send,
+    f: impl Fn(usize, &mut [T], &mut Vec<S>) -> Result<()> + Sync + Send,
 ) -> Result<()> {
     if plan.batch == 0 || out.is_empty() {
         return Ok(());
     }
     let per_image = out.len() / plan.batch;
-    let scratch = || try_vec(scratch_len, T::default()).map_err(|e| TensorError::scratch(op, e));
+    let scratch = || try_vec(scratch_len, S::default()).map_err(|e| TensorError::scratch(op, e));
     if split_by_image(plan) {
         out.par_chunks_mut(per_image).enumerate().try_for_each_init(scratch, |col, (n, chunk)| match col {
             Ok(col) => f(n, chunk, col),
@@ -221,15 +355,15 @@ fn forward<T: ConvFloat>(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>,
         result.init_with::<T>(OP, |out| {
             let options = options(plan);
             let scratch = if pointwise.is_some() { 0 } else { geometry.col_len() };
-            for_each_image(OP, plan, out, scratch, |n, out_n, col| {
+            for_each_image(OP, plan, out, scratch, |n, out_n, col: &mut Vec<T>| {
                 let beta = match &b {
                     Some(b) => {
                         for (row, &value) in out_n.chunks_exact_mut(p.max(1)).zip(b) {
                             row.fill(value);
                         }
-                        T::ONE
+                        one::<T>()
                     }
-                    None => T::ZERO,
+                    None => zero::<T>(),
                 };
                 for g in 0..plan.groups {
                     let x_off = input.layout().offset() + n * s_n + g * cig * s_c;
@@ -243,7 +377,7 @@ fn forward<T: ConvFloat>(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>,
                             MatRef::row_major(col, k, p).map_err(&err)?
                         }
                     };
-                    gemm_with(&options, T::ONE, a, cols, beta, c).map_err(&err)?;
+                    gemm_with(&options, one::<T>(), a, cols, beta, c).map_err(&err)?;
                 }
                 Ok(())
             })
@@ -267,16 +401,17 @@ fn backward_input<T: ConvFloat>(grad: &Tensor, weight: &Tensor, plan: &ConvPlan)
     let locks = lock_storages(&[grad.storage(), weight.storage()], &[]);
     let (gy, w) = (locks.read::<T>(grad.storage(), OP)?, locks.read::<T>(weight.storage(), OP)?);
     // SAFETY: every image's block of the output is set, group by group:
-    // by the product (`beta` zero) or zeroed and then summed into by `col2im`.
+    // by the product (`beta` zero) or by rounding the folded columns.
     unsafe {
         result.init_with::<T>(OP, |out| {
             let options = options(plan);
             let pointwise = geometry.is_pointwise();
             // Without output channels the gradient is zero and needs no
             // column buffer (which an empty grad_output's huge planes would
-            // make huge).
-            let scratch = if pointwise || cog == 0 { 0 } else { geometry.col_len() };
-            for_each_image(OP, plan, out, scratch, |n, out_n, col| {
+            // make huge). The scratch holds the columns and, after them,
+            // the image they fold into, both in the accumulator type.
+            let scratch = if pointwise || cog == 0 { 0 } else { geometry.col_len() + image };
+            for_each_image(OP, plan, out, scratch, |n, out_n, scratch: &mut Vec<T::Scalar>| {
                 if cog == 0 {
                     out_n.fill(T::ZERO);
                     return Ok(());
@@ -292,12 +427,14 @@ fn backward_input<T: ConvFloat>(grad: &Tensor, weight: &Tensor, plan: &ConvPlan)
                     let region = &mut out_n[g * image..(g + 1) * image];
                     if pointwise {
                         let c = MatMut::row_major(region, k, h * w_in).map_err(&err)?;
-                        gemm_with(&options, T::ONE, wt, dy, T::ZERO, c).map_err(&err)?;
+                        gemm_with(&options, one::<T>(), wt, dy, zero::<T>(), c).map_err(&err)?;
                     } else {
+                        let (col, folded) = scratch.split_at_mut(geometry.col_len());
                         let c = MatMut::row_major(col, k, p).map_err(&err)?;
-                        gemm_with(&options, T::ONE, wt, dy, T::ZERO, c).map_err(&err)?;
-                        region.fill(T::ZERO);
-                        col2im(geometry, col, region).map_err(&err)?;
+                        T::gemm_acc(&options, one::<T>(), wt, dy, zero::<T>(), c).map_err(&err)?;
+                        folded.fill(zero::<T>());
+                        col2im(geometry, col, folded).map_err(&err)?;
+                        T::from_acc(folded, region);
                     }
                 }
                 Ok(())
@@ -322,44 +459,49 @@ fn backward_weight<T: ConvFloat>(input: &Tensor, grad: &Tensor, plan: &ConvPlan)
     let result = output(input.device(), input.dtype(), &shape)?;
     let locks = lock_storages(&[input.storage(), grad.storage()], &[]);
     let (x, gy) = (locks.read::<T>(input.storage(), OP)?, locks.read::<T>(grad.storage(), OP)?);
-    // SAFETY: the output is zeroed first, then only added to.
+    let scratch_error = |e| TensorError::scratch(OP, e);
+    // SAFETY: every element is set, from the f32 (or f64) sums.
     unsafe {
         result.init_with::<T>(OP, |out| {
-            // dW_g += dY_g [C_out/g, P] · colᵀ [P, K] over the images in `images`.
-            let accumulate =
-                |images: std::ops::Range<usize>, dw: &mut [T], col: &mut [T], options: &GemmOptions| -> Result<()> {
-                    for n in images {
-                        for g in 0..plan.groups {
-                            let x_off = input.layout().offset() + n * s_n + g * cig * s_c;
-                            let dy = MatRef::new(
-                                gy,
-                                grad.layout().offset() + n * g_n + g * cog * g_row,
-                                [cog, p],
-                                [g_row, g_col],
-                            )
-                            .map_err(&err)?;
-                            let cols = match pointwise {
-                                Some(hw) => MatRef::new(x, x_off, [cig, p], [s_c, hw]).map_err(&err)?,
-                                None => {
-                                    im2col(geometry, x, x_off, [s_c, s_h, s_w], col).map_err(&err)?;
-                                    MatRef::row_major(col, k, p).map_err(&err)?
-                                }
-                            };
-                            let c = MatMut::new(dw, g * cog * k, [cog, k], [k, 1]).map_err(&err)?;
-                            gemm_with(options, T::ONE, dy, cols.t(), T::ONE, c).map_err(&err)?;
-                        }
+            // dW_g += dY_g [C_out/g, P] · colᵀ [P, K] over the images in
+            // `images`, summed in the accumulator type.
+            let accumulate = |images: std::ops::Range<usize>,
+                              dw: &mut [T::Scalar],
+                              col: &mut [T],
+                              options: &GemmOptions|
+             -> Result<()> {
+                for n in images {
+                    for g in 0..plan.groups {
+                        let x_off = input.layout().offset() + n * s_n + g * cig * s_c;
+                        let dy = MatRef::new(
+                            gy,
+                            grad.layout().offset() + n * g_n + g * cog * g_row,
+                            [cog, p],
+                            [g_row, g_col],
+                        )
+                        .map_err(&err)?;
+                        let cols = match pointwise {
+                            Some(hw) => MatRef::new(x, x_off, [cig, p], [s_c, hw]).map_err(&err)?,
+                            None => {
+                                im2col(geometry, x, x_off, [s_c, s_h, s_w], col).map_err(&err)?;
+                                MatRef::row_major(col, k, p).map_err(&err)?
+                            }
+                        };
+                        let c = MatMut::new(dw, g * cog * k, [cog, k], [k, 1]).map_err(&err)?;
+                        T::gemm_acc(options, one::<T>(), dy, cols.t(), one::<T>(), c).map_err(&err)?;
                     }
-                    Ok(())
-                };
-            out.fill(T::ZERO);
-            // No images or no weights: the gradient is that zero, and needs
-            // no column buffer (which an empty grad_output's huge planes
+                }
+                Ok(())
+            };
+            // No images or no weights: the gradient is zero, and needs no
+            // column buffer (which an empty grad_output's huge planes
             // would make huge).
             if plan.batch == 0 || out.is_empty() {
+                out.fill(T::ZERO);
                 return Ok(());
             }
             let scratch = if pointwise.is_some() { 0 } else { geometry.col_len() };
-            if split_by_image(plan) {
+            let sums = if split_by_image(plan) {
                 // Each thread sums a share of the images into its own partial
                 // gradient; the partials are added at the end.
                 let threads = rayon::current_num_threads().min(plan.batch);
@@ -368,21 +510,27 @@ fn backward_weight<T: ConvFloat>(input: &Tensor, grad: &Tensor, plan: &ConvPlan)
                 let partials = (0..threads)
                     .into_par_iter()
                     .map(|t| {
-                        let mut dw = try_vec(out.len(), T::ZERO).map_err(|e| TensorError::scratch(OP, e))?;
-                        let mut col = try_vec(scratch, T::ZERO).map_err(|e| TensorError::scratch(OP, e))?;
+                        let mut dw = try_vec(out.len(), zero::<T>()).map_err(scratch_error)?;
+                        let mut col = try_vec(scratch, T::ZERO).map_err(scratch_error)?;
                         accumulate(t * per..((t + 1) * per).min(plan.batch), &mut dw, &mut col, &sequential)?;
                         Ok(dw)
                     })
                     .collect::<Result<Vec<_>>>()?;
+                let mut partials = partials.into_iter();
+                let mut sums = partials.next().unwrap_or_default();
                 for partial in partials {
-                    for (o, v) in out.iter_mut().zip(partial) {
+                    for (o, v) in sums.iter_mut().zip(partial) {
                         *o += v;
                     }
                 }
+                sums
             } else {
-                let mut col = try_vec(scratch, T::ZERO).map_err(|e| TensorError::scratch(OP, e))?;
-                accumulate(0..plan.batch, out, &mut col, &GemmOptions::default())?;
-            }
+                let mut sums = try_vec(out.len(), zero::<T>()).map_err(scratch_error)?;
+                let mut col = try_vec(scratch, T::ZERO).map_err(scratch_error)?;
+                accumulate(0..plan.batch, &mut sums, &mut col, &GemmOptions::default())?;
+                sums
+            };
+            T::from_acc(&sums, out);
             Ok(())
         })
     }
