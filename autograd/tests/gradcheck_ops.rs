@@ -228,3 +228,29 @@ proptest! {
         prop_assert!(gradcheck(|v| v[1].sub(&v[0])?.tanh(), &[x, y], EPS, ATOL, RTOL).is_ok());
     }
 }
+
+/// GELU's fused backwards over a wide range (both tails, both sides of the
+/// minimum near -0.75, exactly 0), broadcast and non-contiguous; and the
+/// forward saves its input only.
+#[test]
+fn gelu_fused_backwards() {
+    let wide = Tensor::linspace(-7.0, 7.0, 57, DType::F64).expect("linspace").reshape(&[3, 19]).expect("reshape");
+    let narrow = Tensor::linspace(-1.2, -0.3, 10, DType::F64).expect("linspace");
+    for input in [wide.clone(), wide.t().expect("t"), narrow] {
+        let one = std::slice::from_ref(&input);
+        check(|v| v[0].gelu(), one);
+        check(|v| v[0].gelu_tanh(), one);
+        check(|v| v[0].mul_scalar(3.0)?.gelu()?.mul(&v[0]), one);
+    }
+    // A broadcast input: the gradient sums over the broadcast dim.
+    let row = Tensor::linspace(-3.0, 3.0, 7, DType::F64).expect("linspace");
+    let rows = randn(&[4, 7]);
+    check(|v| v[0].add(&v[1])?.gelu(), &[row.clone(), rows.clone()]);
+    check(|v| v[0].add(&v[1])?.gelu_tanh(), &[row, rows]);
+
+    let x = Var::param(randn(&[8, 16]).to_dtype(DType::F32).expect("f32")).expect("param");
+    for y in [x.gelu().expect("gelu"), x.gelu_tanh().expect("gelu_tanh")] {
+        let stats = y.graph_stats();
+        assert_eq!(stats.saved_bytes, 8 * 16 * 4, "the input only, not also the output");
+    }
+}

@@ -39,7 +39,7 @@ const GROUPS: &[Group] = &[
     Group { prefixes: &["alloc."], run: alloc_figures::run },
     Group { prefixes: &["autograd."], run: |options| Ok(autograd_figures::run(options)) },
     Group { prefixes: &["kernels.fma_peak", "tensor.matmul", "tensor.conv2d"], run: tensor_matmul_figures::run },
-    Group { prefixes: &["tensor.add_", "tensor.small_op"], run: tensor_elementwise_figures::run },
+    Group { prefixes: &["tensor.add_", "tensor.small_op", "tensor.gelu"], run: tensor_elementwise_figures::run },
     Group { prefixes: &["nn."], run: |options| Ok(nn_figures::run(options)) },
     Group { prefixes: &["nn.sdpa"], run: |options| Ok(attention_figures::run(options)) },
     Group { prefixes: &["amp."], run: |options| Ok(amp_figures::run(options)) },

@@ -1,6 +1,7 @@
 //! `tensor.*` elementwise figures: a large `a + b` as users write it (a new
 //! output each call) against a STREAM-style add into a preallocated buffer,
-//! and the latency of a tiny `a + b`.
+//! the latency of a tiny `a + b`, and GELU's forward and fused backward on a
+//! transformer feed-forward activation (`[2048, 1024]`, f32 and bf16).
 
 use crate::measure::{median, time, try_time, BenchResult, Better, Figure, Options};
 use brasa_tensor::{DType, Device, Tensor};
@@ -21,6 +22,16 @@ pub fn run(options: &Options) -> BenchResult<Vec<Figure>> {
     }
     if options.wants("tensor.small_op_ns") {
         figures.push(Figure::new("tensor.small_op_ns", small_add_ns(options)?, "ns", Better::Lower));
+    }
+    for (dtype, forward, backward) in [
+        (DType::F32, "tensor.gelu_f32_ms", "tensor.gelu_backward_f32_ms"),
+        (DType::BF16, "tensor.gelu_bf16_ms", "tensor.gelu_backward_bf16_ms"),
+    ] {
+        if options.wants(forward) || options.wants(backward) {
+            let (forward_ms, backward_ms) = gelu_ms(options, dtype)?;
+            figures.push(Figure::new(forward, forward_ms, "ms", Better::Lower));
+            figures.push(Figure::new(backward, backward_ms, "ms", Better::Lower));
+        }
     }
     Ok(figures)
 }
@@ -95,4 +106,23 @@ fn small_add_ns(options: &Options) -> BenchResult<f64> {
         })
         .collect::<BenchResult<_>>()?;
     Ok(median(&mut samples))
+}
+
+/// The shape of the GELU figures: 16 × 128 tokens of a 1024-wide feed-forward
+/// layer.
+const GELU_SHAPE: [usize; 2] = [2048, 1024];
+
+/// Median ms of `x.gelu()` and of `grad.gelu_backward(&x)` (the fused
+/// backward `Var::gelu` runs) on [`GELU_SHAPE`] in `dtype`, interleaved.
+fn gelu_ms(options: &Options, dtype: DType) -> BenchResult<(f64, f64)> {
+    let x = Tensor::randn_on(GELU_SHAPE, DType::F32, Device::CPU)?.mul_scalar(2.0)?.to_dtype(dtype)?;
+    let grad = Tensor::randn_on(GELU_SHAPE, DType::F32, Device::CPU)?.to_dtype(dtype)?;
+    black_box((x.gelu()?, grad.gelu_backward(&x)?));
+    let reps = options.reps(21, 5);
+    let (mut forward, mut backward) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+    for _ in 0..reps {
+        forward.push(try_time(|| x.gelu().map(|y| drop(black_box(y))))? * 1e3);
+        backward.push(try_time(|| grad.gelu_backward(&x).map(|g| drop(black_box(g))))? * 1e3);
+    }
+    Ok((median(&mut forward), median(&mut backward)))
 }

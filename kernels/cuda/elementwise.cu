@@ -263,6 +263,33 @@ FLOAT_BINARY(maximum, nan_maximum(x, y))
 FLOAT_BINARY(minimum, nan_minimum(x, y))
 FLOAT_BINARY(relu_backward, y > (C)0 ? x : (C)0)
 
+// GELU's derivative Φ(v) + v·φ(v) in f64, as the host's Float::gelu_backward
+// for f64 (its vectorised f32 form is within a few ulp of this). NaN at ±inf.
+__device__ __forceinline__ double gelu_derivative(double v) {
+    const double cdf = mul_rn(0.5, erfc(mul_rn(-v, 0.70710678118654752440)));
+    const double pdf = mul_rn(exp(mul_rn(mul_rn(-0.5, v), v)), 0.39894228040143267794);
+    return add_rn(cdf, mul_rn(v, pdf));
+}
+// The tanh approximation's derivative (host elementwise::gelu_tanh_backward):
+// u = k·(v + c·v³), σ(2u) + 2v·σ(2|u|)·σ(−2|u|)·u', all from e = exp(−2|u|).
+template <typename C>
+__device__ __forceinline__ C gelu_tanh_derivative(C v) {
+    const C k = (C)0.7978845608028654, kc = (C)(0.7978845608028654 * 0.044715);
+    const C kc3 = (C)(3.0 * 0.7978845608028654 * 0.044715);
+    const C v2 = mul_rn(v, v);
+    const C u = mul_rn(v, add_rn(k, mul_rn(kc, v2)));
+    const C du = add_rn(k, mul_rn(kc3, v2));
+    const C au = m_abs(u);
+    const C e = m_exp(-add_rn(au, au));
+    const C big = div_rn((C)1, add_rn((C)1, e));
+    const C small = mul_rn(e, big);
+    const C sigma = u < (C)0 ? small : big;
+    return add_rn(sigma, mul_rn(mul_rn(v, mul_rn(big, small)), add_rn(du, du)));
+}
+// grad · gelu'(x) from the gradient a and the forward's input b.
+FLOAT_BINARY(gelu_backward, (C)mul_rn((double)x, gelu_derivative((double)y)))
+FLOAT_BINARY(gelu_tanh_backward, mul_rn(x, gelu_tanh_derivative(y)))
+
 #define INST_FLOAT_BINARY(op, sfx, T)                                                              \
     extern "C" __global__ void __launch_bounds__(BRASA_BLOCK)                                      \
         binary_##op##_##sfx(Strided s, const T* a, const T* b, T* out) {                           \
@@ -272,7 +299,8 @@ FLOAT_BINARY(relu_backward, y > (C)0 ? x : (C)0)
     INST_FLOAT_BINARY(add, sfx, T) INST_FLOAT_BINARY(sub, sfx, T) INST_FLOAT_BINARY(mul, sfx, T)   \
     INST_FLOAT_BINARY(div, sfx, T) INST_FLOAT_BINARY(pow, sfx, T)                                  \
     INST_FLOAT_BINARY(maximum, sfx, T) INST_FLOAT_BINARY(minimum, sfx, T)                          \
-    INST_FLOAT_BINARY(relu_backward, sfx, T)
+    INST_FLOAT_BINARY(relu_backward, sfx, T) INST_FLOAT_BINARY(gelu_backward, sfx, T)              \
+    INST_FLOAT_BINARY(gelu_tanh_backward, sfx, T)
 BRASA_FLOAT_TYPES(INST_FLOAT_BINARY_ALL)
 
 #define INT_BINARY(op, expr)                                                                       \

@@ -17,19 +17,28 @@
 //!   in-place forms, and the fused updates optimizers need ([`axpy`],
 //!   [`addcmul`], [`addcdiv`]). They work on every [`FloatElement`]: f32 and
 //!   f64 compute as themselves, f16 and bf16 in f32 with one rounding on store.
+//! - GELU and its backwards ([`BinaryOp::GeluBackward`],
+//!   [`BinaryOp::GeluTanhBackward`]) run as slice kernels ([`map1_blocks`],
+//!   [`map2_blocks`]): in f32 (so also for f16 and bf16) they are the
+//!   branch-free vectorised [`gelu_f32`], [`gelu_backward_f32`] and
+//!   [`gelu_tanh_backward_f32`], picked for the CPU at run time.
 //!
 //! The loops are sequential: callers split large outputs into chunks and run
 //! them on rayon's threads (`brasa-tensor` does), since only they know how
 //! their rows map to memory.
 
+mod gelu_simd;
 mod math;
 mod ops;
 mod strided;
 
 pub use crate::scalar::{Float, FloatElement};
+pub use gelu_simd::{gelu_backward_f32, gelu_f32, gelu_tanh_backward_f32, MAX_ULP_ERROR};
 pub use math::{erf, erfc};
 pub use ops::{
-    addcdiv, addcmul, axpy, binary, binary_update, binary_update_self, gelu_tanh, maximum, minimum, sigmoid, unary,
-    unary_update, BinaryOp, UnaryOp,
+    addcdiv, addcmul, axpy, binary, binary_update, binary_update_self, gelu_tanh, gelu_tanh_backward, maximum, minimum,
+    sigmoid, unary, unary_update, BinaryOp, UnaryOp,
 };
-pub use strided::{map1, map2, map3, same_len, update0, update1, update2, Strided, StridedMut};
+pub use strided::{
+    map1, map1_blocks, map2, map2_blocks, map3, same_len, update0, update1, update2, Strided, StridedMut,
+};

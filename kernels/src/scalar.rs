@@ -115,8 +115,36 @@ pub trait Float:
     /// `1 - erf(x)`, accurate where erf is close to 1.
     fn erfc(self) -> Self;
     /// `x * Φ(x)` with Φ the standard normal CDF (exact GELU), accurate for
-    /// large negative `x` too.
+    /// large negative `x` too. For `f32` the scalar form is correctly rounded
+    /// (but for rare ties); the slice form [`Float::gelu_slice`] is the fast one.
     fn gelu(self) -> Self;
+    /// `grad * (Φ(x) + x φ(x))`: GELU's derivative at `x` times the incoming
+    /// gradient (PyTorch's `gelu_backward`), NaN at `x = ±inf` as there.
+    /// Computed in f64 and rounded once for `f32`.
+    fn gelu_backward(grad: Self, x: Self) -> Self;
+    /// `out[i] = x[i].gelu()` over the common length. For `f32`, the
+    /// vectorised [`gelu_f32`](crate::elementwise::gelu_f32) (within a few
+    /// ulp, not correctly rounded).
+    fn gelu_slice(x: &[Self], out: &mut [Self]) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = v.gelu();
+        }
+    }
+    /// `out[i] = gelu_backward(grad[i], x[i])` over the common length; for
+    /// `f32` the vectorised [`gelu_backward_f32`](crate::elementwise::gelu_backward_f32).
+    fn gelu_backward_slice(grad: &[Self], x: &[Self], out: &mut [Self]) {
+        for ((o, &g), &v) in out.iter_mut().zip(grad).zip(x) {
+            *o = Self::gelu_backward(g, v);
+        }
+    }
+    /// `out[i] = gelu_tanh_backward(grad[i], x[i])` over the common length;
+    /// for `f32` the vectorised
+    /// [`gelu_tanh_backward_f32`](crate::elementwise::gelu_tanh_backward_f32).
+    fn gelu_tanh_backward_slice(grad: &[Self], x: &[Self], out: &mut [Self]) {
+        for ((o, &g), &v) in out.iter_mut().zip(grad).zip(x) {
+            *o = crate::elementwise::gelu_tanh_backward(g, v);
+        }
+    }
     /// `out[i] = fast_exp(x[i] - shift)` for the common length, on the widest
     /// vectors this CPU has (for `f32`).
     fn exp_shifted(x: &[Self], shift: Self, out: &mut [Self]) {
@@ -149,7 +177,11 @@ macro_rules! computed_by {
 }
 
 macro_rules! impl_float {
-    ($t:ty, fast_exp: $fast_exp:expr, erf: $erf:expr, erfc: $erfc:expr, gelu: $gelu:expr $(, exp_shifted: $exp_shifted:expr)?) => {
+    (
+        $t:ty, fast_exp: $fast_exp:expr, erf: $erf:expr, erfc: $erfc:expr, gelu: $gelu:expr,
+        gelu_backward: $gelu_backward:expr
+        $(, exp_shifted: $exp_shifted:expr, gelu_slices: ($gelu_slice:expr, $gelu_backward_slice:expr, $gelu_tanh_backward_slice:expr))?
+    ) => {
         impl Float for $t {
             const ONE: Self = 1.0;
             const HALF: Self = 0.5;
@@ -169,21 +201,50 @@ macro_rules! impl_float {
                 <$t>::powf(self, exponent)
             }
             computed_by!($t: fast_exp = $fast_exp, erf = $erf, erfc = $erfc, gelu = $gelu);
+            #[inline(always)]
+            fn gelu_backward(grad: Self, x: Self) -> Self {
+                let f: fn($t, $t) -> $t = $gelu_backward;
+                f(grad, x)
+            }
             $(
                 fn exp_shifted(x: &[Self], shift: Self, out: &mut [Self]) {
                     $exp_shifted(x, shift, out)
+                }
+                fn gelu_slice(x: &[Self], out: &mut [Self]) {
+                    $gelu_slice(x, out)
+                }
+                fn gelu_backward_slice(grad: &[Self], x: &[Self], out: &mut [Self]) {
+                    $gelu_backward_slice(grad, x, out)
+                }
+                fn gelu_tanh_backward_slice(grad: &[Self], x: &[Self], out: &mut [Self]) {
+                    $gelu_tanh_backward_slice(grad, x, out)
                 }
             )?
         }
     };
 }
 
-use crate::elementwise::{erf, erfc};
+use crate::elementwise::{erf, erfc, gelu_backward_f32, gelu_f32, gelu_tanh_backward_f32};
 use std::f64::consts::FRAC_1_SQRT_2;
 
-impl_float!(f64, fast_exp: f64::exp, erf: erf, erfc: erfc, gelu: |x| 0.5 * x * erfc(-x * FRAC_1_SQRT_2));
+/// `1/√(2π)`, the normal density at 0.
+const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
+
+/// GELU's derivative `Φ(x) + x φ(x)` in f64.
+fn gelu_derivative_f64(x: f64) -> f64 {
+    0.5 * erfc(-x * FRAC_1_SQRT_2) + x * ((-0.5 * x * x).exp() * INV_SQRT_2PI)
+}
+
+impl_float!(
+    f64,
+    fast_exp: f64::exp,
+    erf: erf,
+    erfc: erfc,
+    gelu: |x| 0.5 * x * erfc(-x * FRAC_1_SQRT_2),
+    gelu_backward: |grad, x| grad * gelu_derivative_f64(x)
+);
 // f32's erf family evaluates the f64 one and rounds once; its fast
-// exponential is the vectorisable one.
+// exponential and its GELU slices are the vectorised ones.
 impl_float!(
     f32,
     fast_exp: crate::reduce::exp_f32,
@@ -193,7 +254,9 @@ impl_float!(
         let x = f64::from(x);
         (0.5 * x * erfc(-x * FRAC_1_SQRT_2)) as f32
     },
-    exp_shifted: crate::reduce::exp_shifted_f32
+    gelu_backward: |grad, x| (f64::from(grad) * gelu_derivative_f64(f64::from(x))) as f32,
+    exp_shifted: crate::reduce::exp_shifted_f32,
+    gelu_slices: (gelu_f32, gelu_backward_f32, gelu_tanh_backward_f32)
 );
 
 /// An element type the kernels accept: `f32`, `f64`, `f16`, `bf16`, `i64`,

@@ -102,6 +102,50 @@ per_device!(unary_float_ops_match_f64_math, |device| {
     }
 });
 
+/// GELU's derivative `Φ(v) + v φ(v)` and the tanh approximation's, in plain f64.
+fn gelu_derivative(v: f64) -> f64 {
+    0.5 * (1.0 + erf(v / 2f64.sqrt())) + v * (-0.5 * v * v).exp() / (2.0 * std::f64::consts::PI).sqrt()
+}
+
+fn gelu_tanh_derivative(v: f64) -> f64 {
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    let t = (k * (v + 0.044715 * v * v * v)).tanh();
+    0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * v * v)
+}
+
+per_device!(gelu_backwards_are_one_fused_op, |device| {
+    let x = tensor(&X, &[2, 4], device);
+    let grad = tensor(&[1.0, -2.0, 0.5, 3.0, 1.5, -1.0, 2.0, 0.25], &[2, 4], device);
+    let g: Vec<f64> = values(&grad);
+    let want = |d: fn(f64) -> f64| X.iter().zip(&g).map(|(&v, &g)| g * d(v as f64)).collect::<Vec<_>>();
+    assert_close(&values(&grad.gelu_backward(&x).unwrap()), &want(gelu_derivative), 1e-6, "gelu_backward");
+    assert_close(&values(&grad.gelu_tanh_backward(&x).unwrap()), &want(gelu_tanh_derivative), 1e-6, "gelu_tanh");
+    // A broadcast gradient and a transposed (strided) input.
+    let xt = tensor(&X, &[4, 2], device).t().unwrap();
+    let ones = tensor(&[1.0], &[1], device);
+    let want_t: Vec<f64> = (0..2).flat_map(|r| (0..4).map(move |c| gelu_derivative(X[c * 2 + r] as f64))).collect();
+    assert_close(&values(&ones.gelu_backward(&xt).unwrap()), &want_t, 1e-6, "gelu_backward of a transpose");
+    // f64 and the half types (computed in f32, rounded once).
+    let x64 = x.to_dtype(DType::F64).unwrap();
+    let g64 = grad.to_dtype(DType::F64).unwrap();
+    assert_close(&values(&g64.gelu_backward(&x64).unwrap()), &want(gelu_derivative), 1e-12, "gelu_backward f64");
+    let tanh64 = g64.gelu_tanh_backward(&x64).unwrap();
+    assert_close(&values(&tanh64), &want(gelu_tanh_derivative), 1e-12, "gelu_tanh_backward f64");
+    for (dtype, rel) in [(DType::F16, 1e-3), (DType::BF16, 4e-3)] {
+        let (xh, gh) = (x.to_dtype(dtype).unwrap(), grad.to_dtype(dtype).unwrap());
+        let out = gh.gelu_backward(&xh).unwrap();
+        assert_eq!(out.dtype(), dtype);
+        assert_close(&values(&out), &want(gelu_derivative), rel, "gelu_backward in half precision");
+        assert_close(&values(&gh.gelu_tanh_backward(&xh).unwrap()), &want(gelu_tanh_derivative), rel, "tanh half");
+    }
+    // ±inf gives NaN, as PyTorch's formula does; integers are refused.
+    let inf = tensor(&[f32::INFINITY, f32::NEG_INFINITY, 0.0], &[3], device);
+    let d = values(&tensor(&[1.0; 3], &[3], device).gelu_backward(&inf).unwrap());
+    assert!(d[0].is_nan() && d[1].is_nan() && d[2] == 0.5, "{d:?}");
+    let i = Tensor::from_vec_on(vec![1i64, 2], [2], Device::CPU).unwrap().to(device).unwrap();
+    assert!(i.gelu_backward(&i).is_err());
+});
+
 per_device!(integer_unary_ops_wrap_like_pytorch, |device| {
     let i = Tensor::from_vec_on(vec![-3i64, 0, 4, i64::MIN], [4], Device::CPU).unwrap().to(device).unwrap();
     assert_eq!(i.neg().unwrap().to(Device::CPU).unwrap().to_vec::<i64>().unwrap(), [3, 0, -4, i64::MIN]);

@@ -6,9 +6,6 @@ use crate::error::Result;
 use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 
-/// `1 / sqrt(2π)`.
-const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
-
 impl Var {
     /// `-x`.
     pub fn neg(&self) -> Result<Var> {
@@ -149,27 +146,27 @@ impl Var {
         ))
     }
 
-    /// GELU with the exact normal CDF: `d/dx = Φ(x) + x φ(x)`, with `Φ(x)`
-    /// recovered as `gelu(x) / x` (and 1/2 at 0).
+    /// GELU with the exact normal CDF. Saves its input only; the backward is
+    /// one fused pass, `grad · (Φ(x) + x φ(x))` ([`Tensor::gelu_backward`],
+    /// PyTorch's `gelu_backward`).
+    ///
+    /// [`Tensor::gelu_backward`]: brasa_tensor::Tensor::gelu_backward
     pub fn gelu(&self) -> Result<Var> {
         let out = self.tensor().gelu()?;
-        let saved = out.clone();
         Ok(record(
             "gelu",
             &[self],
             out,
-            || vec![self.tensor().clone(), saved],
-            |c| {
-                let (x, y) = (&c.saved[0], &c.saved[1]);
-                let half = x.new_full([], 0.5)?;
-                let cdf = x.eq_scalar(0.0)?.where_cond(&half, &y.div(x)?)?;
-                let pdf = x.mul(x)?.mul_scalar(-0.5)?.exp()?.mul_scalar(INV_SQRT_2PI)?;
-                Ok(vec![Some(c.grad.mul(&cdf.add(&x.mul(&pdf)?)?)?)])
-            },
+            || vec![self.tensor().clone()],
+            |c| Ok(vec![Some(c.grad.gelu_backward(&c.saved[0])?)]),
         ))
     }
 
-    /// GELU's tanh approximation.
+    /// GELU's tanh approximation. Saves its input only; the backward is one
+    /// fused pass ([`Tensor::gelu_tanh_backward`], PyTorch's
+    /// `gelu_backward(approximate='tanh')`).
+    ///
+    /// [`Tensor::gelu_tanh_backward`]: brasa_tensor::Tensor::gelu_tanh_backward
     pub fn gelu_tanh(&self) -> Result<Var> {
         let out = self.tensor().gelu_tanh()?;
         Ok(record(
@@ -177,18 +174,7 @@ impl Var {
             &[self],
             out,
             || vec![self.tensor().clone()],
-            |c| {
-                // y = x/2 (1 + tanh(u)), u = k (x + 0.044715 x³), k = sqrt(2/π).
-                let x = &c.saved[0];
-                let k = (2.0 / std::f64::consts::PI).sqrt();
-                let x2 = x.mul(x)?;
-                let u = x.mul(&x2.affine(0.044715, 1.0)?)?.mul_scalar(k)?;
-                let t = u.tanh()?;
-                let du = x2.affine(3.0 * 0.044715 * k, k)?;
-                let sech2 = t.mul(&t)?.affine(-1.0, 1.0)?;
-                let d = t.affine(0.5, 0.5)?.add(&x.mul(&sech2)?.mul(&du)?.mul_scalar(0.5)?)?;
-                Ok(vec![Some(c.grad.mul(&d)?)])
-            },
+            |c| Ok(vec![Some(c.grad.gelu_tanh_backward(&c.saved[0])?)]),
         ))
     }
 

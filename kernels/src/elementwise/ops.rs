@@ -6,7 +6,7 @@
 //! closure to one of the generic loops, so every op gets its own
 //! monomorphized (and, where the op allows, vectorised) loop.
 
-use super::strided::{map1, map2, update0, update1, update2, Strided, StridedMut};
+use super::strided::{map1, map1_blocks, map2, map2_blocks, update0, update1, update2, Strided, StridedMut};
 use crate::error::Result;
 use crate::scalar::{Accumulator, Float, FloatElement};
 
@@ -118,6 +118,14 @@ pub enum BinaryOp {
     /// `a` where `b > 0`, else 0: ReLU's backward from the gradient `a` and
     /// the saved output `b` in one pass (PyTorch's `threshold_backward`).
     ReluBackward,
+    /// `a · (Φ(b) + b φ(b))`: exact GELU's backward from the gradient `a` and
+    /// the saved input `b` in one pass (PyTorch's `gelu_backward`). NaN where
+    /// `b` is ±inf, as there.
+    GeluBackward,
+    /// `a · d/db gelu_tanh(b)`: the tanh approximation's backward from the
+    /// gradient `a` and the saved input `b` in one pass (PyTorch's
+    /// `gelu_backward(approximate='tanh')`).
+    GeluTanhBackward,
 }
 
 impl BinaryOp {
@@ -132,7 +140,15 @@ impl BinaryOp {
             BinaryOp::Maximum => "maximum",
             BinaryOp::Minimum => "minimum",
             BinaryOp::ReluBackward => "relu_backward",
+            BinaryOp::GeluBackward => "gelu_backward",
+            BinaryOp::GeluTanhBackward => "gelu_tanh_backward",
         }
+    }
+
+    /// Whether the op calls a transcendental function per element (see
+    /// [`UnaryOp::is_expensive`]).
+    pub fn is_expensive(self) -> bool {
+        matches!(self, BinaryOp::Pow | BinaryOp::GeluBackward | BinaryOp::GeluTanhBackward)
     }
 }
 
@@ -168,6 +184,27 @@ pub fn gelu_tanh<T: Float>(x: T) -> T {
     let k = T::from_f64(0.797_884_560_802_865_4); // √(2/π)
     let c = T::from_f64(0.044_715);
     T::HALF * x * (T::ONE + (k * (x + c * x * x * x)).tanh())
+}
+
+/// `grad` times the derivative of [`gelu_tanh`] at `x`. With
+/// `u = √(2/π)(x + 0.044715 x³)` the derivative is
+/// `(1 + tanh u)/2 + x/2 (1 - tanh² u) u'`; it is computed from
+/// `e = e^(-2|u|) <= 1` as `σ(2u) + 2x σ(2|u|) σ(-2|u|) u'`, so that neither
+/// term cancels (`1 + tanh u` for very negative `u`) or overflows. NaN at
+/// `x = ±inf` (`inf · 0`), as PyTorch's formula gives.
+#[inline(always)]
+pub fn gelu_tanh_backward<T: Float>(grad: T, x: T) -> T {
+    let k = T::from_f64(0.797_884_560_802_865_4); // √(2/π)
+    let kc = T::from_f64(0.797_884_560_802_865_4 * 0.044_715);
+    let kc3 = T::from_f64(3.0 * 0.797_884_560_802_865_4 * 0.044_715);
+    let x2 = x * x;
+    let u = x * (k + kc * x2);
+    let du = k + kc3 * x2;
+    let e = (-(u.abs() + u.abs())).exp();
+    let big = T::ONE / (T::ONE + e);
+    let small = e * big;
+    let sigma = if u < <T as Accumulator>::ZERO { small } else { big };
+    grad * (sigma + x * (big * small) * (du + du))
 }
 
 /// Binds `$f` to the scalar function of `$op` computed in `$T`, then evaluates
@@ -332,6 +369,14 @@ macro_rules! with_binary_fn {
                 let $f = move |a: $T, b: $T| if b > zero { a } else { zero };
                 $body
             }
+            BinaryOp::GeluBackward => {
+                let $f = |a: $T, b: $T| <$T as Float>::gelu_backward(a, b);
+                $body
+            }
+            BinaryOp::GeluTanhBackward => {
+                let $f = |a: $T, b: $T| gelu_tanh_backward(a, b);
+                $body
+            }
         }
     }};
 }
@@ -347,6 +392,10 @@ macro_rules! with_binary_fn {
 /// # Ok::<(), brasa_kernels::KernelError>(())
 /// ```
 pub fn unary<T: FloatElement>(op: UnaryOp, src: Strided<'_, T>, dst: &mut [T]) -> Result<()> {
+    if op == UnaryOp::Gelu {
+        // A slice kernel: vectorised for f32 (and the half types, which compute in f32).
+        return map1_blocks(src, dst, <T::Compute as Float>::gelu_slice);
+    }
     with_unary_fn!(op, T::Compute, f => map1(src, dst, |x: T| T::store(f(x.load()))))
 }
 
@@ -367,6 +416,12 @@ pub fn unary_update<T: FloatElement + Copy>(op: UnaryOp, dst: StridedMut<'_, T>)
 /// # Ok::<(), brasa_kernels::KernelError>(())
 /// ```
 pub fn binary<T: FloatElement>(op: BinaryOp, a: Strided<'_, T>, b: Strided<'_, T>, dst: &mut [T]) -> Result<()> {
+    // The GELU backwards are slice kernels, vectorised for f32 and the half types.
+    match op {
+        BinaryOp::GeluBackward => return map2_blocks(a, b, dst, <T::Compute as Float>::gelu_backward_slice),
+        BinaryOp::GeluTanhBackward => return map2_blocks(a, b, dst, <T::Compute as Float>::gelu_tanh_backward_slice),
+        _ => {}
+    }
     with_binary_fn!(op, T::Compute, f => map2(a, b, dst, |x: T, y: T| T::store(f(x.load(), y.load()))))
 }
 
@@ -553,5 +608,96 @@ mod tests {
         assert_eq!(y, [-500.0, 6400.0, 121.0]);
         assert!(UnaryOp::Exp.is_expensive() && !UnaryOp::Powf(2.0).is_expensive() && UnaryOp::Powf(2.5).is_expensive());
         assert_eq!(UnaryOp::GeluTanh.name(), "gelu_tanh");
+    }
+
+    /// Central difference of `f` at `x` (step 1e-5: error ~1e-10 here).
+    fn numeric_derivative(f: impl Fn(f64) -> f64, x: f64) -> f64 {
+        let h = 1e-5;
+        (f(x + h) - f(x - h)) / (2.0 * h)
+    }
+
+    #[test]
+    fn gelu_backwards_are_the_derivatives_of_the_forwards() {
+        for i in -80..=80 {
+            let x = i as f64 * 0.1 + 0.013;
+            let exact = numeric_derivative(|v| v.gelu(), x);
+            assert!((f64::gelu_backward(1.0, x) - exact).abs() <= 1e-9, "gelu'({x})");
+            assert_eq!(f64::gelu_backward(-2.0, x), -2.0 * f64::gelu_backward(1.0, x));
+            let tanh = numeric_derivative(gelu_tanh, x);
+            assert!((gelu_tanh_backward(1.0, x) - tanh).abs() <= 1e-9, "gelu_tanh'({x})");
+        }
+        assert_eq!(BinaryOp::GeluBackward.name(), "gelu_backward");
+        assert_eq!(BinaryOp::GeluTanhBackward.name(), "gelu_tanh_backward");
+        assert!(BinaryOp::GeluBackward.is_expensive() && !BinaryOp::ReluBackward.is_expensive());
+    }
+
+    /// The GELU ops go through the block loops: contiguous, strided and
+    /// broadcast operands, every float type, lengths past a block.
+    #[test]
+    fn gelu_ops_take_every_operand_form_and_float_type() {
+        let n = 600;
+        let xs: Vec<f32> = (0..n).map(|i| (i as f32 - 300.0) * 0.037).collect();
+        let gs: Vec<f32> = (0..n).map(|i| 1.0 + (i % 7) as f32 * 0.25).collect();
+        let reversed: Vec<f32> = xs.iter().rev().copied().collect();
+        let mut want = vec![0.0f32; n];
+        let mut got = vec![0.0f32; n];
+        // Forward: the slice kernel itself, whatever the operand's form.
+        crate::elementwise::gelu_f32(&xs, &mut want);
+        unary(UnaryOp::Gelu, Strided::contiguous(&xs), &mut got).unwrap();
+        assert_eq!(got, want);
+        unary(UnaryOp::Gelu, Strided::new(&reversed, n - 1, -1), &mut got).unwrap();
+        assert_eq!(got, want);
+        unary(UnaryOp::Gelu, Strided::broadcast(&xs, 10), &mut got).unwrap();
+        assert!(got.iter().all(|&v| v == want[10]));
+        // Backward: gradient broadcast, input walked backwards.
+        for (op, kernel) in [
+            (BinaryOp::GeluBackward, crate::elementwise::gelu_backward_f32 as fn(&[f32], &[f32], &mut [f32])),
+            (BinaryOp::GeluTanhBackward, crate::elementwise::gelu_tanh_backward_f32),
+        ] {
+            kernel(&gs, &xs, &mut want);
+            binary(op, Strided::contiguous(&gs), Strided::contiguous(&xs), &mut got).unwrap();
+            assert_eq!(got, want, "{op:?}");
+            binary(op, Strided::contiguous(&gs), Strided::new(&reversed, n - 1, -1), &mut got).unwrap();
+            assert_eq!(got, want, "{op:?} strided");
+            kernel(&vec![gs[3]; n], &xs, &mut want);
+            binary(op, Strided::broadcast(&gs, 3), Strided::contiguous(&xs), &mut got).unwrap();
+            assert_eq!(got, want, "{op:?} broadcast");
+            // f64: the scalar formulas, element by element.
+            let (g64, x64): (Vec<f64>, Vec<f64>) =
+                gs.iter().zip(&xs).map(|(&g, &x)| (f64::from(g), f64::from(x))).unzip();
+            let mut out64 = vec![0.0f64; n];
+            binary(op, Strided::contiguous(&g64), Strided::contiguous(&x64), &mut out64).unwrap();
+            for i in 0..n {
+                let w = match op {
+                    BinaryOp::GeluBackward => f64::gelu_backward(g64[i], x64[i]),
+                    _ => gelu_tanh_backward(g64[i], x64[i]),
+                };
+                assert_eq!(out64[i], w, "{op:?} f64 at {}", x64[i]);
+            }
+            // bf16 and f16 compute in f32 and round once on store.
+            let xh: Vec<bf16> = xs.iter().map(|&x| bf16::from_f32(x)).collect();
+            let gh: Vec<bf16> = gs.iter().map(|&g| bf16::from_f32(g)).collect();
+            let mut outh = vec![bf16::ZERO; n];
+            binary(op, Strided::contiguous(&gh), Strided::contiguous(&xh), &mut outh).unwrap();
+            let (wx, wg): (Vec<f32>, Vec<f32>) = xh.iter().zip(&gh).map(|(x, g)| (x.to_f32(), g.to_f32())).unzip();
+            kernel(&wg, &wx, &mut want);
+            assert!(outh.iter().zip(&want).all(|(o, w)| *o == bf16::from_f32(*w)), "{op:?} bf16");
+            let xf: Vec<f16> = xs.iter().map(|&x| f16::from_f32(x)).collect();
+            let mut outf = vec![f16::ZERO; n];
+            binary(op, Strided::broadcast(&[f16::ONE], 0), Strided::contiguous(&xf), &mut outf).unwrap();
+            let wx: Vec<f32> = xf.iter().map(|x| x.to_f32()).collect();
+            kernel(&vec![1.0; n], &wx, &mut want);
+            assert!(outf.iter().zip(&want).all(|(o, w)| *o == f16::from_f32(*w)), "{op:?} f16");
+        }
+        let xh: Vec<f16> = xs.iter().map(|&x| f16::from_f32(x)).collect();
+        let mut outh = vec![f16::ZERO; n];
+        unary(UnaryOp::Gelu, Strided::contiguous(&xh), &mut outh).unwrap();
+        for (o, x) in outh.iter().zip(&xh) {
+            let w = x.to_f64().gelu();
+            assert!((o.to_f64() - w).abs() <= 1e-3 * w.abs().max(1e-4), "f16 gelu({x}) = {o} vs {w}");
+        }
+        // An operand that does not fit is an error, as for every other op.
+        assert!(unary(UnaryOp::Gelu, Strided::new(&xs, 1, 1), &mut got).is_err());
+        assert!(binary(BinaryOp::GeluBackward, Strided::contiguous(&gs), Strided::new(&xs, 5, 1), &mut got).is_err());
     }
 }

@@ -7,6 +7,7 @@
 //! or an indexed walk for any other stride.
 
 use crate::error::{KernelError, Result};
+use crate::scalar::{Accumulator, FloatElement, BLOCK};
 
 /// A read-only operand: elements `start, start + stride, start + 2 stride, ...`
 /// of `data`, as many as the loop's output has. A stride of 0 repeats one
@@ -238,6 +239,75 @@ pub fn map3<A: Copy, B: Copy, C: Copy, D>(
             for (i, o) in dst.iter_mut().enumerate() {
                 *o = f(a.at(i), b.at(i), c.at(i));
             }
+        }
+    }
+    Ok(())
+}
+
+/// Fills `buf` with the compute-type values of elements `start..start +
+/// buf.len()` of a checked operand.
+#[inline(always)]
+fn load_block<T: FloatElement>(access: &Access<'_, T>, start: usize, buf: &mut [T::Compute]) {
+    match access {
+        Access::Slice(s) => {
+            for (b, &v) in buf.iter_mut().zip(&s[start..]) {
+                *b = v.load();
+            }
+        }
+        Access::Scalar(v) => buf.fill(v.load()),
+        strided => {
+            for (i, b) in buf.iter_mut().enumerate() {
+                *b = strided.at(start + i).load();
+            }
+        }
+    }
+}
+
+/// `dst[i] = store(f(load(a[i])))` for a kernel `f` that maps a whole slice
+/// of compute-type values at once (the vectorised GELU): the operand is
+/// loaded [`BLOCK`] elements at a time into a stack buffer (widened, or
+/// gathered when strided or broadcast), `f` runs on the block, and the
+/// results are stored with one rounding.
+pub fn map1_blocks<T: FloatElement>(
+    a: Strided<'_, T>,
+    dst: &mut [T],
+    f: impl Fn(&[T::Compute], &mut [T::Compute]),
+) -> Result<()> {
+    let a = a.access(dst.len(), "a")?;
+    let mut x = [<T::Compute as Accumulator>::ZERO; BLOCK];
+    let mut y = [<T::Compute as Accumulator>::ZERO; BLOCK];
+    for (block, out) in dst.chunks_mut(BLOCK).enumerate() {
+        let (x, y) = (&mut x[..out.len()], &mut y[..out.len()]);
+        load_block(&a, block * BLOCK, x);
+        f(x, y);
+        for (o, &v) in out.iter_mut().zip(y.iter()) {
+            *o = T::store(v);
+        }
+    }
+    Ok(())
+}
+
+/// `dst[i] = store(f(load(a[i]), load(b[i])))` for a slice kernel `f`, a
+/// block at a time (see [`map1_blocks`]).
+pub fn map2_blocks<T: FloatElement>(
+    a: Strided<'_, T>,
+    b: Strided<'_, T>,
+    dst: &mut [T],
+    f: impl Fn(&[T::Compute], &[T::Compute], &mut [T::Compute]),
+) -> Result<()> {
+    let len = dst.len();
+    let (a, b) = (a.access(len, "a")?, b.access(len, "b")?);
+    let mut x = [<T::Compute as Accumulator>::ZERO; BLOCK];
+    let mut y = [<T::Compute as Accumulator>::ZERO; BLOCK];
+    let mut z = [<T::Compute as Accumulator>::ZERO; BLOCK];
+    for (block, out) in dst.chunks_mut(BLOCK).enumerate() {
+        let n = out.len();
+        let (x, y, z) = (&mut x[..n], &mut y[..n], &mut z[..n]);
+        load_block(&a, block * BLOCK, x);
+        load_block(&b, block * BLOCK, y);
+        f(x, y, z);
+        for (o, &v) in out.iter_mut().zip(z.iter()) {
+            *o = T::store(v);
         }
     }
     Ok(())

@@ -8,7 +8,9 @@
 //! dimensioned one of its category, as in PyTorch). Only an operand whose
 //! dtype differs is converted; broadcasting never copies. Integers wrap;
 //! `div` is true division (integers and bool give f32); bool `add`/`mul` are
-//! logical or/and; bool `sub` and `pow` are errors.
+//! logical or/and; bool `sub` and `pow` are errors. The fused activation
+//! backwards (`relu_backward`, `gelu_backward`, `gelu_tanh_backward`) follow
+//! the same rules; the GELU ones need floating-point operands.
 
 use crate::backend::for_device;
 use crate::dtype::DType;
@@ -29,6 +31,9 @@ fn compute_dtype(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<DType> {
         )),
         (BinaryOp::Pow, DType::Bool) => {
             Err(TensorError::invalid("pow", "is not supported for bool tensors; convert the dtype first"))
+        }
+        (BinaryOp::GeluBackward | BinaryOp::GeluTanhBackward, d) if !d.is_float() => {
+            Err(TensorError::not_float(op.name(), d))
         }
         (_, d) => Ok(d),
     }
@@ -94,6 +99,29 @@ impl Tensor {
     /// else 0 (PyTorch's `threshold_backward(grad, output, 0)`).
     pub fn relu_backward(&self, output: &Tensor) -> Result<Tensor> {
         binary_op(BinaryOp::ReluBackward, self, output)
+    }
+
+    /// Exact GELU's backward in one pass: `self · (Φ(x) + x φ(x))` with
+    /// `self` the gradient of [`Tensor::gelu`]'s output and `input` its input
+    /// (PyTorch's `gelu_backward(grad, x)`). Float tensors only; NaN where
+    /// the input is ±inf, as PyTorch gives.
+    ///
+    /// ```
+    /// use brasa_tensor::{Device, Tensor};
+    /// let x = Tensor::from_vec_on(vec![0.0f32, 20.0, -20.0], [3], Device::CPU)?;
+    /// let grad = Tensor::ones_on([3], x.dtype(), Device::CPU)?;
+    /// assert_eq!(grad.gelu_backward(&x)?.to_vec::<f32>()?, [0.5, 1.0, 0.0]);
+    /// # Ok::<(), brasa_tensor::TensorError>(())
+    /// ```
+    pub fn gelu_backward(&self, input: &Tensor) -> Result<Tensor> {
+        binary_op(BinaryOp::GeluBackward, self, input)
+    }
+
+    /// The backward of [`Tensor::gelu_tanh`] in one pass, from the gradient
+    /// `self` and the op's `input` (PyTorch's
+    /// `gelu_backward(grad, x, approximate='tanh')`). Float tensors only.
+    pub fn gelu_tanh_backward(&self, input: &Tensor) -> Result<Tensor> {
+        binary_op(BinaryOp::GeluTanhBackward, self, input)
     }
 
     /// The larger of each pair; NaN if either is NaN.

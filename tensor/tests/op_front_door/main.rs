@@ -152,13 +152,15 @@ fn elementwise(a: &Tensor, b: &Tensor, s: f64, t: f64, target: Device) -> Result
         ctx.call("display", || Ok(format!("{a}")))?;
     }
     type Binary = fn(&Tensor, &Tensor) -> Result<Tensor, TensorError>;
-    let binary: [(&str, Binary); 14] = [
+    let binary: [(&str, Binary); 16] = [
         ("add", Tensor::add),
         ("sub", Tensor::sub),
         ("mul", Tensor::mul),
         ("div", Tensor::div),
         ("pow", Tensor::pow),
         ("relu_backward", Tensor::relu_backward),
+        ("gelu_backward", Tensor::gelu_backward),
+        ("gelu_tanh_backward", Tensor::gelu_tanh_backward),
         ("maximum", Tensor::maximum),
         ("minimum", Tensor::minimum),
         ("eq", Tensor::eq),

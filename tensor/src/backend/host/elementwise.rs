@@ -54,7 +54,7 @@ fn int_map<T: IntElement>(x: &Tensor, name: &'static str, f: impl Fn(T) -> T + S
 /// See [`crate::backend::Backend::binary`].
 pub(super) fn binary_op(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let name = op.name();
-    let cost = if op == BinaryOp::Pow { Cost::Expensive } else { Cost::Cheap };
+    let cost = if op.is_expensive() { Cost::Expensive } else { Cost::Cheap };
     dispatch_float!(a.dtype(), T => map_binary::<T, T, T>(name, a, b, cost, |x, y, out| binary(op, x, y, out)),
         dispatch_int!(a.dtype(), T => int_binary::<T>(op, a, b),
             bool_binary(op, a, b)))
@@ -74,6 +74,9 @@ fn int_binary<T: IntElement>(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Ten
             map2(x, y, o, |g, out| if out > T::default() { g } else { T::default() })
         }),
         BinaryOp::Div => Err(TensorError::invalid(name, "internal error: integer true division reached the kernel")),
+        BinaryOp::GeluBackward | BinaryOp::GeluTanhBackward => {
+            Err(TensorError::invalid(name, "internal error: an integer tensor reached a float-only kernel"))
+        }
     }
 }
 
@@ -87,7 +90,12 @@ fn bool_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         BinaryOp::Mul | BinaryOp::Minimum => {
             map_binary::<bool, bool, bool>(name, a, b, cost, |x, y, o| map2(x, y, o, |p, q| p & q))
         }
-        BinaryOp::Sub | BinaryOp::Div | BinaryOp::Pow | BinaryOp::ReluBackward => {
+        BinaryOp::Sub
+        | BinaryOp::Div
+        | BinaryOp::Pow
+        | BinaryOp::ReluBackward
+        | BinaryOp::GeluBackward
+        | BinaryOp::GeluTanhBackward => {
             Err(TensorError::invalid(name, "internal error: this bool op should have been refused or promoted"))
         }
     }
