@@ -100,7 +100,7 @@ pub fn adam_step<T: FloatElement>(
     let w2 = from(1.0 - c.beta2);
     let (denom_mul, denom_add) = (from(c.inv_bias_correction2_sqrt), from(c.eps));
     let neg_step = from(-c.step_size);
-    let mut max = match (c.amsgrad, max_exp_avg_sq) {
+    let max = match (c.amsgrad, max_exp_avg_sq) {
         (true, Some(max)) => {
             check("max_exp_avg_sq", max.len(), n)?;
             Some(max)
@@ -110,31 +110,33 @@ pub fn adam_step<T: FloatElement>(
         }
         (false, _) => None,
     };
-    for i in 0..n {
-        let mut p = param[i];
+    // One element's update; the flags are the same for every element, so
+    // the compiler hoists their tests out of the zipped loops below.
+    let element = |p: &mut T, g: T, m: &mut T, v: &mut T, max: Option<&mut T>| {
+        let mut pv = *p;
         if c.decoupled && c.weight_decay != 0.0 {
-            p = T::store(p.load() * decay);
+            pv = T::store(pv.load() * decay);
         }
-        let mut g = grad[i];
+        let mut g = g;
         if c.maximize {
             g = T::store(-g.load());
         }
         if l2 {
-            g = T::store(g.load() + wd * p.load());
+            g = T::store(g.load() + wd * pv.load());
         }
-        let m_old = exp_avg[i].load();
-        let m = T::store(m_old + w1 * (g.load() - m_old));
-        exp_avg[i] = m;
-        let v = T::store(exp_avg_sq[i].load() * b2);
-        let v = T::store(v.load() + w2 * g.load() * g.load());
-        exp_avg_sq[i] = v;
-        let second = match &mut max {
-            Some(max) => {
-                let s = T::store(maximum(max[i].load(), v.load()));
-                max[i] = s;
+        let m_old = m.load();
+        let m_new = T::store(m_old + w1 * (g.load() - m_old));
+        *m = m_new;
+        let v_new = T::store(v.load() * b2);
+        let v_new = T::store(v_new.load() + w2 * g.load() * g.load());
+        *v = v_new;
+        let second = match max {
+            Some(x) => {
+                let s = T::store(maximum(x.load(), v_new.load()));
+                *x = s;
                 s
             }
-            None => v,
+            None => v_new,
         };
         let root = T::store(second.load().sqrt());
         let d = if c.eps == 0.0 {
@@ -145,7 +147,20 @@ pub fn adam_step<T: FloatElement>(
             root.load() * denom_mul + denom_add
         };
         let denom = T::store(d);
-        param[i] = T::store(p.load() + neg_step * (m.load() / denom.load()));
+        *p = T::store(pv.load() + neg_step * (m_new.load() / denom.load()));
+    };
+    let moments = param.iter_mut().zip(grad).zip(exp_avg.iter_mut()).zip(exp_avg_sq.iter_mut());
+    match max {
+        Some(max) => {
+            for ((((p, &g), m), v), x) in moments.zip(max.iter_mut()) {
+                element(p, g, m, v, Some(x));
+            }
+        }
+        None => {
+            for (((p, &g), m), v) in moments {
+                element(p, g, m, v, None);
+            }
+        }
     }
     Ok(())
 }
