@@ -6,6 +6,10 @@
 //! - `tensor.matmul_f32_1024_gflops`: `Tensor::matmul` of two 1024x1024 f32
 //!   matrices, median of several runs; `tensor.matmul_vs_peak` is its ratio
 //!   to the peak measured in the same run.
+//! - `tensor.matmul_bf16_1024_gflops`, `tensor.matmul_bf16_vs_peak`: the same
+//!   product in bf16, against the peak of the bf16 path this CPU runs
+//!   (`brasa_kernels::peak::bf16_dot_peak_gflops`: `VDPBF16PS` where there is
+//!   AVX512-BF16, else the f32 FMA peak).
 //! - `tensor.matmul_mlp_gflops`: the three products of a 784 -> 512 linear
 //!   layer on a batch of 128 (forward `x · Wᵀ`, and backward `gᵀ · x` and
 //!   `g · W` on transposed views), combined.
@@ -37,6 +41,12 @@ pub fn run(options: &Options) -> BenchResult<Vec<Figure>> {
             figures.push(Figure::new("tensor.matmul_vs_peak", rate / peak, "ratio", Better::Higher));
         }
     }
+    if options.wants("tensor.matmul_bf16_vs_peak") {
+        let peak = brasa_kernels::peak::bf16_dot_peak_gflops(Duration::from_millis(options.reps(1000, 200) as u64));
+        let rate = matmul_1024_gflops_in(options, DType::BF16)?;
+        figures.push(Figure::new("tensor.matmul_bf16_1024_gflops", rate, "GFLOP/s", Better::Higher));
+        figures.push(Figure::new("tensor.matmul_bf16_vs_peak", rate / peak, "ratio", Better::Higher));
+    }
     if options.wants("tensor.matmul_mlp_gflops") {
         figures.push(Figure::new("tensor.matmul_mlp_gflops", mlp_gflops(options)?, "GFLOP/s", Better::Higher));
     }
@@ -66,8 +76,12 @@ fn median_seconds(reps: usize, f: impl Fn() -> brasa_tensor::Result<()>) -> bras
 }
 
 fn matmul_1024_gflops(options: &Options) -> BenchResult<f64> {
+    matmul_1024_gflops_in(options, DType::F32)
+}
+
+fn matmul_1024_gflops_in(options: &Options, dtype: DType) -> BenchResult<f64> {
     let n = 1024;
-    let (a, b) = (randn(&[n, n])?, randn(&[n, n])?);
+    let (a, b) = (randn(&[n, n])?.to_dtype(dtype)?, randn(&[n, n])?.to_dtype(dtype)?);
     let seconds = median_seconds(options.reps(15, 3), || {
         black_box(a.matmul(&b)?);
         Ok(())
