@@ -4,14 +4,18 @@
 //! not divide L, L ≠ S, a given scale, non-contiguous inputs, dropout
 //! replayed from the generator, f64 gradchecks, and the refusals.
 //!
-//! Inputs are deterministic (no global generator): only the dropout test
-//! draws from it, so tests running in parallel cannot disturb its masks.
+//! Inputs are deterministic (no global generator). The two dropout tests
+//! draw from it; they hold [`GENERATOR`] so that, running in parallel, one
+//! cannot move the generator under the other's checks.
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use brasa_autograd::{gradcheck, AutogradError, Result, SdpaOptions, Var};
 use brasa_tensor::{manual_seed, rng_state, set_rng_state, DType, Device, Tensor};
+
+/// Held by every test that draws from the process-wide generator.
+static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Deterministic values in about ±1.
 fn filled(shape: &[usize], salt: f64, dtype: DType) -> Tensor {
@@ -220,6 +224,7 @@ fn fully_masked_row_gives_zero() {
 /// generator is where the forward left it.
 #[test]
 fn dropout_replays_the_forward_masks() {
+    let _generator = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
     let [q, k, v] = qkv(&[2, 2], 7, 6, 4, 3, DType::F64);
     let p = 0.3;
     for causal in [false, true] {
@@ -261,6 +266,7 @@ fn dropout_replays_the_forward_masks() {
 
 #[test]
 fn dropout_one_drops_everything() {
+    let _generator = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
     let [q, k, v] = qkv(&[1, 1], 4, 4, 2, 2, DType::F64);
     let (out, grads) =
         run(|q, k, v| q.scaled_dot_product_attention(k, v, &SdpaOptions::new().dropout_p(1.0)), [&q, &k, &v]);

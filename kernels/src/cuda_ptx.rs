@@ -148,7 +148,7 @@ mod tests {
 
     #[test]
     fn every_module_is_ptx_9_0_with_its_kernels() {
-        assert_eq!(MODULES.len(), 12);
+        assert_eq!(MODULES.len(), 13);
         for m in MODULES {
             assert!(m.ptx.lines().any(|l| l == ".version 9.0"), "{} is not PTX ISA 9.0", m.name);
             assert!(m.ptx.lines().any(|l| l == ".target sm_80"), "{} does not target sm_80", m.name);
@@ -169,6 +169,10 @@ mod tests {
         assert!(has("index", "scatter_add_u8"));
         assert!(has("random", "random_normal_f32"));
         assert!(has("optim", "adam_step_bf16"));
+        assert!(has("norm", "layer_norm_fwd_f32"));
+        assert!(has("norm", "layer_norm_bwd_param_f64"));
+        assert!(has("elementwise", "binary_gelu_backward_bf16"));
+        assert!(has("elementwise", "binary_gelu_tanh_backward_f32"));
         assert!(has("amp", "amp_unscale_f32"));
         assert!(has("dropout", "dropout_f16"));
         assert!(module("loss").is_none());

@@ -22,7 +22,9 @@
 //! caller's state back.
 //!
 //! f16 and bf16 inputs are computed in f32 (their softmax statistics would
-//! lose too much) and the output is converted back.
+//! lose too much) and the output is converted back; what backward needs
+//! (`q`, `k`, `v`, the output) is saved in the inputs' dtype and widened
+//! again there, so under autocast attention keeps half the bytes.
 
 use crate::error::{AutogradError, Result};
 use crate::precision::autocast_inputs;
@@ -438,12 +440,20 @@ impl Var {
         // The generator state the dropout masks are drawn from, for backward.
         let rng = (plan.dropout_p > 0.0).then(rng_state);
         let (out, lse) = forward(&plan, &q, &k, &v)?;
+        drop((q, k, v));
         let result = in_dtype(&out, dtype)?;
+        // Saved in the inputs' dtype (bf16 under autocast: half the bytes of
+        // the f32 copies computed with) and widened again in backward, as
+        // PyTorch's attention kernels save their half-precision operands;
+        // only the log-sum-exp stays f32.
+        let (q, k, v, out) = (self.tensor().clone(), key.tensor().clone(), value.tensor().clone(), result.clone());
         let saved = || vec![q, k, v, out, lse];
         Ok(record(OP, &[self, key, value], result, saved, move |c| {
             let [q, k, v, out, lse] = c.saved else {
                 return Err(AutogradError::invalid(OP, "backward found the wrong number of saved tensors"));
             };
+            let widen = |t: &Tensor| in_dtype(t, plan.compute);
+            let (q, k, v, out) = (&widen(q)?, &widen(k)?, &widen(v)?, &widen(out)?);
             let grad = in_dtype(c.grad, plan.compute)?;
             let _restore = rng.map(|state| {
                 let caller = RestoreRng(rng_state());
