@@ -8,16 +8,8 @@
 
 use brasa_tensor::{synchronize, DType, Device, Event, Stream, Tensor};
 
-fn gpu() -> Option<Device> {
-    if brasa_tensor::cuda_device_count() == 0 {
-        eprintln!(
-            "skipped on CUDA: no CUDA device{}",
-            if cfg!(feature = "cuda") { "" } else { " (built without the `cuda` feature)" }
-        );
-        return None;
-    }
-    Some(Device::cuda(0))
-}
+mod support;
+use support::gpu;
 
 #[test]
 fn work_on_a_side_stream_is_ordered_by_events() {

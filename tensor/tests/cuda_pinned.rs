@@ -9,16 +9,8 @@
 use brasa_tensor::{memory, synchronize, DType, Device, Stream, Tensor};
 use std::sync::{Mutex, MutexGuard};
 
-fn gpu() -> Option<Device> {
-    if brasa_tensor::cuda_device_count() == 0 {
-        eprintln!(
-            "skipped on CUDA: no CUDA device{}",
-            if cfg!(feature = "cuda") { "" } else { " (built without the `cuda` feature)" }
-        );
-        return None;
-    }
-    Some(Device::cuda(0))
-}
+mod support;
+use support::gpu;
 
 /// The pinned pool is process-wide: tests that look at its addresses run alone.
 fn exclusive() -> MutexGuard<'static, ()> {

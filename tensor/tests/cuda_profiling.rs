@@ -7,20 +7,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use brasa_profile::{record_function, Profiler, SortBy, TableOptions};
-use brasa_tensor::{synchronize, DType, Device, Stream, Tensor};
+use brasa_tensor::{synchronize, DType, Stream, Tensor};
 use serde_json::Value;
 use std::sync::{Mutex, MutexGuard};
 
-fn gpu() -> Option<Device> {
-    if brasa_tensor::cuda_device_count() == 0 {
-        eprintln!(
-            "skipped on CUDA: no CUDA device{}",
-            if cfg!(feature = "cuda") { "" } else { " (built without the `cuda` feature)" }
-        );
-        return None;
-    }
-    Some(Device::cuda(0))
-}
+mod support;
+use support::gpu;
 
 /// One profiler at a time in a process.
 fn exclusive() -> MutexGuard<'static, ()> {

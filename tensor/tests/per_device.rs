@@ -9,18 +9,9 @@
 
 use brasa_tensor::{DType, Device, Tensor};
 
-/// `cuda:0` when this build and machine have one; else prints why the CUDA
-/// half of a test is skipped.
-fn cuda() -> Option<Device> {
-    if brasa_tensor::cuda_device_count() == 0 {
-        eprintln!(
-            "skipped on CUDA: no CUDA device{}",
-            if cfg!(feature = "cuda") { "" } else { " (built without the `cuda` feature)" }
-        );
-        return None;
-    }
-    Some(Device::cuda(0))
-}
+mod support;
+/// `cuda:0` when there is one, else one skip line.
+use support::gpu as cuda;
 
 /// `per_device!(name, |device| body)`: a module `name` with a `cpu` and a
 /// `cuda` test running `body`.

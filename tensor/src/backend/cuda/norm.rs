@@ -100,34 +100,17 @@ pub(super) fn layer_norm_backward(
             want_db.then(|| zeros(&[width])).transpose()?,
         ]);
     }
-    let stream = backend.current_stream()?;
-    let (g, xs, m, s) = (address(OP, grad)?, address(OP, x)?, address(OP, mean)?, address(OP, rstd)?);
-    let (rows_, width_) = (rows as i64, width as i64);
+    let operands = [address(OP, grad)?, address(OP, x)?, address(OP, mean)?, address(OP, rstd)?];
     let mut dx = None;
     if needs[0] {
         let out = UninitTensor::new(x.shape().clone(), dtype, backend.device)?;
-        let kernel = format!("layer_norm_bwd_dx_{}", suffix(dtype));
-        let f = backend.function(OP, "norm", &kernel)?;
         let (w, dst) = (optional_address(OP, weight)?, output_address(OP, &out)?);
-        let span = backend.launch_span(&kernel);
         // SAFETY: contiguous `[rows, width]` gradient and input, `[rows]`
         // statistics, `[width]` weight or null, a fresh `[rows, width]` output;
         // the ABI's `(i64, i64, const T*, const T*, const T*, const T*, const T*, T*)`.
         unsafe {
-            stream
-                .launch_builder(&f)
-                .arg(&rows_)
-                .arg(&width_)
-                .arg(&g)
-                .arg(&xs)
-                .arg(&m)
-                .arg(&s)
-                .arg(&w)
-                .arg(&dst)
-                .launch(rows_config(rows))
-        }
-        .map_err(|e| backend.call_error(OP, format!("launching {kernel}"), e))?;
-        drop(span);
+            launch_backward(backend, "layer_norm_bwd_dx", dtype, [rows, width], operands, [w, dst], rows_config(rows))?
+        };
         dx = Some(finish(out));
     }
     let (mut dw, mut db) = (None, None);
@@ -136,28 +119,54 @@ pub(super) fn layer_norm_backward(
         let db_out = want_db.then(|| UninitTensor::new([width], dtype, backend.device)).transpose()?;
         let dw_addr = dw_out.as_ref().map_or(Ok(0), |t| output_address(OP, t))?;
         let db_addr = db_out.as_ref().map_or(Ok(0), |t| output_address(OP, t))?;
-        let kernel = format!("layer_norm_bwd_param_{}", suffix(dtype));
-        let f = backend.function(OP, "norm", &kernel)?;
-        let span = backend.launch_span(&kernel);
+        let config = grid_for(width);
         // SAFETY: as above, with fresh `[width]` outputs or null; the ABI's
         // `(i64, i64, const T*, const T*, const T*, const T*, T*, T*)`.
         unsafe {
-            stream
-                .launch_builder(&f)
-                .arg(&rows_)
-                .arg(&width_)
-                .arg(&g)
-                .arg(&xs)
-                .arg(&m)
-                .arg(&s)
-                .arg(&dw_addr)
-                .arg(&db_addr)
-                .launch(grid_for(width))
-        }
-        .map_err(|e| backend.call_error(OP, format!("launching {kernel}"), e))?;
-        drop(span);
+            launch_backward(
+                backend,
+                "layer_norm_bwd_param",
+                dtype,
+                [rows, width],
+                operands,
+                [dw_addr, db_addr],
+                config,
+            )?
+        };
         dw = dw_out.map(finish);
         db = db_out.map(finish);
     }
     Ok([dx, dw, db])
+}
+
+/// Launches `<family>_<dtype>`, one of the two backward kernels, whose
+/// parameters are `(i64 rows, i64 width, g, x, mean, rstd, p0, p1)`.
+///
+/// # Safety
+/// The addresses are those the kernel's ABI asks for, of live device memory
+/// of the right sizes (or null where the kernel allows it).
+unsafe fn launch_backward(
+    backend: &CudaBackend,
+    family: &str,
+    dtype: DType,
+    [rows, width]: [usize; 2],
+    operands: [u64; 4],
+    last: [u64; 2],
+    config: LaunchConfig,
+) -> Result<()> {
+    const OP: &str = "layer_norm_backward";
+    let kernel = format!("{family}_{}", suffix(dtype));
+    let f = backend.function(OP, "norm", &kernel)?;
+    let stream = backend.current_stream()?;
+    let (rows, width) = (rows as i64, width as i64);
+    let mut launch = stream.launch_builder(&f);
+    launch.arg(&rows).arg(&width);
+    for address in operands.iter().chain(&last) {
+        launch.arg(address);
+    }
+    let span = backend.launch_span(&kernel);
+    // SAFETY: the caller's promise.
+    unsafe { launch.launch(config) }.map_err(|e| backend.call_error(OP, format!("launching {kernel}"), e))?;
+    drop(span);
+    Ok(())
 }
