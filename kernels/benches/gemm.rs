@@ -62,7 +62,7 @@ fn bench_half_gemm(c: &mut Criterion) {
         group.throughput(Throughput::Elements(s.flops() as u64));
         bench(&mut group, "f32", &name, s.ours::<f32>(options, |x| x));
         bench(&mut group, "bf16", &name, s.ours(options, bf16::from_f32));
-        if options.kernel.resolve() == KernelChoice::Avx512Bf16 {
+        if matches!(options.kernel.resolve(), KernelChoice::Avx512Bf16 | KernelChoice::AmxBf16) {
             bench(&mut group, "bf16_widened", &name, s.ours(widened, bf16::from_f32));
         }
         bench(&mut group, "f16", &name, s.ours(options, f16::from_f32));

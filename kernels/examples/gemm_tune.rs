@@ -7,7 +7,7 @@
 //! ```
 //!
 //! Environment knobs for tuning: `BRASA_MC`, `BRASA_KC`, `BRASA_NC` (blocking),
-//! `BRASA_KERNEL` (`avx512bf16`, `avx512`, `avx2`, `portable`),
+//! `BRASA_KERNEL` (`amx`, `avx512bf16`, `avx512`, `avx2`, `portable`),
 //! `BRASA_THREADS` (parts), `BRASA_SHAPES` (`m,n,k;m,n,k;...`, an `a` or `b`
 //! suffix = A or B stored transposed), `BRASA_REFS=0` to skip the reference
 //! crates, `BRASA_DTYPES` (comma-separated: `f32`, `bf16`, `bf16w` = bf16
@@ -178,7 +178,7 @@ pub const MLP_SHAPES: [(&str, Shape); 3] = [
 /// the AVX-512 f32 kernel where it would have used AVX512-BF16.
 pub fn widened(options: GemmOptions) -> GemmOptions {
     match options.kernel.resolve() {
-        KernelChoice::Avx512Bf16 => GemmOptions { kernel: KernelChoice::Avx512, ..options },
+        KernelChoice::Avx512Bf16 | KernelChoice::AmxBf16 => GemmOptions { kernel: KernelChoice::Avx512, ..options },
         _ => options,
     }
 }
@@ -263,6 +263,7 @@ fn product(dtype: &str, shape: &Shape, options: GemmOptions) -> Option<Box<dyn F
 fn main() {
     let reps: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(7);
     let kernel = match std::env::var("BRASA_KERNEL").as_deref() {
+        Ok("amx") => KernelChoice::AmxBf16,
         Ok("avx512bf16") => KernelChoice::Avx512Bf16,
         Ok("avx512") => KernelChoice::Avx512,
         Ok("avx2") => KernelChoice::Avx2Fma,

@@ -19,6 +19,10 @@ pub struct CpuFeatures {
     pub f16c: bool,
     /// AVX-512 bfloat16 dot products and conversions.
     pub avx512bf16: bool,
+    /// AMX tiles with bf16 products (`TDPBF16PS`), usable by this process:
+    /// the CPU has them, the OS saves their state (XCR0) and, on Linux, it
+    /// granted the permission to use them (`arch_prctl`).
+    pub amx_bf16: bool,
 }
 
 impl CpuFeatures {
@@ -32,6 +36,7 @@ impl CpuFeatures {
                 fma: std::arch::is_x86_feature_detected!("fma"),
                 f16c: std::arch::is_x86_feature_detected!("f16c"),
                 avx512bf16: std::arch::is_x86_feature_detected!("avx512bf16"),
+                amx_bf16: amx::usable(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -43,6 +48,98 @@ impl CpuFeatures {
     /// Whether the AVX2 + FMA kernels can run.
     pub fn has_avx2_fma(&self) -> bool {
         self.avx2 && self.fma
+    }
+}
+
+/// AMX detection on stable Rust: `is_x86_feature_detected!("amx-bf16")` is
+/// unstable, so CPUID, XCR0 and the Linux permission request are read here.
+#[cfg(target_arch = "x86_64")]
+mod amx {
+    use std::arch::asm;
+    use std::sync::OnceLock;
+
+    /// CPUID leaf 7 EDX: AMX-BF16 (bit 22) and AMX-TILE (bit 24).
+    const CPUID7_EDX_AMX: u32 = (1 << 22) | (1 << 24);
+    /// XCR0: the OS saves XTILECFG (bit 17) and XTILEDATA (bit 18).
+    const XCR0_TILE: u64 = (1 << 17) | (1 << 18);
+    /// CPUID leaf 1 ECX bit 27: OSXSAVE, which makes XGETBV legal.
+    const CPUID1_ECX_OSXSAVE: u32 = 1 << 27;
+
+    /// Whether this process may run AMX bf16 instructions; the permission
+    /// is requested once per process (it is process-wide: every thread,
+    /// earlier ones included, may then use the tiles).
+    pub(super) fn usable() -> bool {
+        static USABLE: OnceLock<bool> = OnceLock::new();
+        *USABLE.get_or_init(|| cpu_has_amx_bf16() && os_saves_tiles() && request_permission())
+    }
+
+    fn cpu_has_amx_bf16() -> bool {
+        // SAFETY: CPUID is available on every x86-64 CPU.
+        #[allow(unused_unsafe)]
+        let (max_leaf, leaf7) = unsafe { (std::arch::x86_64::__cpuid(0).eax, std::arch::x86_64::__cpuid_count(7, 0)) };
+        max_leaf >= 7 && leaf7.edx & CPUID7_EDX_AMX == CPUID7_EDX_AMX
+    }
+
+    fn os_saves_tiles() -> bool {
+        // SAFETY: as above.
+        #[allow(unused_unsafe)]
+        let leaf1 = unsafe { std::arch::x86_64::__cpuid(1) };
+        if leaf1.ecx & CPUID1_ECX_OSXSAVE == 0 {
+            return false;
+        }
+        let (lo, hi): (u32, u32);
+        // SAFETY: XGETBV with ECX = 0 reads XCR0; OSXSAVE (checked above)
+        // makes it legal. It touches no memory.
+        unsafe {
+            asm!("xgetbv", in("ecx") 0u32, out("eax") lo, out("edx") hi, options(nomem, nostack, preserves_flags))
+        };
+        let xcr0 = u64::from(lo) | u64::from(hi) << 32;
+        xcr0 & XCR0_TILE == XCR0_TILE
+    }
+
+    /// Linux hands out the (8 KiB) tile state only on request:
+    /// `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`. Without it the
+    /// first tile instruction raises SIGILL.
+    #[cfg(target_os = "linux")]
+    fn request_permission() -> bool {
+        const SYS_ARCH_PRCTL: i64 = 158;
+        const ARCH_REQ_XCOMP_PERM: u64 = 0x1023;
+        const XFEATURE_XTILEDATA: u64 = 18;
+        let ret: i64;
+        // SAFETY: a raw arch_prctl system call: it reads no user memory for
+        // this request and clobbers only RCX and R11, as every syscall.
+        unsafe {
+            asm!(
+                "syscall",
+                inlateout("rax") SYS_ARCH_PRCTL => ret,
+                in("rdi") ARCH_REQ_XCOMP_PERM,
+                in("rsi") XFEATURE_XTILEDATA,
+                lateout("rcx") _,
+                lateout("r11") _,
+                options(nostack),
+            )
+        };
+        ret == 0
+    }
+
+    /// Other systems: not tried (their permission models differ).
+    #[cfg(not(target_os = "linux"))]
+    fn request_permission() -> bool {
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[cfg(test)]
+mod amx_tests {
+    #[test]
+    fn amx_detection_is_stable_and_implies_avx512() {
+        let first = super::amx::usable();
+        assert_eq!(first, super::amx::usable());
+        // Every CPU with AMX also has AVX-512 (Sapphire Rapids and later).
+        if first {
+            assert!(std::arch::is_x86_feature_detected!("avx512f"));
+        }
     }
 }
 

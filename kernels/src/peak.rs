@@ -28,10 +28,19 @@ pub fn fma_peak_gflops(duration: Duration) -> f64 {
 /// Runs chunks of the FMA loop until `duration` has passed; returns the
 /// flops done.
 /// The peak of the bf16 matrix-product path this CPU runs, in GFLOP/s on all
-/// threads: `VDPBF16PS` (16 lanes, two products each) where the CPU has
+/// threads: AMX's `TDPBF16PS` on tiles in registers where the process can
+/// use AMX; else `VDPBF16PS` (16 lanes, two products each) where the CPU has
 /// AVX512-BF16 — full rate on Zen 4/5, half the FMA rate on Intel Xeons —
 /// else the f32 FMA peak, since bf16 products are then widened to f32.
 pub fn bf16_dot_peak_gflops(duration: Duration) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if cpu_features().amx_bf16 {
+        // Each thread's rate over the same period: their sum is the
+        // machine's.
+        // SAFETY: AMX-BF16 is usable by this process.
+        let per_thread: Vec<f64> = rayon::broadcast(|_| unsafe { crate::gemm::amx_peak_thread(duration) });
+        return per_thread.into_iter().sum();
+    }
     #[cfg(target_arch = "x86_64")]
     if cpu_features().avx512bf16 && cpu_features().avx512f {
         let start = Instant::now();

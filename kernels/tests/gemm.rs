@@ -573,7 +573,10 @@ fn bf16_dispatch_follows_the_cpu() {
             && std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw");
         assert_eq!(KernelChoice::Avx512Bf16.is_supported(), native);
-        assert_eq!(KernelChoice::Auto.resolve() == KernelChoice::Avx512Bf16, native);
+        let auto = KernelChoice::Auto.resolve();
+        assert_eq!(matches!(auto, KernelChoice::Avx512Bf16 | KernelChoice::AmxBf16), native);
+        // AMX only where AVX512-BF16 is too (its small products run there).
+        assert!(!KernelChoice::AmxBf16.is_supported() || native);
     }
     // Forcing the AVX512-BF16 kernel is an error exactly where it is missing.
     let x = [bf16::ONE; 4];
@@ -625,6 +628,30 @@ fn bf16_edge_shapes_on_every_path() {
 }
 
 #[test]
+fn bf16_edges_of_products_large_enough_for_tiles() {
+    // Above the AMX threshold (2 MFLOP), with edges around its 32 x 32
+    // tile and 32-deep steps: on AMX CPUs these run on tiles, elsewhere on
+    // the other kernels, against the same f64 reference.
+    let shapes = [(65, 70, 257), (100, 33, 400), (16, 260, 300), (130, 130, 65), (47, 47, 511)];
+    for (s, (m, n, k)) in shapes.into_iter().enumerate() {
+        let case = Case {
+            m,
+            n,
+            k,
+            sa: STORAGES[s % 4],
+            sb: STORAGES[(s + 1) % 4],
+            sc: STORAGES[(s + 2) % 4],
+            alpha: [1.0, -2.0, 0.5][s % 3],
+            beta: [0.0, 1.0, -0.75][s % 3],
+            seed: 40 + s as u64,
+        };
+        for options in option_sets() {
+            check_bf16(&case, &options).unwrap();
+        }
+    }
+}
+
+#[test]
 fn bf16_larger_than_one_block_in_every_loop() {
     // Depth 1100 crosses the bf16 kernel's 512-deep blocks; rows cross mc.
     for sc in [Storage::RowMajor, Storage::ColMajor] {
@@ -654,9 +681,10 @@ fn bf16_is_rounded_once_from_exact_f32_sums() {
     // bf16 (ties to even), bit for bit, even when its depth blocks add into
     // C one after another. A partial sum rounded to bf16 would show.
     let v = |i: usize, j: usize, salt: usize| bf16::from_f32(((i * 7 + j * 3 + salt) % 17) as f32 / 8.0 - 1.0);
-    let shapes = [(33, 13, 301), (5, 40, 64), (64, 12, 1), (40, 25, 9)];
+    // The last shape is large enough for AMX tiles where the CPU has them.
+    let shapes = [(33, 13, 301), (5, 40, 64), (64, 12, 1), (40, 25, 9), (64, 40, 600)];
     for (s, (m, n, k)) in shapes.into_iter().enumerate() {
-        let a = Stored::new(m, k, STORAGES[s], bf16::NAN, |i, j| v(i, j, 0));
+        let a = Stored::new(m, k, STORAGES[s % 4], bf16::NAN, |i, j| v(i, j, 0));
         let b = Stored::new(k, n, STORAGES[(s + 1) % 4], bf16::NAN, |i, j| v(i, j, 5));
         let c0 = Stored::new(m, n, Storage::RowMajor, bf16::NAN, |i, j| v(i, j, 11));
         let exact = naive(

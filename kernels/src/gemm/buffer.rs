@@ -81,6 +81,11 @@ pub(crate) enum Slot {
 /// allocated per call, which its product's cost dwarfs.
 pub(crate) const MAX_CACHED_WORKSPACE: usize = 4 << 20;
 
+/// The largest packing buffer kept between calls, in bytes. The blocked
+/// driver's are bounded by its blocking (at most about 4 MiB); the AMX
+/// driver packs whole operands, which grow with the problem.
+pub(crate) const MAX_CACHED_PACK: usize = 16 << 20;
+
 /// Runs `f` with this thread's cached buffer `slot`, grown to `len`
 /// elements if needed; aborts as `Vec` does when the allocator refuses. For
 /// the packing buffers, which the blocking bounds (and which are no larger
@@ -112,7 +117,8 @@ pub(crate) fn try_with_buffer<T: Packed, R>(
         _ => AlignedBuf::try_zeroed(bytes).ok_or_else(error)?,
     };
     let r = f(buf.as_mut_slice(len));
-    if slot != Slot::C || buf.bytes <= MAX_CACHED_WORKSPACE {
+    let keep = if slot == Slot::C { MAX_CACHED_WORKSPACE } else { MAX_CACHED_PACK };
+    if buf.bytes <= keep {
         key.with(|s| s.set(Some(buf)));
     }
     Ok(r)

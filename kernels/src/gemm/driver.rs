@@ -102,7 +102,7 @@ pub(crate) fn gemm<T: Compute, P: Packed, S: PackInto<P>>(plan: &Plan<T, P>, p: 
 }
 
 /// `C = beta * C`, writing zeros (not `0 * C`) when beta is 0.
-fn scale<T: Compute>(c: RawMut<T>, beta: T) {
+pub(crate) fn scale<T: Compute>(c: RawMut<T>, beta: T) {
     for j in 0..c.cols {
         for i in 0..c.rows {
             // SAFETY: (i, j) is inside the checked output view.

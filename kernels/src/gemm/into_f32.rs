@@ -61,12 +61,15 @@ impl GemmIntoF32 for bf16 {
         beta: f32,
         c: MatMut<'_, f32>,
     ) -> Result<()> {
-        // As `gemm_with` for bf16: pairs for the dot-product instruction
-        // where the CPU has it, else widened while packed.
-        if options.kernel.resolve() == KernelChoice::Avx512Bf16 {
-            run::<Bf16Pair, bf16>(options, alpha, a, b, beta, c)
-        } else {
-            run::<f32, bf16>(options, alpha, a, b, beta, c)
+        // As `gemm_with` for bf16: AMX tiles or pairs for the dot-product
+        // instruction where the CPU has them, else widened while packed.
+        match options.kernel.resolve() {
+            #[cfg(target_arch = "x86_64")]
+            KernelChoice::AmxBf16 if super::amx::worth_tiles(c.rows(), c.cols(), a.cols()) => {
+                run_amx(options, alpha, a, b, beta, c)
+            }
+            KernelChoice::Avx512Bf16 | KernelChoice::AmxBf16 => run::<Bf16Pair, bf16>(options, alpha, a, b, beta, c),
+            _ => run::<f32, bf16>(options, alpha, a, b, beta, c),
         }
     }
 }
@@ -121,16 +124,41 @@ where
     if m == 0 || n == 0 {
         return Ok(());
     }
+    let plan = Plan { kernel, blocking, threads: threads(options, m, n, k) };
+    driver::gemm(&plan, Product { alpha, a, b, beta, c: c.raw() });
+    Ok(())
+}
+
+/// Threads one product of this shape may use under `options`.
+fn threads(options: &GemmOptions, m: usize, n: usize, k: usize) -> usize {
     let flops = 2usize.saturating_mul(m).saturating_mul(n).saturating_mul(k);
-    let threads = match options.parallelism {
+    match options.parallelism {
         Parallelism::Sequential => 1,
         Parallelism::Threads(t) => t.max(1),
         Parallelism::Auto if flops >= PARALLEL_THRESHOLD_FLOPS => rayon::current_num_threads(),
         Parallelism::Auto => 1,
-    };
-    let plan = Plan { kernel, blocking, threads };
-    driver::gemm(&plan, Product { alpha, a, b, beta, c: c.raw() });
-    Ok(())
+    }
+}
+
+/// The bf16 product on AMX tiles (the caller checked the kernel choice).
+#[cfg(target_arch = "x86_64")]
+fn run_amx(
+    options: &GemmOptions,
+    alpha: f32,
+    a: MatRef<'_, bf16>,
+    b: MatRef<'_, bf16>,
+    beta: f32,
+    mut c: MatMut<'_, f32>,
+) -> Result<()> {
+    let (m, n, k) = (c.rows(), c.cols(), a.cols());
+    if a.rows() != m || b.cols() != n || b.rows() != k {
+        return Err(shape_error((a.rows(), a.cols()), (b.rows(), b.cols()), (m, n)));
+    }
+    if let Some(blocking) = options.blocking {
+        blocking.validate()?;
+    }
+    let kernel = super::amx_tile::TileKernel::amx();
+    super::amx::gemm(kernel, threads(options, m, n, k), Product { alpha, a, b, beta, c: c.raw() })
 }
 
 #[cfg(test)]

@@ -25,6 +25,10 @@ pub enum KernelChoice {
     /// The fastest one this CPU supports.
     #[default]
     Auto,
+    /// AMX tiles for bf16 products large enough to pay for them
+    /// (Sapphire Rapids and later Xeons, x86-64 Linux), the `Avx512Bf16`
+    /// kernels for smaller ones and for every other type.
+    AmxBf16,
     /// AVX-512F, and for bf16 operands AVX512-BF16 dot products on operands
     /// packed as bf16 pairs (x86-64). Other types run the `Avx512` kernels.
     Avx512Bf16,
@@ -44,6 +48,7 @@ impl KernelChoice {
             KernelChoice::Auto | KernelChoice::Portable => true,
             // The pair packers shuffle 16-bit lanes, which takes AVX-512BW
             // (every CPU with AVX512-BF16 has it).
+            KernelChoice::AmxBf16 => KernelChoice::Avx512Bf16.is_supported() && cpu.amx_bf16,
             KernelChoice::Avx512Bf16 => KernelChoice::Avx512.is_supported() && cpu.avx512bf16 && has_avx512bw(),
             KernelChoice::Avx512 => cfg!(target_arch = "x86_64") && cpu.avx512f,
             KernelChoice::Avx2Fma => cfg!(target_arch = "x86_64") && cpu.has_avx2_fma(),
@@ -60,15 +65,22 @@ impl KernelChoice {
 
     /// Every concrete kernel this CPU supports, fastest first.
     pub fn supported() -> Vec<KernelChoice> {
-        [KernelChoice::Avx512Bf16, KernelChoice::Avx512, KernelChoice::Avx2Fma, KernelChoice::Portable]
-            .into_iter()
-            .filter(|k| k.is_supported())
-            .collect()
+        [
+            KernelChoice::AmxBf16,
+            KernelChoice::Avx512Bf16,
+            KernelChoice::Avx512,
+            KernelChoice::Avx2Fma,
+            KernelChoice::Portable,
+        ]
+        .into_iter()
+        .filter(|k| k.is_supported())
+        .collect()
     }
 
     fn name(self) -> &'static str {
         match self {
             KernelChoice::Auto => "auto",
+            KernelChoice::AmxBf16 => "amx+bf16",
             KernelChoice::Avx512Bf16 => "avx512+bf16",
             KernelChoice::Avx512 => "avx512",
             KernelChoice::Avx2Fma => "avx2+fma",
@@ -131,7 +143,7 @@ impl HasMicroKernels<f32> for f32 {
     fn micro_kernel(choice: KernelChoice) -> Option<MicroKernel<f32, f32>> {
         Some(match choice {
             #[cfg(target_arch = "x86_64")]
-            KernelChoice::Avx512 | KernelChoice::Avx512Bf16 => {
+            KernelChoice::Avx512 | KernelChoice::Avx512Bf16 | KernelChoice::AmxBf16 => {
                 avx512_kernel(32, 12, microkernel_avx512::avx512_f32, 256, 256)
             }
             #[cfg(target_arch = "x86_64")]
@@ -145,7 +157,7 @@ impl HasMicroKernels<f64> for f64 {
     fn micro_kernel(choice: KernelChoice) -> Option<MicroKernel<f64, f64>> {
         Some(match choice {
             #[cfg(target_arch = "x86_64")]
-            KernelChoice::Avx512 | KernelChoice::Avx512Bf16 => {
+            KernelChoice::Avx512 | KernelChoice::Avx512Bf16 | KernelChoice::AmxBf16 => {
                 avx512_kernel(16, 12, microkernel_avx512::avx512_f64, 128, 256)
             }
             #[cfg(target_arch = "x86_64")]
@@ -160,7 +172,10 @@ impl HasMicroKernels<f32> for Bf16Pair {
         match choice {
             // The f32 kernel's tile and bytes per block: a pair is 4 bytes.
             #[cfg(target_arch = "x86_64")]
-            KernelChoice::Avx512Bf16 => Some(avx512_kernel(32, 12, microkernel_avx512::avx512_bf16, 256, 512)),
+            // AMX products smaller than its threshold run this one too.
+            KernelChoice::Avx512Bf16 | KernelChoice::AmxBf16 => {
+                Some(avx512_kernel(32, 12, microkernel_avx512::avx512_bf16, 256, 512))
+            }
             _ => None,
         }
     }
@@ -179,7 +194,7 @@ mod tests {
             assert!(k64.mr * k64.nr <= MAX_TILE);
             if let Some(k) = Bf16Pair::micro_kernel(choice) {
                 assert!(k.mr * k.nr <= MAX_TILE);
-                assert_eq!(choice, KernelChoice::Avx512Bf16);
+                assert!(matches!(choice, KernelChoice::Avx512Bf16 | KernelChoice::AmxBf16));
             }
         }
     }
@@ -195,7 +210,13 @@ mod tests {
 
     #[test]
     fn selection_agrees_with_support() {
-        for choice in [KernelChoice::Avx512Bf16, KernelChoice::Avx512, KernelChoice::Avx2Fma, KernelChoice::Portable] {
+        for choice in [
+            KernelChoice::AmxBf16,
+            KernelChoice::Avx512Bf16,
+            KernelChoice::Avx512,
+            KernelChoice::Avx2Fma,
+            KernelChoice::Portable,
+        ] {
             let selected = select::<f32, f32>(choice);
             assert_eq!(selected.is_ok(), choice.is_supported(), "{choice:?}");
             if let Err(e) = selected {

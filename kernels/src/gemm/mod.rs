@@ -17,7 +17,18 @@
 //! a register-blocked micro-kernel picked at run time for the CPU
 //! ([`KernelChoice`]), and rayon threads over disjoint parts of C for
 //! products large enough to pay for them ([`Parallelism`]).
+//!
+//! On CPUs with AMX (Sapphire Rapids and later Xeons), bf16 products large
+//! enough to pay for it run on AMX tiles instead, with their own packing and
+//! a 32 x 32 tile of C held in tile registers over the whole depth
+//! ([`KernelChoice::AmxBf16`]).
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
+mod amx_pack;
+#[cfg(target_arch = "x86_64")]
+mod amx_tile;
 mod blocking;
 mod buffer;
 mod driver;
@@ -37,6 +48,8 @@ mod pack;
 mod pack_avx512;
 mod parallel;
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) use amx_tile::amx_peak_thread;
 pub use blocking::Blocking;
 pub use into_f32::{gemm_into_f32_with, GemmIntoF32};
 pub use matrix::{BatchMut, BatchRef, MatMut, MatRef};
@@ -142,13 +155,14 @@ impl GemmElement for bf16 {
         beta: f32,
         c: BatchMut<'_, bf16>,
     ) -> Result<()> {
-        // bf16 dot products on bf16 pairs where the CPU has them; otherwise
-        // operands widened to f32 while packed. Both accumulate exact
-        // products in f32 and round C once.
-        if options.kernel.resolve() == KernelChoice::Avx512Bf16 {
-            run_batched::<f32, Bf16Pair, _, _>(options, alpha, a, b, beta, c, Widened)
-        } else {
-            run_batched::<f32, f32, _, _>(options, alpha, a, b, beta, c, Widened)
+        // AMX tiles, or bf16 dot products on bf16 pairs, where the CPU has
+        // them; otherwise operands widened to f32 while packed. All
+        // accumulate exact products in f32 and round C once.
+        match options.kernel.resolve() {
+            #[cfg(target_arch = "x86_64")]
+            KernelChoice::AmxBf16 => run_batched::<f32, Bf16Pair, _, _>(options, alpha, a, b, beta, c, WidenedAmx),
+            KernelChoice::Avx512Bf16 => run_batched::<f32, Bf16Pair, _, _>(options, alpha, a, b, beta, c, Widened),
+            _ => run_batched::<f32, f32, _, _>(options, alpha, a, b, beta, c, Widened),
         }
     }
 }
@@ -245,6 +259,10 @@ struct Direct;
 /// C of a narrow type: accumulate in an f32 workspace, round at the end.
 struct Widened;
 
+/// [`Widened`], on AMX tiles when the product is large enough.
+#[cfg(target_arch = "x86_64")]
+struct WidenedAmx;
+
 /// How one product's C of type `S` is reached from the compute type `T`,
 /// with operands packed as `P`.
 trait OutputPath<T: Compute, P, S>: Sync {
@@ -260,39 +278,61 @@ impl<T: Compute + Packed + PackInto<T>> OutputPath<T, T, T> for Direct {
 
 impl<S: Narrow + PackInto<P>, P: Packed> OutputPath<f32, P, S> for Widened {
     fn run(&self, plan: &Plan<f32, P>, p: Product<'_, f32, S, S>) -> Result<()> {
-        let (c, beta) = (p.c, p.beta);
-        let (m, n) = (c.rows, c.cols);
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-        // The f32 workspace is laid out like C (row- or column-major), so
-        // that C's rows (or columns) and the workspace's are both contiguous
-        // runs, widened and rounded as slices.
-        let row_major = c.col_stride == 1 && c.row_stride != 1;
-        let (runs, run_len) = if row_major { (m, n) } else { (n, m) };
-        let (run_stride, step) = if row_major { (c.row_stride, c.col_stride) } else { (c.col_stride, c.row_stride) };
-        // A cached workspace: with beta = 0 its (stale) contents are unused.
-        // It grows with C (twice C's bytes), so it may not be there to have.
-        try_with_buffer::<f32, _>(Slot::C, m * n, |work| {
-            if beta != 0.0 {
-                for (r, out) in work.chunks_exact_mut(run_len).enumerate() {
-                    // SAFETY: run r of the checked output view starts there
-                    // and has `run_len` elements `step` apart.
-                    unsafe { widen_run(c.ptr.add(r * run_stride), step, out) };
-                }
-            }
-            let (row_stride, col_stride) = if row_major { (n, 1) } else { (1, m) };
-            let work_view = RawMut { ptr: work.as_mut_ptr(), rows: m, cols: n, row_stride, col_stride };
-            driver::gemm(plan, p.with_c(work_view));
-            debug_assert_eq!(work.len(), runs * run_len);
-            for (r, run) in work.chunks_exact(run_len).enumerate() {
-                // SAFETY: as above; nothing else reads or writes this
-                // product's C.
-                unsafe { narrow_run(run, c.ptr.add(r * run_stride), step) };
-            }
-        })?;
-        Ok(())
+        through_f32_workspace(p, |p| {
+            driver::gemm(plan, p);
+            Ok(())
+        })
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl OutputPath<f32, Bf16Pair, bf16> for WidenedAmx {
+    fn run(&self, plan: &Plan<f32, Bf16Pair>, p: Product<'_, f32, bf16, bf16>) -> Result<()> {
+        if !amx::worth_tiles(p.c.rows, p.c.cols, p.a.cols()) {
+            return Widened.run(plan, p);
+        }
+        through_f32_workspace(p, |p| amx::gemm(amx_tile::TileKernel::amx(), plan.threads, p))
+    }
+}
+
+/// Runs `compute` on an f32 workspace standing for the narrow C of `p`:
+/// widened from C first when beta is not 0, rounded into C after.
+fn through_f32_workspace<S: Narrow>(
+    p: Product<'_, f32, S, S>,
+    compute: impl FnOnce(Product<'_, f32, S, f32>) -> Result<()>,
+) -> Result<()> {
+    let (c, beta) = (p.c, p.beta);
+    let (m, n) = (c.rows, c.cols);
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    // The f32 workspace is laid out like C (row- or column-major), so
+    // that C's rows (or columns) and the workspace's are both contiguous
+    // runs, widened and rounded as slices.
+    let row_major = c.col_stride == 1 && c.row_stride != 1;
+    let (runs, run_len) = if row_major { (m, n) } else { (n, m) };
+    let (run_stride, step) = if row_major { (c.row_stride, c.col_stride) } else { (c.col_stride, c.row_stride) };
+    // A cached workspace: with beta = 0 its (stale) contents are unused.
+    // It grows with C (twice C's bytes), so it may not be there to have.
+    try_with_buffer::<f32, _>(Slot::C, m * n, |work| {
+        if beta != 0.0 {
+            for (r, out) in work.chunks_exact_mut(run_len).enumerate() {
+                // SAFETY: run r of the checked output view starts there
+                // and has `run_len` elements `step` apart.
+                unsafe { widen_run(c.ptr.add(r * run_stride), step, out) };
+            }
+        }
+        let (row_stride, col_stride) = if row_major { (n, 1) } else { (1, m) };
+        let work_view = RawMut { ptr: work.as_mut_ptr(), rows: m, cols: n, row_stride, col_stride };
+        compute(p.with_c(work_view))?;
+        debug_assert_eq!(work.len(), runs * run_len);
+        for (r, run) in work.chunks_exact(run_len).enumerate() {
+            // SAFETY: as above; nothing else reads or writes this
+            // product's C.
+            unsafe { narrow_run(run, c.ptr.add(r * run_stride), step) };
+        }
+        Ok(())
+    })?
 }
 
 /// Widens `out.len()` elements read `step` apart from `src` into `out`.
