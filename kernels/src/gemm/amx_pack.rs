@@ -37,44 +37,95 @@ pub(crate) fn panel_len(k: usize) -> usize {
 /// (`panel_len(k)` pairs) in `layout`.
 pub(crate) fn pack_panel(dst: &mut [Bf16Pair], src: MatRef<'_, bf16>, layout: PanelLayout) {
     let (live, k) = (src.rows(), src.cols());
-    let pairs = k.div_ceil(TILE_K) * (TILE_K / 2);
     debug_assert!(live <= TILE_MN && dst.len() == panel_len(k));
-    let slot = |x: usize, q: usize| {
-        let (step, q) = (q / 16, q % 16);
-        let within = match layout {
-            PanelLayout::Rows => (x % TILE_ROWS) * 16 + q,
-            PanelLayout::Cols => q * 16 + x % TILE_ROWS,
-        };
-        step * PAIRS_PER_STEP + (x / TILE_ROWS) * PAIRS_PER_TILE + within
-    };
-    let (data, offset, rs, cs) = (src.data(), src.offset(), src.row_stride(), src.col_stride());
-    let bits = |x: usize, p: usize| if p < k { data[offset + x * rs + p * cs].to_bits() } else { 0 };
-    let pair = |x: usize, q: usize| Bf16Pair(u32::from(bits(x, 2 * q)) | u32::from(bits(x, 2 * q + 1)) << 16);
-    if cs == 1 && k > 0 {
-        // Depth contiguous (A row-major; B stored transposed, as a linear
-        // layer's weight): each index's depth is one slice, read in order.
-        let full = k / 2;
-        for x in 0..live {
-            let row = &data[offset + x * rs..][..k];
-            for (q, two) in row.chunks_exact(2).enumerate() {
-                dst[slot(x, q)] = Bf16Pair(u32::from(two[0].to_bits()) | u32::from(two[1].to_bits()) << 16);
-            }
-            for q in full..pairs {
-                dst[slot(x, q)] = pair(x, q);
-            }
-        }
-    } else {
-        // Index contiguous or general strides: walk the depth outside, so
-        // consecutive reads are the contiguous ones.
-        for q in 0..pairs {
-            for x in 0..live {
-                dst[slot(x, q)] = pair(x, q);
+    for (step, step_dst) in dst.chunks_exact_mut(PAIRS_PER_STEP).enumerate() {
+        let p0 = step * TILE_K;
+        for (t, tile) in step_dst.chunks_exact_mut(PAIRS_PER_TILE).enumerate() {
+            let x0 = t * TILE_ROWS;
+            let xs = live.saturating_sub(x0).min(TILE_ROWS);
+            if xs == 0 {
+                tile.fill(Bf16Pair(0));
+            } else if xs == TILE_ROWS && p0 + TILE_K <= k {
+                pack_full_tile(tile, src, x0, p0, layout);
+            } else {
+                pack_edge_tile(tile, src, x0, p0, layout);
             }
         }
     }
-    for x in live..TILE_MN {
-        for q in 0..pairs {
-            dst[slot(x, q)] = Bf16Pair(0);
+}
+
+fn pair(lo: bf16, hi: bf16) -> Bf16Pair {
+    Bf16Pair(u32::from(lo.to_bits()) | u32::from(hi.to_bits()) << 16)
+}
+
+/// A tile with all 16 indices and 32 depth elements in `src`: the loops
+/// read runs that are contiguous in the source, where there are any, and
+/// write runs contiguous in the tile where the layout allows (the compiler
+/// vectorises those).
+fn pack_full_tile(tile: &mut [Bf16Pair], src: MatRef<'_, bf16>, x0: usize, p0: usize, layout: PanelLayout) {
+    let (data, offset, rs, cs) = (src.data(), src.offset(), src.row_stride(), src.col_stride());
+    let at = |x: usize, p: usize| offset + (x0 + x) * rs + (p0 + p) * cs;
+    if cs == 1 {
+        // Each index's 32 depth elements are one slice (A row-major, or B
+        // stored transposed as a linear layer's weight).
+        for x in 0..TILE_ROWS {
+            let depth = &data[at(x, 0)..][..TILE_K];
+            match layout {
+                PanelLayout::Rows => {
+                    let row = &mut tile[x * 16..][..16];
+                    // Little-endian x86-64: two consecutive bf16 in memory
+                    // are the pair (lo, hi) as a u32, so the row is a copy.
+                    // SAFETY: 32 bf16 and 16 u32 are both 64 bytes; the
+                    // regions are distinct borrows.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(depth.as_ptr().cast::<u8>(), row.as_mut_ptr().cast::<u8>(), 64)
+                    };
+                }
+                PanelLayout::Cols => {
+                    for (q, two) in depth.chunks_exact(2).enumerate() {
+                        tile[q * 16 + x] = pair(two[0], two[1]);
+                    }
+                }
+            }
+        }
+    } else if rs == 1 {
+        // The 16 indices of one depth element are one slice (A stored
+        // transposed, or B row-major).
+        for q in 0..16 {
+            let lo = &data[at(0, 2 * q)..][..TILE_ROWS];
+            let hi = &data[at(0, 2 * q + 1)..][..TILE_ROWS];
+            match layout {
+                PanelLayout::Cols => {
+                    for ((d, &l), &h) in tile[q * 16..][..16].iter_mut().zip(lo).zip(hi) {
+                        *d = pair(l, h);
+                    }
+                }
+                PanelLayout::Rows => {
+                    for (x, (&l, &h)) in lo.iter().zip(hi).enumerate() {
+                        tile[x * 16 + q] = pair(l, h);
+                    }
+                }
+            }
+        }
+    } else {
+        pack_edge_tile(tile, src, x0, p0, layout);
+    }
+}
+
+/// Any tile, element by element: indices past `src`'s rows and depth past
+/// its columns are +0.
+fn pack_edge_tile(tile: &mut [Bf16Pair], src: MatRef<'_, bf16>, x0: usize, p0: usize, layout: PanelLayout) {
+    let (live, k) = (src.rows(), src.cols());
+    let (data, offset, rs, cs) = (src.data(), src.offset(), src.row_stride(), src.col_stride());
+    let get = |x: usize, p: usize| if x < live && p < k { data[offset + x * rs + p * cs] } else { bf16::ZERO };
+    for x in 0..TILE_ROWS {
+        for q in 0..16 {
+            let (xg, pg) = (x0 + x, p0 + 2 * q);
+            let slot = match layout {
+                PanelLayout::Rows => x * 16 + q,
+                PanelLayout::Cols => q * 16 + x,
+            };
+            tile[slot] = pair(get(xg, pg), get(xg, pg + 1));
         }
     }
 }
