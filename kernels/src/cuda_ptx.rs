@@ -169,6 +169,7 @@ mod tests {
         assert!(has("index", "scatter_add_u8"));
         assert!(has("random", "random_normal_f32"));
         assert!(has("optim", "adam_step_bf16"));
+        assert!(has("optim", "sgd_step_f32"));
         assert!(has("norm", "layer_norm_fwd_f32"));
         assert!(has("norm", "layer_norm_bwd_param_f64"));
         assert!(has("elementwise", "binary_gelu_backward_bf16"));

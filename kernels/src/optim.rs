@@ -1,11 +1,13 @@
-//! Fused optimizer steps: Adam and AdamW in one pass per element, reading
-//! the parameter, its gradient and both moments once and writing them once
-//! (PyTorch's `fused=True` Adam). Each element replays exactly the sequence
-//! of in-place tensor ops of the composed update (`brasa-nn`'s
-//! `Adam::update`: `mul_scalar_`, `lerp_`, `addcmul_`, `sqrt_`, `affine_`,
-//! `addcdiv_`), each intermediate rounded to the element type where that
-//! update stores it, so the fused and the composed steps agree bit for bit —
-//! as the CUDA kernel `adam_step_<T>` (`kernels/cuda/optim.cu`) does.
+//! Fused optimizer steps: SGD (with momentum) and Adam/AdamW in one pass
+//! per element, reading the parameter, its gradient and its state once and
+//! writing them once (PyTorch's `fused=True` SGD and Adam). Each element
+//! replays exactly the sequence of in-place tensor ops of the composed
+//! update (`brasa-nn`'s `Sgd::update`: `affine`, `mul_scalar_`,
+//! `add_scaled_`; `Adam::update`: `mul_scalar_`, `lerp_`, `addcmul_`,
+//! `sqrt_`, `affine_`, `addcdiv_`), each intermediate rounded to the element
+//! type where that update stores it, so the fused and the composed steps
+//! agree bit for bit — as the CUDA kernels `sgd_step_<T>` and `adam_step_<T>`
+//! (`kernels/cuda/optim.cu`) do.
 //!
 //! ```
 //! use brasa_kernels::optim::{adam_step, AdamCoefficients};
@@ -14,6 +16,16 @@
 //! adam_step(&c, &mut p, &[0.5, -0.5], &mut m, &mut v, None)?;
 //! // The first Adam step moves each parameter by about lr against its gradient's sign.
 //! assert!((p[0] - 0.999).abs() < 1e-6 && (p[1] - 1.001).abs() < 1e-6);
+//! # Ok::<(), brasa_kernels::KernelError>(())
+//! ```
+//!
+//! ```
+//! use brasa_kernels::optim::{sgd_step, SgdCoefficients};
+//! let c = SgdCoefficients { lr: 0.5, momentum: 0.9, first_step: true, ..SgdCoefficients::default() };
+//! let (mut p, mut buf) = ([1.0f32; 2], [0.0f32; 2]);
+//! sgd_step(&c, &mut p, &[0.5, -0.5], Some(&mut buf))?;
+//! // The first momentum step starts the buffer at the gradient.
+//! assert_eq!((p, buf), ([0.75, 1.25], [0.5, -0.5]));
 //! # Ok::<(), brasa_kernels::KernelError>(())
 //! ```
 
@@ -68,11 +80,11 @@ impl AdamCoefficients {
     }
 }
 
-fn check(what: &str, len: usize, n: usize) -> Result<()> {
+fn check(kernel: &str, what: &str, len: usize, n: usize) -> Result<()> {
     if len == n {
         Ok(())
     } else {
-        Err(KernelError::ShapeMismatch { detail: format!("adam_step: {what} has {len} elements, the parameter {n}") })
+        Err(KernelError::ShapeMismatch { detail: format!("{kernel}: {what} has {len} elements, the parameter {n}") })
     }
 }
 
@@ -88,9 +100,9 @@ pub fn adam_step<T: FloatElement>(
     max_exp_avg_sq: Option<&mut [T]>,
 ) -> Result<()> {
     let n = param.len();
-    check("grad", grad.len(), n)?;
-    check("exp_avg", exp_avg.len(), n)?;
-    check("exp_avg_sq", exp_avg_sq.len(), n)?;
+    check("adam_step", "grad", grad.len(), n)?;
+    check("adam_step", "exp_avg", exp_avg.len(), n)?;
+    check("adam_step", "exp_avg_sq", exp_avg_sq.len(), n)?;
     let from = <T::Compute as Float>::from_f64;
     let l2 = !c.decoupled && c.weight_decay != 0.0;
     let decay = from(1.0 - c.lr * c.weight_decay);
@@ -102,7 +114,7 @@ pub fn adam_step<T: FloatElement>(
     let neg_step = from(-c.step_size);
     let max = match (c.amsgrad, max_exp_avg_sq) {
         (true, Some(max)) => {
-            check("max_exp_avg_sq", max.len(), n)?;
+            check("adam_step", "max_exp_avg_sq", max.len(), n)?;
             Some(max)
         }
         (true, None) => {
@@ -161,6 +173,123 @@ pub fn adam_step<T: FloatElement>(
                 element(p, g, m, v, None);
             }
         }
+    }
+    Ok(())
+}
+
+/// Everything one parameter's SGD step needs besides its tensors. The
+/// default is plain SGD (no momentum) at PyTorch's default learning rate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SgdCoefficients {
+    /// The learning rate.
+    pub lr: f64,
+    /// The momentum factor; 0 is plain SGD, without a buffer.
+    pub momentum: f64,
+    /// The dampening of the momentum's new term.
+    pub dampening: f64,
+    /// L2 penalty added to the gradient.
+    pub weight_decay: f64,
+    /// Nesterov momentum.
+    pub nesterov: bool,
+    /// Ascend rather than descend.
+    pub maximize: bool,
+    /// The parameter's first step with momentum: the buffer is created as
+    /// `±g (+ wd·p)` (PyTorch's `buf = clone(d)`, no dampening), so it is
+    /// written without being read.
+    pub first_step: bool,
+}
+
+impl Default for SgdCoefficients {
+    fn default() -> Self {
+        SgdCoefficients {
+            lr: 1e-3,
+            momentum: 0.0,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+            maximize: false,
+            first_step: false,
+        }
+    }
+}
+
+/// One SGD step of `param` from `grad`, updating `momentum_buffer` in place
+/// (needed when `c.momentum != 0`, unused otherwise); every slice has the
+/// parameter's length. With `d = ±g + wd·p`:
+///
+/// ```text
+/// momentum = 0:  p = (1 − lr·wd)·p ∓ lr·g
+/// first step:    buf = ±g, buf += wd·p
+/// later steps:   buf = momentum·buf, buf += ±(1 − dampening)·g, buf += (1 − dampening)·wd·p
+/// nesterov:      p = (1 − lr·wd)·p, p −= ±lr·g, p −= lr·momentum·buf
+/// otherwise:     p −= lr·buf
+/// ```
+///
+/// each line one in-place op of `brasa-nn`'s `Sgd::update` (its scalars
+/// computed in f64 as that update computes them), rounded to `T` after each.
+pub fn sgd_step<T: FloatElement>(
+    c: &SgdCoefficients,
+    param: &mut [T],
+    grad: &[T],
+    momentum_buffer: Option<&mut [T]>,
+) -> Result<()> {
+    let n = param.len();
+    check("sgd_step", "grad", grad.len(), n)?;
+    let from = <T::Compute as Float>::from_f64;
+    let sign = if c.maximize { -1.0 } else { 1.0 };
+    let decayed = c.weight_decay != 0.0;
+    // The scalars exactly as the composed update passes them to its ops.
+    let decay = from(1.0 - c.lr * c.weight_decay);
+    let neg_lr_sign = from(-c.lr * sign);
+    // `mul_scalar_(m)` and `affine(m, 0)` store `x·m`; `add_scaled_(a, y)` stores `x + a·y`.
+    let scale = |x: T, m: T::Compute| T::store(x.load() * m);
+    let axpy = |x: T, a: T::Compute, y: T| T::store(x.load() + a * y.load());
+    if c.momentum == 0.0 {
+        for (p, &g) in param.iter_mut().zip(grad) {
+            let pv = if decayed { scale(*p, decay) } else { *p };
+            *p = axpy(pv, neg_lr_sign, g);
+        }
+        return Ok(());
+    }
+    let Some(buffer) = momentum_buffer else {
+        return Err(KernelError::ShapeMismatch { detail: "sgd_step: momentum needs momentum_buffer".into() });
+    };
+    check("sgd_step", "momentum_buffer", buffer.len(), n)?;
+    let sign_c = from(sign);
+    let wd = from(c.weight_decay);
+    let momentum = from(c.momentum);
+    let grad_share = from(sign * (1.0 - c.dampening));
+    let wd_share = from((1.0 - c.dampening) * c.weight_decay);
+    let neg_lr_momentum = from(-c.lr * c.momentum);
+    let neg_lr = from(-c.lr);
+    // The flags are the same for every element, so the compiler hoists
+    // their tests out of the zipped loop.
+    for ((p, &g), b) in param.iter_mut().zip(grad).zip(buffer.iter_mut()) {
+        let pv = *p;
+        let bv = if c.first_step {
+            let bv = scale(g, sign_c);
+            if decayed {
+                axpy(bv, wd, pv)
+            } else {
+                bv
+            }
+        } else {
+            let bv = axpy(scale(*b, momentum), grad_share, g);
+            if decayed {
+                axpy(bv, wd_share, pv)
+            } else {
+                bv
+            }
+        };
+        *b = bv;
+        *p = if c.nesterov {
+            // The buffer above took the parameter before its decay, as the
+            // composed update decays it only after the buffer's ops.
+            let q = if decayed { scale(pv, decay) } else { pv };
+            axpy(axpy(q, neg_lr_sign, g), neg_lr_momentum, bv)
+        } else {
+            axpy(pv, neg_lr, bv)
+        };
     }
     Ok(())
 }
@@ -250,5 +379,136 @@ mod tests {
         let amsgrad = AdamCoefficients { amsgrad: true, ..c };
         let mut v = [0.0f32; 3];
         assert!(adam_step(&amsgrad, &mut p, &[0.0; 3], &mut m, &mut v, None).is_err());
+    }
+    /// The composed SGD update of `brasa-nn` (`Sgd::update`), op by op over
+    /// whole slices, each op rounding to `T` where the tensor op stores.
+    fn composed_sgd<T: FloatElement>(c: &SgdCoefficients, p: &mut [T], g: &[T], buf: &mut Vec<T>) {
+        let from = <T::Compute as Float>::from_f64;
+        let (lr, wd) = (c.lr, c.weight_decay);
+        let sign = if c.maximize { -1.0 } else { 1.0 };
+        let mul_scalar_ = |x: &mut [T], m: f64| x.iter_mut().for_each(|x| *x = T::store(x.load() * from(m)));
+        let add_scaled_ = |x: &mut [T], a: f64, y: &[T]| {
+            x.iter_mut().zip(y).for_each(|(x, y)| *x = T::store(x.load() + from(a) * y.load()))
+        };
+        if c.momentum == 0.0 {
+            if wd != 0.0 {
+                mul_scalar_(p, 1.0 - lr * wd);
+            }
+            add_scaled_(p, -lr * sign, g);
+            return;
+        }
+        if c.first_step {
+            // grad.affine(sign, 0.0): a new tensor.
+            *buf = g.iter().map(|x| T::store(x.load() * from(sign))).collect();
+            if wd != 0.0 {
+                add_scaled_(buf, wd, p);
+            }
+        } else {
+            mul_scalar_(buf, c.momentum);
+            add_scaled_(buf, sign * (1.0 - c.dampening), g);
+            if wd != 0.0 {
+                add_scaled_(buf, (1.0 - c.dampening) * wd, p);
+            }
+        }
+        if c.nesterov {
+            if wd != 0.0 {
+                mul_scalar_(p, 1.0 - lr * wd);
+            }
+            add_scaled_(p, -lr * sign, g);
+            add_scaled_(p, -lr * c.momentum, buf);
+        } else {
+            add_scaled_(p, -lr, buf);
+        }
+    }
+
+    /// Every option `brasa-nn`'s `SgdConfig` has, alone and together.
+    fn sgd_configs() -> Vec<SgdCoefficients> {
+        let c = |lr, momentum, dampening, weight_decay, nesterov, maximize| SgdCoefficients {
+            lr,
+            momentum,
+            dampening,
+            weight_decay,
+            nesterov,
+            maximize,
+            first_step: false,
+        };
+        vec![
+            c(0.1, 0.0, 0.0, 0.0, false, false),
+            c(0.1, 0.0, 0.0, 0.01, false, true),
+            c(0.05, 0.9, 0.0, 0.0, false, false),
+            c(0.05, 0.9, 0.3, 0.02, false, false),
+            c(0.05, 0.8, 0.0, 0.0, true, false),
+            c(0.05, 0.8, 0.0, 0.1, true, true),
+            c(0.03, 0.7, 0.1, 0.1, false, true),
+        ]
+    }
+
+    fn run_sgd<T: FloatElement + PartialEq + std::fmt::Debug>(to: fn(f64) -> T) {
+        let n = 37;
+        for config in sgd_configs() {
+            let base: Vec<T> = (0..n).map(|i| to((i as f64 - 18.0) / 7.0)).collect();
+            let (mut p1, mut b1) = (base.clone(), vec![to(0.0); n]);
+            let (mut p2, mut b2) = (base.clone(), Vec::new());
+            for t in 1..=4usize {
+                let g: Vec<T> = (0..n).map(|i| to(((i * 7 + t * 3) % 11) as f64 / 5.0 - 1.0)).collect();
+                let c = SgdCoefficients { first_step: t == 1, ..config };
+                sgd_step(&c, &mut p1, &g, Some(&mut b1)).unwrap();
+                composed_sgd(&c, &mut p2, &g, &mut b2);
+            }
+            assert_eq!(p1, p2, "{config:?}");
+            if config.momentum != 0.0 {
+                assert_eq!(b1, b2, "{config:?}");
+            } else {
+                assert_eq!(b1, vec![to(0.0); n], "without momentum the buffer is not touched");
+            }
+            assert_ne!(p1, base, "the step moved the parameters");
+        }
+    }
+
+    #[test]
+    fn fused_sgd_equals_the_composed_ops_bit_for_bit() {
+        run_sgd::<f32>(|x| x as f32);
+        run_sgd::<f64>(|x| x);
+        run_sgd::<bf16>(bf16::from_f64);
+    }
+
+    #[test]
+    fn sgd_first_step_writes_the_buffer_without_reading_it() {
+        // A first step over a buffer of NaN (uninitialised memory, say) gives
+        // the same as over zeros: `buf = ±g + wd·p` ignores the old values.
+        let c = SgdCoefficients {
+            lr: 0.5,
+            momentum: 0.9,
+            weight_decay: 0.25,
+            maximize: true,
+            first_step: true,
+            ..SgdCoefficients::default()
+        };
+        let (mut p, mut buf) = ([2.0f64, -4.0], [f64::NAN; 2]);
+        sgd_step(&c, &mut p, &[1.0, 0.5], Some(&mut buf)).unwrap();
+        // buf = −g + 0.25·p; p −= 0.5·buf.
+        assert_eq!(buf, [-0.5, -1.5]);
+        assert_eq!(p, [2.25, -3.25]);
+        // The second step reads it: buf = 0.9·buf − g + 0.25·p.
+        let c = SgdCoefficients { first_step: false, ..c };
+        sgd_step(&c, &mut p, &[1.0, 0.5], Some(&mut buf)).unwrap();
+        assert_eq!(buf, [0.9 * -0.5 - 1.0 + 0.25 * 2.25, 0.9 * -1.5 - 0.5 + 0.25 * -3.25]);
+    }
+
+    #[test]
+    fn sgd_lengths_and_momentum_buffer_are_checked() {
+        let plain = SgdCoefficients::default();
+        let mut p = [1.0f32; 3];
+        let error = sgd_step(&plain, &mut p, &[0.0; 2], None).unwrap_err().to_string();
+        assert!(error.contains("sgd_step: grad has 2 elements, the parameter 3"), "{error}");
+        // Plain SGD needs no buffer.
+        sgd_step(&plain, &mut p, &[1.0; 3], None).unwrap();
+        assert_eq!(p, [1.0 - 1e-3; 3]);
+        let momentum = SgdCoefficients { momentum: 0.9, ..plain };
+        let error = sgd_step(&momentum, &mut p, &[0.0; 3], None).unwrap_err().to_string();
+        assert!(error.contains("momentum needs momentum_buffer"), "{error}");
+        let error = sgd_step(&momentum, &mut p, &[0.0; 3], Some(&mut [0.0; 4])).unwrap_err().to_string();
+        assert!(error.contains("momentum_buffer has 4 elements, the parameter 3"), "{error}");
+        assert_eq!(p, [1.0 - 1e-3; 3], "refused steps wrote nothing");
     }
 }

@@ -225,6 +225,64 @@ fn fused_and_composed_adam_steps_agree_bit_for_bit() -> TestResult {
     Ok(())
 }
 
+#[test]
+fn fused_and_composed_sgd_steps_agree_bit_for_bit() -> TestResult {
+    // Three twins in one optimizer: a contiguous parameter with a contiguous
+    // gradient takes the fused kernel; a transposed parameter, and a
+    // contiguous one whose gradient is transposed, take the composed
+    // in-place ops. Same values, same gradients: same bits after every step,
+    // the first (which starts the momentum buffers) included.
+    devices();
+    let configs = [
+        SgdConfig { lr: 0.1, ..Default::default() },
+        SgdConfig { lr: 0.1, weight_decay: 0.01, maximize: true, ..Default::default() },
+        SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() },
+        SgdConfig { lr: 0.05, momentum: 0.9, dampening: 0.3, weight_decay: 0.02, ..Default::default() },
+        SgdConfig { lr: 0.05, momentum: 0.8, nesterov: true, weight_decay: 0.1, ..Default::default() },
+        SgdConfig { lr: 0.05, momentum: 0.7, weight_decay: 0.1, maximize: true, ..Default::default() },
+    ];
+    for dtype in [DType::F32, DType::F64, DType::BF16] {
+        for config in configs {
+            let start = Tensor::randn([6, 4], DType::F32)?.to_dtype(dtype)?;
+            let fused = Var::param(Tensor::zeros([6, 4], dtype)?)?;
+            let transposed = Var::param(Tensor::zeros([4, 6], dtype)?.t()?)?;
+            let strided_grad = Var::param(Tensor::zeros([6, 4], dtype)?)?;
+            for p in [&fused, &transposed, &strided_grad] {
+                p.tensor().copy_(&start)?;
+            }
+            assert!(!transposed.tensor().is_contiguous());
+            let params = vec![fused.clone(), transposed.clone(), strided_grad.clone()];
+            let mut opt = Sgd::new(params.clone(), config)?;
+            let bits = |t: &Tensor| -> Vec<u64> {
+                let values = t.contiguous().unwrap().to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap();
+                values.iter().map(|v| v.to_bits()).collect()
+            };
+            for step in 0..3 {
+                let g = Tensor::randn([6, 4], DType::F32)?.to_dtype(dtype)?;
+                let g_t = Tensor::zeros([4, 6], dtype)?.t()?;
+                g_t.copy_(&g)?;
+                fused.set_grad(Some(g.clone()))?;
+                transposed.set_grad(Some(g))?;
+                strided_grad.set_grad(Some(g_t))?;
+                opt.step()?;
+                let what = format!("{dtype} {config:?} step {step}");
+                let want = bits(fused.tensor());
+                assert_ne!(want, bits(&start), "{what}: the step moved the parameter");
+                assert_eq!(want, bits(transposed.tensor()), "{what}: transposed parameter");
+                assert_eq!(want, bits(strided_grad.tensor()), "{what}: transposed gradient");
+                if config.momentum != 0.0 {
+                    let buffer = |i| bits(opt.momentum_buffer(i).unwrap());
+                    assert_eq!(buffer(0), buffer(1), "{what}: momentum buffers");
+                    assert_eq!(buffer(0), buffer(2), "{what}: momentum buffers");
+                } else {
+                    assert!(opt.momentum_buffer(0).is_none(), "plain SGD keeps no state");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// One training step of a small model on `cpu:3`.
 fn train_step(model: &[Linear; 2], x: &Var, y: &Tensor, opt: &mut dyn Optimizer) -> TestResult {
     let hidden = model[0].forward(x)?.relu()?;

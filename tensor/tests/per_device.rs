@@ -13,6 +13,9 @@ mod support;
 /// `cuda:0` when there is one, else one skip line.
 use support::gpu as cuda;
 
+#[path = "support/sgd_reference.rs"]
+mod sgd_reference;
+
 /// `per_device!(name, |device| body)`: a module `name` with a `cpu` and a
 /// `cuda` test running `body`.
 macro_rules! per_device {
@@ -398,6 +401,77 @@ per_device!(in_place_updates_write_through_views, |device| {
 fn ids(values: &[i64], shape: &[usize], device: Device) -> Tensor {
     Tensor::from_slice_on(values, shape, Device::CPU).unwrap().to(device).unwrap()
 }
+
+per_device!(fused_sgd_equals_the_composed_update_and_the_host, |device| {
+    // `fused_sgd_` on `device` against the composed in-place ops on
+    // `device` and against `fused_sgd_` on the host: the kernels replay the
+    // host's op sequence with its roundings (no FMA), so all three agree bit
+    // for bit, for every option, over three steps (the first starts the
+    // momentum buffers), with a transposed gradient.
+    use brasa_tensor::{fused_sgd_, SgdParam};
+    // A copy with its own storage (`to` may share it on the same device).
+    let fresh = |t: &Tensor, on: Device| {
+        let copy = Tensor::zeros_on(t.dims(), t.dtype(), on).unwrap();
+        copy.copy_(&t.to(on).unwrap()).unwrap();
+        copy
+    };
+    // Values without the process-wide generator, which another test here seeds.
+    let wavy = |dims: &[usize], dtype: DType, salt: usize| {
+        let n: usize = dims.iter().product();
+        let v: Vec<f64> = (0..n).map(|i| ((i * 37 + salt * 101) as f64 * 0.173).sin() * 2.0).collect();
+        Tensor::from_vec(v, dims).unwrap().to_dtype(dtype).unwrap()
+    };
+    let shapes: [&[usize]; 2] = [&[300, 7], &[5]];
+    for dtype in [DType::F32, DType::F64, DType::BF16] {
+        for options in sgd_reference::configs() {
+            let momentum = options.momentum != 0.0;
+            let starts: Vec<Tensor> = shapes.iter().map(|s| wavy(s, dtype, 0)).collect();
+            let fused: Vec<Tensor> = starts.iter().map(|t| fresh(t, device)).collect();
+            let composed: Vec<Tensor> = starts.iter().map(|t| fresh(t, device)).collect();
+            let host: Vec<Tensor> = starts.iter().map(|t| fresh(t, Device::CPU)).collect();
+            let fused_buffers: Vec<Tensor> = fused.iter().map(|p| p.zeros_like().unwrap()).collect();
+            let host_buffers: Vec<Tensor> = host.iter().map(|p| p.zeros_like().unwrap()).collect();
+            let mut composed_buffers: Vec<Option<Tensor>> = vec![None; shapes.len()];
+            for step in 1..=3 {
+                // Made on the host, transposed where two-dim.
+                let drawn: Vec<Tensor> = shapes
+                    .iter()
+                    .map(|s| {
+                        let r: Vec<usize> = s.iter().rev().copied().collect();
+                        wavy(&r, dtype, step)
+                    })
+                    .collect();
+                let grads_on = |on: Device| -> Vec<Tensor> {
+                    drawn.iter().map(|g| if g.rank() == 2 { fresh(g, on).t().unwrap() } else { fresh(g, on) }).collect()
+                };
+                let (grads, host_grads) = (grads_on(device), grads_on(Device::CPU));
+                let first = step == 1;
+                let list: Vec<SgdParam<'_>> = (0..shapes.len())
+                    .map(|i| SgdParam::new(&fused[i], &grads[i], momentum.then_some(&fused_buffers[i]), first))
+                    .collect();
+                fused_sgd_(&list, options).unwrap();
+                let list: Vec<SgdParam<'_>> = (0..shapes.len())
+                    .map(|i| SgdParam::new(&host[i], &host_grads[i], momentum.then_some(&host_buffers[i]), first))
+                    .collect();
+                fused_sgd_(&list, options).unwrap();
+                for i in 0..shapes.len() {
+                    sgd_reference::composed(&composed[i], &grads[i], &mut composed_buffers[i], options);
+                }
+            }
+            for i in 0..shapes.len() {
+                let what = format!("{device} {dtype} {options:?} parameter {i}");
+                let want = values(&fused[i]);
+                assert_ne!(want, values(&starts[i]), "{what}: the step moved it");
+                assert_eq!(want, values(&composed[i]), "{what}: fused vs composed on the device");
+                assert_eq!(want, values(&host[i]), "{what}: fused on the device vs on the host");
+                if let Some(buffer) = &composed_buffers[i] {
+                    assert_eq!(values(&fused_buffers[i]), values(buffer), "{what}: momentum buffer");
+                    assert_eq!(values(&fused_buffers[i]), values(&host_buffers[i]), "{what}: momentum buffer vs host");
+                }
+            }
+        }
+    }
+});
 
 per_device!(index_select_gather_scatter_embedding_one_hot, |device| {
     let x = tensor(&[0.0, 1.0, 2.0, 3.0, 4.0, 5.0], &[2, 3], device);

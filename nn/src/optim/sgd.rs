@@ -14,12 +14,18 @@
 //! are added one at a time), so a step allocates nothing after the first
 //! (which allocates the momentum buffers). Without momentum there is no
 //! state at all.
+//!
+//! A parameter whose tensors allow it (parameter, gradient and buffer
+//! contiguous, none sharing another's memory) is updated in one pass over
+//! its memory by [`fused_sgd_`], all of them in one call; the others go
+//! through the composed in-place ops of `Sgd::update`. The fused kernels
+//! replay those ops per element, so both give the same bits.
 
 use super::{check_non_negative, check_params, checked_grad, state_name, write_group, Optimizer, StateReader};
 use crate::error::{NnError, Result};
 use crate::state_dict::StateDict;
 use brasa_autograd::{no_grad, Var};
-use brasa_tensor::Tensor;
+use brasa_tensor::{fused_sgd_, SgdOptions, SgdParam, Tensor};
 
 /// The hyperparameters of [`Sgd`], with PyTorch's defaults.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -109,6 +115,77 @@ impl Sgd {
         self.momentum_buffers.get(index).and_then(Option::as_ref)
     }
 
+    /// One step: the fusable parameters in one [`fused_sgd_`] call, the
+    /// others through the composed ops ([`Sgd::update`]).
+    fn step_all(&mut self) -> Result<()> {
+        let momentum = self.config.momentum != 0.0;
+        // (index, parameter, gradient, first step with momentum)
+        let mut fused: Vec<(usize, Tensor, Tensor, bool)> = Vec::new();
+        for index in 0..self.params.len() {
+            let Some(grad) = checked_grad("Sgd::step", &self.params[index])? else { continue };
+            let param = self.params[index].tensor().clone();
+            if !self.fusable(index, &param, &grad) {
+                self.update(index, &grad)?;
+                continue;
+            }
+            let first = momentum && self.momentum_buffers[index].is_none();
+            if first {
+                // The fused first step writes the buffer without reading it
+                // (`buf = ±g + wd·p`); the zeros are only the fill of a
+                // fresh contiguous tensor of the parameter's kind.
+                self.momentum_buffers[index] = Some(param.zeros_like()?);
+            }
+            fused.push((index, param, grad, first));
+        }
+        if fused.is_empty() {
+            return Ok(());
+        }
+        let SgdConfig { lr, momentum, dampening, nesterov, weight_decay, maximize } = self.config;
+        let options = SgdOptions { lr, momentum, dampening, weight_decay, nesterov, maximize };
+        let list: Vec<SgdParam<'_>> = fused
+            .iter()
+            .map(|(index, param, grad, first)| {
+                SgdParam::new(param, grad, self.momentum_buffers[*index].as_ref(), *first)
+            })
+            .collect();
+        let result = fused_sgd_(&list, options);
+        drop(list);
+        if result.is_err() {
+            // The op checks every parameter before it writes any: forget
+            // the buffers made for this step, so that the next step starts
+            // them from the gradient rather than decaying their zeros.
+            for (index, _, _, first) in &fused {
+                if *first {
+                    self.momentum_buffers[*index] = None;
+                }
+            }
+        }
+        Ok(result?)
+    }
+
+    /// Whether the fused update can run on parameter `index`: it, its
+    /// gradient and its momentum buffer (if it has one yet) are contiguous,
+    /// alike, and share no memory. A non-contiguous gradient would need a
+    /// contiguous copy each step, so it takes the composed ops, which read
+    /// it in place and allocate nothing; a loaded state dict could hold
+    /// anything else.
+    fn fusable(&self, index: usize, param: &Tensor, grad: &Tensor) -> bool {
+        let buffer_ok = match &self.momentum_buffers[index] {
+            Some(buffer) if self.config.momentum != 0.0 => {
+                buffer.is_contiguous()
+                    && buffer.dims() == param.dims()
+                    && buffer.dtype() == param.dtype()
+                    && buffer.device() == param.device()
+                    && !buffer.shares_storage_with(param)
+                    && !buffer.shares_storage_with(grad)
+            }
+            _ => true,
+        };
+        buffer_ok && param.is_contiguous() && grad.is_contiguous() && !grad.shares_storage_with(param)
+    }
+
+    /// The composed update of one parameter, op by op (what the fused
+    /// kernels replay per element).
     fn update(&mut self, index: usize, grad: &Tensor) -> Result<()> {
         let SgdConfig { lr, momentum, dampening, nesterov, weight_decay, maximize } = self.config;
         let param = self.params[index].tensor();
@@ -155,12 +232,7 @@ impl Sgd {
 impl Optimizer for Sgd {
     fn step(&mut self) -> Result<()> {
         let _guard = no_grad();
-        for index in 0..self.params.len() {
-            if let Some(grad) = checked_grad("Sgd::step", &self.params[index])? {
-                self.update(index, &grad)?;
-            }
-        }
-        Ok(())
+        self.step_all()
     }
 
     fn lr(&self) -> f64 {
@@ -219,6 +291,61 @@ impl Optimizer for Sgd {
         reader.finish()?;
         self.config = config;
         self.momentum_buffers = buffers;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use brasa_tensor::DType;
+
+    fn param(t: Tensor) -> Var {
+        Var::param(t).unwrap()
+    }
+
+    #[test]
+    fn only_contiguous_unshared_tensors_take_the_fused_path() -> Result<()> {
+        let config = SgdConfig { lr: 0.1, momentum: 0.9, ..SgdConfig::default() };
+        let contiguous = param(Tensor::ones([3, 2], DType::F32)?);
+        let transposed = param(Tensor::ones([2, 3], DType::F32)?.t()?);
+        let mut opt = Sgd::new(vec![contiguous.clone(), transposed.clone()], config)?;
+        let g = Tensor::ones([3, 2], DType::F32)?;
+        let g_t = Tensor::ones([2, 3], DType::F32)?.t()?;
+        assert!(opt.fusable(0, contiguous.tensor(), &g));
+        assert!(!opt.fusable(0, contiguous.tensor(), &g_t), "a transposed gradient would need a copy");
+        assert!(!opt.fusable(1, transposed.tensor(), &g), "a transposed parameter");
+        assert!(!opt.fusable(0, contiguous.tensor(), contiguous.tensor()), "a gradient that is the parameter");
+        // A buffer loaded from elsewhere that is not contiguous, or that is
+        // the gradient's memory, sends the parameter to the composed ops.
+        opt.momentum_buffers[0] = Some(Tensor::zeros([2, 3], DType::F32)?.t()?);
+        assert!(!opt.fusable(0, contiguous.tensor(), &g));
+        opt.momentum_buffers[0] = Some(g.clone());
+        assert!(!opt.fusable(0, contiguous.tensor(), &g));
+        opt.momentum_buffers[0] = Some(Tensor::zeros([3, 2], DType::F32)?);
+        assert!(opt.fusable(0, contiguous.tensor(), &g));
+        // Without momentum the buffer plays no part.
+        opt.config.momentum = 0.0;
+        opt.momentum_buffers[0] = Some(Tensor::zeros([2, 3], DType::F32)?.t()?);
+        assert!(opt.fusable(0, contiguous.tensor(), &g));
+        Ok(())
+    }
+
+    #[test]
+    fn the_first_fused_step_starts_the_buffer_from_the_gradient() -> Result<()> {
+        // Dampening applies from the second step on: a zero buffer decayed
+        // and dampened would give (1 − dampening)·g instead of g.
+        let w = param(Tensor::from_slice(&[1.0f64, -2.0], [2])?);
+        let config = SgdConfig { lr: 0.5, momentum: 0.9, dampening: 0.5, ..SgdConfig::default() };
+        let mut opt = Sgd::new(vec![w.clone()], config)?;
+        w.set_grad(Some(Tensor::from_slice(&[0.5f64, 1.0], [2])?))?;
+        assert!(opt.momentum_buffer(0).is_none());
+        opt.step()?;
+        assert_eq!(opt.momentum_buffer(0).map(|b| b.to_vec::<f64>()).transpose()?, Some(vec![0.5, 1.0]));
+        assert_eq!(w.tensor().to_vec::<f64>()?, [0.75, -2.5]);
+        opt.step()?;
+        // buf = 0.9·buf + 0.5·g
+        assert_eq!(opt.momentum_buffer(0).map(|b| b.to_vec::<f64>()).transpose()?, Some(vec![0.7, 1.4]));
         Ok(())
     }
 }

@@ -37,6 +37,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::conv::ConvPlan;
 use crate::ops::fused_adam::AdamUpdate;
+use crate::ops::fused_sgd::SgdUpdate;
 use crate::ops::pool::PoolPlan;
 use crate::shape::Shape;
 use crate::storage::UninitTensor;
@@ -318,6 +319,13 @@ pub(crate) trait Backend: Sync {
     /// memory: parameter, gradient and state all contiguous, of one shape
     /// and float dtype per update, on this device.
     fn adam_step(&self, updates: &[&AdamUpdate<'_>]) -> Result<()>;
+
+    /// SGD's update of each parameter (and its momentum buffer, present
+    /// exactly when the coefficients have momentum) in place, in one pass
+    /// over its memory: parameter, gradient and buffer all contiguous, of
+    /// one shape and float dtype per update, on this device; the gradient
+    /// shares no storage with what is written.
+    fn sgd_step(&self, updates: &[&SgdUpdate<'_>]) -> Result<()>;
 
     /// Updates `dst` in place (see [`Update`] for each op's operands, which
     /// have `dst`'s shape and dtype and do not share its storage, except a

@@ -39,6 +39,7 @@ use crate::dtype::DType;
 use crate::error::{Result, SharedError, TensorError};
 use crate::ops::conv::ConvPlan;
 use crate::ops::fused_adam::AdamUpdate;
+use crate::ops::fused_sgd::SgdUpdate;
 use crate::ops::pool::PoolPlan;
 use crate::shape::Shape;
 use crate::storage::{Buffer, Storage, UninitTensor};
@@ -256,6 +257,10 @@ impl Backend for CudaBackend {
 
     fn adam_step(&self, updates: &[&AdamUpdate<'_>]) -> Result<()> {
         optim::adam_step(self, updates)
+    }
+
+    fn sgd_step(&self, updates: &[&SgdUpdate<'_>]) -> Result<()> {
+        optim::sgd_step(self, updates)
     }
 
     fn update(&self, name: &'static str, op: Update, dst: &Tensor, operands: &[&Tensor]) -> Result<()> {

@@ -26,6 +26,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops::conv::ConvPlan;
 use crate::ops::fused_adam::AdamUpdate;
+use crate::ops::fused_sgd::SgdUpdate;
 use crate::ops::pool::PoolPlan;
 use crate::shape::Shape;
 use crate::storage::UninitTensor;
@@ -103,6 +104,10 @@ impl Backend for HostBackend {
 
     fn adam_step(&self, updates: &[&AdamUpdate<'_>]) -> Result<()> {
         optim::adam_step(updates)
+    }
+
+    fn sgd_step(&self, updates: &[&SgdUpdate<'_>]) -> Result<()> {
+        optim::sgd_step(updates)
     }
 
     fn update(&self, name: &'static str, op: Update, dst: &Tensor, operands: &[&Tensor]) -> Result<()> {

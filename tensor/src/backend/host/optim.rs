@@ -1,21 +1,23 @@
-//! The host's fused Adam: each parameter's storages locked together (the
-//! parameter and its state for writing, the gradient for reading), then one
-//! pass of `brasa_kernels::optim::adam_step` over the elements, in parallel
-//! chunks for large parameters. Elements are independent, so the result does
-//! not depend on the chunking.
+//! The host's fused optimizer steps, Adam and SGD: each parameter's storages
+//! locked together (the parameter and its state for writing, the gradient
+//! for reading), then one pass of `brasa_kernels::optim::adam_step` or
+//! `sgd_step` over the elements, in parallel chunks for large parameters.
+//! Elements are independent, so the result does not depend on the chunking.
 
 use crate::backend::host::PARALLEL_MIN_WORK;
 use crate::dispatch::dispatch_float;
 use crate::dtype::WithDType;
 use crate::error::{Result, TensorError};
 use crate::ops::fused_adam::AdamUpdate;
+use crate::ops::fused_sgd::SgdUpdate;
 use crate::storage::{lock_storages, Storage};
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::FloatElement;
-use brasa_kernels::optim::adam_step as adam_kernel;
+use brasa_kernels::optim::{adam_step as adam_kernel, sgd_step as sgd_kernel};
 use rayon::prelude::*;
 
 const OP: &str = "fused_adam_";
+const SGD_OP: &str = "fused_sgd_";
 
 /// Elements one parallel task updates.
 const CHUNK: usize = 1 << 14;
@@ -30,11 +32,11 @@ pub(super) fn adam_step(updates: &[&AdamUpdate<'_>]) -> Result<()> {
 }
 
 /// `t`'s elements within its storage's slice.
-fn window<'a, T>(data: &'a mut [T], t: &Tensor) -> Result<&'a mut [T]> {
+fn window<'a, T>(op: &'static str, data: &'a mut [T], t: &Tensor) -> Result<&'a mut [T]> {
     let (offset, n) = (t.layout().offset(), t.numel());
     let len = data.len();
     data.get_mut(offset..offset + n)
-        .ok_or_else(|| TensorError::invalid(OP, format!("internal: {offset}+{n} is past {len} elements")))
+        .ok_or_else(|| TensorError::invalid(op, format!("internal: {offset}+{n} is past {len} elements")))
 }
 
 fn step<T: WithDType + FloatElement>(update: &AdamUpdate<'_>) -> Result<()> {
@@ -49,7 +51,7 @@ fn step<T: WithDType + FloatElement>(update: &AdamUpdate<'_>) -> Result<()> {
         .ok_or_else(|| TensorError::invalid(OP, "internal: the gradient is past its storage"))?;
     let mut views = Vec::with_capacity(slices.len());
     for (data, t) in slices.into_iter().zip(&written) {
-        views.push(window(data, t)?);
+        views.push(window(OP, data, t)?);
     }
     let c = update.coefficients;
     let kernel = |e| TensorError::kernel(OP, e);
@@ -68,5 +70,47 @@ fn step<T: WithDType + FloatElement>(update: &AdamUpdate<'_>) -> Result<()> {
             .zip(max.par_chunks_mut(CHUNK))
             .try_for_each(|((((p, g), m), v), x)| adam_kernel(&c, p, g, m, v, Some(x)).map_err(kernel)),
         None => chunks.try_for_each(|(((p, g), m), v)| adam_kernel(&c, p, g, m, v, None).map_err(kernel)),
+    }
+}
+
+/// See [`crate::backend::Backend::sgd_step`].
+pub(super) fn sgd_step(updates: &[&SgdUpdate<'_>]) -> Result<()> {
+    for update in updates {
+        dispatch_float!(update.param.dtype(), T => sgd::<T>(update),
+            Err(TensorError::invalid(SGD_OP, format!("needs float tensors, got {}", update.param.dtype()))))?;
+    }
+    Ok(())
+}
+
+fn sgd<T: WithDType + FloatElement>(update: &SgdUpdate<'_>) -> Result<()> {
+    let written: Vec<&Tensor> = std::iter::once(update.param).chain(update.momentum_buffer).collect();
+    let storages: Vec<&Storage> = written.iter().map(|t| &**t.storage()).collect();
+    let mut locks = lock_storages(&[update.grad.storage()], &storages);
+    let (slices, reads) = locks.write_many::<T>(&storages, SGD_OP)?;
+    let grad_data = reads.read::<T>(update.grad.storage(), SGD_OP)?;
+    let offset = update.grad.layout().offset();
+    let grad = grad_data
+        .get(offset..offset + update.grad.numel())
+        .ok_or_else(|| TensorError::invalid(SGD_OP, "internal: the gradient is past its storage"))?;
+    let mut views = Vec::with_capacity(slices.len());
+    for (data, t) in slices.into_iter().zip(&written) {
+        views.push(window(SGD_OP, data, t)?);
+    }
+    let c = update.coefficients;
+    let kernel = |e| TensorError::kernel(SGD_OP, e);
+    let mut views = views.into_iter();
+    let Some(param) = views.next() else {
+        return Err(TensorError::invalid(SGD_OP, "internal: an update without its parameter"));
+    };
+    let buffer = views.next();
+    if grad.len() < PARALLEL_MIN_WORK {
+        return sgd_kernel(&c, param, grad, buffer).map_err(kernel);
+    }
+    let chunks = param.par_chunks_mut(CHUNK).zip(grad.par_chunks(CHUNK));
+    match buffer {
+        Some(buffer) => chunks
+            .zip(buffer.par_chunks_mut(CHUNK))
+            .try_for_each(|((p, g), b)| sgd_kernel(&c, p, g, Some(b)).map_err(kernel)),
+        None => chunks.try_for_each(|(p, g)| sgd_kernel(&c, p, g, None).map_err(kernel)),
     }
 }
