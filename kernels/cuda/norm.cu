@@ -117,3 +117,125 @@ __device__ __forceinline__ void layer_norm_bwd_param(long long rows, long long w
     }
 INST_NORM(f32, float)
 INST_NORM(f64, double)
+
+// ----- batch normalisation ----------------------------------------------------
+// Per-channel passes over a contiguous [n, c, s] tensor of any float type T,
+// computed in Elem<T>::C (f32 for f16/bf16). Host twins:
+// brasa_kernels::batch_norm::{channel_stats, elemt_run,
+// channel_backward_reduce, backward_elemt_run}.
+//
+// batch_norm_stats_<T>:       one block per channel (blocks loop over
+//                             channels): mean, then the biased variance
+//                             (two passes), into [c] of C.
+// batch_norm_elemt_<T>:       grid-stride over elements:
+//                             out = (x - mean)·scale + shift, rounded once to T.
+// batch_norm_bwd_reduce_<T>:  one block per channel: Σ dy and Σ dy·(x - mean).
+// batch_norm_bwd_elemt_<T>:   grid-stride: dx = scale·(dy - mean_dy - (x - mean)·k).
+
+template <typename T>
+__device__ __forceinline__ void batch_norm_stats(long long n, long long c, long long s, const T* x,
+                                                 typename Elem<T>::C* mean_out, typename Elem<T>::C* var_out) {
+    typedef typename Elem<T>::C C;
+    const long long per = n * s;
+    const C count = (C)(per > 0 ? per : 1);
+    for (long long ch = blockIdx.x; ch < c; ch += gridDim.x) {
+        C total = (C)0;
+        for (long long k = threadIdx.x; k < per; k += BRASA_BLOCK) {
+            const long long i = k / s, j = k - i * s;
+            total = add_rn(total, Elem<T>::load(x[(i * c + ch) * s + j]));
+        }
+        const C mean = per > 0 ? div_rn(block_sum(total), count) : (C)0;
+        C squares = (C)0;
+        for (long long k = threadIdx.x; k < per; k += BRASA_BLOCK) {
+            const long long i = k / s, j = k - i * s;
+            const C d = sub_rn(Elem<T>::load(x[(i * c + ch) * s + j]), mean);
+            squares = add_rn(squares, mul_rn(d, d));
+        }
+        const C var = per > 0 ? div_rn(block_sum(squares), count) : (C)0;
+        if (threadIdx.x == 0) {
+            mean_out[ch] = mean;
+            var_out[ch] = var;
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void batch_norm_elemt(long long n, long long c, long long s, const T* x,
+                                                 const typename Elem<T>::C* mean, const typename Elem<T>::C* scale,
+                                                 const typename Elem<T>::C* shift, T* out) {
+    typedef typename Elem<T>::C C;
+    const long long total = n * c * s;
+    for (long long k = grid_start(); k < total; k += grid_step()) {
+        const long long ch = (k / s) % c;
+        const C y = add_rn(mul_rn(sub_rn(Elem<T>::load(x[k]), mean[ch]), scale[ch]), shift[ch]);
+        out[k] = Elem<T>::store(y);
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void batch_norm_bwd_reduce(long long n, long long c, long long s, const T* dy, const T* x,
+                                                      const typename Elem<T>::C* mean, typename Elem<T>::C* sum_dy,
+                                                      typename Elem<T>::C* sum_dy_xmu) {
+    typedef typename Elem<T>::C C;
+    const long long per = n * s;
+    for (long long ch = blockIdx.x; ch < c; ch += gridDim.x) {
+        const C m = mean[ch];
+        C sg = (C)0, sgx = (C)0;
+        for (long long k = threadIdx.x; k < per; k += BRASA_BLOCK) {
+            const long long i = k / s, j = k - i * s;
+            const long long at = (i * c + ch) * s + j;
+            const C g = Elem<T>::load(dy[at]);
+            sg = add_rn(sg, g);
+            sgx = add_rn(sgx, mul_rn(g, sub_rn(Elem<T>::load(x[at]), m)));
+        }
+        sg = block_sum(sg);
+        sgx = block_sum(sgx);
+        if (threadIdx.x == 0) {
+            sum_dy[ch] = sg;
+            sum_dy_xmu[ch] = sgx;
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void batch_norm_bwd_elemt(long long n, long long c, long long s, const T* dy, const T* x,
+                                                     const typename Elem<T>::C* mean,
+                                                     const typename Elem<T>::C* scale,
+                                                     const typename Elem<T>::C* mean_dy,
+                                                     const typename Elem<T>::C* k_coef, T* dx) {
+    typedef typename Elem<T>::C C;
+    const long long total = n * c * s;
+    for (long long k = grid_start(); k < total; k += grid_step()) {
+        const long long ch = (k / s) % c;
+        const C centred = mul_rn(sub_rn(Elem<T>::load(x[k]), mean[ch]), k_coef[ch]);
+        const C g = sub_rn(sub_rn(Elem<T>::load(dy[k]), mean_dy[ch]), centred);
+        dx[k] = Elem<T>::store(mul_rn(scale[ch], g));
+    }
+}
+
+#define INST_BATCH_NORM(sfx, T)                                                                              \
+    extern "C" __global__ void __launch_bounds__(BRASA_BLOCK)                                               \
+        batch_norm_stats_##sfx(long long n, long long c, long long s, const T* x, Elem<T>::C* mean,          \
+                               Elem<T>::C* var) {                                                           \
+        batch_norm_stats<T>(n, c, s, x, mean, var);                                                         \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(BRASA_BLOCK)                                               \
+        batch_norm_elemt_##sfx(long long n, long long c, long long s, const T* x, const Elem<T>::C* mean,    \
+                               const Elem<T>::C* scale, const Elem<T>::C* shift, T* out) {                  \
+        batch_norm_elemt<T>(n, c, s, x, mean, scale, shift, out);                                           \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(BRASA_BLOCK)                                               \
+        batch_norm_bwd_reduce_##sfx(long long n, long long c, long long s, const T* dy, const T* x,          \
+                                    const Elem<T>::C* mean, Elem<T>::C* sum_dy, Elem<T>::C* sum_dy_xmu) {   \
+        batch_norm_bwd_reduce<T>(n, c, s, dy, x, mean, sum_dy, sum_dy_xmu);                                 \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(BRASA_BLOCK)                                               \
+        batch_norm_bwd_elemt_##sfx(long long n, long long c, long long s, const T* dy, const T* x,           \
+                                   const Elem<T>::C* mean, const Elem<T>::C* scale,                         \
+                                   const Elem<T>::C* mean_dy, const Elem<T>::C* k, T* dx) {                 \
+        batch_norm_bwd_elemt<T>(n, c, s, dy, x, mean, scale, mean_dy, k, dx);                               \
+    }
+INST_BATCH_NORM(f32, float)
+INST_BATCH_NORM(f64, double)
+INST_BATCH_NORM(f16, __half)
+INST_BATCH_NORM(bf16, __nv_bfloat16)

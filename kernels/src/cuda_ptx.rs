@@ -172,6 +172,8 @@ mod tests {
         assert!(has("optim", "sgd_step_f32"));
         assert!(has("norm", "layer_norm_fwd_f32"));
         assert!(has("norm", "layer_norm_bwd_param_f64"));
+        assert!(has("norm", "batch_norm_stats_bf16"));
+        assert!(has("norm", "batch_norm_bwd_elemt_f16"));
         assert!(has("elementwise", "binary_gelu_backward_bf16"));
         assert!(has("elementwise", "binary_gelu_tanh_backward_f32"));
         assert!(has("amp", "amp_unscale_f32"));

@@ -35,6 +35,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+pub mod batch_norm;
 pub mod conv;
 pub mod convert;
 pub mod cpu_features;

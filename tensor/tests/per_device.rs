@@ -362,6 +362,72 @@ per_device!(layer_norm_forward_and_backward, |device| {
     assert_close(&values(&h), &values(&want_h), 1e-2, "bf16 layer_norm");
 });
 
+per_device!(batch_norm_passes, |device| {
+    // [N, C, S] = [3, 2, 150]: 450 elements per channel (more than a CUDA
+    // block of 256 threads), offset by 50 so the variance is a small
+    // difference of large numbers.
+    let (n, c, s) = (3usize, 2usize, 150usize);
+    let len = n * c * s;
+    let v: Vec<f32> = (0..len).map(|i| 50.0 + ((i * 37) % 101) as f32 / 10.0).collect();
+    let g: Vec<f32> = (0..len).map(|i| ((i * 13) % 17) as f32 / 8.0 - 1.0).collect();
+    let (w, b) = ([0.5f32, 2.0], [1.0f32, -3.0]);
+    let (x, gt) = (tensor(&v, &[n, c, 10, 15], device), tensor(&g, &[n, c, 10, 15], device));
+    let (wt, bt) = (tensor(&w, &[c], device), tensor(&b, &[c], device));
+    let (mean, var) = x.batch_norm_stats().unwrap();
+    let invstd = var.add_scalar(1e-5).unwrap().rsqrt().unwrap();
+    let y = x.batch_norm_elemt(&mean, &invstd, Some(&wt), Some(&bt)).unwrap();
+    let (sum_dy, sum_dy_xmu) = gt.batch_norm_backward_reduce(&x, &mean).unwrap();
+    let dx = gt.batch_norm_backward_elemt(&x, &mean, &invstd, Some(&wt), &sum_dy, &sum_dy_xmu).unwrap();
+    // The same in f64, channel by channel.
+    let at = |i: usize, ch: usize, j: usize| (i * c + ch) * s + j;
+    let m = (n * s) as f64;
+    let (mut want_y, mut want_dx) = (vec![0.0; len], vec![0.0; len]);
+    let (mut want_mean, mut want_var, mut want_sd, mut want_sdx) = (vec![], vec![], vec![], vec![]);
+    for ch in 0..c {
+        let idx: Vec<usize> = (0..n).flat_map(|i| (0..s).map(move |j| at(i, ch, j))).collect();
+        let mu = idx.iter().map(|&k| v[k] as f64).sum::<f64>() / m;
+        let var = idx.iter().map(|&k| (v[k] as f64 - mu).powi(2)).sum::<f64>() / m;
+        let inv = 1.0 / (var + 1e-5).sqrt();
+        let sd = idx.iter().map(|&k| g[k] as f64).sum::<f64>();
+        let sdx = idx.iter().map(|&k| g[k] as f64 * (v[k] as f64 - mu)).sum::<f64>();
+        for &k in &idx {
+            let xh = (v[k] as f64 - mu) * inv;
+            want_y[k] = xh * w[ch] as f64 + b[ch] as f64;
+            want_dx[k] = w[ch] as f64 * inv * (g[k] as f64 - sd / m - xh * inv * sdx / m);
+        }
+        want_mean.push(mu);
+        want_var.push(var);
+        want_sd.push(sd);
+        want_sdx.push(sdx);
+    }
+    assert_close(&values(&mean), &want_mean, 1e-6, "batch_norm mean");
+    assert_close(&values(&var), &want_var, 1e-4, "batch_norm variance");
+    assert_close(&values(&y), &want_y, 1e-4, "batch_norm output");
+    assert_close(&values(&sum_dy), &want_sd, 1e-5, "batch_norm Σdy");
+    assert_close(&values(&sum_dy_xmu), &want_sdx, 1e-4, "batch_norm Σdy(x - mean)");
+    assert_close(&values(&dx), &want_dx, 1e-3, "batch_norm input gradient");
+    // bf16 input: read as bf16, computed in f32, returned in bf16: the f32
+    // result of the same rounded input, to bf16's precision.
+    let rounded = x.to_dtype(DType::BF16).unwrap();
+    let (mean_h, var_h) = rounded.batch_norm_stats().unwrap();
+    let (mean_f, var_f) = rounded.to_dtype(DType::F32).unwrap().batch_norm_stats().unwrap();
+    assert_close(&values(&mean_h), &values(&mean_f), 1e-6, "bf16 batch_norm mean");
+    assert_close(&values(&var_h), &values(&var_f), 1e-5, "bf16 batch_norm variance");
+    let h = rounded.batch_norm_elemt(&mean_h, &invstd, Some(&wt), Some(&bt)).unwrap();
+    assert_eq!(h.dtype(), DType::BF16);
+    let want_h =
+        rounded.to_dtype(DType::F32).unwrap().batch_norm_elemt(&mean_h, &invstd, Some(&wt), Some(&bt)).unwrap();
+    assert_close(&values(&h), &values(&want_h), 1e-2, "bf16 batch_norm output");
+    let gh = gt.to_dtype(DType::BF16).unwrap();
+    let (sd_h, sdx_h) = gh.batch_norm_backward_reduce(&rounded, &mean_h).unwrap();
+    let dx_h = gh.batch_norm_backward_elemt(&rounded, &mean_h, &invstd, Some(&wt), &sd_h, &sdx_h).unwrap();
+    assert_eq!(dx_h.dtype(), DType::BF16);
+    let (gf, xf) = (gh.to_dtype(DType::F32).unwrap(), rounded.to_dtype(DType::F32).unwrap());
+    let (sd_f, sdx_f) = gf.batch_norm_backward_reduce(&xf, &mean_h).unwrap();
+    let dx_f = gf.batch_norm_backward_elemt(&xf, &mean_h, &invstd, Some(&wt), &sd_f, &sdx_f).unwrap();
+    assert_close(&values(&dx_h), &values(&dx_f), 2e-2, "bf16 batch_norm input gradient");
+});
+
 per_device!(in_place_updates_write_through_views, |device| {
     let p = tensor(&[1.0, 2.0, 3.0, 4.0], &[2, 2], device);
     let g = tensor(&[0.5, 0.5, 1.0, 1.0], &[2, 2], device);

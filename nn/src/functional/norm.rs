@@ -6,7 +6,9 @@
 //! form, so a normalisation costs a few passes over memory and one saved
 //! input rather than a graph of a dozen elementwise ops. Layer norm runs on
 //! the device's fused kernels (`Tensor::native_layer_norm` and its
-//! backward): one pass per row each way.
+//! backward): one pass per row each way; batch norm on its fused
+//! per-channel passes (`Tensor::batch_norm_stats`, `batch_norm_elemt` and
+//! the two backward passes), which read a half-precision input as it is.
 //!
 //! f16 and bf16 inputs are normalised in f32 and the output converted back,
 //! and their `weight` and `bias` may be f32 (a half-precision model keeps its
@@ -124,11 +126,6 @@ pub fn batch_norm(
     }
 
     let dtype = compute_dtype(input.dtype());
-    // `[1, C, 1, ...]`: per-channel statistics broadcast against the input.
-    let mut stat_shape = vec![1usize; dims.len()];
-    stat_shape[1] = channels;
-    let reduce: Vec<isize> = (0..dims.len() as isize).filter(|&d| d != 1).collect();
-    let mut wide_input = None;
     let (mean, invstd) = if training {
         let per_channel = input.numel() / channels.max(1);
         if per_channel <= 1 {
@@ -137,18 +134,14 @@ pub fn batch_norm(
                 format!("expected more than 1 value per channel when training, got input of shape {dims:?}"),
             ));
         }
-        let x = input.tensor().to_dtype(dtype)?;
-        if dtype != input.dtype() {
-            // The forward normalises this copy in place: one conversion.
-            wide_input = Some(x.clone());
-        }
-        let mean = x.mean(&reduce, true)?;
-        let var = x.var_with_correction(&reduce, 0, true)?;
+        // One fused pass per statistic, on the input as it is (a bf16
+        // activation is read as bf16, never widened into a copy).
+        let (mean, var) = input.tensor().batch_norm_stats()?;
         if let (Some(running_mean), Some(running_var)) = (running_mean, running_var) {
             let _no_grad = brasa_autograd::no_grad();
             let unbiased = var.mul_scalar(per_channel as f64 / (per_channel - 1) as f64)?;
-            running_mean.lerp_(&mean.reshape(&[channels as isize])?.to_dtype(running_mean.dtype())?, momentum)?;
-            running_var.lerp_(&unbiased.reshape(&[channels as isize])?.to_dtype(running_var.dtype())?, momentum)?;
+            running_mean.lerp_(&mean.to_dtype(running_mean.dtype())?, momentum)?;
+            running_var.lerp_(&unbiased.to_dtype(running_var.dtype())?, momentum)?;
         }
         let invstd = var.add_scalar(eps)?.rsqrt()?;
         (mean, invstd)
@@ -160,34 +153,28 @@ pub fn batch_norm(
             ));
         };
         // Copies: the running statistics may be updated in place before backward.
-        let mean = fresh_copy(running_mean, dtype, &stat_shape)?;
-        let invstd = running_var.reshape(&to_isize(&stat_shape))?.to_dtype(dtype)?.add_scalar(eps)?.rsqrt()?;
+        let mean = fresh_copy(running_mean, dtype, &[channels])?;
+        let invstd = running_var.reshape(&[channels as isize])?.to_dtype(dtype)?.add_scalar(eps)?.rsqrt()?;
         (mean, invstd)
     };
 
     let mut inputs = vec![input];
     inputs.extend(weight);
     inputs.extend(bias);
-    let function = BatchNormFn {
-        mean,
-        invstd,
-        wide_input,
-        batch_stats: training,
-        has_weight: weight.is_some(),
-        has_bias: bias.is_some(),
-    };
+    let function =
+        BatchNormFn { mean, invstd, batch_stats: training, has_weight: weight.is_some(), has_bias: bias.is_some() };
     Ok(apply(function, &inputs)?)
 }
 
-/// The normalisation of [`batch_norm`] with its statistics already known.
+/// The normalisation of [`batch_norm`] with its statistics already known,
+/// on the fused per-channel passes of `brasa_tensor`
+/// (`Tensor::batch_norm_elemt` forward; `batch_norm_backward_reduce` and
+/// `batch_norm_backward_elemt` backward): two passes over memory each way.
 struct BatchNormFn {
-    /// `[1, C, 1, ...]`, in the compute dtype.
+    /// `[C]`, in the compute dtype.
     mean: Tensor,
-    /// `1 / √(var + eps)`, `[1, C, 1, ...]`.
+    /// `1 / √(var + eps)`, `[C]`.
     invstd: Tensor,
-    /// A half input converted to the compute dtype for the statistics: a
-    /// copy of its own, which the forward normalises in place (and drops).
-    wide_input: Option<Tensor>,
     /// The statistics are the batch's (so they depend on the input).
     batch_stats: bool,
     has_weight: bool,
@@ -201,34 +188,16 @@ impl Function for BatchNormFn {
 
     fn forward(&mut self, ctx: &mut FunctionCtx, inputs: &[Tensor]) -> brasa_autograd::Result<Tensor> {
         let x = &inputs[0];
-        let dtype = self.mean.dtype();
-        let shape: Vec<isize> = to_isize(self.mean.dims());
-        // y = x · alpha + beta with alpha = invstd · w and beta = b - mean · alpha
-        // (per channel), which is two passes over the input.
-        let alpha = if self.has_weight {
-            self.invstd.mul(&inputs[1].reshape(&shape)?.to_dtype(dtype)?)?
-        } else {
-            self.invstd.clone()
-        };
-        let beta = self.mean.mul(&alpha)?.neg()?;
-        if self.has_bias {
-            beta.add_(&inputs[1 + self.has_weight as usize].reshape(&shape)?)?;
-        }
-        let out = match self.wide_input.take() {
-            Some(wide) => {
-                wide.mul_(&alpha)?;
-                wide
-            }
-            None => x.to_dtype(dtype)?.mul(&alpha)?,
-        };
-        out.add_(&beta)?;
+        let weight = if self.has_weight { Some(&inputs[1]) } else { None };
+        let bias = if self.has_bias { Some(&inputs[1 + self.has_weight as usize]) } else { None };
+        let out = x.batch_norm_elemt(&self.mean, &self.invstd, weight, bias)?;
         ctx.save_for_backward(x);
         ctx.save_for_backward(&self.mean);
         ctx.save_for_backward(&self.invstd);
-        if self.has_weight {
-            ctx.save_for_backward(&inputs[1]);
+        if let Some(w) = weight {
+            ctx.save_for_backward(w);
         }
-        Ok(out.to_dtype(x.dtype())?)
+        Ok(out)
     }
 
     fn backward(
@@ -237,75 +206,40 @@ impl Function for BatchNormFn {
         grad_output: &Tensor,
         needs: &[bool],
     ) -> brasa_autograd::Result<Vec<Option<Tensor>>> {
-        let (mean, invstd) = (&saved[1], &saved[2]);
-        let dtype = mean.dtype();
-        let shape: Vec<isize> = to_isize(mean.dims());
-        let channels = mean.numel();
-        let x = saved[0].to_dtype(dtype)?;
-        // Contiguous: reductions over a broadcast gradient (from a sum) are slow.
-        let g = grad_output.to_dtype(dtype)?.contiguous()?;
-        let reduce: Vec<isize> = (0..x.rank() as isize).filter(|&d| d != 1).collect();
-        let count = (x.numel() / channels.max(1)) as f64;
-        let weight = if self.has_weight { Some(saved[3].reshape(&shape)?.to_dtype(dtype)?) } else { None };
+        let (x, mean, invstd) = (&saved[0], &saved[1], &saved[2]);
+        let weight = if self.has_weight { Some(&saved[3]) } else { None };
         let bias_index = 1 + self.has_weight as usize;
         let needs_weight = self.has_weight && needs[1];
         let needs_bias = self.has_bias && needs[bias_index];
-        // With running statistics dx is a per-channel scaling of g: x̂ and the
+        // With running statistics dx is a per-channel scaling of dy: the
         // sums are needed only for the parameters' gradients.
         let input_sums = self.batch_stats && needs[0];
-
-        // x̂ = (x - mean) · invstd, and the per-channel sums Σg and Σg·x̂.
-        let x_hat = if input_sums || needs_weight {
-            // A half input's conversion is a copy of its own: centred in place.
-            let x_hat = if saved[0].dtype() != dtype {
-                x.sub_(mean)?;
-                x
-            } else {
-                x.sub(mean)?
-            };
-            x_hat.mul_(invstd)?;
-            Some(x_hat)
+        let sums = if input_sums || needs_weight || needs_bias {
+            Some(grad_output.batch_norm_backward_reduce(x, mean)?)
         } else {
             None
         };
-        let sum_g = if input_sums || needs_bias { Some(g.sum(&reduce, true)?) } else { None };
-        let sum_g_xhat = match &x_hat {
-            Some(x_hat) => Some(g.mul(x_hat)?.sum(&reduce, true)?),
-            None => None,
-        };
-        let per_channel = |t: &Option<Tensor>| -> brasa_autograd::Result<Option<Tensor>> {
-            Ok(t.as_ref().map(|t| t.reshape(&[channels as isize])).transpose()?)
-        };
-        let grad_weight = if needs_weight { per_channel(&sum_g_xhat)? } else { None };
-        let grad_bias = if needs_bias { per_channel(&sum_g)? } else { None };
-
         let mut grads = Vec::with_capacity(needs.len());
-        if needs[0] {
-            // scale = w · invstd per channel.
-            let scale = match &weight {
-                Some(w) => invstd.mul(w)?,
-                None => invstd.clone(),
-            };
-            let dx = match (x_hat, &sum_g, &sum_g_xhat) {
-                (Some(x_hat), Some(sum_g), Some(sum_g_xhat)) if self.batch_stats => {
-                    // dx = scale · (g - Σg/M - x̂ · Σg·x̂/M), reusing x̂'s memory.
-                    x_hat.mul_(&sum_g_xhat.mul_scalar(1.0 / count)?)?;
-                    let dx = g.sub(&x_hat)?;
-                    dx.sub_(&sum_g.mul_scalar(1.0 / count)?)?;
-                    dx.mul_(&scale)?;
-                    dx
-                }
-                _ => g.mul(&scale)?,
-            };
-            grads.push(Some(dx));
+        grads.push(if !needs[0] {
+            None
+        } else if let (true, Some((sum_dy, sum_dy_xmu))) = (self.batch_stats, &sums) {
+            Some(grad_output.batch_norm_backward_elemt(x, mean, invstd, weight, sum_dy, sum_dy_xmu)?)
         } else {
-            grads.push(None);
-        }
+            // dx = dy · invstd · w: the forward's pass on dy, centred at 0.
+            let zero = Tensor::zeros_on(mean.dims(), mean.dtype(), mean.device())?;
+            let dx = grad_output.batch_norm_elemt(&zero, invstd, weight, None)?;
+            Some(if dx.dtype() == x.dtype() { dx } else { dx.to_dtype(x.dtype())? })
+        });
         if self.has_weight {
-            grads.push(grad_weight);
+            // dw = Σ dy · x̂ = invstd · Σ dy (x − mean).
+            let dw = match (&sums, needs_weight) {
+                (Some((_, sum_dy_xmu)), true) => Some(sum_dy_xmu.mul(invstd)?),
+                _ => None,
+            };
+            grads.push(dw);
         }
         if self.has_bias {
-            grads.push(grad_bias);
+            grads.push(if needs_bias { sums.map(|(sum_dy, _)| sum_dy) } else { None });
         }
         Ok(grads)
     }

@@ -240,6 +240,24 @@ pub(crate) struct LayerNormBackward<'a> {
     pub weight: Option<&'a Tensor>,
 }
 
+/// The operands of [`Backend::batch_norm_backward_elemt`]: `dy` and `x`
+/// contiguous `[N, C, S]` of one float dtype, the rest contiguous `[C]` in
+/// its compute dtype (f64 for f64, f32 otherwise).
+pub(crate) struct BatchNormBackwardElemt<'a> {
+    /// The output's gradient.
+    pub dy: &'a Tensor,
+    /// The forward's input.
+    pub x: &'a Tensor,
+    /// Each channel's mean.
+    pub mean: &'a Tensor,
+    /// `invstd · weight` per channel.
+    pub scale: &'a Tensor,
+    /// `Σdy / M` per channel (0 with running statistics).
+    pub mean_dy: &'a Tensor,
+    /// `invstd² · Σdy(x − mean) / M` per channel (0 with running statistics).
+    pub k: &'a Tensor,
+}
+
 /// What one device does for the ops above the seam. Every method receives
 /// operands that are already checked: on this backend's device, of the dtype
 /// the op computes in, and (for elementwise methods) of one common shape,
@@ -314,6 +332,24 @@ pub(crate) trait Backend: Sync {
     /// weight, bias): `[rows, width]`, `[width]`, `[width]` in the operands'
     /// dtype. The weight's gradient is `None` when there is no weight.
     fn layer_norm_backward(&self, args: LayerNormBackward<'_>, needs: [bool; 3]) -> Result<[Option<Tensor>; 3]>;
+
+    /// Batch normalisation's statistics: per channel of `x` (contiguous
+    /// `[N, C, S]`, any float dtype) its mean and biased variance, `[C]` in
+    /// the compute dtype (f64 for f64, f32 otherwise).
+    fn batch_norm_stats(&self, x: &Tensor) -> Result<(Tensor, Tensor)>;
+
+    /// `y = (x − mean) · scale + shift` per channel of `x` (contiguous
+    /// `[N, C, S]`), in `x`'s dtype, computed in the compute dtype of the
+    /// `[C]` operands.
+    fn batch_norm_elemt(&self, x: &Tensor, mean: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor>;
+
+    /// Per channel, `Σ dy` and `Σ dy · (x − mean)` (`[C]`, compute dtype),
+    /// for `dy` and `x` contiguous `[N, C, S]` of one dtype.
+    fn batch_norm_backward_reduce(&self, dy: &Tensor, x: &Tensor, mean: &Tensor) -> Result<(Tensor, Tensor)>;
+
+    /// The input's gradient `scale · (dy − mean_dy − (x − mean) · k)` per
+    /// channel, in `dy`'s dtype.
+    fn batch_norm_backward_elemt(&self, args: BatchNormBackwardElemt<'_>) -> Result<Tensor>;
 
     /// Adam's update of each parameter in place, in one pass over its
     /// memory: parameter, gradient and state all contiguous, of one shape

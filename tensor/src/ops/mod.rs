@@ -3,6 +3,7 @@
 //! themselves live in `brasa-kernels` and know nothing about tensors.
 
 mod adaptive_pool;
+mod batch_norm;
 mod binary;
 pub(crate) mod common;
 mod compare;

@@ -18,6 +18,7 @@
 //! Kernel names follow the PTX ABI of `brasa-kernels/cuda/ABI.md`:
 //! `<family>_<op>_<dtype>` (`unary_exp_f32`, `cast_f32_bf16`).
 
+mod batch_norm;
 mod conv;
 mod elementwise;
 mod index;
@@ -32,7 +33,8 @@ mod timing;
 mod update;
 
 use crate::backend::{
-    Backend, CompareOp, Distribution, Indices, LayerNormBackward, MatmulOperands, ReduceOp, Sequence, Update,
+    Backend, BatchNormBackwardElemt, CompareOp, Distribution, Indices, LayerNormBackward, MatmulOperands, ReduceOp,
+    Sequence, Update,
 };
 use crate::device::Device;
 use crate::dtype::DType;
@@ -253,6 +255,22 @@ impl Backend for CudaBackend {
 
     fn layer_norm_backward(&self, args: LayerNormBackward<'_>, needs: [bool; 3]) -> Result<[Option<Tensor>; 3]> {
         norm::layer_norm_backward(self, args, needs)
+    }
+
+    fn batch_norm_stats(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        batch_norm::batch_norm_stats(self, x)
+    }
+
+    fn batch_norm_elemt(&self, x: &Tensor, mean: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
+        batch_norm::batch_norm_elemt(self, x, mean, scale, shift)
+    }
+
+    fn batch_norm_backward_reduce(&self, dy: &Tensor, x: &Tensor, mean: &Tensor) -> Result<(Tensor, Tensor)> {
+        batch_norm::batch_norm_backward_reduce(self, dy, x, mean)
+    }
+
+    fn batch_norm_backward_elemt(&self, args: BatchNormBackwardElemt<'_>) -> Result<Tensor> {
+        batch_norm::batch_norm_backward_elemt(self, args)
     }
 
     fn adam_step(&self, updates: &[&AdamUpdate<'_>]) -> Result<()> {

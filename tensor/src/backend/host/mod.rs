@@ -1,6 +1,7 @@
 //! The host backend: the host itself and the logical host devices
 //! (`Device::Cpu(n)`), whose memory the process can read directly.
 
+mod batch_norm;
 mod concat;
 mod conv;
 mod copy;
@@ -19,7 +20,8 @@ pub(crate) use conv::dense_elements;
 pub(crate) use reduce::PARALLEL_MIN_WORK;
 
 use crate::backend::{
-    Backend, CompareOp, Distribution, Indices, LayerNormBackward, MatmulOperands, ReduceOp, Sequence, Update,
+    Backend, BatchNormBackwardElemt, CompareOp, Distribution, Indices, LayerNormBackward, MatmulOperands, ReduceOp,
+    Sequence, Update,
 };
 use crate::device::Device;
 use crate::dtype::DType;
@@ -100,6 +102,22 @@ impl Backend for HostBackend {
 
     fn layer_norm_backward(&self, args: LayerNormBackward<'_>, needs: [bool; 3]) -> Result<[Option<Tensor>; 3]> {
         norm::layer_norm_backward(args, needs)
+    }
+
+    fn batch_norm_stats(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        batch_norm::batch_norm_stats(x)
+    }
+
+    fn batch_norm_elemt(&self, x: &Tensor, mean: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
+        batch_norm::batch_norm_elemt(x, mean, scale, shift)
+    }
+
+    fn batch_norm_backward_reduce(&self, dy: &Tensor, x: &Tensor, mean: &Tensor) -> Result<(Tensor, Tensor)> {
+        batch_norm::batch_norm_backward_reduce(dy, x, mean)
+    }
+
+    fn batch_norm_backward_elemt(&self, args: BatchNormBackwardElemt<'_>) -> Result<Tensor> {
+        batch_norm::batch_norm_backward_elemt(args)
     }
 
     fn adam_step(&self, updates: &[&AdamUpdate<'_>]) -> Result<()> {

@@ -29,7 +29,7 @@ fn zero<F: NormFloat>() -> F {
 }
 
 /// The elements of contiguous `t`, as `F`.
-fn elements<'a, F: WithDType>(op: &'static str, t: &Tensor, data: &'a [F]) -> Result<&'a [F]> {
+pub(super) fn elements<'a, F: WithDType>(op: &'static str, t: &Tensor, data: &'a [F]) -> Result<&'a [F]> {
     let offset = t.layout().offset();
     data.get(offset..offset + t.numel())
         .ok_or_else(|| TensorError::invalid(op, format!("internal: {offset}+{} is past {}", t.numel(), data.len())))

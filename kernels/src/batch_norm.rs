@@ -1,0 +1,291 @@
+//! Batch normalisation's per-channel passes over an `[N, C, S]` tensor
+//! (PyTorch's `batch_norm_stats`, `batch_norm_elemt`,
+//! `batch_norm_backward_reduce` and `batch_norm_backward_elemt`): channel `c`
+//! is the `N` runs of `S` contiguous elements at `(n · C + c) · S`.
+//!
+//! The elements may be f32, f64, f16 or bf16; each is widened as it is read
+//! and the arithmetic runs in its compute type (f32, f64 for f64), so a
+//! half-precision input needs no widened copy and its output is rounded
+//! once. Sums are pairwise within a run (`crate::reduce::sum`) and added
+//! run by run; the variance is two-pass (`Σ(x − mean)²` after the mean).
+//!
+//! ```
+//! use brasa_kernels::batch_norm::{channel_stats, elemt_run, ChannelLayout};
+//! // N = 2, C = 1, S = 2: one channel holding 1, 2, 3, 4.
+//! let x = [1.0f32, 2.0, 3.0, 4.0];
+//! let layout = ChannelLayout { batch: 2, channels: 1, spatial: 2 };
+//! let (mean, var) = channel_stats(&x, layout, 0)?;
+//! assert_eq!((mean, var), (2.5, 1.25));
+//! let mut y = [0.0f32; 2];
+//! elemt_run(&x[..2], mean, 2.0, 1.0, &mut y)?;
+//! assert_eq!(y, [-2.0, 0.0]);
+//! # Ok::<(), brasa_kernels::KernelError>(())
+//! ```
+
+use crate::error::{KernelError, Result};
+use crate::reduce::{sum, sum_sq_dev};
+use crate::scalar::{Accumulator, Float, ReduceElement, BLOCK};
+
+/// The shape of an `[N, C, S]` tensor, seen channel by channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChannelLayout {
+    /// `N`.
+    pub batch: usize,
+    /// `C`.
+    pub channels: usize,
+    /// `S`: the product of the dims after the channel's.
+    pub spatial: usize,
+}
+
+impl ChannelLayout {
+    /// Elements of the whole tensor.
+    pub fn len(&self) -> usize {
+        self.batch * self.channels * self.spatial
+    }
+
+    /// Whether the tensor is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Elements per channel: `N · S`.
+    pub fn per_channel(&self) -> usize {
+        self.batch * self.spatial
+    }
+
+    /// The runs of channel `c` in a slice of `len()` elements.
+    fn runs<'a, T>(&self, data: &'a [T], c: usize) -> impl Iterator<Item = &'a [T]> + 'a {
+        let (channels, spatial) = (self.channels, self.spatial);
+        (0..self.batch).map(move |n| &data[(n * channels + c) * spatial..][..spatial])
+    }
+
+    fn check(&self, what: &str, len: usize, c: usize) -> Result<()> {
+        if len != self.len() {
+            return Err(KernelError::ShapeMismatch {
+                detail: format!("batch_norm: {what} has {len} elements, the layout {self:?} needs {}", self.len()),
+            });
+        }
+        if c >= self.channels && !self.is_empty() {
+            return Err(KernelError::ShapeMismatch { detail: format!("batch_norm: channel {c} of {}", self.channels) });
+        }
+        Ok(())
+    }
+}
+
+fn check_run(what: &str, len: usize, run: usize) -> Result<()> {
+    if len == run {
+        Ok(())
+    } else {
+        Err(KernelError::ShapeMismatch { detail: format!("batch_norm: {what} has {len} elements, the run has {run}") })
+    }
+}
+
+/// Channel `c`'s mean and biased variance over its `N · S` elements (0 and
+/// 0 for an empty channel).
+pub fn channel_stats<T: ReduceElement>(x: &[T], layout: ChannelLayout, c: usize) -> Result<(T::Acc, T::Acc)>
+where
+    T::Acc: Float,
+{
+    layout.check("x", x.len(), c)?;
+    let count = layout.per_channel();
+    if count == 0 {
+        return Ok((T::Acc::ZERO, T::Acc::ZERO));
+    }
+    let count = T::Acc::from_f64(count as f64);
+    let mean = layout.runs(x, c).fold(T::Acc::ZERO, |acc, run| acc.add(sum(run))) / count;
+    let sq = layout.runs(x, c).fold(T::Acc::ZERO, |acc, run| acc.add(sum_sq_dev(run, mean)));
+    Ok((mean, sq / count))
+}
+
+/// One run of the forward: `out = (x − mean) · scale + shift`, rounded once
+/// to `T` (`scale = invstd · weight`, `shift = bias`).
+pub fn elemt_run<T: ReduceElement>(x: &[T], mean: T::Acc, scale: T::Acc, shift: T::Acc, out: &mut [T]) -> Result<()>
+where
+    T::Acc: Float,
+{
+    check_run("out", out.len(), x.len())?;
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = T::from_acc((v.to_acc() - mean) * scale + shift);
+    }
+    Ok(())
+}
+
+/// Channel `c`'s `(Σ dy, Σ dy · (x − mean))`: the bias's gradient and,
+/// times `invstd`, the weight's.
+pub fn channel_backward_reduce<T: ReduceElement>(
+    dy: &[T],
+    x: &[T],
+    layout: ChannelLayout,
+    c: usize,
+    mean: T::Acc,
+) -> Result<(T::Acc, T::Acc)>
+where
+    T::Acc: Float,
+{
+    layout.check("dy", dy.len(), c)?;
+    layout.check("x", x.len(), c)?;
+    let mut sum_dy = T::Acc::ZERO;
+    let mut sum_dy_xmu = T::Acc::ZERO;
+    for (g, v) in layout.runs(dy, c).zip(layout.runs(x, c)) {
+        sum_dy = sum_dy.add(sum(g));
+        sum_dy_xmu = sum_dy_xmu.add(dot_centred(g, v, mean));
+    }
+    Ok((sum_dy, sum_dy_xmu))
+}
+
+/// `Σ g · (x − mean)` over one run: blocks widened on the stack, summed in
+/// 16 lanes per block (hiding the add latency), blocks added in order.
+fn dot_centred<T: ReduceElement>(g: &[T], x: &[T], mean: T::Acc) -> T::Acc
+where
+    T::Acc: Float,
+{
+    const LANES: usize = 16;
+    let (mut gb, mut xb) = ([T::Acc::ZERO; BLOCK], [T::Acc::ZERO; BLOCK]);
+    let mut total = T::Acc::ZERO;
+    for (g, x) in g.chunks(BLOCK).zip(x.chunks(BLOCK)) {
+        let (g, x) = (T::widen(g, &mut gb), T::widen(x, &mut xb));
+        let mut lanes = [T::Acc::ZERO; LANES];
+        let (gc, xc) = (g.chunks_exact(LANES), x.chunks_exact(LANES));
+        let (g_rest, x_rest) = (gc.remainder(), xc.remainder());
+        for (gs, xs) in gc.zip(xc) {
+            for ((lane, &a), &b) in lanes.iter_mut().zip(gs).zip(xs) {
+                *lane = lane.add(a * (b - mean));
+            }
+        }
+        let mut block = lanes.iter().fold(T::Acc::ZERO, |acc, &l| acc.add(l));
+        for (&a, &b) in g_rest.iter().zip(x_rest) {
+            block = block.add(a * (b - mean));
+        }
+        total = total.add(block);
+    }
+    total
+}
+
+/// One run of the input's gradient in training mode:
+/// `dx = scale · (dy − mean_dy − (x − mean) · k)`, with `scale = invstd · w`,
+/// `mean_dy = Σdy / M` and `k = invstd² · Σdy(x − mean) / M`.
+#[allow(clippy::too_many_arguments)] // the per-channel scalars of one formula
+pub fn backward_elemt_run<T: ReduceElement>(
+    dy: &[T],
+    x: &[T],
+    mean: T::Acc,
+    scale: T::Acc,
+    mean_dy: T::Acc,
+    k: T::Acc,
+    out: &mut [T],
+) -> Result<()>
+where
+    T::Acc: Float,
+{
+    check_run("x", x.len(), dy.len())?;
+    check_run("out", out.len(), dy.len())?;
+    for ((o, &g), &v) in out.iter_mut().zip(dy).zip(x) {
+        *o = T::from_acc(scale * (g.to_acc() - mean_dy - (v.to_acc() - mean) * k));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    fn data(n: usize, seed: u64) -> Vec<f64> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s % 20_001) as f64 / 1000.0 - 3.0
+            })
+            .collect()
+    }
+
+    /// Statistics and both backward formulas against f64 references, in
+    /// f64, f32 and bf16 storage, with runs longer and shorter than a block.
+    #[test]
+    fn channel_passes_match_f64_references() -> Result<()> {
+        for layout in [
+            ChannelLayout { batch: 3, channels: 4, spatial: 300 },
+            ChannelLayout { batch: 5, channels: 2, spatial: 1 },
+            ChannelLayout { batch: 1, channels: 3, spatial: 17 },
+        ] {
+            // A large mean over a small spread: the two-pass variance keeps it.
+            let x64: Vec<f64> = data(layout.len(), 1).iter().map(|v| 100.0 + v / 8.0).collect();
+            let g64 = data(layout.len(), 2);
+            let x32: Vec<f32> = x64.iter().map(|&v| v as f32).collect();
+            let g32: Vec<f32> = g64.iter().map(|&v| v as f32).collect();
+            let xb: Vec<bf16> = x64.iter().map(|&v| bf16::from_f64(v)).collect();
+            let gb: Vec<bf16> = g64.iter().map(|&v| bf16::from_f64(v)).collect();
+            for c in 0..layout.channels {
+                // References on the values each storage holds.
+                let reference = |x: &[f64], g: &[f64]| {
+                    let xs: Vec<f64> = layout.runs(x, c).flatten().copied().collect();
+                    let gs: Vec<f64> = layout.runs(g, c).flatten().copied().collect();
+                    let m = xs.len() as f64;
+                    let mean = xs.iter().sum::<f64>() / m;
+                    let var = xs.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / m;
+                    let sum_dy = gs.iter().sum::<f64>();
+                    let dot = gs.iter().zip(&xs).map(|(g, v)| g * (v - mean)).sum::<f64>();
+                    (mean, var, sum_dy, dot)
+                };
+                let (mean, var) = channel_stats(&x64, layout, c)?;
+                let (sd, dot) = channel_backward_reduce(&g64, &x64, layout, c, mean)?;
+                let want = reference(&x64, &g64);
+                assert!((mean - want.0).abs() < 1e-12 && (var - want.1).abs() < 1e-12, "f64 {layout:?}");
+                assert!((sd - want.2).abs() < 1e-9 && (dot - want.3).abs() < 1e-9, "f64 {layout:?}");
+
+                let (mean, var) = channel_stats(&x32, layout, c)?;
+                let (sd, dot) = channel_backward_reduce(&g32, &x32, layout, c, mean)?;
+                let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+                let want = reference(&wide(&x32), &wide(&g32));
+                assert!((f64::from(mean) - want.0).abs() < 1e-4, "f32 mean {mean} vs {}", want.0);
+                assert!((f64::from(var) - want.1).abs() < 1e-4 * want.1.max(1e-3), "f32 var {var} vs {}", want.1);
+                // The centred dot carries the f32 rounding of x and of the
+                // mean, each relative to |x|: bound it by ε · Σ|g|·|x|.
+                let scale: f64 = layout
+                    .runs(&g64, c)
+                    .flatten()
+                    .zip(layout.runs(&x64, c).flatten())
+                    .map(|(g, x)| (g * x).abs())
+                    .sum();
+                let dot_tol = 4.0 * f64::from(f32::EPSILON) * scale;
+                assert!((f64::from(sd) - want.2).abs() < 1e-3, "f32 sum {sd} vs {}", want.2);
+                assert!((f64::from(dot) - want.3).abs() < dot_tol, "f32 dot {dot} vs {} (tol {dot_tol})", want.3);
+
+                let (mean, var) = channel_stats(&xb, layout, c)?;
+                let (sd, _) = channel_backward_reduce(&gb, &xb, layout, c, mean)?;
+                let wide = |v: &[bf16]| v.iter().map(|&x| x.to_f64()).collect::<Vec<_>>();
+                let want = reference(&wide(&xb), &wide(&gb));
+                assert!((f64::from(mean) - want.0).abs() < 1e-4 && (f64::from(var) - want.1).abs() < 1e-3, "bf16");
+                assert!((f64::from(sd) - want.2).abs() < 1e-3, "bf16 sum {sd} vs {}", want.2);
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn runs_are_rounded_once() -> Result<()> {
+        let x = [bf16::from_f32(1.0), bf16::from_f32(3.0)];
+        let mut out = [bf16::ZERO; 2];
+        // (x - 2) / 3 + 0.5: 1/6 and 5/6, each rounded once from f32.
+        elemt_run(&x, 2.0, 1.0 / 3.0, 0.5, &mut out)?;
+        assert_eq!(out, [bf16::from_f32((1.0f32 - 2.0) * (1.0 / 3.0) + 0.5), bf16::from_f32(1.0 / 3.0 + 0.5)]);
+        let mut dx = [0.0f64; 2];
+        backward_elemt_run(&[1.0, 2.0], &[1.0, 3.0], 2.0, 2.0, 0.5, 0.25, &mut dx)?;
+        assert_eq!(dx, [2.0 * (1.0 - 0.5 + 0.25), 2.0 * (2.0 - 0.5 - 0.25)]);
+        Ok(())
+    }
+
+    #[test]
+    fn shapes_are_checked() {
+        let layout = ChannelLayout { batch: 2, channels: 2, spatial: 2 };
+        assert!(channel_stats(&[0.0f32; 7], layout, 0).is_err());
+        assert!(channel_stats(&[0.0f32; 8], layout, 2).is_err());
+        assert!(elemt_run(&[0.0f32; 2], 0.0, 1.0, 0.0, &mut [0.0; 3]).is_err());
+        assert!(backward_elemt_run(&[0.0f32; 2], &[0.0; 1], 0.0, 1.0, 0.0, 0.0, &mut [0.0; 2]).is_err());
+        let empty = ChannelLayout { batch: 0, channels: 2, spatial: 2 };
+        assert_eq!(channel_stats::<f32>(&[], empty, 0).unwrap(), (0.0, 0.0));
+    }
+}
