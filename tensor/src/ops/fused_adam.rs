@@ -185,6 +185,14 @@ pub fn fused_adam_(params: &[AdamParam<'_>], options: AdamOptions) -> Result<()>
     for device in devices {
         let on_device: Vec<&AdamUpdate<'_>> = updates.iter().filter(|u| u.param.device() == device).collect();
         for_device(device)?.adam_step(&on_device)?;
+        // As the composed in-place ops do: autograd compares versions to
+        // catch a tensor it saved being changed under it.
+        for u in on_device {
+            u.param.storage().bump_version();
+            for state in &u.state {
+                state.storage().bump_version();
+            }
+        }
     }
     Ok(())
 }
@@ -206,6 +214,20 @@ mod tests {
         let denom = v.sqrt().unwrap();
         denom.affine_(c.inv_bias_correction2_sqrt, o.eps).unwrap();
         p.addcdiv_(-c.step_size, m, &denom).unwrap();
+    }
+
+    #[test]
+    fn the_update_bumps_the_versions_of_what_it_writes() {
+        // Autograd compares versions to catch a saved tensor changed in
+        // place: the fused update counts as a write, as the composed ops do.
+        let p = Tensor::ones([4], DType::F32).unwrap();
+        let g = Tensor::ones([4], DType::F32).unwrap();
+        let (m, v) = (p.zeros_like().unwrap(), p.zeros_like().unwrap());
+        let before = [p.version(), g.version(), m.version(), v.version()];
+        let param = AdamParam { param: &p, grad: &g, exp_avg: &m, exp_avg_sq: &v, max_exp_avg_sq: None, step: 1 };
+        fused_adam_(&[param], AdamOptions::default()).unwrap();
+        assert!(p.version() > before[0] && m.version() > before[2] && v.version() > before[3]);
+        assert_eq!(g.version(), before[1], "the gradient is only read");
     }
 
     #[test]
