@@ -24,10 +24,11 @@
 //! ```
 
 use super::amx_pack::{pack_panel, panel_len, PanelLayout};
-use super::amx_tile::{TileKernel, TILE_K, TILE_MN};
+use super::amx_tile::{TileKernel, PAIRS_PER_STEP, TILE_K, TILE_MN};
 use super::buffer::{try_with_buffer, Slot};
 use super::driver::{ranges, scale, Product};
 use super::element::Bf16Pair;
+use super::matrix::RawMut;
 use crate::error::Result;
 use half::bf16;
 use rayon::prelude::*;
@@ -96,7 +97,7 @@ pub(crate) fn gemm(kernel: TileKernel, threads: usize, p: Product<'_, f32, bf16,
                             // configured on this thread just above.
                             unsafe {
                                 (kernel.func)(
-                                    len / super::amx_tile::PAIRS_PER_STEP,
+                                    len / PAIRS_PER_STEP,
                                     a_pack[ip * len..].as_ptr(),
                                     b_pack[jp * len..].as_ptr(),
                                     scratch.0.as_mut_ptr(),
@@ -145,7 +146,7 @@ fn blocks(row_panels: usize, col_panels: usize, threads: usize) -> Vec<((usize, 
 ///
 /// # Safety
 /// Tile `(ip, jp)` of C is inside `c` and written by no one else meanwhile.
-unsafe fn store_tile(scratch: &Scratch, c: super::matrix::RawMut<f32>, ip: usize, jp: usize, alpha: f32, beta: f32) {
+unsafe fn store_tile(scratch: &Scratch, c: RawMut<f32>, ip: usize, jp: usize, alpha: f32, beta: f32) {
     let (i0, j0) = (ip * TILE_MN, jp * TILE_MN);
     let (rows, cols) = (TILE_MN.min(c.rows - i0), TILE_MN.min(c.cols - j0));
     for i in 0..rows {
