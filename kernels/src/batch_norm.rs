@@ -7,7 +7,8 @@
 //! and the arithmetic runs in its compute type (f32, f64 for f64), so a
 //! half-precision input needs no widened copy and its output is rounded
 //! once. Sums are pairwise within a run (`crate::reduce::sum`) and added
-//! run by run; the variance is two-pass (`Σ(x − mean)²` after the mean).
+//! run by run; the variance is two-pass within each run (`Σ(x − mean)²`
+//! after the run's mean), the runs merged with Chan et al.'s update.
 //!
 //! ```
 //! use brasa_kernels::batch_norm::{channel_stats, elemt_run, ChannelLayout};
@@ -91,10 +92,22 @@ where
     if count == 0 {
         return Ok((T::Acc::ZERO, T::Acc::ZERO));
     }
+    // Each run two-pass on its own (its second pass reads it from L1), the
+    // runs' (count, mean, Σ(x − mean)²) then merged one by one with Chan et
+    // al.'s update, which keeps the two-pass accuracy.
+    let run_len = T::Acc::from_f64(layout.spatial as f64);
+    let (mut seen, mut mean, mut m2) = (T::Acc::ZERO, T::Acc::ZERO, T::Acc::ZERO);
+    for run in layout.runs(x, c) {
+        let run_mean = sum(run) / run_len;
+        let run_m2 = sum_sq_dev(run, run_mean);
+        let total = seen + run_len;
+        let delta = run_mean - mean;
+        mean = mean + delta * (run_len / total);
+        m2 = m2 + run_m2 + delta * delta * (seen * run_len / total);
+        seen = total;
+    }
     let count = T::Acc::from_f64(count as f64);
-    let mean = layout.runs(x, c).fold(T::Acc::ZERO, |acc, run| acc.add(sum(run))) / count;
-    let sq = layout.runs(x, c).fold(T::Acc::ZERO, |acc, run| acc.add(sum_sq_dev(run, mean)));
-    Ok((mean, sq / count))
+    Ok((mean, m2 / count))
 }
 
 /// One run of the forward: `out = (x − mean) · scale + shift`, rounded once
