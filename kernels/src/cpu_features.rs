@@ -129,20 +129,6 @@ mod amx {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[cfg(test)]
-mod amx_tests {
-    #[test]
-    fn amx_detection_is_stable_and_implies_avx512() {
-        let first = super::amx::usable();
-        assert_eq!(first, super::amx::usable());
-        // Every CPU with AMX also has AVX-512 (Sapphire Rapids and later).
-        if first {
-            assert!(std::arch::is_x86_feature_detected!("avx512f"));
-        }
-    }
-}
-
 /// The features of this CPU, detected on first use and cached.
 pub fn cpu_features() -> &'static CpuFeatures {
     static FEATURES: OnceLock<CpuFeatures> = OnceLock::new();
@@ -156,6 +142,17 @@ mod tests {
     #[test]
     fn cached_matches_fresh_detection() {
         assert_eq!(*cpu_features(), CpuFeatures::detect());
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn amx_detection_is_stable_and_implies_avx512() {
+        let first = super::amx::usable();
+        assert_eq!(first, super::amx::usable());
+        // Every CPU with AMX also has AVX-512 (Sapphire Rapids and later).
+        if first {
+            assert!(std::arch::is_x86_feature_detected!("avx512f"));
+        }
     }
 
     #[test]

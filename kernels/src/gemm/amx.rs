@@ -168,15 +168,7 @@ mod tests {
     use crate::gemm::MatRef;
 
     fn values(n: usize, seed: u32) -> Vec<bf16> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                bf16::from_f32((s % 2001) as f32 / 1000.0 - 1.0)
-            })
-            .collect()
+        crate::gemm::test_values::values(n, seed).into_iter().map(bf16::from_f32).collect()
     }
 
     /// The tile kernels this CPU runs: always the emulated one, and the

@@ -9,7 +9,7 @@ use super::element::Bf16Pair;
 use super::microkernel::{select, HasMicroKernels};
 use super::pack::PackInto;
 use super::PARALLEL_THRESHOLD_FLOPS;
-use super::{shape_error, GemmElement, GemmOptions, KernelChoice, MatMut, MatRef, Parallelism};
+use super::{product_dims, GemmElement, GemmOptions, KernelChoice, MatMut, MatRef, Parallelism};
 use crate::error::Result;
 use half::{bf16, f16};
 
@@ -114,10 +114,7 @@ where
     P: HasMicroKernels<f32>,
     S: PackInto<P>,
 {
-    let (m, n, k) = (c.rows(), c.cols(), a.cols());
-    if a.rows() != m || b.cols() != n || b.rows() != k {
-        return Err(shape_error((a.rows(), a.cols()), (b.rows(), b.cols()), (m, n)));
-    }
+    let (m, n, k) = product_dims((a.rows(), a.cols()), (b.rows(), b.cols()), (c.rows(), c.cols()))?;
     let kernel = select::<f32, P>(options.kernel)?;
     let blocking = options.blocking.unwrap_or(kernel.blocking);
     blocking.validate()?;
@@ -150,10 +147,7 @@ fn run_amx(
     beta: f32,
     mut c: MatMut<'_, f32>,
 ) -> Result<()> {
-    let (m, n, k) = (c.rows(), c.cols(), a.cols());
-    if a.rows() != m || b.cols() != n || b.rows() != k {
-        return Err(shape_error((a.rows(), a.cols()), (b.rows(), b.cols()), (m, n)));
-    }
+    let (m, n, k) = product_dims((a.rows(), a.cols()), (b.rows(), b.cols()), (c.rows(), c.cols()))?;
     if let Some(blocking) = options.blocking {
         blocking.validate()?;
     }
@@ -164,18 +158,7 @@ fn run_amx(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::gemm::test_values::values;
 
     /// The f64 product of the operands' exact values, plus beta * C.
     fn reference(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], beta: f32, c: &[f32]) -> Vec<f64> {

@@ -58,23 +58,26 @@ impl KernelChoice {
     /// The kernel `Auto` resolves to on this CPU.
     pub fn resolve(self) -> KernelChoice {
         match self {
-            KernelChoice::Auto => KernelChoice::supported()[0],
+            // Every product resolves its choice: no allocation here.
+            KernelChoice::Auto => {
+                Self::FASTEST_FIRST.into_iter().find(|k| k.is_supported()).unwrap_or(KernelChoice::Portable)
+            }
             other => other,
         }
     }
 
+    /// Every concrete kernel, fastest first.
+    const FASTEST_FIRST: [KernelChoice; 5] = [
+        KernelChoice::AmxBf16,
+        KernelChoice::Avx512Bf16,
+        KernelChoice::Avx512,
+        KernelChoice::Avx2Fma,
+        KernelChoice::Portable,
+    ];
+
     /// Every concrete kernel this CPU supports, fastest first.
     pub fn supported() -> Vec<KernelChoice> {
-        [
-            KernelChoice::AmxBf16,
-            KernelChoice::Avx512Bf16,
-            KernelChoice::Avx512,
-            KernelChoice::Avx2Fma,
-            KernelChoice::Portable,
-        ]
-        .into_iter()
-        .filter(|k| k.is_supported())
-        .collect()
+        Self::FASTEST_FIRST.into_iter().filter(|k| k.is_supported()).collect()
     }
 
     fn name(self) -> &'static str {
@@ -210,13 +213,7 @@ mod tests {
 
     #[test]
     fn selection_agrees_with_support() {
-        for choice in [
-            KernelChoice::AmxBf16,
-            KernelChoice::Avx512Bf16,
-            KernelChoice::Avx512,
-            KernelChoice::Avx2Fma,
-            KernelChoice::Portable,
-        ] {
+        for choice in KernelChoice::FASTEST_FIRST {
             let selected = select::<f32, f32>(choice);
             assert_eq!(selected.is_ok(), choice.is_supported(), "{choice:?}");
             if let Err(e) = selected {

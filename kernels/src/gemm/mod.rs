@@ -47,6 +47,8 @@ mod pack;
 #[cfg(target_arch = "x86_64")]
 mod pack_avx512;
 mod parallel;
+#[cfg(test)]
+mod test_values;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use amx_tile::amx_peak_thread;
@@ -367,20 +369,19 @@ unsafe fn narrow_run<S: Narrow>(run: &[f32], dst: *mut S, step: usize) {
     }
 }
 
-fn shape_error(a: (usize, usize), b: (usize, usize), c: (usize, usize)) -> KernelError {
-    KernelError::ShapeMismatch {
+/// `(m, n, k)` of `C = A · B` from the `(rows, cols)` of A, B and C, or the
+/// error naming all three when they do not fit together.
+fn product_dims(a: (usize, usize), b: (usize, usize), c: (usize, usize)) -> Result<(usize, usize, usize)> {
+    let (m, n, k) = (c.0, c.1, a.1);
+    if a.0 == m && b.1 == n && b.0 == k {
+        return Ok((m, n, k));
+    }
+    Err(KernelError::ShapeMismatch {
         detail: format!(
             "a is {}x{}, b is {}x{}, c is {}x{}: need a {m}xk, b kx{n}, c {m}x{n}",
-            a.0,
-            a.1,
-            b.0,
-            b.1,
-            c.0,
-            c.1,
-            m = c.0,
-            n = c.1
+            a.0, a.1, b.0, b.1, c.0, c.1
         ),
-    }
+    })
 }
 
 fn run_batched<T, P, S, Path>(
@@ -398,10 +399,7 @@ where
     S: Send + Sync,
     Path: OutputPath<T, P, S>,
 {
-    let (m, n, k) = (c.rows(), c.cols(), a.cols());
-    if a.rows() != m || b.cols() != n || b.rows() != k {
-        return Err(shape_error((a.rows(), a.cols()), (b.rows(), b.cols()), (m, n)));
-    }
+    let (m, n, k) = product_dims((a.rows(), a.cols()), (b.rows(), b.cols()), (c.rows(), c.cols()))?;
     let batch = c.batch();
     for (name, count) in [("a", a.batch()), ("b", b.batch())] {
         if count != batch && count != 1 {

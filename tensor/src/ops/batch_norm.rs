@@ -189,15 +189,8 @@ fn check_gradient(op: &'static str, dy: &Tensor, input: &Tensor) -> Result<[usiz
 
 #[cfg(test)]
 mod tests {
+    use crate::ops::common::close;
     use crate::{DType, Tensor};
-
-    fn close(a: &Tensor, b: &Tensor, tol: f64) {
-        let (a, b) = (a.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(), b.to_vec::<f64>().unwrap());
-        assert_eq!(a.len(), b.len());
-        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-            assert!((x - y).abs() <= tol * (1.0 + y.abs()), "element {i}: {x} vs {y}");
-        }
-    }
 
     /// The passes against the composed ops in f64, for `[N, C]`,
     /// `[N, C, L]` and `[N, C, H, W]`, in every float dtype (half inputs

@@ -21,6 +21,20 @@ pub(crate) fn same_device(op: &'static str, tensors: &[&Tensor]) -> Result<Devic
 }
 
 /// Errors unless `tensor` has `dtype`.
+/// `items` grouped by device, the devices in the order they first appear:
+/// one backend call per device for multi-tensor ops.
+pub(crate) fn by_device<T>(items: &[T], device: impl Fn(&T) -> Device) -> Vec<(Device, Vec<&T>)> {
+    let mut groups: Vec<(Device, Vec<&T>)> = Vec::new();
+    for item in items {
+        let d = device(item);
+        match groups.iter_mut().find(|(g, _)| *g == d) {
+            Some((_, group)) => group.push(item),
+            None => groups.push((d, vec![item])),
+        }
+    }
+    groups
+}
+
 pub(crate) fn expect_dtype(op: &'static str, tensor: &Tensor, dtype: DType) -> Result<()> {
     if tensor.dtype() == dtype {
         Ok(())
@@ -63,4 +77,15 @@ pub(crate) fn offsets_vec(op: &'static str, layout: &Layout) -> Result<Vec<usize
     let mut v = try_with_capacity(offsets.len()).map_err(|e| TensorError::scratch(op, e))?;
     v.extend(offsets);
     Ok(v)
+}
+
+/// Test helper: `a` (any float dtype) equals the f64 `want` element by
+/// element within `tol`, relative to `1 + |want|`.
+#[cfg(test)]
+pub(crate) fn close(a: &Tensor, want: &Tensor, tol: f64) {
+    let (a, b) = (a.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(), want.to_vec::<f64>().unwrap());
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!((x - y).abs() <= tol * (1.0 + y.abs()), "element {i}: {x} vs {y}");
+    }
 }

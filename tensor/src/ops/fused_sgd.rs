@@ -23,7 +23,7 @@
 
 use crate::backend::for_device;
 use crate::error::{Result, TensorError};
-use crate::ops::common::expect_float;
+use crate::ops::common::{by_device, expect_float};
 use crate::tensor::Tensor;
 use brasa_kernels::optim::SgdCoefficients;
 
@@ -187,14 +187,7 @@ pub fn fused_sgd_(params: &[SgdParam<'_>], options: SgdOptions) -> Result<()> {
         });
     }
     // One call per device, in the order the devices first appear.
-    let mut devices = Vec::new();
-    for u in &updates {
-        if !devices.contains(&u.param.device()) {
-            devices.push(u.param.device());
-        }
-    }
-    for device in devices {
-        let on_device: Vec<&SgdUpdate<'_>> = updates.iter().filter(|u| u.param.device() == device).collect();
+    for (device, on_device) in by_device(&updates, |u| u.param.device()) {
         for_device(device)?.sgd_step(&on_device)?;
         // As the composed in-place ops do: autograd compares versions to
         // catch a tensor it saved being changed under it.

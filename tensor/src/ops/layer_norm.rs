@@ -172,6 +172,7 @@ impl Tensor {
 
 #[cfg(test)]
 mod tests {
+    use crate::ops::common::close;
     use crate::{DType, Tensor};
 
     /// The composition the fused op replaces, in f64.
@@ -180,14 +181,6 @@ mod tests {
         let var = x.var_with_correction(&[-1], 0, true).unwrap();
         let xhat = x.sub(&mean).unwrap().mul(&var.add_scalar(eps).unwrap().rsqrt().unwrap()).unwrap();
         xhat.mul(w).unwrap().add(b).unwrap()
-    }
-
-    fn close(a: &Tensor, b: &Tensor, tol: f64) {
-        let (a, b) = (a.to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(), b.to_vec::<f64>().unwrap());
-        assert_eq!(a.len(), b.len());
-        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-            assert!((x - y).abs() <= tol * (1.0 + y.abs()), "element {i}: {x} vs {y}");
-        }
     }
 
     #[test]

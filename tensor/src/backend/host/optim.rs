@@ -39,38 +39,52 @@ fn window<'a, T>(op: &'static str, data: &'a mut [T], t: &Tensor) -> Result<&'a 
         .ok_or_else(|| TensorError::invalid(op, format!("internal: {offset}+{n} is past {len} elements")))
 }
 
+/// Locks `written` for writing and `grad` for reading, then runs `update`
+/// on the gradient's elements and each written tensor's elements (in the
+/// order given).
+fn with_update_slices<T: WithDType>(
+    op: &'static str,
+    grad: &Tensor,
+    written: &[&Tensor],
+    update: impl FnOnce(&[T], Vec<&mut [T]>) -> Result<()>,
+) -> Result<()> {
+    let storages: Vec<&Storage> = written.iter().map(|t| &**t.storage()).collect();
+    let mut locks = lock_storages(&[grad.storage()], &storages);
+    let (slices, reads) = locks.write_many::<T>(&storages, op)?;
+    let grad_data = reads.read::<T>(grad.storage(), op)?;
+    let offset = grad.layout().offset();
+    let grad_elements = grad_data
+        .get(offset..offset + grad.numel())
+        .ok_or_else(|| TensorError::invalid(op, "internal: the gradient is past its storage"))?;
+    let mut views = Vec::with_capacity(slices.len());
+    for (data, t) in slices.into_iter().zip(written) {
+        views.push(window(op, data, t)?);
+    }
+    update(grad_elements, views)
+}
+
 fn step<T: WithDType + FloatElement>(update: &AdamUpdate<'_>) -> Result<()> {
     let written: Vec<&Tensor> = std::iter::once(update.param).chain(update.state.iter().copied()).collect();
-    let storages: Vec<&Storage> = written.iter().map(|t| &**t.storage()).collect();
-    let mut locks = lock_storages(&[update.grad.storage()], &storages);
-    let (slices, reads) = locks.write_many::<T>(&storages, OP)?;
-    let grad_data = reads.read::<T>(update.grad.storage(), OP)?;
-    let offset = update.grad.layout().offset();
-    let grad = grad_data
-        .get(offset..offset + update.grad.numel())
-        .ok_or_else(|| TensorError::invalid(OP, "internal: the gradient is past its storage"))?;
-    let mut views = Vec::with_capacity(slices.len());
-    for (data, t) in slices.into_iter().zip(&written) {
-        views.push(window(OP, data, t)?);
-    }
     let c = update.coefficients;
     let kernel = |e| TensorError::kernel(OP, e);
-    let mut views = views.into_iter();
-    let (Some(param), Some(exp_avg), Some(exp_avg_sq)) = (views.next(), views.next(), views.next()) else {
-        return Err(TensorError::invalid(OP, "internal: a parameter without its two moments"));
-    };
-    let max = views.next();
-    if grad.len() < PARALLEL_MIN_WORK {
-        return adam_kernel(&c, param, grad, exp_avg, exp_avg_sq, max).map_err(kernel);
-    }
-    let chunks = param.par_chunks_mut(CHUNK).zip(grad.par_chunks(CHUNK)).zip(exp_avg.par_chunks_mut(CHUNK));
-    let chunks = chunks.zip(exp_avg_sq.par_chunks_mut(CHUNK));
-    match max {
-        Some(max) => chunks
-            .zip(max.par_chunks_mut(CHUNK))
-            .try_for_each(|((((p, g), m), v), x)| adam_kernel(&c, p, g, m, v, Some(x)).map_err(kernel)),
-        None => chunks.try_for_each(|(((p, g), m), v)| adam_kernel(&c, p, g, m, v, None).map_err(kernel)),
-    }
+    with_update_slices::<T>(OP, &update.grad, &written, |grad, views| {
+        let mut views = views.into_iter();
+        let (Some(param), Some(exp_avg), Some(exp_avg_sq)) = (views.next(), views.next(), views.next()) else {
+            return Err(TensorError::invalid(OP, "internal: a parameter without its two moments"));
+        };
+        let max = views.next();
+        if grad.len() < PARALLEL_MIN_WORK {
+            return adam_kernel(&c, param, grad, exp_avg, exp_avg_sq, max).map_err(kernel);
+        }
+        let chunks = param.par_chunks_mut(CHUNK).zip(grad.par_chunks(CHUNK)).zip(exp_avg.par_chunks_mut(CHUNK));
+        let chunks = chunks.zip(exp_avg_sq.par_chunks_mut(CHUNK));
+        match max {
+            Some(max) => chunks
+                .zip(max.par_chunks_mut(CHUNK))
+                .try_for_each(|((((p, g), m), v), x)| adam_kernel(&c, p, g, m, v, Some(x)).map_err(kernel)),
+            None => chunks.try_for_each(|(((p, g), m), v)| adam_kernel(&c, p, g, m, v, None).map_err(kernel)),
+        }
+    })
 }
 
 /// See [`crate::backend::Backend::sgd_step`].
@@ -84,33 +98,23 @@ pub(super) fn sgd_step(updates: &[&SgdUpdate<'_>]) -> Result<()> {
 
 fn sgd<T: WithDType + FloatElement>(update: &SgdUpdate<'_>) -> Result<()> {
     let written: Vec<&Tensor> = std::iter::once(update.param).chain(update.momentum_buffer).collect();
-    let storages: Vec<&Storage> = written.iter().map(|t| &**t.storage()).collect();
-    let mut locks = lock_storages(&[update.grad.storage()], &storages);
-    let (slices, reads) = locks.write_many::<T>(&storages, SGD_OP)?;
-    let grad_data = reads.read::<T>(update.grad.storage(), SGD_OP)?;
-    let offset = update.grad.layout().offset();
-    let grad = grad_data
-        .get(offset..offset + update.grad.numel())
-        .ok_or_else(|| TensorError::invalid(SGD_OP, "internal: the gradient is past its storage"))?;
-    let mut views = Vec::with_capacity(slices.len());
-    for (data, t) in slices.into_iter().zip(&written) {
-        views.push(window(SGD_OP, data, t)?);
-    }
     let c = update.coefficients;
     let kernel = |e| TensorError::kernel(SGD_OP, e);
-    let mut views = views.into_iter();
-    let Some(param) = views.next() else {
-        return Err(TensorError::invalid(SGD_OP, "internal: an update without its parameter"));
-    };
-    let buffer = views.next();
-    if grad.len() < PARALLEL_MIN_WORK {
-        return sgd_kernel(&c, param, grad, buffer).map_err(kernel);
-    }
-    let chunks = param.par_chunks_mut(CHUNK).zip(grad.par_chunks(CHUNK));
-    match buffer {
-        Some(buffer) => chunks
-            .zip(buffer.par_chunks_mut(CHUNK))
-            .try_for_each(|((p, g), b)| sgd_kernel(&c, p, g, Some(b)).map_err(kernel)),
-        None => chunks.try_for_each(|(p, g)| sgd_kernel(&c, p, g, None).map_err(kernel)),
-    }
+    with_update_slices::<T>(SGD_OP, &update.grad, &written, |grad, views| {
+        let mut views = views.into_iter();
+        let Some(param) = views.next() else {
+            return Err(TensorError::invalid(SGD_OP, "internal: an update without its parameter"));
+        };
+        let buffer = views.next();
+        if grad.len() < PARALLEL_MIN_WORK {
+            return sgd_kernel(&c, param, grad, buffer).map_err(kernel);
+        }
+        let chunks = param.par_chunks_mut(CHUNK).zip(grad.par_chunks(CHUNK));
+        match buffer {
+            Some(buffer) => chunks
+                .zip(buffer.par_chunks_mut(CHUNK))
+                .try_for_each(|((p, g), b)| sgd_kernel(&c, p, g, Some(b)).map_err(kernel)),
+            None => chunks.try_for_each(|(p, g)| sgd_kernel(&c, p, g, None).map_err(kernel)),
+        }
+    })
 }
