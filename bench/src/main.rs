@@ -5,7 +5,8 @@
 //! Progress goes to stderr. Options: `--filter PREFIX` runs the figures whose
 //! names start with PREFIX; `--quick` shortens every measurement.
 //! `--workload-profile NAME:f32|bf16` prints the op table of three training
-//! steps of one `workloads.*` model (`encoder:f32`, `transformer:f32`, …);
+//! steps of one `workloads.*` model (`encoder:f32`, `transformer:f32`, …),
+//! split by input shapes with `BRASA_PROFILE_SHAPES=1`;
 //! with the `cuda` feature, `--cuda-profile` prints that of the GPU steps.
 
 mod alloc_figures;

@@ -398,12 +398,19 @@ pub fn worker(spec: &str, quick: bool, profile: bool) -> Result<()> {
     }
     if profile {
         use brasa_profile::{Profiler, SortBy, TableOptions};
-        let profiler = Profiler::start().map_err(|e| NnError::invalid("brasa-bench", e.to_string()))?;
+        // `BRASA_PROFILE_SHAPES=1` splits each op's row by its input shapes
+        // (PyTorch's `group_by_input_shape=True`): which product is slow.
+        let by_shape = std::env::var_os("BRASA_PROFILE_SHAPES").is_some_and(|v| v == "1");
+        let profiler = Profiler::builder()
+            .record_shapes(by_shape)
+            .start()
+            .map_err(|e| NnError::invalid("brasa-bench", e.to_string()))?;
         for i in 0..3 {
             step(i)?;
         }
-        let table =
-            profiler.stop().key_averages().table(&TableOptions::default().sort_by(SortBy::SelfCpu).row_limit(30));
+        let result = profiler.stop();
+        let averages = if by_shape { result.key_averages_by_input_shape() } else { result.key_averages() };
+        let table = averages.table(&TableOptions::default().sort_by(SortBy::SelfCpu).row_limit(40));
         println!("{} {dtype}: three training steps\n{table}", workload.name);
         return Ok(());
     }

@@ -11,7 +11,9 @@
 //! `BRASA_THREADS` (parts), `BRASA_SHAPES` (`m,n,k;m,n,k;...`, an `a` or `b`
 //! suffix = A or B stored transposed), `BRASA_REFS=0` to skip the reference
 //! crates, `BRASA_DTYPES` (comma-separated: `f32`, `bf16`, `bf16w` = bf16
-//! widened to f32 while packed, `f16`; default `f32`).
+//! widened to f32 while packed, `f16`; default `f32`), `BRASA_COLD=1` to
+//! evict the caches (by writing 64 MiB) before every timed call, as a
+//! training step's products find their operands: only the calls are timed.
 //!
 //! The benchmark `benches/gemm.rs` includes this file as a module for its
 //! shapes, operands and reference calls.
@@ -223,13 +225,19 @@ fn time_gflops(flops: f64, reps: usize, fs: &mut [Box<dyn FnMut() + '_>]) -> Vec
         })
         .collect();
     let mut samples = vec![Vec::new(); fs.len()];
-    for _ in 0..reps {
+    let mut evict = std::env::var("BRASA_COLD").is_ok_and(|v| v == "1").then(|| vec![0u8; 64 << 20]);
+    for round in 0..reps {
         for (i, f) in fs.iter_mut().enumerate() {
-            let (t, c0) = (Instant::now(), cpu_seconds());
+            let mut secs = 0.0;
             for _ in 0..inner[i] {
+                if let Some(buf) = evict.as_mut() {
+                    buf.fill(round as u8);
+                    std::hint::black_box(&buf);
+                }
+                let (t, c0) = (Instant::now(), cpu_seconds());
                 f();
+                secs += if cpu { (cpu_seconds() - c0) / threads } else { t.elapsed().as_secs_f64() };
             }
-            let secs = if cpu { (cpu_seconds() - c0) / threads } else { t.elapsed().as_secs_f64() };
             samples[i].push(flops * inner[i] as f64 / secs / 1e9);
         }
     }

@@ -118,9 +118,15 @@ pub(crate) fn gemm_shared_b<T: Compute, P: Packed, S: PackInto<P>>(
             block_done: (0..nsteps * nblocks).map(|_| AtomicBool::new(false)).collect(),
         };
         let shared = &shared;
-        // The calling thread works right away (even outside the pool); the
-        // spawned helpers join when a pool thread picks them up.
-        rayon::in_place_scope(|s| {
+        // The parts run on pool threads, as every other parallel op's do: a
+        // caller outside the pool waits rather than works. Working on the
+        // caller (`in_place_scope`) made `threads + 1` busy threads on
+        // `threads` cores whenever the pool's other workers were still
+        // spinning after the previous op: they took turns on one core, and
+        // products in a training step ran at one core's speed about every
+        // third call (the encoder workload's f32 step: 165 -> 230
+        // samples/s on a 2-core AMD EPYC).
+        rayon::scope(|s| {
             for _ in 1..threads {
                 s.spawn(move |_| shared.work());
             }
