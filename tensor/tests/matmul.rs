@@ -229,9 +229,10 @@ proptest! {
 #[test]
 fn larger_products_cross_tiles_blocks_and_threads() {
     // Past the micro-tile (32 x 12), the depth block (~256) and the threading
-    // threshold (8 MFLOP), with transposed operands and a batch.
+    // threshold (16 MFLOP), with transposed operands and a batch.
     for (a_shape, b_shape, a_view, b_view) in [
         (vec![200, 300], vec![300, 100], View::Contiguous, View::Contiguous),
+        (vec![256, 300], vec![300, 128], View::Contiguous, View::Contiguous),
         (vec![133, 301], vec![301, 77], View::Transposed, View::Transposed),
         (vec![3, 45, 270], vec![270, 50], View::Contiguous, View::Transposed),
         (vec![2, 3, 40, 33], vec![3, 33, 29], View::Permuted, View::Narrowed),
@@ -242,6 +243,31 @@ fn larger_products_cross_tiles_blocks_and_threads() {
             let b = make(&b_shape, dtype, b_view, 2);
             check(&a, &b).unwrap();
         }
+    }
+}
+
+#[test]
+fn attention_heads_of_a_packed_projection() {
+    // q and k as attention takes them from one packed projection
+    // [batch, seq, 3 * heads * dh]: [batch, heads, seq, dh] views whose batch
+    // and head strides do not merge, so the product runs as several batched
+    // calls (4 of 4 heads here), shared out across threads (18.9 MFLOP).
+    init();
+    let (batch, seq, heads, dh) = (4, 96, 4, 64);
+    for dtype in [DType::F32, DType::BF16] {
+        let numel = batch * seq * 3 * heads * dh;
+        let packed = Tensor::from_vec_on(values(numel, 7), [batch, seq, 3 * heads * dh], Device::CPU).unwrap();
+        let packed = packed.to_dtype(dtype).unwrap();
+        let head_view = |part: usize| {
+            let flat = packed.narrow(-1, part * heads * dh, heads * dh).unwrap();
+            flat.reshape(&[batch as isize, seq as isize, heads as isize, dh as isize])
+                .unwrap()
+                .permute(&[0, 2, 1, 3])
+                .unwrap()
+        };
+        let (q, k) = (head_view(0), head_view(1));
+        assert!(!q.is_contiguous());
+        check(&q, &k.transpose(-1, -2).unwrap()).unwrap();
     }
 }
 

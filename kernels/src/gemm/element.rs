@@ -38,6 +38,11 @@ pub(crate) unsafe trait Packed: Copy + Send + Sync + 'static {
     /// Consecutive depth (k) elements of the source held by one packed
     /// element.
     const DEPTH: usize;
+    /// How many times the f32 kernel's flops per second its kernel reaches,
+    /// rounded: a product's flops divided by this is its f32-equivalent work,
+    /// which decides whether it is worth several threads
+    /// ([`super::parallel_worth`]).
+    const SPEED_VS_F32: usize = 1;
 }
 
 // SAFETY: plain floats; every bit pattern is a value.
@@ -68,6 +73,10 @@ impl Bf16Pair {
 // SAFETY: a plain `u32`; every bit pattern is a value.
 unsafe impl Packed for Bf16Pair {
     const DEPTH: usize = 2;
+    // `VDPBF16PS` does two multiply-adds per f32 lane: 1.8-1.9x the f32
+    // kernel at 1024^3 on AMD Zen 4/5 (`gemm_tune`). (Intel's runs at half
+    // the FMA rate, but its CPUs with the instruction have AMX.)
+    const SPEED_VS_F32: usize = 2;
 }
 
 /// A stored element that packing widens to the compute type `T`.

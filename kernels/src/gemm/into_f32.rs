@@ -8,8 +8,7 @@ use super::driver::{self, Plan, Product};
 use super::element::Bf16Pair;
 use super::microkernel::{select, HasMicroKernels};
 use super::pack::PackInto;
-use super::PARALLEL_THRESHOLD_FLOPS;
-use super::{product_dims, GemmElement, GemmOptions, KernelChoice, MatMut, MatRef, Parallelism};
+use super::{parallel_worth, product_dims, GemmElement, GemmOptions, KernelChoice, MatMut, MatRef, Parallelism};
 use crate::error::Result;
 use half::{bf16, f16};
 
@@ -121,18 +120,19 @@ where
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let plan = Plan { kernel, blocking, threads: threads(options, m, n, k) };
+    let plan = Plan { kernel, blocking, threads: threads(options, m, n, k, P::SPEED_VS_F32) };
     driver::gemm(&plan, Product { alpha, a, b, beta, c: c.raw() });
     Ok(())
 }
 
-/// Threads one product of this shape may use under `options`.
-fn threads(options: &GemmOptions, m: usize, n: usize, k: usize) -> usize {
+/// Threads one product of this shape may use under `options`, on a kernel
+/// `speed_vs_f32` times as fast as the f32 one.
+fn threads(options: &GemmOptions, m: usize, n: usize, k: usize, speed_vs_f32: usize) -> usize {
     let flops = 2usize.saturating_mul(m).saturating_mul(n).saturating_mul(k);
     match options.parallelism {
         Parallelism::Sequential => 1,
         Parallelism::Threads(t) => t.max(1),
-        Parallelism::Auto if flops >= PARALLEL_THRESHOLD_FLOPS => rayon::current_num_threads(),
+        Parallelism::Auto if parallel_worth(flops, speed_vs_f32) => rayon::current_num_threads(),
         Parallelism::Auto => 1,
     }
 }
@@ -152,7 +152,11 @@ fn run_amx(
         blocking.validate()?;
     }
     let kernel = super::amx_tile::TileKernel::amx();
-    super::amx::gemm(kernel, threads(options, m, n, k), Product { alpha, a, b, beta, c: c.raw() })
+    super::amx::gemm(
+        kernel,
+        threads(options, m, n, k, super::amx::SPEED_VS_F32),
+        Product { alpha, a, b, beta, c: c.raw() },
+    )
 }
 
 #[cfg(test)]

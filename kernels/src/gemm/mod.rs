@@ -67,16 +67,33 @@ use microkernel::{select, HasMicroKernels};
 use pack::PackInto;
 use rayon::prelude::*;
 
-/// Products below this many floating-point operations (`2 m n k`) run on one
-/// thread: a fork-join costs a few microseconds, more than they gain.
-/// Measured with the `gemm_tune` example.
-pub const PARALLEL_THRESHOLD_FLOPS: usize = 8_000_000;
+/// Products below this many floating-point operations (`2 m n k`) of f32
+/// work run on one thread: handing work to the pool's threads and waiting
+/// for them costs tens of microseconds when they have gone to sleep between
+/// ops (more in a virtual machine), more than such products gain. Faster
+/// kernels count their flops as less work ([`parallel_worth`]). Measured with
+/// the `deep_mlp` workload (`brasa-bench --workload-worker deep_mlp:f32`,
+/// 128 x 256 x 256 products of 16.8 MFLOP, 2-core AMD EPYC): 2 threads win
+/// in f32 (26-31K against 24-25K samples/s); in bf16, whose kernel is twice
+/// as fast, one thread wins (37K against 26-28K). `gemm_tune`, which calls
+/// its products back to back and so finds the threads awake, shows gains
+/// from 2 threads at a quarter of this.
+pub const PARALLEL_THRESHOLD_FLOPS: usize = 16_000_000;
+
+/// Whether `flops` on a kernel `speed_vs_f32` times as fast as the f32 one
+/// are worth the pool's threads: at least [`PARALLEL_THRESHOLD_FLOPS`] of
+/// f32-equivalent work.
+pub(crate) fn parallel_worth(flops: usize, speed_vs_f32: usize) -> bool {
+    flops / speed_vs_f32.max(1) >= PARALLEL_THRESHOLD_FLOPS
+}
 
 /// How many threads a product may use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Parallelism {
     /// All threads of the current rayon pool, for products of at least
-    /// [`PARALLEL_THRESHOLD_FLOPS`]; one thread below that.
+    /// [`PARALLEL_THRESHOLD_FLOPS`] of f32-equivalent work (a bf16 product on
+    /// the dot-product instruction counts half its flops, on AMX tiles a
+    /// quarter); one thread below that.
     #[default]
     Auto,
     /// The calling thread only.
@@ -267,8 +284,14 @@ struct WidenedAmx;
 
 /// How one product's C of type `S` is reached from the compute type `T`,
 /// with operands packed as `P`.
-trait OutputPath<T: Compute, P, S>: Sync {
+trait OutputPath<T: Compute, P: Packed, S>: Sync {
     fn run(&self, plan: &Plan<T, P>, p: Product<'_, T, S, S>) -> Result<()>;
+
+    /// How many times the f32 kernel's speed this path reaches on an
+    /// `m x n x k` product (see [`parallel_worth`]).
+    fn speed_vs_f32(&self, _m: usize, _n: usize, _k: usize) -> usize {
+        P::SPEED_VS_F32
+    }
 }
 
 impl<T: Compute + Packed + PackInto<T>> OutputPath<T, T, T> for Direct {
@@ -294,6 +317,14 @@ impl OutputPath<f32, Bf16Pair, bf16> for WidenedAmx {
             return Widened.run(plan, p);
         }
         through_f32_workspace(p, |p| amx::gemm(amx_tile::TileKernel::amx(), plan.threads, p))
+    }
+
+    fn speed_vs_f32(&self, m: usize, n: usize, k: usize) -> usize {
+        if amx::worth_tiles(m, n, k) {
+            amx::SPEED_VS_F32
+        } else {
+            Bf16Pair::SPEED_VS_F32
+        }
     }
 }
 
@@ -415,13 +446,14 @@ where
         return Ok(());
     }
     let flops = 2usize.saturating_mul(m).saturating_mul(n).saturating_mul(k);
+    let speed = path.speed_vs_f32(m, n, k);
     let pool = rayon::current_num_threads();
     let (item_threads, across_batch) = match options.parallelism {
         Parallelism::Sequential => (1, false),
         Parallelism::Threads(t) => (t.max(1), false),
-        Parallelism::Auto if flops >= PARALLEL_THRESHOLD_FLOPS => (pool, false),
+        Parallelism::Auto if parallel_worth(flops, speed) => (pool, false),
         // Small matrices, many of them: one thread per matrix.
-        Parallelism::Auto => (1, pool > 1 && flops.saturating_mul(batch) >= PARALLEL_THRESHOLD_FLOPS),
+        Parallelism::Auto => (1, pool > 1 && parallel_worth(flops.saturating_mul(batch), speed)),
     };
     let plan = Plan { kernel, blocking, threads: item_threads };
     let (c_raw, c_stride) = c.raw();
@@ -435,5 +467,21 @@ where
         (0..batch).into_par_iter().try_for_each(one)
     } else {
         (0..batch).try_for_each(one)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faster_kernels_count_their_flops_as_less_work() {
+        // deep_mlp's 128 x 256 x 256 products: threaded in f32, not in bf16.
+        let flops = 2 * 128 * 256 * 256;
+        assert!(parallel_worth(flops, f32::SPEED_VS_F32));
+        assert!(!parallel_worth(flops, Bf16Pair::SPEED_VS_F32));
+        assert!(parallel_worth(4 * flops, Bf16Pair::SPEED_VS_F32));
+        assert!(!parallel_worth(PARALLEL_THRESHOLD_FLOPS - 1, 1));
+        assert!(parallel_worth(usize::MAX, 0), "a zero speed is read as 1, never a division by zero");
     }
 }

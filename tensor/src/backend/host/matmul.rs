@@ -11,8 +11,11 @@ use crate::ops::matmul::{gemm_error, merged_stride};
 use crate::shape::Shape;
 use crate::storage::lock_storages;
 use crate::tensor::Tensor;
-use brasa_kernels::gemm::{batched_gemm, gemm, BatchMut, BatchRef, GemmElement, MatMut, MatRef};
+use brasa_kernels::gemm::{
+    batched_gemm, gemm, BatchMut, BatchRef, GemmElement, MatMut, MatRef, PARALLEL_THRESHOLD_FLOPS,
+};
 use half::{bf16, f16};
+use rayon::prelude::*;
 
 const OP: &str = "matmul";
 
@@ -122,16 +125,25 @@ impl Problem<'_> {
         let outer_layout_a = Layout::new(self.batch[..outer].to_vec(), self.a.strides()[..outer].to_vec(), 0)?;
         let outer_layout_b = Layout::new(self.batch[..outer].to_vec(), self.b.strides()[..outer].to_vec(), 0)?;
         let per_call = group.count * m * n;
-        for ((a_off, b_off), chunk) in
-            outer_layout_a.offsets().zip(outer_layout_b.offsets()).zip(out.chunks_exact_mut(per_call.max(1)))
-        {
+        let one_call = |((a_off, b_off), chunk): ((usize, usize), &mut [T])| -> Result<()> {
             let a = BatchRef::new(x, self.a.offset() + a_off, [group.count, m, k], [group.a_stride, a_rs, a_cs])
                 .map_err(err)?;
             let b = BatchRef::new(y, self.b.offset() + b_off, [group.count, k, n], [group.b_stride, b_rs, b_cs])
                 .map_err(err)?;
             let c = BatchMut::new(chunk, 0, [group.count, m, n], [m * n, n, 1]).map_err(err)?;
-            batched_gemm(one, a, b, zero, c).map_err(err)?;
+            batched_gemm(one, a, b, zero, c).map_err(err)
+        };
+        let calls: Vec<_> =
+            outer_layout_a.offsets().zip(outer_layout_b.offsets()).zip(out.chunks_exact_mut(per_call.max(1))).collect();
+        // Attention's per-head products of a packed q/k/v projection step
+        // unevenly over batch and heads: many calls of a few small matrices
+        // each, each too small to share out. The calls go to the threads
+        // instead (each still threads its own matrices when they are large).
+        let flops = 2usize.saturating_mul(batch_count).saturating_mul(m).saturating_mul(n).saturating_mul(k);
+        if batch_count > group.count && flops >= PARALLEL_THRESHOLD_FLOPS {
+            calls.into_par_iter().try_for_each(one_call)
+        } else {
+            calls.into_iter().try_for_each(one_call)
         }
-        Ok(())
     }
 }
