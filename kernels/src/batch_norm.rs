@@ -117,8 +117,15 @@ where
     T::Acc: Float,
 {
     check_run("out", out.len(), x.len())?;
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = T::from_acc((v.to_acc() - mean) * scale + shift);
+    // By blocks widened and rounded on the stack: both vectorise (the
+    // rounding of a half type does not, element by element).
+    let (mut xb, mut ob) = ([T::Acc::ZERO; BLOCK], [T::Acc::ZERO; BLOCK]);
+    for (xs, os) in x.chunks(BLOCK).zip(out.chunks_mut(BLOCK)) {
+        let xs = T::widen(xs, &mut xb);
+        for (o, &v) in ob.iter_mut().zip(xs) {
+            *o = (v - mean) * scale + shift;
+        }
+        T::narrow_block(&ob[..xs.len()], os);
     }
     Ok(())
 }
@@ -192,8 +199,14 @@ where
 {
     check_run("x", x.len(), dy.len())?;
     check_run("out", out.len(), dy.len())?;
-    for ((o, &g), &v) in out.iter_mut().zip(dy).zip(x) {
-        *o = T::from_acc(scale * (g.to_acc() - mean_dy - (v.to_acc() - mean) * k));
+    // By blocks, as `elemt_run`.
+    let (mut gb, mut xb, mut ob) = ([T::Acc::ZERO; BLOCK], [T::Acc::ZERO; BLOCK], [T::Acc::ZERO; BLOCK]);
+    for ((gs, xs), os) in dy.chunks(BLOCK).zip(x.chunks(BLOCK)).zip(out.chunks_mut(BLOCK)) {
+        let (gs, xs) = (T::widen(gs, &mut gb), T::widen(xs, &mut xb));
+        for ((o, &g), &v) in ob.iter_mut().zip(gs).zip(xs) {
+            *o = scale * (g - mean_dy - (v - mean) * k);
+        }
+        T::narrow_block(&ob[..gs.len()], os);
     }
     Ok(())
 }

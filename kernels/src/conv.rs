@@ -189,6 +189,8 @@ pub fn im2col<T: Copy + Default>(
     let [stride_c, stride_h, stride_w] = strides;
     let (step_h, step_w) = g.stride;
     let mut rows = col[..g.col_len()].chunks_exact_mut(cols);
+    let in_w = g.input.1;
+    let same_width = step_h == 1 && step_w == 1 && stride_w == 1 && stride_h == in_w && out_w == in_w;
     for c in 0..g.channels {
         for i in 0..g.kernel.0 {
             let tap_h = i * g.dilation.0;
@@ -196,6 +198,30 @@ pub fn im2col<T: Copy + Default>(
             for (j, &(ow_lo, ow_hi)) in column_ranges.iter().enumerate() {
                 let Some(row) = rows.next() else { return Ok(()) };
                 let tap_w = j * g.dilation.1;
+                if same_width && ow_lo < ow_hi && oh_lo < oh_hi {
+                    // Output rows as long as the input's, stride 1, dense
+                    // rows: the valid rows of this tap are one run of the
+                    // image shifted by the tap, copied at once; what the run
+                    // brings in from beside the rows (or what lies past the
+                    // image's ends) is the padding, zeroed after.
+                    let base = offset + c * stride_c;
+                    let first =
+                        (base + (oh_lo + tap_h) * in_w + tap_w) as isize - (g.padding.0 * in_w + g.padding.1) as isize;
+                    let (lo, hi) = (oh_lo * out_w, oh_hi * out_w);
+                    let src_lo = first.max(0) as usize;
+                    let src_hi = ((first + (hi - lo) as isize) as usize).min(image.len());
+                    let dst_lo = lo + (src_lo as isize - first) as usize;
+                    row[..lo].fill(zero);
+                    row[hi..].fill(zero);
+                    row[lo..dst_lo].fill(zero);
+                    row[dst_lo..dst_lo + (src_hi - src_lo)].copy_from_slice(&image[src_lo..src_hi]);
+                    row[dst_lo + (src_hi - src_lo)..hi].fill(zero);
+                    for segment in row[lo..hi].chunks_exact_mut(out_w) {
+                        segment[..ow_lo].fill(zero);
+                        segment[ow_hi..].fill(zero);
+                    }
+                    continue;
+                }
                 for (oh, segment) in row.chunks_exact_mut(out_w).enumerate() {
                     if oh < oh_lo || oh >= oh_hi {
                         segment.fill(zero);
@@ -347,6 +373,12 @@ mod tests {
             (1, (1, 1), (3, 3), (1, 1), (1, 1), (1, 1)),
             (2, (6, 5), (1, 1), (2, 2), (0, 0), (1, 1)),
             (1, (3, 3), (1, 1), (1, 1), (0, 0), (1, 1)),
+            // Output rows as wide as the input's (one copy per tap): a 5x5
+            // kernel, a dilated one, padding in one dimension only.
+            (2, (6, 7), (5, 5), (1, 1), (2, 2), (1, 1)),
+            (2, (5, 8), (3, 3), (1, 1), (2, 2), (2, 2)),
+            (3, (4, 5), (1, 3), (1, 1), (0, 1), (1, 1)),
+            (1, (6, 4), (3, 1), (1, 1), (1, 0), (1, 1)),
         ];
         for (seed, &(c, input, kernel, stride, padding, dilation)) in cases.iter().enumerate() {
             let g = Conv2dGeometry::new(c, input, kernel, stride, padding, dilation).unwrap();
@@ -363,6 +395,22 @@ mod tests {
             let rhs: f64 = image.iter().zip(&folded).map(|(a, b)| a * b).sum();
             assert!((lhs - rhs).abs() < 1e-9 * (1.0 + lhs.abs()), "case {seed}: {lhs} vs {rhs}");
         }
+    }
+
+    #[test]
+    fn same_width_copies_leave_no_neighbour_in_the_padding() {
+        // The image inside a larger buffer of NaNs, channels apart: a run
+        // copied at once reads past the rows' ends, which must come out 0.
+        let g = Conv2dGeometry::new(3, (4, 6), (3, 3), (1, 1), (1, 1), (1, 1)).unwrap();
+        let (channel_stride, offset) = (40, 7);
+        let mut buffer = vec![f64::NAN; offset + 3 * channel_stride];
+        let dense = values(g.image_len(), 9);
+        for c in 0..3 {
+            buffer[offset + c * channel_stride..][..24].copy_from_slice(&dense[c * 24..][..24]);
+        }
+        let mut col = vec![f64::NAN; g.col_len()];
+        im2col(&g, &buffer, offset, [channel_stride, 6, 1], &mut col).unwrap();
+        assert_eq!(col, naive_im2col(&g, &dense));
     }
 
     #[test]

@@ -273,6 +273,15 @@ pub trait ReduceElement: Copy + Send + Sync + PartialOrd + Debug + 'static {
     /// The block (at most [`BLOCK`] elements) widened: the block itself when
     /// the type is its own accumulator, else converted into `buf`.
     fn widen<'a>(block: &'a [Self], buf: &'a mut [Self::Acc; BLOCK]) -> &'a [Self::Acc];
+    /// Narrows a block of accumulators into `out` (the shorter bounds it),
+    /// as [`ReduceElement::from_acc`] element by element; vectorised for the
+    /// half types, whose element-wise rounding does not vectorise.
+    #[inline]
+    fn narrow_block(acc: &[Self::Acc], out: &mut [Self]) {
+        for (o, &a) in out.iter_mut().zip(acc) {
+            *o = Self::from_acc(a);
+        }
+    }
 }
 
 macro_rules! identity_element {
@@ -291,13 +300,18 @@ macro_rules! identity_element {
             fn widen<'a>(block: &'a [Self], _buf: &'a mut [$t; BLOCK]) -> &'a [$t] {
                 block
             }
+            #[inline]
+            fn narrow_block(acc: &[$t], out: &mut [$t]) {
+                let len = acc.len().min(out.len());
+                out[..len].copy_from_slice(&acc[..len]);
+            }
         }
     )*};
 }
 identity_element!(f32, f64, i64);
 
 macro_rules! half_element {
-    ($($t:ty),*) => {$(
+    ($($t:ty => $widen:expr, $narrow:expr);*) => {$(
         impl ReduceElement for $t {
             type Acc = f32;
             #[inline(always)]
@@ -312,13 +326,23 @@ macro_rules! half_element {
             fn widen<'a>(block: &'a [Self], buf: &'a mut [f32; BLOCK]) -> &'a [f32] {
                 let len = block.len().min(BLOCK);
                 let (src, dst) = (&block[..len], &mut buf[..len]);
-                src.convert_to_f32_slice(dst);
+                let widen: fn(&[$t], &mut [f32]) = $widen;
+                widen(src, dst);
                 dst
+            }
+            #[inline]
+            fn narrow_block(acc: &[f32], out: &mut [Self]) {
+                let len = acc.len().min(out.len());
+                let narrow: fn(&[f32], &mut [$t]) = $narrow;
+                narrow(&acc[..len], &mut out[..len]);
             }
         }
     )*};
 }
-half_element!(f16, bf16);
+half_element!(
+    f16 => |src, dst| src.convert_to_f32_slice(dst), |src, dst| dst.convert_from_f32_slice(src);
+    bf16 => crate::convert::widen_bf16_slice, crate::convert::narrow_bf16_slice
+);
 
 /// Small integer types summed in `i64`; `$narrow` maps an accumulator back.
 macro_rules! small_int_element {
