@@ -454,7 +454,7 @@ mod tests {
         let indices: Vec<i64> = (0..64).map(|i| (i * 7 % 13) as i64).collect();
         let mut got = vec![bf16::from_f32(f32::NAN); 16];
         max_pool2d_backward_plane(&grads, &indices, &mut got).unwrap();
-        let mut want = vec![bf16::ZERO; 16];
+        let mut want = [bf16::ZERO; 16];
         for (&g, &i) in grads.iter().zip(&indices) {
             want[i as usize] += g;
         }
