@@ -273,6 +273,15 @@ pub trait ReduceElement: Copy + Send + Sync + PartialOrd + Debug + 'static {
     /// The block (at most [`BLOCK`] elements) widened: the block itself when
     /// the type is its own accumulator, else converted into `buf`.
     fn widen<'a>(block: &'a [Self], buf: &'a mut [Self::Acc; BLOCK]) -> &'a [Self::Acc];
+    /// Widens `src` into `dst` (the shorter bounds it), as
+    /// [`ReduceElement::to_acc`] element by element; vectorised for the half
+    /// types.
+    #[inline]
+    fn widen_into(src: &[Self], dst: &mut [Self::Acc]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = s.to_acc();
+        }
+    }
     /// Narrows a block of accumulators into `out` (the shorter bounds it),
     /// as [`ReduceElement::from_acc`] element by element; vectorised for the
     /// half types, whose element-wise rounding does not vectorise.
@@ -301,6 +310,11 @@ macro_rules! identity_element {
                 block
             }
             #[inline]
+            fn widen_into(src: &[$t], dst: &mut [$t]) {
+                let len = src.len().min(dst.len());
+                dst[..len].copy_from_slice(&src[..len]);
+            }
+            #[inline]
             fn narrow_block(acc: &[$t], out: &mut [$t]) {
                 let len = acc.len().min(out.len());
                 out[..len].copy_from_slice(&acc[..len]);
@@ -326,9 +340,14 @@ macro_rules! half_element {
             fn widen<'a>(block: &'a [Self], buf: &'a mut [f32; BLOCK]) -> &'a [f32] {
                 let len = block.len().min(BLOCK);
                 let (src, dst) = (&block[..len], &mut buf[..len]);
-                let widen: fn(&[$t], &mut [f32]) = $widen;
-                widen(src, dst);
+                Self::widen_into(src, dst);
                 dst
+            }
+            #[inline]
+            fn widen_into(src: &[$t], dst: &mut [f32]) {
+                let len = src.len().min(dst.len());
+                let widen: fn(&[$t], &mut [f32]) = $widen;
+                widen(&src[..len], &mut dst[..len]);
             }
             #[inline]
             fn narrow_block(acc: &[f32], out: &mut [Self]) {
@@ -381,6 +400,12 @@ pub trait FloatElement: ReduceElement {
     fn load(self) -> Self::Compute;
     /// Rounds a computed value to this type.
     fn store(value: Self::Compute) -> Self;
+    /// [`FloatElement::load`] over a slice (the shorter bounds it), vectorised
+    /// for the half types.
+    fn load_slice(src: &[Self], dst: &mut [Self::Compute]);
+    /// [`FloatElement::store`] over a slice (the shorter bounds it),
+    /// vectorised for the half types.
+    fn store_slice(src: &[Self::Compute], dst: &mut [Self]);
 }
 
 impl<T: ReduceElement> FloatElement for T
@@ -395,6 +420,14 @@ where
     #[inline(always)]
     fn store(value: T::Acc) -> Self {
         T::from_acc(value)
+    }
+    #[inline]
+    fn load_slice(src: &[Self], dst: &mut [T::Acc]) {
+        T::widen_into(src, dst);
+    }
+    #[inline]
+    fn store_slice(src: &[T::Acc], dst: &mut [Self]) {
+        T::narrow_block(src, dst);
     }
 }
 

@@ -249,11 +249,7 @@ pub fn map3<A: Copy, B: Copy, C: Copy, D>(
 #[inline(always)]
 fn load_block<T: FloatElement>(access: &Access<'_, T>, start: usize, buf: &mut [T::Compute]) {
     match access {
-        Access::Slice(s) => {
-            for (b, &v) in buf.iter_mut().zip(&s[start..]) {
-                *b = v.load();
-            }
-        }
+        Access::Slice(s) => T::load_slice(&s[start..], buf),
         Access::Scalar(v) => buf.fill(v.load()),
         strided => {
             for (i, b) in buf.iter_mut().enumerate() {
@@ -280,9 +276,7 @@ pub fn map1_blocks<T: FloatElement>(
         let (x, y) = (&mut x[..out.len()], &mut y[..out.len()]);
         load_block(&a, block * BLOCK, x);
         f(x, y);
-        for (o, &v) in out.iter_mut().zip(y.iter()) {
-            *o = T::store(v);
-        }
+        T::store_slice(y, out);
     }
     Ok(())
 }
@@ -306,9 +300,48 @@ pub fn map2_blocks<T: FloatElement>(
         load_block(&a, block * BLOCK, x);
         load_block(&b, block * BLOCK, y);
         f(x, y, z);
-        for (o, &v) in out.iter_mut().zip(z.iter()) {
-            *o = T::store(v);
+        T::store_slice(z, out);
+    }
+    Ok(())
+}
+
+/// `dst[i] = store(f(load(dst[i]), load(a[i])))` in place, a block at a
+/// time as [`map2_blocks`] (a strided `dst` goes element by element).
+pub fn update1_blocks<T: FloatElement>(
+    dst: StridedMut<'_, T>,
+    a: Strided<'_, T>,
+    f: impl Fn(&[T::Compute], &[T::Compute], &mut [T::Compute]),
+) -> Result<()> {
+    let len = dst.len();
+    let a = a.access(len, "a")?;
+    let d = match dst.access("dst")? {
+        AccessMut::Slice(d) => d,
+        AccessMut::Strided { data, start, stride, len } => {
+            let (mut x, mut y, mut z) = (
+                [<T::Compute as Accumulator>::ZERO; 1],
+                [<T::Compute as Accumulator>::ZERO; 1],
+                [<T::Compute as Accumulator>::ZERO; 1],
+            );
+            for i in 0..len {
+                let at = (start as isize + i as isize * stride) as usize;
+                x[0] = data[at].load();
+                y[0] = a.at(i).load();
+                f(&x, &y, &mut z);
+                data[at] = T::store(z[0]);
+            }
+            return Ok(());
         }
+    };
+    let mut x = [<T::Compute as Accumulator>::ZERO; BLOCK];
+    let mut y = [<T::Compute as Accumulator>::ZERO; BLOCK];
+    let mut z = [<T::Compute as Accumulator>::ZERO; BLOCK];
+    for (block, out) in d.chunks_mut(BLOCK).enumerate() {
+        let n = out.len();
+        let (x, y, z) = (&mut x[..n], &mut y[..n], &mut z[..n]);
+        T::load_slice(out, x);
+        load_block(&a, block * BLOCK, y);
+        f(x, y, z);
+        T::store_slice(z, out);
     }
     Ok(())
 }
