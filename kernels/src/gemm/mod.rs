@@ -58,7 +58,7 @@ pub use matrix::{BatchMut, BatchRef, MatMut, MatRef};
 pub use microkernel::KernelChoice;
 
 use crate::error::{KernelError, Result};
-use buffer::{try_with_buffer, Slot};
+use buffer::{try_with_buffer, Slot, MAX_CACHED_WORKSPACE};
 use driver::{Plan, Product};
 use element::{Bf16Pair, Compute, Narrow, PackSource, Packed};
 use half::{bf16, f16};
@@ -330,9 +330,43 @@ impl OutputPath<f32, Bf16Pair, bf16> for WidenedAmx {
 
 /// Runs `compute` on an f32 workspace standing for the narrow C of `p`:
 /// widened from C first when beta is not 0, rounded into C after.
+///
+/// A C whose workspace would outgrow the cached one is done in bands of
+/// whole rows (or columns, for a column-major C) that fit it, each band its
+/// own product: a fresh workspace of tens of MiB costs a page fault per
+/// 4 KiB on first touch (wide_mlp's 2048 x 3072 weight gradient spent about
+/// a third of its time there), more than packing the other operand again
+/// for each band.
 fn through_f32_workspace<S: Narrow>(
     p: Product<'_, f32, S, S>,
-    compute: impl FnOnce(Product<'_, f32, S, f32>) -> Result<()>,
+    compute: impl Fn(Product<'_, f32, S, f32>) -> Result<()>,
+) -> Result<()> {
+    let (m, n) = (p.c.rows, p.c.cols);
+    let fits = MAX_CACHED_WORKSPACE / size_of::<f32>();
+    let row_major = p.c.col_stride == 1 && p.c.row_stride != 1;
+    let (bands, band_len) = if row_major { (m, n) } else { (n, m) };
+    let per_band = (fits / band_len.max(1)).max(1);
+    if m.saturating_mul(n) <= fits || per_band >= bands {
+        return in_f32_workspace(p, &compute);
+    }
+    let k = p.a.cols();
+    for lo in (0..bands).step_by(per_band) {
+        let len = per_band.min(bands - lo);
+        // SAFETY: the band is inside C.
+        let band = if row_major {
+            Product { a: p.a.sub(lo, 0, len, k), c: unsafe { p.c.sub(lo, 0, len, n) }, ..p }
+        } else {
+            Product { b: p.b.sub(0, lo, k, len), c: unsafe { p.c.sub(0, lo, m, len) }, ..p }
+        };
+        in_f32_workspace(band, &compute)?;
+    }
+    Ok(())
+}
+
+/// [`through_f32_workspace`] for one band.
+fn in_f32_workspace<S: Narrow>(
+    p: Product<'_, f32, S, S>,
+    compute: &impl Fn(Product<'_, f32, S, f32>) -> Result<()>,
 ) -> Result<()> {
     let (c, beta) = (p.c, p.beta);
     let (m, n) = (c.rows, c.cols);
@@ -473,6 +507,37 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn narrow_c_larger_than_the_workspace_goes_in_bands() {
+        // C of 1.1M elements: its f32 workspace (4.4 MB) outgrows the cached
+        // one. Operands k/8 with small k: every sum is exact in f32, so C is
+        // the exact result rounded once, whichever band computed it.
+        let (m, n, k) = (1100, 1000, 6);
+        let a: Vec<bf16> = (0..m * k).map(|i| bf16::from_f32(((i * 7 % 9) as f32 - 4.0) / 8.0)).collect();
+        let b: Vec<bf16> = (0..k * n).map(|i| bf16::from_f32(((i * 5 % 7) as f32 - 3.0) / 8.0)).collect();
+        let c0: Vec<bf16> = (0..m * n).map(|i| bf16::from_f32((i % 5) as f32)).collect();
+        for (col_major, beta) in [(false, 0.0f32), (true, 1.0), (false, 1.0)] {
+            let mut c = c0.clone();
+            let view =
+                if col_major { MatMut::col_major(&mut c, m, n) } else { MatMut::row_major(&mut c, m, n) }.unwrap();
+            gemm(1.0, MatRef::row_major(&a, m, k).unwrap(), MatRef::row_major(&b, k, n).unwrap(), beta, view).unwrap();
+            for (i, j) in [(0, 0), (m - 1, n - 1), (517, 3), (3, 999), (m / 2, n / 2), (1099, 0)] {
+                let dot: f32 = (0..k).map(|p| a[i * k + p].to_f32() * b[p * n + j].to_f32()).sum();
+                let at = if col_major { i + j * m } else { i * n + j };
+                let want = bf16::from_f32(dot + beta * c0[at].to_f32());
+                assert_eq!(c[at], want, "({i}, {j}) col_major {col_major} beta {beta}");
+            }
+            let all_right = (0..m).all(|i| {
+                (0..n).all(|j| {
+                    let dot: f32 = (0..k).map(|p| a[i * k + p].to_f32() * b[p * n + j].to_f32()).sum();
+                    let at = if col_major { i + j * m } else { i * n + j };
+                    c[at] == bf16::from_f32(dot + beta * c0[at].to_f32())
+                })
+            });
+            assert!(all_right, "col_major {col_major} beta {beta}");
+        }
+    }
 
     #[test]
     fn faster_kernels_count_their_flops_as_less_work() {
