@@ -352,11 +352,14 @@ fn through_f32_workspace<S: Narrow>(
     let k = p.a.cols();
     for lo in (0..bands).step_by(per_band) {
         let len = per_band.min(bands - lo);
-        // SAFETY: the band is inside C.
         let band = if row_major {
-            Product { a: p.a.sub(lo, 0, len, k), c: unsafe { p.c.sub(lo, 0, len, n) }, ..p }
+            // SAFETY: rows lo..lo + len are inside C.
+            let c = unsafe { p.c.sub(lo, 0, len, n) };
+            Product { a: p.a.sub(lo, 0, len, k), c, ..p }
         } else {
-            Product { b: p.b.sub(0, lo, k, len), c: unsafe { p.c.sub(0, lo, m, len) }, ..p }
+            // SAFETY: columns lo..lo + len are inside C.
+            let c = unsafe { p.c.sub(0, lo, m, len) };
+            Product { b: p.b.sub(0, lo, k, len), c, ..p }
         };
         in_f32_workspace(band, &compute)?;
     }
