@@ -214,18 +214,11 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_data::xorshift;
     use half::bf16;
 
     fn data(n: usize, seed: u64) -> Vec<f64> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s % 20_001) as f64 / 1000.0 - 3.0
-            })
-            .collect()
+        xorshift(seed).take(n).map(|s| (s % 20_001) as f64 / 1000.0 - 3.0).collect()
     }
 
     /// Statistics and both backward formulas against f64 references, in

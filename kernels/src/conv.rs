@@ -309,6 +309,7 @@ pub fn col2im<T: Copy + std::ops::AddAssign>(geometry: &Conv2dGeometry, col: &[T
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_data::xorshift;
 
     /// im2col written from the definition.
     fn naive_im2col(g: &Conv2dGeometry, image: &[f64]) -> Vec<f64> {
@@ -335,15 +336,7 @@ mod tests {
     }
 
     fn values(n: usize, seed: u64) -> Vec<f64> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s % 1000) as f64 / 100.0 - 5.0
-            })
-            .collect()
+        xorshift(seed).take(n).map(|s| (s % 1000) as f64 / 100.0 - 5.0).collect()
     }
 
     #[test]

@@ -91,18 +91,13 @@ fn narrow_bf16_avx2(src: &[f32], dst: &mut [bf16]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_data::xorshift;
 
     #[test]
     fn rounding_is_bit_for_bit_halfs() {
         // Scattered bit patterns (every exponent, NaNs, infinities,
         // subnormals, ties) and the ties and near-ties around 1.
-        let mut s = 0x9E37_79B9_7F4A_7C15u64;
-        let scattered = (0..200_000).map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s as u32
-        });
+        let scattered = xorshift(1).take(200_000).map(|s| s as u32);
         let near_one = (0..=0x1_0000u32).map(|low| 0x3f80_0000 | low);
         for bits in scattered.chain(near_one).chain([0x7f80_0000, 0xff80_0000, 0x7f7f_ffff, 0x0000_8000, 0x8000_0001]) {
             let x = f32::from_bits(bits);

@@ -52,5 +52,7 @@ pub mod pool;
 pub mod reduce;
 pub mod scalar;
 pub mod scratch;
+#[cfg(test)]
+mod test_data;
 
 pub use error::{KernelError, Result};

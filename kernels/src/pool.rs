@@ -13,6 +13,7 @@
 //! padding, so it too holds an input element.
 
 use crate::error::{KernelError, Result};
+use crate::scalar::FloatElement;
 use half::{bf16, f16};
 use std::ops::{Add, AddAssign, Div};
 
@@ -302,7 +303,7 @@ fn max_pool_2x2<T: MaxPoolElement>(
 /// `grad_output` and `indices` are the pooled plane, element for element.
 ///
 /// An index outside `grad_input`, or lengths that differ, are errors.
-pub fn max_pool2d_backward_plane<T: MaxPoolGrad>(
+pub fn max_pool2d_backward_plane<T: FloatElement + Default>(
     grad_output: &[T],
     indices: &[i64],
     grad_input: &mut [T],
@@ -318,37 +319,9 @@ pub fn max_pool2d_backward_plane<T: MaxPoolGrad>(
         let slot = usize::try_from(index).ok().and_then(|i| grad_input.get_mut(i)).ok_or_else(|| {
             KernelError::ShapeMismatch { detail: format!("index {index} is outside an input plane of {len} elements") }
         })?;
-        *slot = slot.add(grad);
+        *slot = T::store(slot.load() + grad.load());
     }
     Ok(())
-}
-
-/// A gradient max pooling's backward pass sums (where windows overlap):
-/// f32 and f64 add as themselves; bf16 in f32 with the branchless rounding
-/// (`half`'s `+` rounds through a branchy conversion, which made bf16's
-/// backward pass slower than f32's on half the bytes); f16 with `half`'s.
-pub trait MaxPoolGrad: Copy + Default + Send + Sync {
-    /// `self + other`, rounded once to this type.
-    fn add(self, other: Self) -> Self;
-}
-
-macro_rules! plain_grad {
-    ($($t:ty),*) => {$(
-        impl MaxPoolGrad for $t {
-            #[inline(always)]
-            fn add(self, other: $t) -> $t {
-                self + other
-            }
-        }
-    )*};
-}
-plain_grad!(f32, f64, f16);
-
-impl MaxPoolGrad for bf16 {
-    #[inline(always)]
-    fn add(self, other: bf16) -> bf16 {
-        crate::convert::f32_to_bf16(crate::convert::bf16_to_f32(self) + crate::convert::bf16_to_f32(other))
-    }
 }
 
 /// An element type average pooling can sum and divide: f32 and f64.

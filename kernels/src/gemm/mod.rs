@@ -346,7 +346,7 @@ fn through_f32_workspace<S: Narrow>(
     let row_major = p.c.col_stride == 1 && p.c.row_stride != 1;
     let (bands, band_len) = if row_major { (m, n) } else { (n, m) };
     let per_band = (fits / band_len.max(1)).max(1);
-    if m.saturating_mul(n) <= fits || per_band >= bands {
+    if per_band >= bands {
         return in_f32_workspace(p, &compute);
     }
     let k = p.a.cols();

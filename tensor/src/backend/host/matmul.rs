@@ -133,15 +133,14 @@ impl Problem<'_> {
             let c = BatchMut::new(chunk, 0, [group.count, m, n], [m * n, n, 1]).map_err(err)?;
             batched_gemm(one, a, b, zero, c).map_err(err)
         };
-        let calls: Vec<_> =
-            outer_layout_a.offsets().zip(outer_layout_b.offsets()).zip(out.chunks_exact_mut(per_call.max(1))).collect();
+        let calls = outer_layout_a.offsets().zip(outer_layout_b.offsets()).zip(out.chunks_exact_mut(per_call.max(1)));
         // Attention's per-head products of a packed q/k/v projection step
         // unevenly over batch and heads: many calls of a few small matrices
         // each, each too small to share out. The calls go to the threads
         // instead (each still threads its own matrices when they are large).
         let flops = 2usize.saturating_mul(batch_count).saturating_mul(m).saturating_mul(n).saturating_mul(k);
         if batch_count > group.count && flops >= PARALLEL_THRESHOLD_FLOPS {
-            calls.into_par_iter().try_for_each(one_call)
+            calls.collect::<Vec<_>>().into_par_iter().try_for_each(one_call)
         } else {
             calls.into_iter().try_for_each(one_call)
         }

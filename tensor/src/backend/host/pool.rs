@@ -12,9 +12,9 @@ use crate::ops::pool::PoolPlan;
 use crate::shape::Shape;
 use crate::storage::{lock_storages, UninitTensor};
 use crate::tensor::Tensor;
+use brasa_kernels::elementwise::FloatElement;
 use brasa_kernels::pool::{
     avg_pool2d_backward_plane, avg_pool2d_plane, max_pool2d_backward_plane, max_pool2d_plane, AvgPoolElement,
-    MaxPoolGrad,
 };
 use brasa_kernels::KernelError;
 use rayon::prelude::*;
@@ -114,7 +114,7 @@ pub(super) fn avg_pool2d_backward(grad: &Tensor, plan: &PoolPlan, count_include_
 
 /// Scatters `grad` (contiguous, planes of `olen`) to the positions `indices`
 /// name in the `ilen`-element planes of `out`.
-fn max_backward<T: WithDType + MaxPoolGrad>(
+fn max_backward<T: WithDType + FloatElement + Default>(
     (grad, indices, olen, ilen): (&Tensor, &Tensor, usize, usize),
     out: UninitTensor,
 ) -> Result<Tensor> {
