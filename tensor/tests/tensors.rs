@@ -86,6 +86,41 @@ fn dtype_conversion_and_items() {
     assert!(t.to_vec::<f64>().unwrap_err().to_string().contains("expected dtype f32, got f64"));
 }
 
+/// Casts large enough to run on several threads (contiguous, transposed,
+/// narrowed and broadcast sources) give each element's own conversion, in
+/// the right place: f32 -> bf16 -> f32 and f32 -> i64 against the scalar
+/// definitions.
+/// The source element a view shows at (row, column).
+type SourceAt<'a> = Box<dyn Fn(usize, usize) -> f32 + 'a>;
+
+#[test]
+fn large_casts_of_every_layout_convert_each_element_in_place() {
+    let (rows, cols) = (700, 900);
+    let data: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919) % 10007) as f32 * 0.37 - 1800.0).collect();
+    let base = Tensor::from_vec_on(data.clone(), [rows, cols], CPU).unwrap();
+    let row = Tensor::from_vec_on(data[..cols].to_vec(), [1, cols], CPU).unwrap();
+    let views: Vec<(&str, Tensor, SourceAt)> = vec![
+        ("contiguous", base.clone(), Box::new(|i, j| data[i * cols + j])),
+        ("transposed", base.t().unwrap(), Box::new(|i, j| data[j * cols + i])),
+        ("narrowed", base.narrow(1, 100, 700).unwrap(), Box::new(|i, j| data[i * cols + 100 + j])),
+        ("broadcast", row.expand([rows, cols]).unwrap(), Box::new(|_, j| data[j])),
+    ];
+    for (name, view, at) in &views {
+        let (r, c) = (view.dims()[0], view.dims()[1]);
+        let halves = view.to_dtype(DType::BF16).unwrap().to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        let ints = view.to_dtype(DType::I64).unwrap().to_vec::<i64>().unwrap();
+        let same = view.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+        for i in 0..r {
+            for j in 0..c {
+                let want = at(i, j);
+                assert_eq!(halves[i * c + j], half::bf16::from_f32(want).to_f32(), "{name} ({i}, {j})");
+                assert_eq!(ints[i * c + j], want as i64, "{name} ({i}, {j})");
+                assert_eq!(same[i * c + j], want, "{name} ({i}, {j})");
+            }
+        }
+    }
+}
+
 #[test]
 fn random_tensors_repeat_with_the_seed_and_state() {
     let _turn = RNG_TESTS.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,8 +1,10 @@
-//! bf16 products on AMX tiles: `C (f32) = alpha * A * B + beta * C`.
+//! bf16 products on AMX tiles: `C = alpha * A * B + beta * C`, C in f32 or
+//! bf16.
 //!
 //! The shape of the computation follows the AMX kernel (`amx_tile`): C is
 //! cut into 32 x 32 tiles, each computed over the whole depth in tile
-//! registers and stored once. A and B are packed once per product, whole
+//! registers and stored once — rounded there, for a bf16 C, so that no f32
+//! workspace of C is written and then narrowed in a second pass. A and B are packed once per product, whole
 //! (`amx_pack`), by all threads; then the threads take blocks of up to
 //! 4 x 4 tiles, and inside a block walk one panel of A against the
 //! block's panels of B, which stay in L2 (4 panels of 2 KiB per 32 of
@@ -26,8 +28,8 @@
 use super::amx_pack::{pack_panel, panel_len, PanelLayout};
 use super::amx_tile::{TileKernel, PAIRS_PER_STEP, TILE_K, TILE_MN};
 use super::buffer::{try_with_buffer, Slot};
-use super::driver::{ranges, scale, Product};
-use super::element::Bf16Pair;
+use super::driver::{ranges, Product};
+use super::element::{Bf16Pair, Narrow};
 use super::matrix::RawMut;
 use crate::error::Result;
 use half::bf16;
@@ -58,14 +60,15 @@ pub(crate) fn worth_tiles(m: usize, n: usize, k: usize) -> bool {
 struct Scratch([f32; TILE_MN * TILE_MN]);
 
 /// Runs the product on up to `threads` threads with `kernel`.
-pub(crate) fn gemm(kernel: TileKernel, threads: usize, p: Product<'_, f32, bf16, f32>) -> Result<()> {
+pub(crate) fn gemm<S: Narrow>(kernel: TileKernel, threads: usize, p: Product<'_, f32, bf16, S>) -> Result<()> {
     let Product { alpha, a, b, beta, c } = p;
     let (m, n, k) = (c.rows, c.cols, a.cols());
     if m == 0 || n == 0 {
         return Ok(());
     }
     if k == 0 || alpha == 0.0 {
-        scale(c, beta);
+        // SAFETY: the caller's checked output view, written by this call only.
+        unsafe { scale(c, beta) };
         return Ok(());
     }
     let len = panel_len(k);
@@ -147,20 +150,59 @@ fn blocks(row_panels: usize, col_panels: usize, threads: usize) -> Vec<((usize, 
 }
 
 /// `C[tile] = alpha * scratch + beta * C[tile]` on the tile's live part
-/// (beta 0: C not read).
+/// (beta 0: C not read), rounded once into C's type: a row at a time
+/// through the slice conversions where C's rows are contiguous.
 ///
 /// # Safety
 /// Tile `(ip, jp)` of C is inside `c` and written by no one else meanwhile.
-unsafe fn store_tile(scratch: &Scratch, c: RawMut<f32>, ip: usize, jp: usize, alpha: f32, beta: f32) {
+unsafe fn store_tile<S: Narrow>(scratch: &Scratch, c: RawMut<S>, ip: usize, jp: usize, alpha: f32, beta: f32) {
     let (i0, j0) = (ip * TILE_MN, jp * TILE_MN);
     let (rows, cols) = (TILE_MN.min(c.rows - i0), TILE_MN.min(c.cols - j0));
+    let mut row = [0f32; TILE_MN];
     for i in 0..rows {
-        for j in 0..cols {
-            let x = alpha * scratch.0[i * TILE_MN + j];
-            // SAFETY: (i0 + i, j0 + j) is inside C (caller's contract).
+        let acc = &scratch.0[i * TILE_MN..i * TILE_MN + cols];
+        // SAFETY: (i0 + i, j0) is inside C (caller's contract).
+        let start = unsafe { c.ptr.add((i0 + i) * c.row_stride + j0 * c.col_stride) };
+        if c.col_stride == 1 {
+            // SAFETY: the row's `cols` elements from `start` are contiguous,
+            // inside C and ours (caller's contract).
+            let out = unsafe { std::slice::from_raw_parts_mut(start, cols) };
+            let row = &mut row[..cols];
+            if beta == 0.0 {
+                for (r, &x) in row.iter_mut().zip(acc) {
+                    *r = alpha * x;
+                }
+            } else {
+                S::convert_slice(out, row);
+                for (r, &x) in row.iter_mut().zip(acc) {
+                    *r = alpha * x + beta * *r;
+                }
+            }
+            S::narrow_slice(row, out);
+        } else {
+            for (j, &x) in acc.iter().enumerate() {
+                // SAFETY: element j of the row is inside C (caller's contract).
+                unsafe {
+                    let at = start.add(j * c.col_stride);
+                    let x = alpha * x;
+                    *at = S::narrow(if beta == 0.0 { x } else { x + beta * (*at).to_compute() });
+                }
+            }
+        }
+    }
+}
+
+/// `C = beta * C` (beta 0: C not read), rounded into C's type.
+///
+/// # Safety
+/// `c` is a valid output view, written by no one else meanwhile.
+unsafe fn scale<S: Narrow>(c: RawMut<S>, beta: f32) {
+    for i in 0..c.rows {
+        for j in 0..c.cols {
+            // SAFETY: (i, j) is inside the view (caller's contract).
             unsafe {
-                let at = c.ptr.add((i0 + i) * c.row_stride + (j0 + j) * c.col_stride);
-                *at = if beta == 0.0 { x } else { x + beta * *at };
+                let at = c.ptr.add(i * c.row_stride + j * c.col_stride);
+                *at = S::narrow(if beta == 0.0 { 0.0 } else { beta * (*at).to_compute() });
             }
         }
     }
@@ -229,6 +271,51 @@ mod tests {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// A bf16 C is the f32 C of the same product rounded once, bit for bit:
+    /// row- and column-major, beta 0 (C unread) and not, edges of the tile.
+    #[test]
+    fn bf16_c_is_the_f32_c_rounded_once() -> Result<()> {
+        for kernel in kernels() {
+            for (m, n, k) in [(33, 17, 31), (64, 96, 65), (31, 130, 40)] {
+                let (a, b) = (values(m * k, 3), values(k * n, 4));
+                let (a, b) = (MatRef::row_major(&a, m, k)?, MatRef::row_major(&b, k, n)?);
+                for (threads, beta, row_major) in [(1, 0.0f32, true), (2, 0.75, true), (3, 1.0, false), (1, 0.0, false)]
+                {
+                    let c0: Vec<bf16> = values(m * n, 5);
+                    let mut wide: Vec<f32> = c0.iter().map(|v| v.to_f32()).collect();
+                    let mut narrow = if beta == 0.0 { vec![bf16::NAN; m * n] } else { c0.clone() };
+                    let mut view = if row_major {
+                        MatMut::row_major(&mut wide, m, n)?
+                    } else {
+                        MatMut::col_major(&mut wide, m, n)?
+                    };
+                    gemm(kernel, threads, Product { alpha: 1.5, a, b, beta, c: view.raw() })?;
+                    let mut out = if row_major {
+                        MatMut::row_major(&mut narrow, m, n)?
+                    } else {
+                        MatMut::col_major(&mut narrow, m, n)?
+                    };
+                    gemm(kernel, threads, Product { alpha: 1.5, a, b, beta, c: out.raw() })?;
+                    for (e, (&w, &got)) in wide.iter().zip(&narrow).enumerate() {
+                        assert_eq!(
+                            got.to_bits(),
+                            bf16::from_f32(w).to_bits(),
+                            "hw {} {m}x{n}x{k} beta {beta} row-major {row_major}, element {e}",
+                            kernel.hardware
+                        );
+                    }
+                }
+            }
+        }
+        let mut c = [bf16::from_f32(3.0); 4];
+        let empty = values(0, 1);
+        let (x, y) = (MatRef::row_major(&empty, 2, 0)?, MatRef::row_major(&empty, 0, 2)?);
+        let mut view = MatMut::row_major(&mut c, 2, 2)?;
+        gemm(TileKernel::emulated(), 1, Product { alpha: 1.0, a: x, b: y, beta: 0.5, c: view.raw() })?;
+        assert_eq!(c, [bf16::from_f32(1.5); 4]);
         Ok(())
     }
 

@@ -138,6 +138,18 @@ pub(crate) trait Narrow: PackSource<f32> {
     fn narrow_slice(src: &[f32], dst: &mut [Self]);
 }
 
+/// f32 "narrows" to itself: lets a kernel that rounds its f32 accumulators
+/// at the store (the AMX tiles) write f32 and half C alike.
+impl Narrow for f32 {
+    #[inline(always)]
+    fn narrow(value: f32) -> f32 {
+        value
+    }
+    fn narrow_slice(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
 impl Narrow for f16 {
     #[inline(always)]
     fn narrow(value: f32) -> f16 {

@@ -303,7 +303,7 @@ impl<T: Compute + Packed + PackInto<T>> OutputPath<T, T, T> for Direct {
 
 impl<S: Narrow + PackInto<P>, P: Packed> OutputPath<f32, P, S> for Widened {
     fn run(&self, plan: &Plan<f32, P>, p: Product<'_, f32, S, S>) -> Result<()> {
-        through_f32_workspace(p, |p| {
+        through_f32_workspace(p, plan.threads, |p| {
             driver::gemm(plan, p);
             Ok(())
         })
@@ -316,7 +316,8 @@ impl OutputPath<f32, Bf16Pair, bf16> for WidenedAmx {
         if !amx::worth_tiles(p.c.rows, p.c.cols, p.a.cols()) {
             return Widened.run(plan, p);
         }
-        through_f32_workspace(p, |p| amx::gemm(amx_tile::TileKernel::amx(), plan.threads, p))
+        // The tiles round each tile of C once at its store: no workspace.
+        amx::gemm(amx_tile::TileKernel::amx(), plan.threads, p)
     }
 
     fn speed_vs_f32(&self, m: usize, n: usize, k: usize) -> usize {
@@ -339,6 +340,7 @@ impl OutputPath<f32, Bf16Pair, bf16> for WidenedAmx {
 /// for each band.
 fn through_f32_workspace<S: Narrow>(
     p: Product<'_, f32, S, S>,
+    threads: usize,
     compute: impl Fn(Product<'_, f32, S, f32>) -> Result<()>,
 ) -> Result<()> {
     let (m, n) = (p.c.rows, p.c.cols);
@@ -347,7 +349,7 @@ fn through_f32_workspace<S: Narrow>(
     let (bands, band_len) = if row_major { (m, n) } else { (n, m) };
     let per_band = (fits / band_len.max(1)).max(1);
     if per_band >= bands {
-        return in_f32_workspace(p, &compute);
+        return in_f32_workspace(p, threads, &compute);
     }
     let k = p.a.cols();
     for lo in (0..bands).step_by(per_band) {
@@ -361,14 +363,21 @@ fn through_f32_workspace<S: Narrow>(
             let c = unsafe { p.c.sub(0, lo, m, len) };
             Product { b: p.b.sub(0, lo, k, len), c, ..p }
         };
-        in_f32_workspace(band, &compute)?;
+        in_f32_workspace(band, threads, &compute)?;
     }
     Ok(())
 }
 
+/// A workspace of at least this many elements is widened and rounded on
+/// the product's threads (the element-wise ops' threshold for cheap work):
+/// one thread rounding wide_mlp's 2048 x 3072 weight gradient took a fifth
+/// of the product's time on 2 cores.
+const PARALLEL_CONVERT_MIN: usize = 1 << 18;
+
 /// [`through_f32_workspace`] for one band.
 fn in_f32_workspace<S: Narrow>(
     p: Product<'_, f32, S, S>,
+    threads: usize,
     compute: &impl Fn(Product<'_, f32, S, f32>) -> Result<()>,
 ) -> Result<()> {
     let (c, beta) = (p.c, p.beta);
@@ -382,24 +391,45 @@ fn in_f32_workspace<S: Narrow>(
     let row_major = c.col_stride == 1 && c.row_stride != 1;
     let (runs, run_len) = if row_major { (m, n) } else { (n, m) };
     let (run_stride, step) = if row_major { (c.row_stride, c.col_stride) } else { (c.col_stride, c.row_stride) };
+    // Runs in groups, a few per thread, when the workspace is large enough.
+    let parallel = threads > 1 && m * n >= PARALLEL_CONVERT_MIN;
+    let group = if parallel { runs.div_ceil(threads * 4) * run_len } else { runs * run_len };
+    // Closures take the whole view (which is Sync), not its raw pointer.
+    let out = &c;
     // A cached workspace: with beta = 0 its (stale) contents are unused.
     // It grows with C (twice C's bytes), so it may not be there to have.
     try_with_buffer::<f32, _>(Slot::C, m * n, |work| {
         if beta != 0.0 {
-            for (r, out) in work.chunks_exact_mut(run_len).enumerate() {
-                // SAFETY: run r of the checked output view starts there
-                // and has `run_len` elements `step` apart.
-                unsafe { widen_run(c.ptr.add(r * run_stride), step, out) };
+            let widen = |(g, part): (usize, &mut [f32])| {
+                let first = g * group / run_len;
+                for (r, dst) in part.chunks_exact_mut(run_len).enumerate() {
+                    // SAFETY: run first + r of the checked output view starts
+                    // there and has `run_len` elements `step` apart.
+                    unsafe { widen_run(out.ptr.add((first + r) * run_stride), step, dst) };
+                }
+            };
+            if parallel {
+                work.par_chunks_mut(group).enumerate().for_each(widen);
+            } else {
+                work.chunks_mut(group).enumerate().for_each(widen);
             }
         }
         let (row_stride, col_stride) = if row_major { (n, 1) } else { (1, m) };
         let work_view = RawMut { ptr: work.as_mut_ptr(), rows: m, cols: n, row_stride, col_stride };
         compute(p.with_c(work_view))?;
         debug_assert_eq!(work.len(), runs * run_len);
-        for (r, run) in work.chunks_exact(run_len).enumerate() {
-            // SAFETY: as above; nothing else reads or writes this
-            // product's C.
-            unsafe { narrow_run(run, c.ptr.add(r * run_stride), step) };
+        let narrow = |(g, part): (usize, &[f32])| {
+            let first = g * group / run_len;
+            for (r, run) in part.chunks_exact(run_len).enumerate() {
+                // SAFETY: as above; each run of C is written by one group
+                // only, and nothing else reads or writes this product's C.
+                unsafe { narrow_run(run, out.ptr.add((first + r) * run_stride), step) };
+            }
+        };
+        if parallel {
+            work.par_chunks(group).enumerate().for_each(narrow);
+        } else {
+            work.chunks(group).enumerate().for_each(narrow);
         }
         Ok(())
     })?
@@ -514,31 +544,36 @@ mod tests {
     #[test]
     fn narrow_c_larger_than_the_workspace_goes_in_bands() {
         // C of 1.1M elements: its f32 workspace (4.4 MB) outgrows the cached
-        // one. Operands k/8 with small k: every sum is exact in f32, so C is
-        // the exact result rounded once, whichever band computed it.
-        let (m, n, k) = (1100, 1000, 6);
-        let a: Vec<bf16> = (0..m * k).map(|i| bf16::from_f32(((i * 7 % 9) as f32 - 4.0) / 8.0)).collect();
-        let b: Vec<bf16> = (0..k * n).map(|i| bf16::from_f32(((i * 5 % 7) as f32 - 3.0) / 8.0)).collect();
-        let c0: Vec<bf16> = (0..m * n).map(|i| bf16::from_f32((i % 5) as f32)).collect();
-        for (col_major, beta) in [(false, 0.0f32), (true, 1.0), (false, 1.0)] {
-            let mut c = c0.clone();
-            let view =
-                if col_major { MatMut::col_major(&mut c, m, n) } else { MatMut::row_major(&mut c, m, n) }.unwrap();
-            gemm(1.0, MatRef::row_major(&a, m, k).unwrap(), MatRef::row_major(&b, k, n).unwrap(), beta, view).unwrap();
-            for (i, j) in [(0, 0), (m - 1, n - 1), (517, 3), (3, 999), (m / 2, n / 2), (1099, 0)] {
+        // one; C of 300K: one workspace, widened and rounded by groups of
+        // runs on several threads. Operands k/8 with small k: every sum is
+        // exact in f32, so C is the exact result rounded once, whichever
+        // band or thread computed it.
+        for (m, n, k) in [(1100, 1000, 6), (600, 500, 6)] {
+            let a: Vec<bf16> = (0..m * k).map(|i| bf16::from_f32(((i * 7 % 9) as f32 - 4.0) / 8.0)).collect();
+            let b: Vec<bf16> = (0..k * n).map(|i| bf16::from_f32(((i * 5 % 7) as f32 - 3.0) / 8.0)).collect();
+            let c0: Vec<bf16> = (0..m * n).map(|i| bf16::from_f32((i % 5) as f32)).collect();
+            let exact = |i: usize, j: usize, c: f32, beta: f32| {
                 let dot: f32 = (0..k).map(|p| a[i * k + p].to_f32() * b[p * n + j].to_f32()).sum();
-                let at = if col_major { i + j * m } else { i * n + j };
-                let want = bf16::from_f32(dot + beta * c0[at].to_f32());
-                assert_eq!(c[at], want, "({i}, {j}) col_major {col_major} beta {beta}");
+                bf16::from_f32(dot + beta * c)
+            };
+            for parallelism in [Parallelism::Auto, Parallelism::Threads(3)] {
+                let options = GemmOptions { parallelism, ..GemmOptions::default() };
+                for (col_major, beta) in [(false, 0.0f32), (true, 1.0), (false, 1.0), (true, 0.0)] {
+                    let mut c = c0.clone();
+                    let view =
+                        if col_major { MatMut::col_major(&mut c, m, n) } else { MatMut::row_major(&mut c, m, n) }
+                            .unwrap();
+                    let (x, y) = (MatRef::row_major(&a, m, k).unwrap(), MatRef::row_major(&b, k, n).unwrap());
+                    gemm_with(&options, 1.0, x, y, beta, view).unwrap();
+                    let all_right = (0..m).all(|i| {
+                        (0..n).all(|j| {
+                            let at = if col_major { i + j * m } else { i * n + j };
+                            c[at] == exact(i, j, c0[at].to_f32(), beta)
+                        })
+                    });
+                    assert!(all_right, "{m}x{n} {parallelism:?} col_major {col_major} beta {beta}");
+                }
             }
-            let all_right = (0..m).all(|i| {
-                (0..n).all(|j| {
-                    let dot: f32 = (0..k).map(|p| a[i * k + p].to_f32() * b[p * n + j].to_f32()).sum();
-                    let at = if col_major { i + j * m } else { i * n + j };
-                    c[at] == bf16::from_f32(dot + beta * c0[at].to_f32())
-                })
-            });
-            assert!(all_right, "col_major {col_major} beta {beta}");
         }
     }
 
