@@ -5,9 +5,11 @@ use crate::device::Device;
 use crate::dispatch::dispatch_dtype;
 use crate::dtype::{DType, WithDType};
 use crate::error::Result;
+use crate::layout::Layout;
 use crate::ops::elementwise::{Cost, Plan};
 use crate::storage::lock_storages;
 use crate::tensor::Tensor;
+use rayon::prelude::*;
 
 /// See [`crate::backend::Backend::cast`]; `device` is any host device
 /// (moving between logical host devices is a copy in one address space).
@@ -76,6 +78,8 @@ pub(super) fn copy_into(name: &'static str, dst: &Tensor, src: &Tensor) -> Resul
 /// both sides' runs (a transposed-then-reshaped gradient copied into a
 /// narrowed slice has runs of a head's width on one side and of the slice's
 /// width on the other), element by element only when that length is 1.
+/// Large copies run on rayon's threads, a group of runs each, where no two
+/// elements of the destination share memory.
 fn copy_runs<T: WithDType>(from: &[T], src: &Tensor, to: &mut [T], dst: &Tensor) {
     let dst_runs = dst.layout().contiguous_runs();
     let src_runs = src.layout().contiguous_runs();
@@ -84,13 +88,84 @@ fn copy_runs<T: WithDType>(from: &[T], src: &Tensor, to: &mut [T], dst: &Tensor)
         let chunks = move |runs: crate::layout::ContiguousRuns| {
             runs.flat_map(move |run| run.step_by(common).map(move |start| start..start + common))
         };
-        for (d, s) in chunks(dst_runs).zip(chunks(src_runs)) {
-            to[d].copy_from_slice(&from[s]);
+        let numel = dst.layout().numel();
+        if numel < Cost::Cheap.parallel_threshold() || rayon::current_num_threads() < 2 || !distinct(dst.layout()) {
+            for (d, s) in chunks(dst_runs).zip(chunks(src_runs)) {
+                to[d].copy_from_slice(&from[s]);
+            }
+            return;
         }
+        let starts: Vec<(usize, usize)> =
+            chunks(dst_runs).zip(chunks(src_runs)).map(|(d, s)| (d.start, s.start)).collect();
+        let out = SharedOut::new(to);
+        starts.par_chunks((TASK_ELEMENTS / common).max(1)).for_each(|part| {
+            for &(d, s) in part {
+                // SAFETY: the destination's runs lie in its storage and no
+                // two share an element (`distinct`), so each is written by
+                // one task only.
+                unsafe { out.run(d, common) }.copy_from_slice(&from[s..s + common]);
+            }
+        });
     } else {
         for (d, s) in dst.layout().offsets().zip(src.layout().offsets()) {
             to[d] = from[s];
         }
+    }
+}
+
+/// Elements one task of a threaded copy or fill takes on.
+const TASK_ELEMENTS: usize = 1 << 16;
+
+/// Whether the layout's elements are all distinct places in memory: its
+/// dims (those longer than 1), by increasing stride, each step past
+/// everything the smaller ones span. Broadcast (stride 0) views fail.
+fn distinct(layout: &Layout) -> bool {
+    let mut dims: Vec<(usize, usize)> = layout
+        .dims()
+        .iter()
+        .zip(layout.strides())
+        .filter(|(&size, _)| size > 1)
+        .map(|(&size, &stride)| (size, stride.unsigned_abs()))
+        .collect();
+    dims.sort_by_key(|&(_, stride)| stride);
+    let mut span = 1usize;
+    for (size, stride) in dims {
+        if stride < span {
+            return false;
+        }
+        span = match stride.checked_mul(size - 1).and_then(|s| s.checked_add(span)) {
+            Some(span) => span,
+            None => return false,
+        };
+    }
+    true
+}
+
+/// A destination slice handed to several threads, each writing runs no
+/// other thread writes.
+struct SharedOut<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+// SAFETY: tasks write disjoint runs (`run`'s contract); T crosses threads.
+unsafe impl<T: Send> Sync for SharedOut<T> {}
+
+impl<T> SharedOut<T> {
+    fn new(slice: &mut [T]) -> Self {
+        SharedOut { ptr: slice.as_mut_ptr(), len: slice.len() }
+    }
+
+    /// Elements `start..start + len` of the slice, checked against its
+    /// length.
+    ///
+    /// # Safety
+    /// No other live reference covers these elements.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn run(&self, start: usize, len: usize) -> &mut [T] {
+        assert!(start.checked_add(len).is_some_and(|end| end <= self.len), "run outside the destination");
+        // SAFETY: in bounds (just checked); exclusive by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
     }
 }
 
@@ -111,8 +186,25 @@ pub(super) fn fill(name: &'static str, dst: &Tensor, value: f64) -> Result<()> {
         // Broadcast dims repeat their element: walk each one once.
         let layout = dst.layout().without_broadcast_dims();
         let mut data = dst.storage().write::<T>(name)?;
-        for run in layout.contiguous_runs() {
-            data[run].fill(value);
+        let threaded = layout.numel() >= Cost::Cheap.parallel_threshold()
+            && rayon::current_num_threads() > 1
+            && distinct(&layout);
+        if threaded {
+            // Fresh zeros (a view's gradient, an accumulator) are the
+            // common case: one long run, cut into tasks.
+            let parts: Vec<(usize, usize)> = layout
+                .contiguous_runs()
+                .flat_map(|run| run.clone().step_by(TASK_ELEMENTS).map(move |at| (at, TASK_ELEMENTS.min(run.end - at))))
+                .collect();
+            let out = SharedOut::new(&mut data);
+            parts.par_iter().for_each(|&(at, len)| {
+                // SAFETY: the runs of a distinct layout share no element.
+                unsafe { out.run(at, len) }.fill(value);
+            });
+        } else {
+            for run in layout.contiguous_runs() {
+                data[run].fill(value);
+            }
         }
     });
     Ok(())
@@ -120,7 +212,7 @@ pub(super) fn fill(name: &'static str, dst: &Tensor, value: f64) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::gcd;
+    use super::{distinct, gcd};
     use crate::{DType, Tensor};
 
     /// The values of `t` in row-major order, through the contiguous path.
@@ -152,5 +244,48 @@ mod tests {
         for part in untouched {
             assert!(values(&part).iter().all(|&v| v == 0.0));
         }
+    }
+
+    #[test]
+    fn distinct_layouts_are_those_whose_elements_share_no_memory() {
+        let m = Tensor::zeros([64, 48], DType::F32).unwrap();
+        assert!(distinct(m.layout()));
+        assert!(distinct(m.t().unwrap().layout()));
+        assert!(distinct(m.narrow(1, 8, 16).unwrap().layout()));
+        let row = Tensor::zeros([1, 48], DType::F32).unwrap();
+        assert!(!distinct(row.expand([64, 48]).unwrap().layout()));
+        assert!(distinct(row.expand([1, 48]).unwrap().layout()));
+    }
+
+    /// Copies and fills large enough for several threads, into views with
+    /// gaps (the q/k/v slices of a packed projection's gradient), put every
+    /// element in its place and leave the rest alone.
+    #[test]
+    fn threaded_copies_and_fills_of_views_touch_exactly_their_elements() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+        pool.install(|| {
+            let (rows, width) = (2048, 256);
+            let big = Tensor::full([rows, 3 * width], 7.0, DType::F32).unwrap();
+            let source = Tensor::arange(0.0, (rows * width) as f64, 1.0, DType::F32).unwrap();
+            let grad = source.reshape(&[rows as isize, width as isize]).unwrap();
+            big.narrow(1, width, width).unwrap().copy_(&grad).unwrap();
+            // A transposed source into a transposed destination.
+            let square = Tensor::zeros([768, 768], DType::F32).unwrap();
+            let src = Tensor::arange(0.0, 768.0 * 768.0, 1.0, DType::F32).unwrap().reshape(&[768, 768]).unwrap();
+            square.t().unwrap().copy_(&src.t().unwrap()).unwrap();
+            assert_eq!(values(&square), values(&src));
+            big.narrow(1, 0, width).unwrap().fill_(-1.0).unwrap();
+            let all = values(&big);
+            for r in 0..rows {
+                for c in 0..3 * width {
+                    let want = match c / width {
+                        0 => -1.0,
+                        1 => (r * width + c - width) as f32,
+                        _ => 7.0,
+                    };
+                    assert_eq!(all[r * 3 * width + c], want, "({r}, {c})");
+                }
+            }
+        });
     }
 }
