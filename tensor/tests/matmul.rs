@@ -173,6 +173,21 @@ fn check(a: &Tensor, b: &Tensor) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// `matmul_out_dtype(.., F32)` of half operands: the f32 sums, exactly the
+/// f64 reference (the values are multiples of 1/64 whose sums f32 holds
+/// exactly, and bf16 or f16 would not: a rounded result fails).
+fn check_f32_out(a: &Tensor, b: &Tensor) -> Result<(), TestCaseError> {
+    let c = a.matmul_out_dtype(b, DType::F32).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let (shape, expected) = reference(a, b);
+    prop_assert_eq!(c.dims(), shape.as_slice(), "{:?} x {:?}", a.dims(), b.dims());
+    prop_assert_eq!(c.dtype(), DType::F32);
+    let got = c.to_vec::<f32>().unwrap();
+    for (i, (&g, &e)) in got.iter().zip(&expected).enumerate() {
+        prop_assert_eq!(f64::from(g), e, "element {}: {:?} x {:?} ({})", i, a.dims(), b.dims(), a.dtype());
+    }
+    Ok(())
+}
+
 #[derive(Debug, Clone)]
 struct Case {
     a_shape: Vec<usize>,
@@ -224,6 +239,56 @@ proptest! {
         let b = make(&c.b_shape, c.dtype, c.b_view, c.seed ^ 0xABCD);
         check(&a, &b)?;
     }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn half_products_into_f32_are_the_exact_sums(c in case(), bf16 in any::<bool>()) {
+        let dtype = if bf16 { DType::BF16 } else { DType::F16 };
+        let a = make(&c.a_shape, dtype, c.a_view, c.seed);
+        let b = make(&c.b_shape, dtype, c.b_view, c.seed ^ 0xABCD);
+        check_f32_out(&a, &b)?;
+    }
+}
+
+#[test]
+fn larger_half_products_into_f32_cross_tiles_and_threads() {
+    // Tall products (a batch folded into rows), several matrices per call
+    // shared out across threads, transposed operands, and attention's
+    // per-head views of a packed projection.
+    for (a_shape, b_shape, a_view, b_view) in [
+        (vec![256, 300], vec![300, 128], View::Contiguous, View::Contiguous),
+        (vec![3, 45, 270], vec![270, 50], View::Contiguous, View::Transposed),
+        (vec![16, 96, 64], vec![16, 64, 96], View::Transposed, View::Offset),
+        (vec![2, 3, 40, 33], vec![3, 33, 29], View::Permuted, View::Narrowed),
+    ] {
+        for dtype in [DType::BF16, DType::F16] {
+            check_f32_out(&make(&a_shape, dtype, a_view, 3), &make(&b_shape, dtype, b_view, 4)).unwrap();
+        }
+    }
+    let (batch, seq, heads, dh) = (4, 96, 4, 64);
+    let packed =
+        Tensor::from_vec_on(values(batch * seq * 3 * heads * dh, 9), [batch, seq, 3 * heads * dh], Device::CPU)
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+    let head_view = |part: usize| {
+        let flat = packed.narrow(-1, part * heads * dh, heads * dh).unwrap();
+        flat.reshape(&[batch as isize, seq as isize, heads as isize, dh as isize])
+            .unwrap()
+            .permute(&[0, 2, 1, 3])
+            .unwrap()
+    };
+    check_f32_out(&head_view(0), &head_view(1).transpose(-1, -2).unwrap()).unwrap();
+    // The operands' own dtype is a plain matmul; anything else is refused.
+    let (a, b) = (make(&[3, 4], DType::BF16, View::Contiguous, 1), make(&[4, 2], DType::BF16, View::Contiguous, 2));
+    assert_eq!(a.matmul_out_dtype(&b, DType::BF16).unwrap().dtype(), DType::BF16);
+    let refused = a.matmul_out_dtype(&b, DType::F64).unwrap_err().to_string();
+    assert!(refused.contains("out_dtype f64") && refused.contains("got bf16 operands"), "{refused}");
+    let (x, y) = (make(&[3, 4], DType::F32, View::Contiguous, 1), make(&[4, 2], DType::F32, View::Contiguous, 2));
+    assert!(x.matmul_out_dtype(&y, DType::F16).is_err());
 }
 
 #[test]

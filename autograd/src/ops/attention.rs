@@ -21,10 +21,16 @@
 //! taken before those draws, draws the same masks again, and puts the
 //! caller's state back.
 //!
-//! f16 and bf16 inputs are computed in f32 (their softmax statistics would
-//! lose too much) and the output is converted back; what backward needs
-//! (`q`, `k`, `v`, the output) is saved in the inputs' dtype and widened
-//! again there, so under autocast attention keeps half the bytes.
+//! f16 and bf16 inputs keep their dtype as operands of the products, which
+//! return f32 sums ([`Tensor::matmul_out_dtype`]: the half kernels read them
+//! as they are, as PyTorch's flash attention does on CPUs); scores, their
+//! softmax statistics and the accumulators stay f32 (half precision would
+//! lose too much there), and the probabilities and score gradients are
+//! rounded to the inputs' dtype only as operands of the next products. The
+//! scale multiplies the f32 scores rather than the half queries. The output
+//! is converted back; what backward needs (`q`, `k`, `v`, the output) is
+//! saved in the inputs' dtype, so under autocast attention keeps half the
+//! bytes.
 
 use crate::error::{AutogradError, Result};
 use crate::precision::autocast_inputs;
@@ -115,6 +121,9 @@ struct Plan {
     mask: Option<Tensor>,
     /// The dtype the arithmetic runs in (f32 for half inputs).
     compute: DType,
+    /// The dtype of the products' operands: the inputs' (f16 or bf16
+    /// operands give f32 products), else `compute`.
+    operand: DType,
     device: Device,
 }
 
@@ -138,11 +147,38 @@ impl Plan {
         Ok(Tensor::full_on([], value, self.compute, self.device)?)
     }
 
-    /// `q_c·kᵀ` of one chunk with the mask and causal fill added; `qs` is
-    /// the chunk's queries already multiplied by the scale.
+    /// Whether the products take half operands into f32 sums.
+    fn half_operands(&self) -> bool {
+        self.operand != self.compute
+    }
+
+    /// `a · b` in the compute dtype, from operands in `self.operand`.
+    fn product(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        Ok(if self.half_operands() { a.matmul_out_dtype(b, self.compute)? } else { a.matmul(b)? })
+    }
+
+    /// A compute-dtype block (probabilities, score gradients) as an operand
+    /// of the next product.
+    fn as_operand(&self, t: &Tensor) -> Result<Tensor> {
+        in_dtype(t, self.operand)
+    }
+
+    /// The chunk's queries as the score product takes them: multiplied by
+    /// the scale here in full precision; for half operands as they are (the
+    /// f32 scores are scaled instead, in `scores`).
+    fn queries(&self, q: &Tensor, start: usize, rows: usize) -> Result<Tensor> {
+        let q_c = q.narrow(-2, start, rows)?;
+        Ok(if self.half_operands() { q_c } else { q_c.mul_scalar(self.scale)? })
+    }
+
+    /// `q_c·kᵀ·scale` of one chunk with the mask and causal fill added;
+    /// `qs` is the chunk's queries from [`Plan::queries`].
     fn scores(&self, qs: &Tensor, k: &Tensor, start: usize, rows: usize) -> Result<Tensor> {
         let keys = self.keys(start, rows);
-        let scores = qs.matmul(&k.narrow(-2, 0, keys)?.transpose(-2, -1)?)?;
+        let scores = self.product(qs, &k.narrow(-2, 0, keys)?.transpose(-2, -1)?)?;
+        if self.half_operands() {
+            scores.mul_scalar_(self.scale)?;
+        }
         if let Some(mask) = &self.mask {
             let rank = mask.rank();
             let mut m = mask.clone();
@@ -294,6 +330,9 @@ fn plan(q: &Var, k: &Var, v: &Var, options: &SdpaOptions) -> Result<Plan> {
         DType::F16 | DType::BF16 => DType::F32,
         other => other,
     };
+    // The host's half kernels multiply half operands into f32 directly.
+    // Elsewhere (CUDA) the products run on widened operands as before.
+    let operand = if matches!(q.device(), Device::Cpu(_)) { q.dtype() } else { compute };
     let batch: usize = qd[..r - 2].iter().product::<usize>().max(1);
     let chunk =
         options.chunk_rows.unwrap_or_else(|| (DEFAULT_BLOCK_ELEMENTS / (batch * s).max(1)).max(1)).min(l.max(1));
@@ -306,6 +345,7 @@ fn plan(q: &Var, k: &Var, v: &Var, options: &SdpaOptions) -> Result<Plan> {
         chunk,
         mask,
         compute,
+        operand,
         device: q.device(),
     })
 }
@@ -322,7 +362,7 @@ fn forward(plan: &Plan, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, T
     let lse = Tensor::zeros_on(lse_dims.as_slice(), plan.compute, plan.device)?;
     let inf = plan.scalar(f64::INFINITY)?;
     for (start, rows) in plan.chunks() {
-        let qs = q.narrow(-2, start, rows)?.mul_scalar(plan.scale)?;
+        let qs = plan.queries(q, start, rows)?;
         let scores = plan.scores(&qs, k, start, rows)?;
         let max = scores.max(&[-1], true)?;
         let p = scores.softmax(-1)?;
@@ -342,14 +382,15 @@ fn forward(plan: &Plan, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, T
             p.mul_(&plan.dropout_mask(p.dims())?)?;
         }
         let keys = plan.keys(start, rows);
-        out.narrow(-2, start, rows)?.copy_(&p.matmul(&v.narrow(-2, 0, keys)?)?)?;
+        out.narrow(-2, start, rows)?.copy_(&plan.product(&plan.as_operand(&p)?, &v.narrow(-2, 0, keys)?)?)?;
         lse.narrow(-2, start, rows)?.copy_(&row_lse)?;
     }
     Ok((out, lse))
 }
 
 /// The backward: gradients of q, k and v in the compute dtype (k's and v's
-/// only when `needs` asks for them).
+/// only when `needs` asks for them). `q`, `k`, `v` and `grad` are in the
+/// operand dtype, `out` in the compute dtype.
 #[allow(clippy::too_many_arguments)]
 fn backward(
     plan: &Plan,
@@ -367,7 +408,7 @@ fn backward(
     for (start, rows) in plan.chunks() {
         let keys = plan.keys(start, rows);
         let (k_c, v_c) = (k.narrow(-2, 0, keys)?, v.narrow(-2, 0, keys)?);
-        let qs = q.narrow(-2, start, rows)?.mul_scalar(plan.scale)?;
+        let qs = plan.queries(q, start, rows)?;
         // The block's softmax again: exp(scores − lse), in one fused pass.
         let p = plan.scores(&qs, k, start, rows)?.softmax(-1)?;
         let p = match plan.empty_rows(&lse.narrow(-2, start, rows)?.eq_scalar(f64::INFINITY)?)? {
@@ -375,7 +416,7 @@ fn backward(
             None => p,
         };
         let g = grad.narrow(-2, start, rows)?;
-        let dp = g.matmul(&v_c.transpose(-2, -1)?)?;
+        let dp = plan.product(&g, &v_c.transpose(-2, -1)?)?;
         let kept = if plan.dropout_p > 0.0 {
             let mask = plan.dropout_mask(p.dims())?;
             dp.mul_(&mask)?;
@@ -384,18 +425,29 @@ fn backward(
             None
         };
         if needs[2] {
-            dv.narrow(-2, 0, keys)?.add_(&kept.as_ref().unwrap_or(&p).transpose(-2, -1)?.matmul(&g)?)?;
+            let p_op = plan.as_operand(kept.as_ref().unwrap_or(&p))?;
+            dv.narrow(-2, 0, keys)?.add_(&plan.product(&p_op.transpose(-2, -1)?, &g)?)?;
         }
         drop(kept);
-        let row_dot = g.mul(&out.narrow(-2, start, rows)?)?.sum(&[-1], true)?;
+        let row_dot = in_dtype(&g, plan.compute)?.mul(&out.narrow(-2, start, rows)?)?.sum(&[-1], true)?;
         dp.sub_(&row_dot)?;
         dp.mul_(&p)?;
         drop(p);
-        let dq_c = dp.matmul(&k_c)?;
-        dq_c.mul_scalar_(plan.scale)?;
+        // dS·k·scale and dSᵀ·q·scale: half operands take the scale on dS
+        // (in f32, before rounding); full precision has it in `qs`.
+        let ds = if plan.half_operands() {
+            dp.mul_scalar_(plan.scale)?;
+            plan.as_operand(&dp)?
+        } else {
+            dp
+        };
+        let dq_c = plan.product(&ds, &k_c)?;
+        if !plan.half_operands() {
+            dq_c.mul_scalar_(plan.scale)?;
+        }
         dq.narrow(-2, start, rows)?.copy_(&dq_c)?;
         if needs[1] {
-            dk.narrow(-2, 0, keys)?.add_(&dp.transpose(-2, -1)?.matmul(&qs)?)?;
+            dk.narrow(-2, 0, keys)?.add_(&plan.product(&ds.transpose(-2, -1)?, &qs)?)?;
         }
     }
     Ok([dq, dk, dv])
@@ -433,9 +485,9 @@ impl Var {
         let plan = plan(self, key, value, options)?;
         let dtype = self.dtype();
         let (q, k, v) = (
-            in_dtype(self.tensor(), plan.compute)?,
-            in_dtype(key.tensor(), plan.compute)?,
-            in_dtype(value.tensor(), plan.compute)?,
+            in_dtype(self.tensor(), plan.operand)?,
+            in_dtype(key.tensor(), plan.operand)?,
+            in_dtype(value.tensor(), plan.operand)?,
         );
         // The generator state the dropout masks are drawn from, for backward.
         let rng = (plan.dropout_p > 0.0).then(rng_state);
@@ -452,9 +504,10 @@ impl Var {
             let [q, k, v, out, lse] = c.saved else {
                 return Err(AutogradError::invalid(OP, "backward found the wrong number of saved tensors"));
             };
-            let widen = |t: &Tensor| in_dtype(t, plan.compute);
-            let (q, k, v, out) = (&widen(q)?, &widen(k)?, &widen(v)?, &widen(out)?);
-            let grad = in_dtype(c.grad, plan.compute)?;
+            let operand = |t: &Tensor| in_dtype(t, plan.operand);
+            let (q, k, v) = (&operand(q)?, &operand(k)?, &operand(v)?);
+            let out = &in_dtype(out, plan.compute)?;
+            let grad = in_dtype(c.grad, plan.operand)?;
             let _restore = rng.map(|state| {
                 let caller = RestoreRng(rng_state());
                 set_rng_state(state);

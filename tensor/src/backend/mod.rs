@@ -450,6 +450,17 @@ pub(crate) trait Backend: Sync {
     /// `a · b` per batch entry (see [`MatmulOperands`]), both of one float
     /// dtype; f16 and bf16 accumulate in f32.
     fn matmul(&self, operands: MatmulOperands<'_>) -> Result<Tensor>;
+
+    /// [`Backend::matmul`] of f16 or bf16 operands with an f32 result: the
+    /// f32 sums, never rounded to the operands' dtype. By default both
+    /// operands are widened and multiplied in f32, which gives the same
+    /// sums (every product of two half values is exact in f32); a backend
+    /// with a mixed-precision kernel (the host's bf16 dot-product and AMX
+    /// kernels) reads the half operands as they are.
+    fn matmul_into_f32(&self, operands: MatmulOperands<'_>) -> Result<Tensor> {
+        let (a, b) = (operands.a.to_dtype(DType::F32)?, operands.b.to_dtype(DType::F32)?);
+        self.matmul(MatmulOperands { a: &a, b: &b, ..operands })
+    }
 }
 
 /// Runs `op` on `dst` by its device: checks that `dst` may be written (no

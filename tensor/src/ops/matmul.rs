@@ -5,6 +5,7 @@
 //! the host, reading transposed or narrowed operands in place).
 
 use crate::backend::MatmulOperands;
+use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
 use crate::ops::common::same_device;
@@ -45,6 +46,44 @@ impl Tensor {
     /// # Ok::<(), brasa_tensor::TensorError>(())
     /// ```
     pub fn matmul(&self, rhs: &Tensor) -> Result<Tensor> {
+        self.product(rhs, self.dtype())
+    }
+
+    /// [`Tensor::matmul`] with the result in `out_dtype` (PyTorch's
+    /// `torch.mm(a, b, out_dtype=...)`): the operands' own dtype (a plain
+    /// `matmul`), or f32 for f16 and bf16 operands — their f32 sums, never
+    /// rounded to half precision. This is how attention multiplies half
+    /// operands while keeping its scores in f32 (on the host, the bf16
+    /// kernels read the operands as they are: no widened copies).
+    ///
+    /// ```
+    /// # use brasa_tensor::{DType, Tensor};
+    /// let a = Tensor::from_vec(vec![1.0f32, 1.0 / 256.0], [1, 2])?.to_dtype(DType::BF16)?;
+    /// let b = Tensor::from_vec(vec![1.0f32, 1.0], [2, 1])?.to_dtype(DType::BF16)?;
+    /// // 1 + 1/256 is not a bf16 value; the f32 result keeps it.
+    /// assert_eq!(a.matmul(&b)?.to_dtype(DType::F32)?.to_vec::<f32>()?, [1.0]);
+    /// assert_eq!(a.matmul_out_dtype(&b, DType::F32)?.to_vec::<f32>()?, [1.0 + 1.0 / 256.0]);
+    /// assert!(a.matmul_out_dtype(&b, DType::F64).is_err());
+    /// # Ok::<(), brasa_tensor::TensorError>(())
+    /// ```
+    pub fn matmul_out_dtype(&self, rhs: &Tensor, out_dtype: DType) -> Result<Tensor> {
+        let half = matches!(self.dtype(), DType::F16 | DType::BF16);
+        if out_dtype != self.dtype() && !(half && out_dtype == DType::F32) {
+            return Err(TensorError::invalid(
+                OP,
+                format!(
+                    "out_dtype {out_dtype} needs {} operands, or f16/bf16 operands for f32; got {} operands",
+                    out_dtype,
+                    self.dtype()
+                ),
+            ));
+        }
+        self.product(rhs, out_dtype)
+    }
+
+    /// The product with the result in `out_dtype` (checked by the callers:
+    /// the operands' dtype, or f32 for half operands).
+    fn product(&self, rhs: &Tensor, out_dtype: DType) -> Result<Tensor> {
         let _range = brasa_profile::record_op(OP, &[self.dims(), rhs.dims()]);
         let device = same_device(OP, &[self, rhs])?;
         if self.dtype() != rhs.dtype() {
@@ -103,7 +142,8 @@ impl Tensor {
         let a = a.with_layout(a_layout);
         let b = b.with_layout(b_layout);
         let operands = MatmulOperands { a: &a, b: &b, batch: batch.dims(), m, n, k };
-        let result = crate::backend::for_device(device)?.matmul(operands)?;
+        let backend = crate::backend::for_device(device)?;
+        let result = if out_dtype == dtype { backend.matmul(operands)? } else { backend.matmul_into_f32(operands)? };
         // Drop the dims a 1-d operand stood for; the memory is the same.
         let mut dims = batch.dims().to_vec();
         if self.rank() > 1 {

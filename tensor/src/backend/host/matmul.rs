@@ -12,7 +12,8 @@ use crate::shape::Shape;
 use crate::storage::lock_storages;
 use crate::tensor::Tensor;
 use brasa_kernels::gemm::{
-    batched_gemm, gemm, BatchMut, BatchRef, GemmElement, MatMut, MatRef, PARALLEL_THRESHOLD_FLOPS,
+    batched_gemm, gemm, gemm_into_f32_with, BatchMut, BatchRef, GemmElement, GemmIntoF32, GemmOptions, MatMut, MatRef,
+    Parallelism, PARALLEL_THRESHOLD_FLOPS,
 };
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -51,6 +52,36 @@ pub(super) fn matmul(operands: MatmulOperands<'_>) -> Result<Tensor> {
     }
 }
 
+/// See [`crate::backend::Backend::matmul_into_f32`]: half operands read as
+/// they are by the mixed-precision products (`gemm_into_f32_with`).
+pub(super) fn matmul_into_f32(operands: MatmulOperands<'_>) -> Result<Tensor> {
+    let MatmulOperands { a, b, batch, m, n, k } = operands;
+    let mut full = batch.to_vec();
+    full.extend([m, n]);
+    match output(a.device(), DType::F32, &Shape::from(full))?.if_empty() {
+        Ok(empty) => Ok(empty),
+        Err(result) => {
+            let locks = lock_storages(&[a.storage(), b.storage()], &[]);
+            let problem = Problem { a: a.layout(), b: b.layout(), batch, m, n, k };
+            macro_rules! run {
+                ($t:ty) => {{
+                    let (x, y) = (locks.read::<$t>(a.storage(), OP)?, locks.read::<$t>(b.storage(), OP)?);
+                    // SAFETY: every matrix of the output is one product's C
+                    // with beta 0, which sets each element without reading it.
+                    unsafe { result.init_with::<f32>(OP, |out| problem.run_into_f32::<$t>(x, y, out)) }
+                }};
+            }
+            match a.dtype() {
+                DType::F16 => run!(f16),
+                DType::BF16 => run!(bf16),
+                DType::F32 => run!(f32),
+                // Refused by the op.
+                other => Err(TensorError::invalid(OP, format!("no f32 product of {other} operands"))),
+            }
+        }
+    }
+}
+
 /// One matmul after broadcasting: `a` is `[batch.., m, k]`, `b` is
 /// `[batch.., k, n]`, both with non-negative strides; the output is dense.
 struct Problem<'a> {
@@ -76,6 +107,58 @@ impl Problem<'_> {
         layout.strides().iter().map(|&s| s as usize).collect()
     }
 
+    /// `[batch.., m, k] · [k, n]` with rows of A evenly spaced across the
+    /// batch and B shared: one tall product (better packing and threading
+    /// than many small ones), as for a linear layer on a 3-d input. The
+    /// stride of A's rows when so.
+    fn tall_row_stride(&self) -> Option<usize> {
+        let rank = self.batch.len();
+        let (sa, sb) = (Self::strides(self.a), Self::strides(self.b));
+        let b_broadcast = (0..rank).all(|d| self.batch[d] == 1 || sb[d] == 0);
+        let mut row_dims = self.batch.to_vec();
+        row_dims.push(self.m);
+        let row_strides = sa[..=rank].to_vec();
+        merged_stride(&row_dims, &row_strides).filter(|_| b_broadcast)
+    }
+
+    /// The product with an f32 output: one tall product where the batch
+    /// folds into rows, else one product per matrix — on threads of their
+    /// own when there are several and the work is worth it, as attention's
+    /// per-head products.
+    fn run_into_f32<T: GemmIntoF32>(&self, x: &[T], y: &[T], out: &mut [f32]) -> Result<()> {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let rank = self.batch.len();
+        let (sa, sb) = (Self::strides(self.a), Self::strides(self.b));
+        let (a_rs, a_cs, b_rs, b_cs) = (sa[rank], sa[rank + 1], sb[rank], sb[rank + 1]);
+        let err = |e| gemm_error(OP, e);
+        let auto = GemmOptions::default();
+        if let Some(rs) = self.tall_row_stride() {
+            let rows = self.batch.iter().product::<usize>() * m;
+            let a = MatRef::new(x, self.a.offset(), [rows, k], [rs, a_cs]).map_err(err)?;
+            let b = MatRef::new(y, self.b.offset(), [k, n], [b_rs, b_cs]).map_err(err)?;
+            let c = MatMut::row_major(out, rows, n).map_err(err)?;
+            return gemm_into_f32_with(&auto, 1.0, a, b, 0.0, c).map_err(err);
+        }
+        let batch_a = Layout::new(self.batch.to_vec(), self.a.strides()[..rank].to_vec(), 0)?;
+        let batch_b = Layout::new(self.batch.to_vec(), self.b.strides()[..rank].to_vec(), 0)?;
+        let one = |options: &GemmOptions, ((a_off, b_off), c): ((usize, usize), &mut [f32])| -> Result<()> {
+            let a = MatRef::new(x, self.a.offset() + a_off, [m, k], [a_rs, a_cs]).map_err(err)?;
+            let b = MatRef::new(y, self.b.offset() + b_off, [k, n], [b_rs, b_cs]).map_err(err)?;
+            let c = MatMut::row_major(c, m, n).map_err(err)?;
+            gemm_into_f32_with(options, 1.0, a, b, 0.0, c).map_err(err)
+        };
+        // Not empty (the caller returned early): m * n >= 1.
+        let calls = batch_a.offsets().zip(batch_b.offsets()).zip(out.chunks_exact_mut(m * n));
+        let count: usize = self.batch.iter().product();
+        let flops = 2usize.saturating_mul(count).saturating_mul(m).saturating_mul(n).saturating_mul(k);
+        if count > 1 && flops >= PARALLEL_THRESHOLD_FLOPS {
+            let alone = GemmOptions { parallelism: Parallelism::Sequential, ..auto };
+            calls.collect::<Vec<_>>().into_par_iter().try_for_each(|call| one(&alone, call))
+        } else {
+            calls.into_iter().try_for_each(|call| one(&auto, call))
+        }
+    }
+
     fn run<T: GemmElement>(&self, one: T::Scalar, zero: T::Scalar, x: &[T], y: &[T], out: &mut [T]) -> Result<()> {
         let (m, n, k) = (self.m, self.n, self.k);
         let rank = self.batch.len();
@@ -86,15 +169,7 @@ impl Problem<'_> {
         let batch_count: usize = self.batch.iter().product();
         let err = |e| gemm_error(OP, e);
 
-        // `[batch.., m, k] · [k, n]` with rows of A evenly spaced across the
-        // batch: one tall product (better packing and threading than many
-        // small ones), as for a linear layer on a 3-d input.
-        let b_broadcast = (0..rank).all(|d| self.batch[d] == 1 || sb[d] == 0);
-        let mut row_dims = self.batch.to_vec();
-        row_dims.push(m);
-        let mut row_strides = sa[..rank].to_vec();
-        row_strides.push(a_rs);
-        if let Some(rs) = merged_stride(&row_dims, &row_strides).filter(|_| b_broadcast) {
+        if let Some(rs) = self.tall_row_stride() {
             let rows = batch_count * m;
             let a = MatRef::new(x, self.a.offset(), [rows, k], [rs, a_cs]).map_err(err)?;
             let b = MatRef::new(y, self.b.offset(), [k, n], [b_rs, b_cs]).map_err(err)?;

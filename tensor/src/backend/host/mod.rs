@@ -213,4 +213,8 @@ impl Backend for HostBackend {
     fn matmul(&self, operands: MatmulOperands<'_>) -> Result<Tensor> {
         matmul::matmul(operands)
     }
+
+    fn matmul_into_f32(&self, operands: MatmulOperands<'_>) -> Result<Tensor> {
+        matmul::matmul_into_f32(operands)
+    }
 }
