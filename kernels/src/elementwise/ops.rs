@@ -398,7 +398,50 @@ pub fn unary<T: FloatElement>(op: UnaryOp, src: Strided<'_, T>, dst: &mut [T]) -
         // A slice kernel: vectorised for f32 (and the half types, which compute in f32).
         return map1_blocks(src, dst, <T::Compute as Float>::gelu_slice);
     }
+    #[cfg(target_arch = "x86_64")]
+    if is_half::<T>() {
+        let features = crate::cpu_features::cpu_features();
+        if features.avx512f && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vl") {
+            // SAFETY: the CPU has AVX-512F, BW and VL.
+            return unsafe { unary_avx512(op, src, dst) };
+        }
+        if features.avx2 {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { unary_avx2(op, src, dst) };
+        }
+    }
+    unary_loop(op, src, dst)
+}
+
+/// The loop of [`unary`]: one element at a time, loaded into the compute
+/// type and rounded back. Inlined into the wrappers below, which compile it
+/// for wider vectors.
+#[inline(always)]
+fn unary_loop<T: FloatElement>(op: UnaryOp, src: Strided<'_, T>, dst: &mut [T]) -> Result<()> {
     with_unary_fn!(op, T::Compute, f => map1(src, dst, |x: T| T::store(f(x.load()))))
+}
+
+/// [`unary_loop`] compiled for AVX-512. For half types the baseline build
+/// leaves it scalar (its widening, rounding select and 32 -> 16-bit
+/// narrowing do not map onto SSE2): bf16 ReLU of 32K elements 12.3 -> 4.1
+/// µs on one AMD EPYC core (f32: 2.3 µs).
+///
+/// # Safety
+/// The CPU has AVX-512F, BW and VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn unary_avx512<T: FloatElement>(op: UnaryOp, src: Strided<'_, T>, dst: &mut [T]) -> Result<()> {
+    unary_loop(op, src, dst)
+}
+
+/// [`unary_loop`] compiled for AVX2 (CPUs without AVX-512).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn unary_avx2<T: FloatElement>(op: UnaryOp, src: Strided<'_, T>, dst: &mut [T]) -> Result<()> {
+    unary_loop(op, src, dst)
 }
 
 /// Whether `T` is stored narrower than it computes (f16, bf16): its in-place
@@ -433,7 +476,55 @@ pub fn binary<T: FloatElement>(op: BinaryOp, a: Strided<'_, T>, b: Strided<'_, T
         BinaryOp::GeluTanhBackward => return map2_blocks(a, b, dst, <T::Compute as Float>::gelu_tanh_backward_slice),
         _ => {}
     }
+    #[cfg(target_arch = "x86_64")]
+    if is_half::<T>() {
+        let features = crate::cpu_features::cpu_features();
+        if features.avx512f && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vl") {
+            // SAFETY: the CPU has AVX-512F, BW and VL.
+            return unsafe { binary_avx512(op, a, b, dst) };
+        }
+        if features.avx2 {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { binary_avx2(op, a, b, dst) };
+        }
+    }
+    binary_loop(op, a, b, dst)
+}
+
+/// The loop of [`binary`] (see [`unary_loop`]).
+#[inline(always)]
+fn binary_loop<T: FloatElement>(op: BinaryOp, a: Strided<'_, T>, b: Strided<'_, T>, dst: &mut [T]) -> Result<()> {
     with_binary_fn!(op, T::Compute, f => map2(a, b, dst, |x: T, y: T| T::store(f(x.load(), y.load()))))
+}
+
+/// [`binary_loop`] compiled for AVX-512 (see [`unary_avx512`]).
+///
+/// # Safety
+/// The CPU has AVX-512F, BW and VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn binary_avx512<T: FloatElement>(
+    op: BinaryOp,
+    a: Strided<'_, T>,
+    b: Strided<'_, T>,
+    dst: &mut [T],
+) -> Result<()> {
+    binary_loop(op, a, b, dst)
+}
+
+/// [`binary_loop`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn binary_avx2<T: FloatElement>(
+    op: BinaryOp,
+    a: Strided<'_, T>,
+    b: Strided<'_, T>,
+    dst: &mut [T],
+) -> Result<()> {
+    binary_loop(op, a, b, dst)
 }
 
 /// `dst[i] = op(dst[i], rhs[i])`, in place (`x += y` and friends).
@@ -565,6 +656,54 @@ mod tests {
                 assert!((outh[i].to_f64() - wh).abs() <= 1e-2 * wh.abs().max(1.0), "{op:?} bf16 at {}", xs[i]);
             }
         }
+    }
+
+    /// The half types' loops compiled for wider vectors (chosen at run time
+    /// on this CPU) give the baseline loop's bits for every op, in bf16 and
+    /// f16, on values around every rounding case: NaN, infinities, signed
+    /// zeros, subnormals, ties, and lengths that end mid-vector, with a
+    /// broadcast operand too.
+    #[test]
+    fn wide_half_loops_equal_the_baseline_bit_for_bit() {
+        let specials =
+            [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1e-40, -3e-39, 65504.0, 1.0 + 1.0 / 256.0];
+        let mut values: Vec<f32> = specials.to_vec();
+        values.extend(crate::test_data::xorshift(11).take(1000).map(|r| (r % 20_001) as f32 * 1.1e-3 - 11.0));
+        let binaries = [
+            BinaryOp::Add,
+            BinaryOp::Sub,
+            BinaryOp::Mul,
+            BinaryOp::Div,
+            BinaryOp::Pow,
+            BinaryOp::Maximum,
+            BinaryOp::Minimum,
+            BinaryOp::ReluBackward,
+        ];
+        fn check<T: FloatElement>(values: &[f32], binaries: &[BinaryOp], make: fn(f32) -> T, bits: fn(T) -> u16) {
+            let x: Vec<T> = values.iter().map(|&v| make(v)).collect();
+            let y: Vec<T> = values.iter().rev().map(|&v| make(v)).collect();
+            for len in [x.len(), 37, 16, 3] {
+                let (x, y) = (&x[..len], &y[..len]);
+                for op in ALL_UNARY {
+                    let (mut wide, mut base) = (vec![x[0]; len], vec![x[0]; len]);
+                    unary(op, Strided::contiguous(x), &mut wide).unwrap();
+                    unary_loop(op, Strided::contiguous(x), &mut base).unwrap();
+                    let same = wide.iter().zip(&base).all(|(&w, &b)| bits(w) == bits(b));
+                    assert!(same, "{op:?} over {len}");
+                }
+                for &op in binaries {
+                    for b_operand in [Strided::contiguous(y), Strided::broadcast(y, 1)] {
+                        let (mut wide, mut base) = (vec![x[0]; len], vec![x[0]; len]);
+                        binary(op, Strided::contiguous(x), b_operand, &mut wide).unwrap();
+                        binary_loop(op, Strided::contiguous(x), b_operand, &mut base).unwrap();
+                        let same = wide.iter().zip(&base).all(|(&w, &b)| bits(w) == bits(b));
+                        assert!(same, "{} over {len}", op.name());
+                    }
+                }
+            }
+        }
+        check(&values, &binaries, bf16::from_f32, bf16::to_bits);
+        check(&values, &binaries, f16::from_f32, f16::to_bits);
     }
 
     #[test]

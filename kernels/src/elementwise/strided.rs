@@ -163,7 +163,7 @@ fn length_mismatch(what: &str, expected: usize, got: usize) -> KernelError {
 }
 
 /// `dst[i] = f(a[i])` for every element of `dst`.
-#[inline]
+#[inline(always)]
 pub fn map1<A: Copy, D>(a: Strided<'_, A>, dst: &mut [D], f: impl Fn(A) -> D) -> Result<()> {
     match a.access(dst.len(), "a")? {
         Access::Slice(a) => {
@@ -186,7 +186,7 @@ pub fn map1<A: Copy, D>(a: Strided<'_, A>, dst: &mut [D], f: impl Fn(A) -> D) ->
 }
 
 /// `dst[i] = f(a[i], b[i])` for every element of `dst`.
-#[inline]
+#[inline(always)]
 pub fn map2<A: Copy, B: Copy, D>(
     a: Strided<'_, A>,
     b: Strided<'_, B>,
