@@ -229,6 +229,15 @@ pub fn max_pool2d_plane<T: MaxPoolElement>(
         // Whole windows (no ceil-mode clipping): checked by `new`, which
         // rounds 2·out ≤ input down, and by `check_plane` for the rows.
         if 2 * out_h <= g.input.0 && 2 * out_w <= in_w {
+            #[cfg(target_arch = "x86_64")]
+            if crate::cpu_features::cpu_features().avx512f
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+            {
+                // SAFETY: the CPU has AVX-512F, BW and VL.
+                unsafe { max_pool_2x2_avx512(g, input, offset, strides[0], out, indices) };
+                return Ok(());
+            }
             max_pool_2x2(g, input, offset, strides[0], out, indices);
             return Ok(());
         }
@@ -258,10 +267,28 @@ pub fn max_pool2d_plane<T: MaxPoolElement>(
     Ok(())
 }
 
+/// [`max_pool_2x2`] compiled for AVX-512.
+///
+/// # Safety
+/// The CPU has AVX-512F, BW and VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn max_pool_2x2_avx512<T: MaxPoolElement>(
+    g: &Pool2dGeometry,
+    input: &[T],
+    offset: usize,
+    row_stride: usize,
+    out: &mut [T],
+    indices: &mut [i64],
+) {
+    max_pool_2x2(g, input, offset, row_stride, out, indices)
+}
+
 /// [`max_pool2d_plane`] for the usual 2x2 windows with stride 2 over
 /// dense rows (`row_stride` apart), every window inside the plane: the
 /// four candidates are read from two row slices, with no index checks in
 /// the loop, and compared by key.
+#[inline(always)]
 fn max_pool_2x2<T: MaxPoolElement>(
     g: &Pool2dGeometry,
     input: &[T],
@@ -580,6 +607,13 @@ mod tests {
             max_pool2d_plane(&g, &x16, offset, [row_stride, 1], &mut out, &mut idx).unwrap();
             assert_eq!(idx, want_idx, "bf16 {h}x{w} ceil {ceil}");
             assert!(out.iter().zip(&want).all(|(&o, &v)| o.to_f64() == v || o.is_nan() && v.is_nan()));
+            if !ceil {
+                // The baseline loop too, which the dispatch skips on AVX-512 CPUs.
+                let (mut base, mut base_idx) = (vec![bf16::ZERO; n], vec![-1i64; n]);
+                max_pool_2x2(&g, &x16, offset, row_stride, &mut base, &mut base_idx);
+                assert_eq!(base_idx, want_idx, "baseline bf16 {h}x{w}");
+                assert!(base.iter().zip(&out).all(|(b, o)| b.to_bits() == o.to_bits()));
+            }
         }
     }
 
