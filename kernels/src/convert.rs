@@ -39,7 +39,7 @@ pub fn narrow_bf16_slice(src: &[f32], dst: &mut [bf16]) {
     #[cfg(target_arch = "x86_64")]
     {
         let cpu = crate::cpu_features::cpu_features();
-        if cpu.avx512f && std::arch::is_x86_feature_detected!("avx512bw") {
+        if cpu.avx512f && cpu.avx512bw {
             // SAFETY: the CPU has AVX-512F and AVX-512BW.
             return unsafe { narrow_bf16_avx512(src, dst) };
         }

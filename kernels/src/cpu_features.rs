@@ -17,6 +17,11 @@ pub struct CpuFeatures {
     pub fma: bool,
     /// Half-precision conversion instructions.
     pub f16c: bool,
+    /// AVX-512 byte and word instructions (16-bit lanes: bf16 packing and
+    /// rounding).
+    pub avx512bw: bool,
+    /// AVX-512 on 128/256-bit vectors too.
+    pub avx512vl: bool,
     /// AVX-512 bfloat16 dot products and conversions.
     pub avx512bf16: bool,
     /// AMX tiles with bf16 products (`TDPBF16PS`), usable by this process:
@@ -35,6 +40,8 @@ impl CpuFeatures {
                 avx2: std::arch::is_x86_feature_detected!("avx2"),
                 fma: std::arch::is_x86_feature_detected!("fma"),
                 f16c: std::arch::is_x86_feature_detected!("f16c"),
+                avx512bw: std::arch::is_x86_feature_detected!("avx512bw"),
+                avx512vl: std::arch::is_x86_feature_detected!("avx512vl"),
                 avx512bf16: std::arch::is_x86_feature_detected!("avx512bf16"),
                 amx_bf16: amx::usable(),
             }
@@ -48,6 +55,13 @@ impl CpuFeatures {
     /// Whether the AVX2 + FMA kernels can run.
     pub fn has_avx2_fma(&self) -> bool {
         self.avx2 && self.fma
+    }
+
+    /// Whether AVX-512 F, BW and VL are all there: what the loops compiled
+    /// for AVX-512 at run time (half-precision element-wise ops, 2x2 max
+    /// pooling) are built for.
+    pub fn has_avx512_bw_vl(&self) -> bool {
+        self.avx512f && self.avx512bw && self.avx512vl
     }
 }
 

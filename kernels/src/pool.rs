@@ -230,10 +230,7 @@ pub fn max_pool2d_plane<T: MaxPoolElement>(
         // rounds 2·out ≤ input down, and by `check_plane` for the rows.
         if 2 * out_h <= g.input.0 && 2 * out_w <= in_w {
             #[cfg(target_arch = "x86_64")]
-            if crate::cpu_features::cpu_features().avx512f
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vl")
-            {
+            if crate::cpu_features::cpu_features().has_avx512_bw_vl() {
                 // SAFETY: the CPU has AVX-512F, BW and VL.
                 unsafe { max_pool_2x2_avx512(g, input, offset, strides[0], out, indices) };
                 return Ok(());

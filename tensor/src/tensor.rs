@@ -346,19 +346,35 @@ pub(crate) fn copy_strided<S: WithDType, D: WithDType>(src: &[S], layout: &Layou
     let mut written = 0;
     for run in layout.contiguous_runs() {
         let len = run.len();
-        let out = &mut dst[written..written + len];
+        convert_strided(src, run.start, 1, &mut dst[written..written + len]);
+        written += len;
+    }
+}
+
+/// Writes `out[i] = src[start + i * stride]` converted to `D`: a copy when
+/// the types are the same, a slice at a time (the vectorised half <-> f32
+/// conversions) where the elements are contiguous. Every index must lie in
+/// `src`.
+pub(crate) fn convert_strided<S: WithDType, D: WithDType>(src: &[S], start: usize, stride: isize, out: &mut [D]) {
+    if stride == 1 {
+        let run = &src[start..start + out.len()];
         if S::DTYPE == D::DTYPE {
             // SAFETY: S and D are the same type when their dtypes are equal.
-            let same: &[D] = unsafe { std::slice::from_raw_parts(src[run].as_ptr() as *const D, len) };
+            let same: &[D] = unsafe { std::slice::from_raw_parts(run.as_ptr() as *const D, run.len()) };
             out.copy_from_slice(same);
-        } else if crate::convert_slice(&src[run.clone()], out).is_err() {
-            // `convert_slice` has the vectorised half <-> f32 paths; it can only
-            // refuse unequal lengths, which these are not. Kept as a fallback.
-            for (o, i) in out.iter_mut().zip(&src[run]) {
+        } else if crate::convert_slice(run, out).is_err() {
+            // `convert_slice` can only refuse unequal lengths, which these
+            // are not. Kept as a fallback.
+            for (o, i) in out.iter_mut().zip(run) {
                 *o = i.cast::<D>();
             }
         }
-        written += len;
+    } else {
+        let mut at = start as isize;
+        for o in out.iter_mut() {
+            *o = src[at as usize].cast::<D>();
+            at += stride;
+        }
     }
 }
 

@@ -188,6 +188,24 @@ fn check_f32_out(a: &Tensor, b: &Tensor) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// q and k as attention takes them from one packed projection
+/// `[batch, seq, 3 * heads * dh]` (4, 96, 4 heads of 64): `[batch, heads,
+/// seq, dh]` views whose batch and head strides do not merge.
+fn packed_q_and_k(dtype: DType, seed: u64) -> (Tensor, Tensor) {
+    let (batch, seq, heads, dh) = (4, 96, 4, 64);
+    let numel = batch * seq * 3 * heads * dh;
+    let packed = Tensor::from_vec_on(values(numel, seed), [batch, seq, 3 * heads * dh], Device::CPU).unwrap();
+    let packed = packed.to_dtype(dtype).unwrap();
+    let head_view = |part: usize| {
+        let flat = packed.narrow(-1, part * heads * dh, heads * dh).unwrap();
+        flat.reshape(&[batch as isize, seq as isize, heads as isize, dh as isize])
+            .unwrap()
+            .permute(&[0, 2, 1, 3])
+            .unwrap()
+    };
+    (head_view(0), head_view(1))
+}
+
 #[derive(Debug, Clone)]
 struct Case {
     a_shape: Vec<usize>,
@@ -268,20 +286,8 @@ fn larger_half_products_into_f32_cross_tiles_and_threads() {
             check_f32_out(&make(&a_shape, dtype, a_view, 3), &make(&b_shape, dtype, b_view, 4)).unwrap();
         }
     }
-    let (batch, seq, heads, dh) = (4, 96, 4, 64);
-    let packed =
-        Tensor::from_vec_on(values(batch * seq * 3 * heads * dh, 9), [batch, seq, 3 * heads * dh], Device::CPU)
-            .unwrap()
-            .to_dtype(DType::BF16)
-            .unwrap();
-    let head_view = |part: usize| {
-        let flat = packed.narrow(-1, part * heads * dh, heads * dh).unwrap();
-        flat.reshape(&[batch as isize, seq as isize, heads as isize, dh as isize])
-            .unwrap()
-            .permute(&[0, 2, 1, 3])
-            .unwrap()
-    };
-    check_f32_out(&head_view(0), &head_view(1).transpose(-1, -2).unwrap()).unwrap();
+    let (q, k) = packed_q_and_k(DType::BF16, 9);
+    check_f32_out(&q, &k.transpose(-1, -2).unwrap()).unwrap();
     // The operands' own dtype is a plain matmul; anything else is refused.
     let (a, b) = (make(&[3, 4], DType::BF16, View::Contiguous, 1), make(&[4, 2], DType::BF16, View::Contiguous, 2));
     assert_eq!(a.matmul_out_dtype(&b, DType::BF16).unwrap().dtype(), DType::BF16);
@@ -318,19 +324,8 @@ fn attention_heads_of_a_packed_projection() {
     // and head strides do not merge, so the product runs as several batched
     // calls (4 of 4 heads here), shared out across threads (18.9 MFLOP).
     init();
-    let (batch, seq, heads, dh) = (4, 96, 4, 64);
     for dtype in [DType::F32, DType::BF16] {
-        let numel = batch * seq * 3 * heads * dh;
-        let packed = Tensor::from_vec_on(values(numel, 7), [batch, seq, 3 * heads * dh], Device::CPU).unwrap();
-        let packed = packed.to_dtype(dtype).unwrap();
-        let head_view = |part: usize| {
-            let flat = packed.narrow(-1, part * heads * dh, heads * dh).unwrap();
-            flat.reshape(&[batch as isize, seq as isize, heads as isize, dh as isize])
-                .unwrap()
-                .permute(&[0, 2, 1, 3])
-                .unwrap()
-        };
-        let (q, k) = (head_view(0), head_view(1));
+        let (q, k) = packed_q_and_k(dtype, 7);
         assert!(!q.is_contiguous());
         check(&q, &k.transpose(-1, -2).unwrap()).unwrap();
     }

@@ -49,7 +49,7 @@ impl KernelChoice {
             // The pair packers shuffle 16-bit lanes, which takes AVX-512BW
             // (every CPU with AVX512-BF16 has it).
             KernelChoice::AmxBf16 => KernelChoice::Avx512Bf16.is_supported() && cpu.amx_bf16,
-            KernelChoice::Avx512Bf16 => KernelChoice::Avx512.is_supported() && cpu.avx512bf16 && has_avx512bw(),
+            KernelChoice::Avx512Bf16 => KernelChoice::Avx512.is_supported() && cpu.avx512bf16 && cpu.avx512bw,
             KernelChoice::Avx512 => cfg!(target_arch = "x86_64") && cpu.avx512f,
             KernelChoice::Avx2Fma => cfg!(target_arch = "x86_64") && cpu.has_avx2_fma(),
         }
@@ -90,13 +90,6 @@ impl KernelChoice {
             KernelChoice::Portable => "portable",
         }
     }
-}
-
-fn has_avx512bw() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return std::arch::is_x86_feature_detected!("avx512bw");
-    #[cfg(not(target_arch = "x86_64"))]
-    false
 }
 
 /// A micro-kernel with its tile shape and default blocking.

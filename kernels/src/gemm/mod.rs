@@ -286,7 +286,8 @@ struct Direct;
 /// C of a narrow type: accumulate in an f32 workspace, round at the end.
 struct Widened;
 
-/// [`Widened`], on AMX tiles when the product is large enough.
+/// A narrow C on AMX tiles, rounded at each tile's store (the bf16
+/// dispatch sends only products worth the tiles here).
 #[cfg(target_arch = "x86_64")]
 struct WidenedAmx;
 
@@ -321,19 +322,12 @@ impl<S: Narrow + PackInto<P>, P: Packed> OutputPath<f32, P, S> for Widened {
 #[cfg(target_arch = "x86_64")]
 impl OutputPath<f32, Bf16Pair, bf16> for WidenedAmx {
     fn run(&self, plan: &Plan<f32, Bf16Pair>, p: Product<'_, f32, bf16, bf16>) -> Result<()> {
-        if !amx::worth_tiles(p.c.rows, p.c.cols, p.a.cols()) {
-            return Widened.run(plan, p);
-        }
-        // The tiles round each tile of C once at its store: no workspace.
+        debug_assert!(amx::worth_tiles(p.c.rows, p.c.cols, p.a.cols()));
         amx::gemm(amx_tile::TileKernel::amx(), plan.threads, p)
     }
 
-    fn speed_vs_f32(&self, m: usize, n: usize, k: usize) -> usize {
-        if amx::worth_tiles(m, n, k) {
-            amx::SPEED_VS_F32
-        } else {
-            Bf16Pair::SPEED_VS_F32
-        }
+    fn speed_vs_f32(&self, _m: usize, _n: usize, _k: usize) -> usize {
+        amx::SPEED_VS_F32
     }
 }
 

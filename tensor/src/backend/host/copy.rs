@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::layout::Layout;
 use crate::ops::elementwise::{Cost, Plan};
 use crate::storage::lock_storages;
-use crate::tensor::Tensor;
+use crate::tensor::{convert_strided, Tensor};
 use rayon::prelude::*;
 
 /// See [`crate::backend::Backend::cast`]; `device` is any host device
@@ -26,40 +26,16 @@ pub(super) fn cast(x: &Tensor, device: Device, dtype: DType) -> Result<Tensor> {
     dispatch_dtype!(x.dtype(), S => dispatch_dtype!(dtype, D => {
         let src = x.storage().read::<S>("copy")?;
         // SAFETY: `Plan::run` hands every row of the output to the closure,
-        // which writes each of its elements (`convert_row`), reading none.
+        // which writes each of its elements (`convert_strided`), reading none.
         unsafe {
             out.init_with::<D>("copy", |dst| {
                 plan.run(dst, Cost::Cheap, |starts, row| {
-                    convert_row(&src, starts[0], stride, row);
+                    convert_strided(&src, starts[0], stride, row);
                     Ok(())
                 })
             })
         }
     }))
-}
-
-/// Writes `out[i] = src[start + i * stride]` converted to `D`, a slice at a
-/// time (the vectorised half <-> f32 conversions) where the row is
-/// contiguous. The plan keeps every index inside the source's storage.
-fn convert_row<S: WithDType, D: WithDType>(src: &[S], start: usize, stride: isize, out: &mut [D]) {
-    if stride == 1 {
-        let run = &src[start..start + out.len()];
-        if S::DTYPE == D::DTYPE {
-            // SAFETY: S and D are the same type when their dtypes are equal.
-            let same: &[D] = unsafe { std::slice::from_raw_parts(run.as_ptr() as *const D, run.len()) };
-            out.copy_from_slice(same);
-        } else {
-            // Equal lengths: the only refusal `convert_slice` has.
-            let converted = crate::convert_slice(run, out);
-            debug_assert!(converted.is_ok());
-        }
-    } else {
-        let mut at = start as isize;
-        for o in out.iter_mut() {
-            *o = src[at as usize].cast::<D>();
-            at += stride;
-        }
-    }
 }
 
 /// See [`crate::backend::Backend::copy_into`].
