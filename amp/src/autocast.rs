@@ -315,20 +315,32 @@ impl PrecisionHook for AmpHook {
     }
 
     fn cast(&self, var: &Var, dtype: DType) -> brasa_autograd::Result<Var> {
-        // As PyTorch: only f32 leaves that require grad (parameters), cast
-        // to a half type, are cached; activations change every step.
-        let cacheable = var.is_leaf()
+        if !self.cacheable(var, dtype) {
+            return var.to_dtype(dtype);
+        }
+        let cast = cached_tensor(var.tensor(), dtype)?;
+        apply(CachedCast { cast: Some(cast) }, &[var])
+    }
+
+    fn cast_tensor(&self, var: &Var, dtype: DType) -> brasa_autograd::Result<Tensor> {
+        if !self.cacheable(var, dtype) {
+            return Ok(var.tensor().to_dtype(dtype)?);
+        }
+        cached_tensor(var.tensor(), dtype)
+    }
+}
+
+impl AmpHook {
+    /// As PyTorch: only f32 leaves that require grad (parameters), cast to a
+    /// half type, are cached; activations change every step.
+    fn cacheable(&self, var: &Var, dtype: DType) -> bool {
+        var.is_leaf()
             && var.requires_grad()
             && var.dtype() == DType::F32
             && matches!(dtype, DType::F16 | DType::BF16)
             && self.cache
             // Only while a region is open here, so the cache is emptied when it ends.
-            && STATE.with(|state| !state.borrow().frames.is_empty());
-        if !cacheable {
-            return var.to_dtype(dtype);
-        }
-        let cast = cached_tensor(var.tensor(), dtype)?;
-        apply(CachedCast { cast: Some(cast) }, &[var])
+            && STATE.with(|state| !state.borrow().frames.is_empty())
     }
 }
 

@@ -302,6 +302,60 @@ fn parameter_casts_are_cached_until_the_outermost_region_ends() -> Result<()> {
 }
 
 #[test]
+fn linear_weight_gradients_are_f32_sums_of_the_half_operands() -> Result<()> {
+    // The weight's gradient is not rounded to the low dtype and converted
+    // back: it is the f32 sum of the low-precision products (exact products,
+    // so only the f32 additions round), finer than any half value.
+    for low in LOW {
+        let (x, w, b) = (param(&[5, 40])?, param(&[3, 40])?, param(&[3])?);
+        let g = randn(&[5, 3])?;
+        {
+            let _amp = autocast(low);
+            let y = x.linear(&w, Some(&b))?;
+            assert_eq!((y.dtype(), y.grad_fn_name()), (low, Some("linear")));
+            assert_eq!(cached_casts(), 3, "x, w and b are parameters: their casts are cached");
+            y.backward_with(&g)?;
+        }
+        let wide = |t: &Tensor| -> Result<Vec<f64>> { Ok(t.to_dtype(low)?.to_dtype(DType::F64)?.to_vec::<f64>()?) };
+        let (gl, xl, wl) = (wide(&g)?, wide(x.tensor())?, wide(w.tensor())?);
+        let grad = |v: &Var| -> Result<Vec<f32>> {
+            let g = v.grad().expect("a gradient");
+            assert_eq!(g.dtype(), DType::F32, "each parameter's gradient in its own dtype");
+            Ok(g.to_vec::<f32>()?)
+        };
+        let (gw, gx, gb) = (grad(&w)?, grad(&x)?, grad(&b)?);
+        let mut off_the_low_grid = 0;
+        for o in 0..3 {
+            for i in 0..40 {
+                let terms: Vec<f64> = (0..5).map(|r| gl[r * 3 + o] * xl[r * 40 + i]).collect();
+                let exact: f64 = terms.iter().sum();
+                let magnitude: f64 = terms.iter().map(|t| t.abs()).sum();
+                let got = f64::from(gw[o * 40 + i]);
+                assert!((got - exact).abs() <= 1e-6 * magnitude + 1e-30, "{low} gW[{o},{i}] {got} vs {exact}");
+                let on_grid = Tensor::from_vec(vec![gw[o * 40 + i]], [1])?.to_dtype(low)?.to_dtype(DType::F32)?;
+                off_the_low_grid += usize::from(on_grid.to_vec::<f32>()?[0] != gw[o * 40 + i]);
+            }
+        }
+        assert!(off_the_low_grid > 60, "{low}: only {off_the_low_grid} of 120 sums are finer than {low}");
+        // The input's and the bias's gradients: computed in the low dtype.
+        for r in 0..5 {
+            for i in 0..40 {
+                let exact: f64 = (0..3).map(|o| gl[r * 3 + o] * wl[o * 40 + i]).sum();
+                let magnitude: f64 = (0..3).map(|o| (gl[r * 3 + o] * wl[o * 40 + i]).abs()).sum();
+                let got = f64::from(gx[r * 40 + i]);
+                assert!((got - exact).abs() <= 1e-2 * magnitude + 1e-6, "{low} gx[{r},{i}] {got} vs {exact}");
+            }
+        }
+        for o in 0..3 {
+            let exact: f64 = (0..5).map(|r| gl[r * 3 + o]).sum();
+            let magnitude: f64 = (0..5).map(|r| gl[r * 3 + o].abs()).sum();
+            assert!((f64::from(gb[o]) - exact).abs() <= 1e-2 * magnitude, "{low} gb[{o}]");
+        }
+    }
+    Ok(())
+}
+
+#[test]
 fn several_steps_in_one_region_train_with_fresh_casts() -> Result<()> {
     // The cache must not hand out a stale weight after an in-place update,
     // nor a graph node that a previous backward released.

@@ -61,5 +61,5 @@ pub use gradcheck::gradcheck;
 pub use graph::BackwardCtx;
 pub use introspect::{leaves_reached, live_nodes, saved_tensor_bytes, GraphStats};
 pub use ops::SdpaOptions;
-pub use precision::{autocast_inputs, precision_hook, set_precision_hook, PrecisionHook};
+pub use precision::{autocast_inputs, autocast_tensors, precision_hook, set_precision_hook, PrecisionHook};
 pub use var::{Var, WeakVar};

@@ -38,7 +38,7 @@
 
 use crate::error::Result;
 use crate::var::Var;
-use brasa_tensor::{DType, Device};
+use brasa_tensor::{DType, Device, Tensor};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -55,6 +55,14 @@ pub trait PrecisionHook: Send + Sync {
     /// override this to cache the casts of parameters.
     fn cast(&self, var: &Var, dtype: DType) -> Result<Var> {
         var.to_dtype(dtype)
+    }
+
+    /// The tensor of `var` cast to `dtype`, with no graph node: for
+    /// operations that record one node over their original inputs (see
+    /// [`autocast_tensors`]). A policy that caches parameter casts
+    /// overrides this to hand out the cached tensor.
+    fn cast_tensor(&self, var: &Var, dtype: DType) -> Result<Tensor> {
+        Ok(var.tensor().to_dtype(dtype)?)
     }
 }
 
@@ -120,6 +128,42 @@ pub fn autocast_inputs(op: &str, inputs: &[&Var]) -> Result<Option<Vec<Var>>> {
         .map(Some)
 }
 
+/// [`autocast_inputs`] for an operation that records one graph node over
+/// its *original* inputs: returns the inputs' tensors cast to the hook's
+/// dtype (parameters through the hook's cache), and records no cast. Its
+/// backward must hand each input a gradient in the input's own dtype, which
+/// lets it compute a gradient straight into that dtype: `linear` produces an
+/// f32 weight's gradient as f32 sums of half operands, where a recorded cast
+/// would round it to half and convert it back (one rounding and a pass over
+/// the weight less per step, and a more accurate gradient).
+pub fn autocast_tensors(op: &str, inputs: &[&Var]) -> Result<Option<Vec<Tensor>>> {
+    let Some(hook) = precision_hook() else {
+        return Ok(None);
+    };
+    let Some(first) = inputs.first() else {
+        return Ok(None);
+    };
+    let dtypes: Vec<DType> = inputs.iter().map(|v| v.dtype()).collect();
+    let Some(target) = hook.target(op, &dtypes, first.device()) else {
+        return Ok(None);
+    };
+    if !inputs.iter().any(|v| v.dtype().is_float() && v.dtype() != target) {
+        return Ok(None);
+    }
+    let _suspended = SuspendHook::new();
+    inputs
+        .iter()
+        .map(|v| {
+            if v.dtype().is_float() && v.dtype() != target {
+                hook.cast_tensor(v, target)
+            } else {
+                Ok(v.tensor().clone())
+            }
+        })
+        .collect::<Result<Vec<Tensor>>>()
+        .map(Some)
+}
+
 /// Removes this thread's hook until dropped (casting must not recurse).
 struct SuspendHook(Option<Arc<dyn PrecisionHook>>);
 
@@ -159,6 +203,23 @@ mod tests {
         assert!(precision_hook().is_some(), "the hook is back after casting");
         set_precision_hook(None);
         assert!(autocast_inputs("anything", &[&x])?.is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn autocast_tensors_casts_without_recording() -> Result<()> {
+        let previous = set_precision_hook(Some(Arc::new(Always(DType::BF16))));
+        let x = Var::param(Tensor::from_vec(vec![1.0f32, 1.0 + 1.0 / 512.0], [2])?)?;
+        let ids = Var::new(Tensor::zeros([2], DType::I64)?);
+        let cast = autocast_tensors("anything", &[&x, &ids])?.expect("cast");
+        assert_eq!((cast[0].dtype(), cast[1].dtype()), (DType::BF16, DType::I64));
+        // Rounded to nearest even, as the recorded cast rounds.
+        assert_eq!(cast[0].to_dtype(DType::F32)?.to_vec::<f32>()?, [1.0, 1.0]);
+        assert!(precision_hook().is_some(), "the hook is back after casting");
+        let same = Var::new(Tensor::ones([2], DType::BF16)?);
+        assert!(autocast_tensors("anything", &[&same])?.is_none(), "nothing to cast");
+        set_precision_hook(previous);
+        assert!(autocast_tensors("anything", &[&x])?.is_none(), "no hook");
         Ok(())
     }
 }

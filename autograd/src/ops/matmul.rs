@@ -3,9 +3,9 @@
 
 use super::sum_to;
 use crate::error::{AutogradError, Result};
-use crate::precision::autocast_inputs;
+use crate::precision::{autocast_inputs, autocast_tensors};
 use crate::var::{record, Var};
-use brasa_tensor::Tensor;
+use brasa_tensor::{DType, Tensor};
 
 /// `t` as at least a matrix: `[k]` becomes `[1, k]` on the left, `[k, 1]` on the right.
 fn as_matrix(t: &Tensor, left: bool) -> Result<Tensor> {
@@ -66,9 +66,14 @@ impl Var {
     /// that need them.
     pub fn linear(&self, weight: &Var, bias: Option<&Var>) -> Result<Var> {
         let inputs: Vec<&Var> = [self, weight].into_iter().chain(bias).collect();
-        if let Some(c) = autocast_inputs("linear", &inputs)? {
-            return c[0].linear(&c[1], c.get(2));
-        }
+        // Under autocast the node is recorded over the original inputs with
+        // their casts as operands, so backward can hand an f32 weight its
+        // gradient as f32 sums (see `autocast_tensors`).
+        let cast = autocast_tensors("linear", &inputs)?;
+        let (x, w, b) = match &cast {
+            Some(c) => (&c[0], &c[1], c.get(2)),
+            None => (self.tensor(), weight.tensor(), bias.map(Var::tensor)),
+        };
         let wd = weight.dims().to_vec();
         let in_features = *self.dims().last().unwrap_or(&0);
         if wd.len() != 2 || self.rank() == 0 || wd[1] != in_features || bias.is_some_and(|b| b.dims() != [wd[0]]) {
@@ -82,10 +87,10 @@ impl Var {
             });
         }
         let (out_features, rows) = (wd[0], self.numel() / in_features.max(1));
-        let x2 = self.tensor().reshape(&[rows as isize, in_features as isize])?;
-        let out = x2.matmul(&weight.tensor().t()?)?;
-        if let Some(b) = bias {
-            out.add_(b.tensor())?;
+        let x2 = x.reshape(&[rows as isize, in_features as isize])?;
+        let out = x2.matmul(&w.t()?)?;
+        if let Some(b) = b {
+            out.add_(b)?;
         }
         // The input's dims with the last (in_features, rank >= 1 checked above)
         // replaced by out_features.
@@ -94,7 +99,6 @@ impl Var {
         out_dims.push(out_features as isize);
         let out = out.reshape(&out_dims)?;
         let x_dims: Vec<isize> = self.dims().iter().map(|&d| d as isize).collect();
-        let has_bias = bias.is_some();
         // As PyTorch: the weight is kept only for the input's gradient and the
         // input only for the weight's (a frozen layer keeps no input; a first
         // layer, whose input needs no gradient, keeps no weight — under
@@ -106,10 +110,11 @@ impl Var {
                 saved.push(x2.clone());
             }
             if keep_w {
-                saved.push(weight.tensor().clone());
+                saved.push(w.clone());
             }
             saved
         };
+        let (x_dtype, w_dtype, b_dtype) = (self.dtype(), weight.dtype(), bias.map(Var::dtype));
         let inputs: Vec<&Var> = std::iter::once(self).chain(std::iter::once(weight)).chain(bias).collect();
         Ok(record("linear", &inputs, out, saved, move |c| {
             let kept = |keep: bool, at: usize| {
@@ -119,12 +124,25 @@ impl Var {
                 })
             };
             let g = c.grad.reshape(&[rows as isize, out_features as isize])?;
-            let gx =
-                if c.needs(0) { Some(g.matmul(kept(keep_w, usize::from(keep_x))?)?.reshape(&x_dims)?) } else { None };
-            let gw = if c.needs(1) { Some(g.t()?.matmul(kept(keep_x, 0)?)?) } else { None };
+            // Each input's gradient in its own dtype (they differ under autocast).
+            let own = |t: Tensor, dtype: DType| if t.dtype() == dtype { Ok(t) } else { t.to_dtype(dtype) };
+            let gx = if c.needs(0) {
+                Some(own(g.matmul(kept(keep_w, usize::from(keep_x))?)?, x_dtype)?.reshape(&x_dims)?)
+            } else {
+                None
+            };
+            let gw = if c.needs(1) {
+                let (gt, x) = (g.t()?, kept(keep_x, 0)?);
+                // Half operands summed straight into an f32 weight's gradient:
+                // no rounding to half and no conversion pass.
+                let widening = w_dtype == DType::F32 && matches!(gt.dtype(), DType::F16 | DType::BF16);
+                Some(if widening { gt.matmul_out_dtype(x, DType::F32)? } else { own(gt.matmul(x)?, w_dtype)? })
+            } else {
+                None
+            };
             let mut grads = vec![gx, gw];
-            if has_bias {
-                grads.push(if c.needs(2) { Some(g.sum(&[0], false)?) } else { None });
+            if let Some(b_dtype) = b_dtype {
+                grads.push(if c.needs(2) { Some(own(g.sum(&[0], false)?, b_dtype)?) } else { None });
             }
             Ok(grads)
         }))
