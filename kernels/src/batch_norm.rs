@@ -7,8 +7,9 @@
 //! and the arithmetic runs in its compute type (f32, f64 for f64), so a
 //! half-precision input needs no widened copy and its output is rounded
 //! once. Sums are pairwise within a run (`crate::reduce::sum`) and added
-//! run by run; the variance is two-pass within each run (`Σ(x − mean)²`
-//! after the run's mean), the runs merged with Chan et al.'s update.
+//! run by run; the variance is two-pass within each run (`Σ(x − mean)²` after the run's
+//! mean), the runs merged with Chan et al.'s update. The element-wise
+//! passes run compiled for AVX-512 or AVX2 where the CPU has it.
 //!
 //! ```
 //! use brasa_kernels::batch_norm::{channel_stats, elemt_run, ChannelLayout};
@@ -117,16 +118,7 @@ where
     T::Acc: Float,
 {
     check_run("out", out.len(), x.len())?;
-    // By blocks widened and rounded on the stack: both vectorise (the
-    // rounding of a half type does not, element by element).
-    let (mut xb, mut ob) = ([T::Acc::ZERO; BLOCK], [T::Acc::ZERO; BLOCK]);
-    for (xs, os) in x.chunks(BLOCK).zip(out.chunks_mut(BLOCK)) {
-        let xs = T::widen(xs, &mut xb);
-        for (o, &v) in ob.iter_mut().zip(xs) {
-            *o = (v - mean) * scale + shift;
-        }
-        T::narrow_block(&ob[..xs.len()], os);
-    }
+    vectorised(Elemt { x, mean, scale, shift, out });
     Ok(())
 }
 
@@ -199,16 +191,125 @@ where
 {
     check_run("x", x.len(), dy.len())?;
     check_run("out", out.len(), dy.len())?;
-    // By blocks, as `elemt_run`.
-    let (mut gb, mut xb, mut ob) = ([T::Acc::ZERO; BLOCK], [T::Acc::ZERO; BLOCK], [T::Acc::ZERO; BLOCK]);
-    for ((gs, xs), os) in dy.chunks(BLOCK).zip(x.chunks(BLOCK)).zip(out.chunks_mut(BLOCK)) {
-        let (gs, xs) = (T::widen(gs, &mut gb), T::widen(xs, &mut xb));
-        for ((o, &g), &v) in ob.iter_mut().zip(gs).zip(xs) {
-            *o = scale * (g - mean_dy - (v - mean) * k);
-        }
-        T::narrow_block(&ob[..gs.len()], os);
-    }
+    vectorised(BackwardElemt { dy, x, mean, scale, mean_dy, k, out });
     Ok(())
+}
+
+/// An element-wise pass, its arguments checked, as a value [`vectorised`]
+/// can run compiled for the CPU's vectors: `run` is inlined into each
+/// variant.
+trait Pass {
+    type Output;
+    /// Whether the elements are stored narrower than they compute (f16,
+    /// bf16): only those passes are dispatched, f32 ones ran no faster.
+    const HALF: bool;
+    fn run(self) -> Self::Output;
+}
+
+/// Runs a half-precision `pass` compiled for AVX-512 or AVX2 when the CPU
+/// has it (the baseline x86-64 build widens 4 lanes at a time and rounds
+/// through its select): one AMD EPYC core's forward and backward
+/// passes over a `[64, 32, 32, 32]` bf16 tensor 0.48 -> 0.36 ms and
+/// 0.84-0.87 -> 0.52-0.54 ms (`elemt_run`, `backward_elemt_run`). Vector
+/// width changes no result: nothing is fused into an FMA.
+///
+/// The channel sums stay in the baseline build: at AVX-512's width their 16
+/// spelled-out lanes are one register, one chain of dependent additions,
+/// and ran slower than 4 SSE registers; more lanes cost more in folding
+/// them per block than they saved.
+fn vectorised<P: Pass>(pass: P) -> P::Output {
+    #[cfg(target_arch = "x86_64")]
+    if P::HALF {
+        let cpu = crate::cpu_features::cpu_features();
+        if cpu.has_avx512_bw_vl() {
+            // SAFETY: the CPU has AVX-512F, BW and VL.
+            return unsafe { on_avx512(pass) };
+        }
+        if cpu.avx2 {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { on_avx2(pass) };
+        }
+    }
+    pass.run()
+}
+
+/// # Safety
+/// The CPU has AVX-512F, BW and VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn on_avx512<P: Pass>(pass: P) -> P::Output {
+    pass.run()
+}
+
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn on_avx2<P: Pass>(pass: P) -> P::Output {
+    pass.run()
+}
+
+struct Elemt<'a, T: ReduceElement> {
+    x: &'a [T],
+    mean: T::Acc,
+    scale: T::Acc,
+    shift: T::Acc,
+    out: &'a mut [T],
+}
+
+impl<T: ReduceElement> Pass for Elemt<'_, T>
+where
+    T::Acc: Float,
+{
+    type Output = ();
+    const HALF: bool = size_of::<T>() < size_of::<T::Acc>();
+
+    #[inline(always)]
+    fn run(self) {
+        let Elemt { x, mean, scale, shift, out } = self;
+        // By blocks widened and rounded on the stack: both vectorise (the
+        // rounding of a half type does not, element by element).
+        let (mut xb, mut ob) = ([T::Acc::ZERO; BLOCK], [T::Acc::ZERO; BLOCK]);
+        for (xs, os) in x.chunks(BLOCK).zip(out.chunks_mut(BLOCK)) {
+            let xs = T::widen(xs, &mut xb);
+            for (o, &v) in ob.iter_mut().zip(xs) {
+                *o = (v - mean) * scale + shift;
+            }
+            T::narrow_block(&ob[..xs.len()], os);
+        }
+    }
+}
+
+struct BackwardElemt<'a, T: ReduceElement> {
+    dy: &'a [T],
+    x: &'a [T],
+    mean: T::Acc,
+    scale: T::Acc,
+    mean_dy: T::Acc,
+    k: T::Acc,
+    out: &'a mut [T],
+}
+
+impl<T: ReduceElement> Pass for BackwardElemt<'_, T>
+where
+    T::Acc: Float,
+{
+    type Output = ();
+    const HALF: bool = size_of::<T>() < size_of::<T::Acc>();
+
+    #[inline(always)]
+    fn run(self) {
+        let BackwardElemt { dy, x, mean, scale, mean_dy, k, out } = self;
+        // By blocks, as `Elemt`.
+        let (mut gb, mut xb, mut ob) = ([T::Acc::ZERO; BLOCK], [T::Acc::ZERO; BLOCK], [T::Acc::ZERO; BLOCK]);
+        for ((gs, xs), os) in dy.chunks(BLOCK).zip(x.chunks(BLOCK)).zip(out.chunks_mut(BLOCK)) {
+            let (gs, xs) = (T::widen(gs, &mut gb), T::widen(xs, &mut xb));
+            for ((o, &g), &v) in ob.iter_mut().zip(gs).zip(xs) {
+                *o = scale * (g - mean_dy - (v - mean) * k);
+            }
+            T::narrow_block(&ob[..gs.len()], os);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -295,6 +396,34 @@ mod tests {
         backward_elemt_run(&[1.0, 2.0], &[1.0, 3.0], 2.0, 2.0, 0.5, 0.25, &mut dx)?;
         assert_eq!(dx, [2.0 * (1.0 - 0.5 + 0.25), 2.0 * (2.0 - 0.5 - 0.25)]);
         Ok(())
+    }
+
+    /// The dispatched (AVX-512 or AVX2 where the CPU has it) element-wise
+    /// passes against the baseline build of the same loop, bit for bit.
+    #[test]
+    fn vectorised_passes_match_the_baseline_loop() {
+        fn both<T: ReduceElement + PartialEq + std::fmt::Debug>(x: &[T], g: &[T])
+        where
+            T::Acc: Float,
+        {
+            let (mean, scale, shift) = (T::Acc::from_f64(0.37), T::Acc::from_f64(1.3), T::Acc::from_f64(-0.2));
+            let (mut fast, mut base) = (vec![x[0]; x.len()], vec![x[0]; x.len()]);
+            vectorised(Elemt { x, mean, scale, shift, out: &mut fast });
+            Elemt { x, mean, scale, shift, out: &mut base }.run();
+            assert_eq!(fast, base, "elemt");
+            let (mean_dy, k) = (T::Acc::from_f64(0.01), T::Acc::from_f64(0.7));
+            vectorised(BackwardElemt { dy: g, x, mean, scale, mean_dy, k, out: &mut fast });
+            BackwardElemt { dy: g, x, mean, scale, mean_dy, k, out: &mut base }.run();
+            assert_eq!(fast, base, "backward_elemt");
+        }
+        // Longer than a block, with a ragged tail.
+        let (x, g) = (data(1000, 3), data(1000, 4));
+        both(&x.iter().map(|&v| v as f32).collect::<Vec<_>>(), &g.iter().map(|&v| v as f32).collect::<Vec<_>>());
+        both(
+            &x.iter().map(|&v| bf16::from_f64(v)).collect::<Vec<_>>(),
+            &g.iter().map(|&v| bf16::from_f64(v)).collect::<Vec<_>>(),
+        );
+        both(&x, &g);
     }
 
     #[test]
