@@ -104,21 +104,9 @@ pub fn precision_hook() -> Option<Arc<dyn PrecisionHook>> {
 /// the inputs already have that dtype). Only floating-point inputs are cast.
 /// Custom operations call this too, to take part in autocast.
 pub fn autocast_inputs(op: &str, inputs: &[&Var]) -> Result<Option<Vec<Var>>> {
-    let Some(hook) = precision_hook() else {
+    let Some((hook, target)) = cast_target(op, inputs) else {
         return Ok(None);
     };
-    let Some(first) = inputs.first() else {
-        return Ok(None);
-    };
-    let dtypes: Vec<DType> = inputs.iter().map(|v| v.dtype()).collect();
-    // Operations run on one device (they reject mixed devices themselves):
-    // the first input's decides which device type's policy applies.
-    let Some(target) = hook.target(op, &dtypes, first.device()) else {
-        return Ok(None);
-    };
-    if !inputs.iter().any(|v| v.dtype().is_float() && v.dtype() != target) {
-        return Ok(None);
-    }
     // The hook runs outside itself: its casts are plain operations.
     let _suspended = SuspendHook::new();
     inputs
@@ -126,6 +114,18 @@ pub fn autocast_inputs(op: &str, inputs: &[&Var]) -> Result<Option<Vec<Var>>> {
         .map(|v| if v.dtype().is_float() && v.dtype() != target { hook.cast(v, target) } else { Ok((*v).clone()) })
         .collect::<Result<Vec<Var>>>()
         .map(Some)
+}
+
+/// The installed hook and the dtype it wants `op`'s inputs in, when that
+/// changes a floating-point input.
+fn cast_target(op: &str, inputs: &[&Var]) -> Option<(Arc<dyn PrecisionHook>, DType)> {
+    let hook = precision_hook()?;
+    let first = inputs.first()?;
+    let dtypes: Vec<DType> = inputs.iter().map(|v| v.dtype()).collect();
+    // Operations run on one device (they reject mixed devices themselves):
+    // the first input's decides which device type's policy applies.
+    let target = hook.target(op, &dtypes, first.device())?;
+    inputs.iter().any(|v| v.dtype().is_float() && v.dtype() != target).then_some((hook, target))
 }
 
 /// [`autocast_inputs`] for an operation that records one graph node over
@@ -137,19 +137,9 @@ pub fn autocast_inputs(op: &str, inputs: &[&Var]) -> Result<Option<Vec<Var>>> {
 /// would round it to half and convert it back (one rounding and a pass over
 /// the weight less per step, and a more accurate gradient).
 pub fn autocast_tensors(op: &str, inputs: &[&Var]) -> Result<Option<Vec<Tensor>>> {
-    let Some(hook) = precision_hook() else {
+    let Some((hook, target)) = cast_target(op, inputs) else {
         return Ok(None);
     };
-    let Some(first) = inputs.first() else {
-        return Ok(None);
-    };
-    let dtypes: Vec<DType> = inputs.iter().map(|v| v.dtype()).collect();
-    let Some(target) = hook.target(op, &dtypes, first.device()) else {
-        return Ok(None);
-    };
-    if !inputs.iter().any(|v| v.dtype().is_float() && v.dtype() != target) {
-        return Ok(None);
-    }
     let _suspended = SuspendHook::new();
     inputs
         .iter()

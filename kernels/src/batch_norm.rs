@@ -199,11 +199,9 @@ where
 /// can run compiled for the CPU's vectors: `run` is inlined into each
 /// variant.
 trait Pass {
-    type Output;
-    /// Whether the elements are stored narrower than they compute (f16,
-    /// bf16): only those passes are dispatched, f32 ones ran no faster.
-    const HALF: bool;
-    fn run(self) -> Self::Output;
+    /// What the pass reads and writes.
+    type Element: ReduceElement;
+    fn run(self);
 }
 
 /// Runs a half-precision `pass` compiled for AVX-512 or AVX2 when the CPU
@@ -217,9 +215,11 @@ trait Pass {
 /// spelled-out lanes are one register, one chain of dependent additions,
 /// and ran slower than 4 SSE registers; more lanes cost more in folding
 /// them per block than they saved.
-fn vectorised<P: Pass>(pass: P) -> P::Output {
+fn vectorised<P: Pass>(pass: P) {
+    // Only for elements stored narrower than they compute (f16, bf16): f32
+    // passes ran no faster.
     #[cfg(target_arch = "x86_64")]
-    if P::HALF {
+    if size_of::<P::Element>() < size_of::<<P::Element as ReduceElement>::Acc>() {
         let cpu = crate::cpu_features::cpu_features();
         if cpu.has_avx512_bw_vl() {
             // SAFETY: the CPU has AVX-512F, BW and VL.
@@ -237,7 +237,7 @@ fn vectorised<P: Pass>(pass: P) -> P::Output {
 /// The CPU has AVX-512F, BW and VL.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn on_avx512<P: Pass>(pass: P) -> P::Output {
+unsafe fn on_avx512<P: Pass>(pass: P) {
     pass.run()
 }
 
@@ -245,7 +245,7 @@ unsafe fn on_avx512<P: Pass>(pass: P) -> P::Output {
 /// The CPU has AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn on_avx2<P: Pass>(pass: P) -> P::Output {
+unsafe fn on_avx2<P: Pass>(pass: P) {
     pass.run()
 }
 
@@ -261,8 +261,7 @@ impl<T: ReduceElement> Pass for Elemt<'_, T>
 where
     T::Acc: Float,
 {
-    type Output = ();
-    const HALF: bool = size_of::<T>() < size_of::<T::Acc>();
+    type Element = T;
 
     #[inline(always)]
     fn run(self) {
@@ -294,8 +293,7 @@ impl<T: ReduceElement> Pass for BackwardElemt<'_, T>
 where
     T::Acc: Float,
 {
-    type Output = ();
-    const HALF: bool = size_of::<T>() < size_of::<T::Acc>();
+    type Element = T;
 
     #[inline(always)]
     fn run(self) {
