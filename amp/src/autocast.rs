@@ -14,9 +14,9 @@
 //! Everything unlisted runs in its inputs' dtype. The casts are differentiable, so
 //! backward runs each operation in the dtype its forward used and every
 //! leaf receives its gradient in its own dtype (f32 for f32 parameters).
-//! One difference from PyTorch, in precision's favour: a `linear` layer's
-//! f32 weight gets its gradient as the f32 sums of the half products, not
-//! rounded to half and converted back.
+//! One difference from PyTorch, in precision's favour: on the host, a
+//! `linear` layer's f32 weight gets its gradient as the f32 sums of the
+//! half products, not rounded to half and converted back.
 //!
 //! As in PyTorch:
 //! - the state is per thread: a region on one thread does not change another;

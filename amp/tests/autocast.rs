@@ -356,6 +356,53 @@ fn linear_weight_gradients_are_f32_sums_of_the_half_operands() -> Result<()> {
 }
 
 #[test]
+fn autocast_linear_matches_explicit_casts_whichever_inputs_need_gradients() -> Result<()> {
+    // The linear node over the original inputs against the graph of
+    // explicit casts it replaces: the same output and input/bias gradients
+    // bit for bit, the weight's gradient the f32 sum that the explicit
+    // graph rounds to bf16 (so within half a bf16 step of it).
+    let g = randn(&[2, 3, 4])?;
+    for (x_grad, w_grad, with_bias) in
+        [(true, true, true), (false, true, true), (true, false, true), (true, true, false), (false, true, false)]
+    {
+        let x = Var::new(randn(&[2, 3, 5])?);
+        x.requires_grad_(x_grad)?;
+        let w = Var::new(randn(&[4, 5])?);
+        w.requires_grad_(w_grad)?;
+        let b = param(&[4])?;
+        let bias = with_bias.then_some(&b);
+        let grads = |v: &Var| v.grad().map(|g| g.to_vec::<f32>()).transpose();
+        let autocast_out = {
+            let _amp = autocast(DType::BF16);
+            let y = x.linear(&w, bias)?;
+            y.backward_with(&g)?;
+            y.tensor().to_dtype(DType::F32)?.to_vec::<f32>()?
+        };
+        let autocast_grads = (grads(&x)?, grads(&w)?, grads(&b)?);
+        for v in [&x, &w, &b] {
+            v.zero_grad(true)?;
+        }
+        let cast = |v: &Var| v.to_dtype(DType::BF16);
+        let explicit = cast(&x)?.linear(&cast(&w)?, bias.map(cast).transpose()?.as_ref())?;
+        explicit.backward_with(&g)?;
+        let case = format!("x grad {x_grad}, w grad {w_grad}, bias {with_bias}");
+        assert_eq!(autocast_out, explicit.tensor().to_dtype(DType::F32)?.to_vec::<f32>()?, "{case}: output");
+        assert_eq!(autocast_grads.0, grads(&x)?, "{case}: input gradient");
+        assert_eq!(autocast_grads.2, grads(&b)?, "{case}: bias gradient");
+        match (autocast_grads.1, grads(&w)?) {
+            (Some(sums), Some(rounded)) => {
+                for (s, r) in sums.iter().zip(&rounded) {
+                    assert!((s - r).abs() <= r.abs() / 256.0, "{case}: weight gradient {s} vs {r}");
+                }
+            }
+            (None, None) => assert!(!w_grad, "{case}"),
+            other => panic!("{case}: weight gradients {other:?}"),
+        }
+    }
+    Ok(())
+}
+
+#[test]
 fn several_steps_in_one_region_train_with_fresh_casts() -> Result<()> {
     // The cache must not hand out a stale weight after an in-place update,
     // nor a graph node that a previous backward released.

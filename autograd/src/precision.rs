@@ -132,8 +132,8 @@ fn cast_target(op: &str, inputs: &[&Var]) -> Option<(Arc<dyn PrecisionHook>, DTy
 /// its *original* inputs: returns the inputs' tensors cast to the hook's
 /// dtype (parameters through the hook's cache), and records no cast. Its
 /// backward must hand each input a gradient in the input's own dtype, which
-/// lets it compute a gradient straight into that dtype: `linear` produces an
-/// f32 weight's gradient as f32 sums of half operands, where a recorded cast
+/// lets it compute a gradient straight into that dtype: `linear` on the host
+/// produces an f32 weight's gradient as f32 sums of half operands, where a recorded cast
 /// would round it to half and convert it back (one rounding and a pass over
 /// the weight less per step, and a more accurate gradient).
 pub fn autocast_tensors(op: &str, inputs: &[&Var]) -> Result<Option<Vec<Tensor>>> {
