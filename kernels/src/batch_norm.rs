@@ -27,6 +27,7 @@
 use crate::error::{KernelError, Result};
 use crate::reduce::{sum, sum_sq_dev};
 use crate::scalar::{Accumulator, Float, ReduceElement, BLOCK};
+use crate::widest::{on_widest, WideLoop};
 
 /// The shape of an `[N, C, S]` tensor, seen channel by channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,7 +119,7 @@ where
     T::Acc: Float,
 {
     check_run("out", out.len(), x.len())?;
-    vectorised(Elemt { x, mean, scale, shift, out });
+    vectorised::<T, _>(Elemt { x, mean, scale, shift, out });
     Ok(())
 }
 
@@ -191,62 +192,27 @@ where
 {
     check_run("x", x.len(), dy.len())?;
     check_run("out", out.len(), dy.len())?;
-    vectorised(BackwardElemt { dy, x, mean, scale, mean_dy, k, out });
+    vectorised::<T, _>(BackwardElemt { dy, x, mean, scale, mean_dy, k, out });
     Ok(())
 }
 
-/// An element-wise pass, its arguments checked, as a value [`vectorised`]
-/// can run compiled for the CPU's vectors: `run` is inlined into each
-/// variant.
-trait Pass {
-    /// What the pass reads and writes.
-    type Element: ReduceElement;
-    fn run(self);
-}
-
-/// Runs a half-precision `pass` compiled for AVX-512 or AVX2 when the CPU
-/// has it (the baseline x86-64 build widens 4 lanes at a time and rounds
-/// through its select): one AMD EPYC core's forward and backward
+/// Runs a half-precision element-wise pass compiled for AVX-512 or AVX2
+/// when the CPU has it (the baseline x86-64 build widens 4 lanes at a time
+/// and rounds through its select): one AMD EPYC core's forward and backward
 /// passes over a `[64, 32, 32, 32]` bf16 tensor 0.48 -> 0.36 ms and
-/// 0.84-0.87 -> 0.52-0.54 ms (`elemt_run`, `backward_elemt_run`). Vector
-/// width changes no result: nothing is fused into an FMA.
+/// 0.84-0.87 -> 0.52-0.54 ms (`elemt_run`, `backward_elemt_run`). f32 passes
+/// ran no faster and stay in the baseline build.
 ///
-/// The channel sums stay in the baseline build: at AVX-512's width their 16
+/// The channel sums stay there too: at AVX-512's width their 16
 /// spelled-out lanes are one register, one chain of dependent additions,
 /// and ran slower than 4 SSE registers; more lanes cost more in folding
 /// them per block than they saved.
-fn vectorised<P: Pass>(pass: P) {
-    // Only for elements stored narrower than they compute (f16, bf16): f32
-    // passes ran no faster.
-    #[cfg(target_arch = "x86_64")]
-    if size_of::<P::Element>() < size_of::<<P::Element as ReduceElement>::Acc>() {
-        let cpu = crate::cpu_features::cpu_features();
-        if cpu.has_avx512_bw_vl() {
-            // SAFETY: the CPU has AVX-512F, BW and VL.
-            return unsafe { on_avx512(pass) };
-        }
-        if cpu.avx2 {
-            // SAFETY: the CPU has AVX2.
-            return unsafe { on_avx2(pass) };
-        }
+fn vectorised<T: ReduceElement, W: WideLoop<Output = ()>>(pass: W) {
+    if size_of::<T>() < size_of::<T::Acc>() {
+        on_widest(pass)
+    } else {
+        pass.run()
     }
-    pass.run()
-}
-
-/// # Safety
-/// The CPU has AVX-512F, BW and VL.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn on_avx512<P: Pass>(pass: P) {
-    pass.run()
-}
-
-/// # Safety
-/// The CPU has AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn on_avx2<P: Pass>(pass: P) {
-    pass.run()
 }
 
 struct Elemt<'a, T: ReduceElement> {
@@ -257,11 +223,11 @@ struct Elemt<'a, T: ReduceElement> {
     out: &'a mut [T],
 }
 
-impl<T: ReduceElement> Pass for Elemt<'_, T>
+impl<T: ReduceElement> WideLoop for Elemt<'_, T>
 where
     T::Acc: Float,
 {
-    type Element = T;
+    type Output = ();
 
     #[inline(always)]
     fn run(self) {
@@ -289,11 +255,11 @@ struct BackwardElemt<'a, T: ReduceElement> {
     out: &'a mut [T],
 }
 
-impl<T: ReduceElement> Pass for BackwardElemt<'_, T>
+impl<T: ReduceElement> WideLoop for BackwardElemt<'_, T>
 where
     T::Acc: Float,
 {
-    type Element = T;
+    type Output = ();
 
     #[inline(always)]
     fn run(self) {
@@ -406,11 +372,11 @@ mod tests {
         {
             let (mean, scale, shift) = (T::Acc::from_f64(0.37), T::Acc::from_f64(1.3), T::Acc::from_f64(-0.2));
             let (mut fast, mut base) = (vec![x[0]; x.len()], vec![x[0]; x.len()]);
-            vectorised(Elemt { x, mean, scale, shift, out: &mut fast });
+            on_widest(Elemt { x, mean, scale, shift, out: &mut fast });
             Elemt { x, mean, scale, shift, out: &mut base }.run();
             assert_eq!(fast, base, "elemt");
             let (mean_dy, k) = (T::Acc::from_f64(0.01), T::Acc::from_f64(0.7));
-            vectorised(BackwardElemt { dy: g, x, mean, scale, mean_dy, k, out: &mut fast });
+            on_widest(BackwardElemt { dy: g, x, mean, scale, mean_dy, k, out: &mut fast });
             BackwardElemt { dy: g, x, mean, scale, mean_dy, k, out: &mut base }.run();
             assert_eq!(fast, base, "backward_elemt");
         }

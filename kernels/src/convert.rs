@@ -14,6 +14,7 @@
 //! assert_eq!(back, [1.0, 1.0, -0.0, f32::INFINITY]);
 //! ```
 
+use crate::widest::{on_widest, WideLoop};
 use half::bf16;
 
 /// bf16 → f32, exactly: a bf16 is the top half of an f32's bits, so this is
@@ -29,19 +30,22 @@ pub fn bf16_to_f32(value: bf16) -> f32 {
 /// build widens 4 lanes at a time (a bf16 block of batch norm's passes spent
 /// as long widening as computing).
 pub fn widen_bf16_slice(src: &[bf16], dst: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let cpu = crate::cpu_features::cpu_features();
-        if cpu.avx512f {
-            // SAFETY: the CPU has AVX-512F.
-            return unsafe { widen_bf16_avx512(src, dst) };
-        }
-        if cpu.avx2 {
-            // SAFETY: the CPU has AVX2.
-            return unsafe { widen_bf16_avx2(src, dst) };
-        }
+    on_widest(Widen { src, dst });
+}
+
+/// [`widen_bf16_portable`] as a loop [`on_widest`] compiles per instruction set.
+struct Widen<'a> {
+    src: &'a [bf16],
+    dst: &'a mut [f32],
+}
+
+impl WideLoop for Widen<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        widen_bf16_portable(self.src, self.dst);
     }
-    widen_bf16_portable(src, dst);
 }
 
 /// [`widen_bf16_slice`] without the run-time dispatch.
@@ -52,38 +56,27 @@ pub fn widen_bf16_portable(src: &[bf16], dst: &mut [f32]) {
     }
 }
 
-/// [`widen_bf16_portable`] vectorised for AVX-512.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn widen_bf16_avx512(src: &[bf16], dst: &mut [f32]) {
-    widen_bf16_portable(src, dst);
-}
-
-/// [`widen_bf16_portable`] vectorised for AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn widen_bf16_avx2(src: &[bf16], dst: &mut [f32]) {
-    widen_bf16_portable(src, dst);
-}
-
 /// f32 → bf16 over slices of the same length (the shorter one bounds it).
 /// The baseline x86-64 build leaves this loop scalar (its select and 32 →
 /// 16-bit narrowing do not map onto SSE2), so on x86-64 the same loop is also
 /// compiled for AVX-512 and AVX2 and picked at run time: about 4x faster.
 pub fn narrow_bf16_slice(src: &[f32], dst: &mut [bf16]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let cpu = crate::cpu_features::cpu_features();
-        if cpu.avx512f && cpu.avx512bw {
-            // SAFETY: the CPU has AVX-512F and AVX-512BW.
-            return unsafe { narrow_bf16_avx512(src, dst) };
-        }
-        if cpu.avx2 {
-            // SAFETY: the CPU has AVX2.
-            return unsafe { narrow_bf16_avx2(src, dst) };
-        }
+    on_widest(Narrow { src, dst });
+}
+
+/// [`narrow_bf16_portable`] as a loop [`on_widest`] compiles per instruction set.
+struct Narrow<'a> {
+    src: &'a [f32],
+    dst: &'a mut [bf16],
+}
+
+impl WideLoop for Narrow<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        narrow_bf16_portable(self.src, self.dst);
     }
-    narrow_bf16_portable(src, dst);
 }
 
 /// f32 -> bf16, rounded to nearest, ties to even; NaN stays NaN with its top
@@ -107,20 +100,6 @@ pub fn narrow_bf16_portable(src: &[f32], dst: &mut [bf16]) {
     for (out, &value) in dst.iter_mut().zip(src) {
         *out = f32_to_bf16(value);
     }
-}
-
-/// [`narrow_bf16_portable`] vectorised for AVX-512.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
-fn narrow_bf16_avx512(src: &[f32], dst: &mut [bf16]) {
-    narrow_bf16_portable(src, dst);
-}
-
-/// [`narrow_bf16_portable`] vectorised for AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn narrow_bf16_avx2(src: &[f32], dst: &mut [bf16]) {
-    narrow_bf16_portable(src, dst);
 }
 
 #[cfg(test)]

@@ -54,5 +54,6 @@ pub mod scalar;
 pub mod scratch;
 #[cfg(test)]
 mod test_data;
+mod widest;
 
 pub use error::{KernelError, Result};

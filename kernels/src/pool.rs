@@ -14,6 +14,7 @@
 
 use crate::error::{KernelError, Result};
 use crate::scalar::FloatElement;
+use crate::widest::{on_widest, WideLoop};
 use half::{bf16, f16};
 use std::ops::{Add, AddAssign, Div};
 
@@ -229,13 +230,7 @@ pub fn max_pool2d_plane<T: MaxPoolElement>(
         // Whole windows (no ceil-mode clipping): checked by `new`, which
         // rounds 2·out ≤ input down, and by `check_plane` for the rows.
         if 2 * out_h <= g.input.0 && 2 * out_w <= in_w {
-            #[cfg(target_arch = "x86_64")]
-            if crate::cpu_features::cpu_features().has_avx512_bw_vl() {
-                // SAFETY: the CPU has AVX-512F, BW and VL.
-                unsafe { max_pool_2x2_avx512(g, input, offset, strides[0], out, indices) };
-                return Ok(());
-            }
-            max_pool_2x2(g, input, offset, strides[0], out, indices);
+            on_widest(MaxPool2x2 { g, input, offset, row_stride: strides[0], out, indices });
             return Ok(());
         }
     }
@@ -264,59 +259,51 @@ pub fn max_pool2d_plane<T: MaxPoolElement>(
     Ok(())
 }
 
-/// [`max_pool_2x2`] compiled for AVX-512.
-///
-/// # Safety
-/// The CPU has AVX-512F, BW and VL.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn max_pool_2x2_avx512<T: MaxPoolElement>(
-    g: &Pool2dGeometry,
-    input: &[T],
-    offset: usize,
-    row_stride: usize,
-    out: &mut [T],
-    indices: &mut [i64],
-) {
-    max_pool_2x2(g, input, offset, row_stride, out, indices)
-}
-
 /// [`max_pool2d_plane`] for the usual 2x2 windows with stride 2 over
 /// dense rows (`row_stride` apart), every window inside the plane: the
 /// four candidates are read from two row slices, with no index checks in
-/// the loop, and compared by key.
-#[inline(always)]
-fn max_pool_2x2<T: MaxPoolElement>(
-    g: &Pool2dGeometry,
-    input: &[T],
+/// the loop, and compared by key. Also compiled for AVX-512 and AVX2
+/// ([`on_widest`]): one 32x32 plane 0.9 -> 0.15 µs in f32 and 1.0-1.5 ->
+/// 0.15 µs in bf16 on one AMD EPYC core with AVX-512.
+struct MaxPool2x2<'a, T> {
+    g: &'a Pool2dGeometry,
+    input: &'a [T],
     offset: usize,
     row_stride: usize,
-    out: &mut [T],
-    indices: &mut [i64],
-) {
-    let (out_h, out_w) = g.output;
-    let in_w = g.input.1;
-    let step = [0, 1, in_w as i64, in_w as i64 + 1];
-    for (oh, (out_row, index_row)) in out.chunks_exact_mut(out_w).zip(indices.chunks_exact_mut(out_w)).enumerate() {
-        if oh == out_h {
-            break;
-        }
-        let top = offset + 2 * oh * row_stride;
-        let (r0, r1) = (&input[top..top + 2 * out_w], &input[top + row_stride..top + row_stride + 2 * out_w]);
-        let base = (2 * oh * in_w) as i64;
-        let windows = r0.chunks_exact(2).zip(r1.chunks_exact(2));
-        for (ow, ((o, index), (p0, p1))) in out_row.iter_mut().zip(index_row.iter_mut()).zip(windows).enumerate() {
-            let candidates = [p0[0], p0[1], p1[0], p1[1]];
-            let (mut best, mut best_key, mut at) = (candidates[0], candidates[0].key(), 0);
-            for (&v, &s) in candidates[1..].iter().zip(&step[1..]) {
-                let key = v.key();
-                let take = takes_over(key, best_key);
-                best = std::hint::select_unpredictable(take, v, best);
-                best_key = std::hint::select_unpredictable(take, key, best_key);
-                at = std::hint::select_unpredictable(take, s, at);
+    out: &'a mut [T],
+    indices: &'a mut [i64],
+}
+
+impl<T: MaxPoolElement> WideLoop for MaxPool2x2<'_, T> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        let MaxPool2x2 { g, input, offset, row_stride, out, indices } = self;
+        let (out_h, out_w) = g.output;
+        let in_w = g.input.1;
+        let step = [0, 1, in_w as i64, in_w as i64 + 1];
+        for (oh, (out_row, index_row)) in out.chunks_exact_mut(out_w).zip(indices.chunks_exact_mut(out_w)).enumerate() {
+            if oh == out_h {
+                break;
             }
-            *o = best;
-            *index = base + 2 * ow as i64 + at;
+            let top = offset + 2 * oh * row_stride;
+            let (r0, r1) = (&input[top..top + 2 * out_w], &input[top + row_stride..top + row_stride + 2 * out_w]);
+            let base = (2 * oh * in_w) as i64;
+            let windows = r0.chunks_exact(2).zip(r1.chunks_exact(2));
+            for (ow, ((o, index), (p0, p1))) in out_row.iter_mut().zip(index_row.iter_mut()).zip(windows).enumerate() {
+                let candidates = [p0[0], p0[1], p1[0], p1[1]];
+                let (mut best, mut best_key, mut at) = (candidates[0], candidates[0].key(), 0);
+                for (&v, &s) in candidates[1..].iter().zip(&step[1..]) {
+                    let key = v.key();
+                    let take = takes_over(key, best_key);
+                    best = std::hint::select_unpredictable(take, v, best);
+                    best_key = std::hint::select_unpredictable(take, key, best_key);
+                    at = std::hint::select_unpredictable(take, s, at);
+                }
+                *o = best;
+                *index = base + 2 * ow as i64 + at;
+            }
         }
     }
 }
@@ -607,7 +594,7 @@ mod tests {
             if !ceil {
                 // The baseline loop too, which the dispatch skips on AVX-512 CPUs.
                 let (mut base, mut base_idx) = (vec![bf16::ZERO; n], vec![-1i64; n]);
-                max_pool_2x2(&g, &x16, offset, row_stride, &mut base, &mut base_idx);
+                MaxPool2x2 { g: &g, input: &x16, offset, row_stride, out: &mut base, indices: &mut base_idx }.run();
                 assert_eq!(base_idx, want_idx, "baseline bf16 {h}x{w}");
                 assert!(base.iter().zip(&out).all(|(b, o)| b.to_bits() == o.to_bits()));
             }

@@ -11,6 +11,7 @@ use super::strided::{
 };
 use crate::error::Result;
 use crate::scalar::{Accumulator, Float, FloatElement};
+use crate::widest::{on_widest, WideLoop};
 
 /// A one-operand floating-point op.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -398,50 +399,32 @@ pub fn unary<T: FloatElement>(op: UnaryOp, src: Strided<'_, T>, dst: &mut [T]) -
         // A slice kernel: vectorised for f32 (and the half types, which compute in f32).
         return map1_blocks(src, dst, <T::Compute as Float>::gelu_slice);
     }
-    #[cfg(target_arch = "x86_64")]
     if is_half::<T>() {
-        let features = crate::cpu_features::cpu_features();
-        if features.has_avx512_bw_vl() {
-            // SAFETY: the CPU has AVX-512F, BW and VL.
-            return unsafe { unary_avx512(op, src, dst) };
-        }
-        if features.avx2 {
-            // SAFETY: the CPU has AVX2.
-            return unsafe { unary_avx2(op, src, dst) };
-        }
+        return on_widest(UnaryLoop { op, src, dst });
     }
-    unary_loop(op, src, dst)
+    UnaryLoop { op, src, dst }.run()
 }
 
 /// The loop of [`unary`]: one element at a time, loaded into the compute
-/// type and rounded back. Inlined into the wrappers below, which compile it
-/// for wider vectors.
-#[inline(always)]
-fn unary_loop<T: FloatElement>(op: UnaryOp, src: Strided<'_, T>, dst: &mut [T]) -> Result<()> {
-    with_unary_fn!(op, T::Compute, f => map1(src, dst, |x: T| T::store(f(x.load()))))
+/// type and rounded back. For half types it also runs compiled for
+/// AVX-512 or AVX2 ([`on_widest`]): the baseline build leaves it scalar (its
+/// widening, rounding select and 32 -> 16-bit narrowing do not map onto
+/// SSE2): bf16 ReLU of 32K elements 12.3 -> 4.1 µs on one AMD EPYC core
+/// (f32: 2.3 µs).
+struct UnaryLoop<'a, T> {
+    op: UnaryOp,
+    src: Strided<'a, T>,
+    dst: &'a mut [T],
 }
 
-/// [`unary_loop`] compiled for AVX-512. For half types the baseline build
-/// leaves it scalar (its widening, rounding select and 32 -> 16-bit
-/// narrowing do not map onto SSE2): bf16 ReLU of 32K elements 12.3 -> 4.1
-/// µs on one AMD EPYC core (f32: 2.3 µs).
-///
-/// # Safety
-/// The CPU has AVX-512F, BW and VL.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn unary_avx512<T: FloatElement>(op: UnaryOp, src: Strided<'_, T>, dst: &mut [T]) -> Result<()> {
-    unary_loop(op, src, dst)
-}
+impl<T: FloatElement> WideLoop for UnaryLoop<'_, T> {
+    type Output = Result<()>;
 
-/// [`unary_loop`] compiled for AVX2 (CPUs without AVX-512).
-///
-/// # Safety
-/// The CPU has AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn unary_avx2<T: FloatElement>(op: UnaryOp, src: Strided<'_, T>, dst: &mut [T]) -> Result<()> {
-    unary_loop(op, src, dst)
+    #[inline(always)]
+    fn run(self) -> Result<()> {
+        let UnaryLoop { op, src, dst } = self;
+        with_unary_fn!(op, T::Compute, f => map1(src, dst, |x: T| T::store(f(x.load()))))
+    }
 }
 
 /// Whether `T` is stored narrower than it computes (f16, bf16): its
@@ -477,55 +460,28 @@ pub fn binary<T: FloatElement>(op: BinaryOp, a: Strided<'_, T>, b: Strided<'_, T
         BinaryOp::GeluTanhBackward => return map2_blocks(a, b, dst, <T::Compute as Float>::gelu_tanh_backward_slice),
         _ => {}
     }
-    #[cfg(target_arch = "x86_64")]
     if is_half::<T>() {
-        let features = crate::cpu_features::cpu_features();
-        if features.has_avx512_bw_vl() {
-            // SAFETY: the CPU has AVX-512F, BW and VL.
-            return unsafe { binary_avx512(op, a, b, dst) };
-        }
-        if features.avx2 {
-            // SAFETY: the CPU has AVX2.
-            return unsafe { binary_avx2(op, a, b, dst) };
-        }
+        return on_widest(BinaryLoop { op, a, b, dst });
     }
-    binary_loop(op, a, b, dst)
+    BinaryLoop { op, a, b, dst }.run()
 }
 
-/// The loop of [`binary`] (see [`unary_loop`]).
-#[inline(always)]
-fn binary_loop<T: FloatElement>(op: BinaryOp, a: Strided<'_, T>, b: Strided<'_, T>, dst: &mut [T]) -> Result<()> {
-    with_binary_fn!(op, T::Compute, f => map2(a, b, dst, |x: T, y: T| T::store(f(x.load(), y.load()))))
-}
-
-/// [`binary_loop`] compiled for AVX-512 (see [`unary_avx512`]).
-///
-/// # Safety
-/// The CPU has AVX-512F, BW and VL.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn binary_avx512<T: FloatElement>(
+/// The loop of [`binary`] (see [`UnaryLoop`]).
+struct BinaryLoop<'a, T> {
     op: BinaryOp,
-    a: Strided<'_, T>,
-    b: Strided<'_, T>,
-    dst: &mut [T],
-) -> Result<()> {
-    binary_loop(op, a, b, dst)
+    a: Strided<'a, T>,
+    b: Strided<'a, T>,
+    dst: &'a mut [T],
 }
 
-/// [`binary_loop`] compiled for AVX2.
-///
-/// # Safety
-/// The CPU has AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn binary_avx2<T: FloatElement>(
-    op: BinaryOp,
-    a: Strided<'_, T>,
-    b: Strided<'_, T>,
-    dst: &mut [T],
-) -> Result<()> {
-    binary_loop(op, a, b, dst)
+impl<T: FloatElement> WideLoop for BinaryLoop<'_, T> {
+    type Output = Result<()>;
+
+    #[inline(always)]
+    fn run(self) -> Result<()> {
+        let BinaryLoop { op, a, b, dst } = self;
+        with_binary_fn!(op, T::Compute, f => map2(a, b, dst, |x: T, y: T| T::store(f(x.load(), y.load()))))
+    }
 }
 
 /// `dst[i] = op(dst[i], rhs[i])`, in place (`x += y` and friends).
@@ -688,7 +644,7 @@ mod tests {
                 for op in ALL_UNARY {
                     let (mut wide, mut base) = (vec![x[0]; len], vec![x[0]; len]);
                     unary(op, Strided::contiguous(x), &mut wide).unwrap();
-                    unary_loop(op, Strided::contiguous(x), &mut base).unwrap();
+                    UnaryLoop { op, src: Strided::contiguous(x), dst: &mut base }.run().unwrap();
                     let same = wide.iter().zip(&base).all(|(&w, &b)| bits(w) == bits(b));
                     assert!(same, "{op:?} over {len}");
                 }
@@ -696,7 +652,7 @@ mod tests {
                     for b_operand in [Strided::contiguous(y), Strided::broadcast(y, 1)] {
                         let (mut wide, mut base) = (vec![x[0]; len], vec![x[0]; len]);
                         binary(op, Strided::contiguous(x), b_operand, &mut wide).unwrap();
-                        binary_loop(op, Strided::contiguous(x), b_operand, &mut base).unwrap();
+                        BinaryLoop { op, a: Strided::contiguous(x), b: b_operand, dst: &mut base }.run().unwrap();
                         let same = wide.iter().zip(&base).all(|(&w, &b)| bits(w) == bits(b));
                         assert!(same, "{} over {len}", op.name());
                     }
