@@ -27,7 +27,7 @@
 use crate::error::{KernelError, Result};
 use crate::reduce::{sum, sum_sq_dev};
 use crate::scalar::{Accumulator, Float, ReduceElement, BLOCK};
-use crate::widest::{on_widest, WideLoop};
+use crate::widest::{on_widest_if, WideLoop};
 
 /// The shape of an `[N, C, S]` tensor, seen channel by channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,7 +119,7 @@ where
     T::Acc: Float,
 {
     check_run("out", out.len(), x.len())?;
-    vectorised::<T, _>(Elemt { x, mean, scale, shift, out });
+    on_widest_if(vectorised::<T>(), Elemt { x, mean, scale, shift, out });
     Ok(())
 }
 
@@ -192,27 +192,23 @@ where
 {
     check_run("x", x.len(), dy.len())?;
     check_run("out", out.len(), dy.len())?;
-    vectorised::<T, _>(BackwardElemt { dy, x, mean, scale, mean_dy, k, out });
+    on_widest_if(vectorised::<T>(), BackwardElemt { dy, x, mean, scale, mean_dy, k, out });
     Ok(())
 }
 
-/// Runs a half-precision element-wise pass compiled for AVX-512 or AVX2
-/// when the CPU has it (the baseline x86-64 build widens 4 lanes at a time
-/// and rounds through its select): one AMD EPYC core's forward and backward
-/// passes over a `[64, 32, 32, 32]` bf16 tensor 0.48 -> 0.36 ms and
-/// 0.84-0.87 -> 0.52-0.54 ms (`elemt_run`, `backward_elemt_run`). f32 passes
-/// ran no faster and stay in the baseline build.
+/// Whether a pass over `T` runs compiled for AVX-512 or AVX2 when the CPU
+/// has it: for the half types (the baseline x86-64 build widens 4 lanes at
+/// a time and rounds through its select): one AMD EPYC core's forward and
+/// backward passes over a `[64, 32, 32, 32]` bf16 tensor 0.48 -> 0.36 ms
+/// and 0.84-0.87 -> 0.52-0.54 ms (`elemt_run`, `backward_elemt_run`). f32
+/// passes ran no faster and stay in the baseline build.
 ///
 /// The channel sums stay there too: at AVX-512's width their 16
 /// spelled-out lanes are one register, one chain of dependent additions,
 /// and ran slower than 4 SSE registers; more lanes cost more in folding
 /// them per block than they saved.
-fn vectorised<T: ReduceElement, W: WideLoop<Output = ()>>(pass: W) {
-    if size_of::<T>() < size_of::<T::Acc>() {
-        on_widest(pass)
-    } else {
-        pass.run()
-    }
+fn vectorised<T: ReduceElement>() -> bool {
+    size_of::<T>() < size_of::<T::Acc>()
 }
 
 struct Elemt<'a, T: ReduceElement> {
@@ -372,11 +368,11 @@ mod tests {
         {
             let (mean, scale, shift) = (T::Acc::from_f64(0.37), T::Acc::from_f64(1.3), T::Acc::from_f64(-0.2));
             let (mut fast, mut base) = (vec![x[0]; x.len()], vec![x[0]; x.len()]);
-            on_widest(Elemt { x, mean, scale, shift, out: &mut fast });
+            crate::widest::on_widest(Elemt { x, mean, scale, shift, out: &mut fast });
             Elemt { x, mean, scale, shift, out: &mut base }.run();
             assert_eq!(fast, base, "elemt");
             let (mean_dy, k) = (T::Acc::from_f64(0.01), T::Acc::from_f64(0.7));
-            on_widest(BackwardElemt { dy: g, x, mean, scale, mean_dy, k, out: &mut fast });
+            crate::widest::on_widest(BackwardElemt { dy: g, x, mean, scale, mean_dy, k, out: &mut fast });
             BackwardElemt { dy: g, x, mean, scale, mean_dy, k, out: &mut base }.run();
             assert_eq!(fast, base, "backward_elemt");
         }

@@ -47,6 +47,18 @@ pub(crate) fn on_widest<W: WideLoop>(work: W) -> W::Output {
     work.run()
 }
 
+/// [`on_widest`] when `wide`, else the baseline build: for loops that gain
+/// only for some element types (the half types, whose conversions do not
+/// vectorise on SSE2).
+#[inline]
+pub(crate) fn on_widest_if<W: WideLoop>(wide: bool, work: W) -> W::Output {
+    if wide {
+        on_widest(work)
+    } else {
+        work.run()
+    }
+}
+
 /// # Safety
 /// The CPU has AVX-512F, BW and VL.
 #[cfg(target_arch = "x86_64")]

@@ -11,7 +11,7 @@ use super::strided::{
 };
 use crate::error::Result;
 use crate::scalar::{Accumulator, Float, FloatElement};
-use crate::widest::{on_widest, WideLoop};
+use crate::widest::{on_widest_if, WideLoop};
 
 /// A one-operand floating-point op.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -399,15 +399,12 @@ pub fn unary<T: FloatElement>(op: UnaryOp, src: Strided<'_, T>, dst: &mut [T]) -
         // A slice kernel: vectorised for f32 (and the half types, which compute in f32).
         return map1_blocks(src, dst, <T::Compute as Float>::gelu_slice);
     }
-    if is_half::<T>() {
-        return on_widest(UnaryLoop { op, src, dst });
-    }
-    UnaryLoop { op, src, dst }.run()
+    on_widest_if(is_half::<T>(), UnaryLoop { op, src, dst })
 }
 
 /// The loop of [`unary`]: one element at a time, loaded into the compute
 /// type and rounded back. For half types it also runs compiled for
-/// AVX-512 or AVX2 ([`on_widest`]): the baseline build leaves it scalar (its
+/// AVX-512 or AVX2 ([`on_widest_if`]): the baseline build leaves it scalar (its
 /// widening, rounding select and 32 -> 16-bit narrowing do not map onto
 /// SSE2): bf16 ReLU of 32K elements 12.3 -> 4.1 µs on one AMD EPYC core
 /// (f32: 2.3 µs).
@@ -460,10 +457,7 @@ pub fn binary<T: FloatElement>(op: BinaryOp, a: Strided<'_, T>, b: Strided<'_, T
         BinaryOp::GeluTanhBackward => return map2_blocks(a, b, dst, <T::Compute as Float>::gelu_tanh_backward_slice),
         _ => {}
     }
-    if is_half::<T>() {
-        return on_widest(BinaryLoop { op, a, b, dst });
-    }
-    BinaryLoop { op, a, b, dst }.run()
+    on_widest_if(is_half::<T>(), BinaryLoop { op, a, b, dst })
 }
 
 /// The loop of [`binary`] (see [`UnaryLoop`]).
