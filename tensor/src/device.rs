@@ -39,6 +39,17 @@ impl Device {
         matches!(self, Device::Cpu(_))
     }
 
+    /// Whether [`Tensor::matmul_out_dtype`](crate::Tensor::matmul_out_dtype)
+    /// multiplies f16/bf16 operands on this device as they are (the host's
+    /// half kernels sum them into f32), rather than widening both to f32
+    /// first. Callers that could either keep a half product or ask for f32
+    /// sums (attention, a linear layer's weight gradient) take the f32 sums
+    /// only where they cost no more. False for a device this build cannot
+    /// run.
+    pub fn multiplies_half_into_f32(&self) -> bool {
+        crate::backend::for_device(*self).is_ok_and(|backend| backend.multiplies_half_into_f32())
+    }
+
     /// The device's ordinal.
     pub const fn index(&self) -> usize {
         match self {
@@ -126,5 +137,13 @@ mod tests {
         assert_eq!("cpu".parse::<Device>().unwrap(), Device::CPU);
         assert!("tpu:0".parse::<Device>().is_err());
         assert!("cpu:x".parse::<Device>().is_err());
+    }
+
+    #[test]
+    fn the_host_multiplies_half_operands_into_f32() {
+        assert!(Device::CPU.multiplies_half_into_f32() && Device::cpu(2).multiplies_half_into_f32());
+        // CUDA's products widen both operands first (and without the
+        // feature, or a GPU, there is no CUDA backend at all).
+        assert!(!Device::cuda(0).multiplies_half_into_f32());
     }
 }

@@ -330,9 +330,9 @@ fn plan(q: &Var, k: &Var, v: &Var, options: &SdpaOptions) -> Result<Plan> {
         DType::F16 | DType::BF16 => DType::F32,
         other => other,
     };
-    // The host's half kernels multiply half operands into f32 directly.
-    // Elsewhere (CUDA) the products run on widened operands as before.
-    let operand = if matches!(q.device(), Device::Cpu(_)) { q.dtype() } else { compute };
+    // Half operands multiplied as they are where the device's kernels sum
+    // them into f32; elsewhere (CUDA) the products run on widened operands.
+    let operand = if q.device().multiplies_half_into_f32() { q.dtype() } else { compute };
     let batch: usize = qd[..r - 2].iter().product::<usize>().max(1);
     let chunk =
         options.chunk_rows.unwrap_or_else(|| (DEFAULT_BLOCK_ELEMENTS / (batch * s).max(1)).max(1)).min(l.max(1));

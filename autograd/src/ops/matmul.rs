@@ -5,7 +5,7 @@ use super::sum_to;
 use crate::error::{AutogradError, Result};
 use crate::precision::{autocast_inputs, autocast_tensors};
 use crate::var::{record, Var};
-use brasa_tensor::{DType, Device, Tensor};
+use brasa_tensor::{DType, Tensor};
 
 /// `t` as at least a matrix: `[k]` becomes `[1, k]` on the left, `[k, 1]` on the right.
 fn as_matrix(t: &Tensor, left: bool) -> Result<Tensor> {
@@ -134,13 +134,13 @@ impl Var {
             let gw = if c.needs(1) {
                 let (gt, x) = (g.t()?, kept(keep_x, 0)?);
                 // Half operands summed straight into an f32 weight's gradient:
-                // no rounding to half and no conversion pass. On the host,
-                // whose kernels read half operands into f32 sums; other
-                // devices keep the half product and its conversion (CUDA's
-                // `matmul_into_f32` widens both operands first).
+                // no rounding to half and no conversion pass, where the
+                // device's kernels read half operands into f32 sums; others
+                // (CUDA, which would widen both operands first) keep the
+                // half product and its conversion.
                 let widening = w_dtype == DType::F32
                     && matches!(gt.dtype(), DType::F16 | DType::BF16)
-                    && matches!(gt.device(), Device::Cpu(_));
+                    && gt.device().multiplies_half_into_f32();
                 Some(if widening { gt.matmul_out_dtype(x, DType::F32)? } else { own(gt.matmul(x)?, w_dtype)? })
             } else {
                 None

@@ -461,6 +461,13 @@ pub(crate) trait Backend: Sync {
         let (a, b) = (operands.a.to_dtype(DType::F32)?, operands.b.to_dtype(DType::F32)?);
         self.matmul(MatmulOperands { a: &a, b: &b, ..operands })
     }
+
+    /// Whether [`Backend::matmul_into_f32`] reads half operands as they are
+    /// (see [`crate::Device::multiplies_half_into_f32`]); false for the
+    /// widening default.
+    fn multiplies_half_into_f32(&self) -> bool {
+        false
+    }
 }
 
 /// Runs `op` on `dst` by its device: checks that `dst` may be written (no

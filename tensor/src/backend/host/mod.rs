@@ -217,4 +217,8 @@ impl Backend for HostBackend {
     fn matmul_into_f32(&self, operands: MatmulOperands<'_>) -> Result<Tensor> {
         matmul::matmul_into_f32(operands)
     }
+
+    fn multiplies_half_into_f32(&self) -> bool {
+        true
+    }
 }
