@@ -8,7 +8,7 @@ use super::driver::{self, Plan, Product};
 use super::element::Bf16Pair;
 use super::microkernel::{select, HasMicroKernels};
 use super::pack::PackInto;
-use super::{parallel_worth, product_dims, GemmElement, GemmOptions, KernelChoice, MatMut, MatRef, Parallelism};
+use super::{parallel_worth, product_dims, Bf16Route, GemmElement, GemmOptions, MatMut, MatRef, Parallelism};
 use crate::error::Result;
 use half::{bf16, f16};
 
@@ -60,17 +60,12 @@ impl GemmIntoF32 for bf16 {
         beta: f32,
         c: MatMut<'_, f32>,
     ) -> Result<()> {
-        // As `gemm_with` for bf16: AMX tiles or pairs for the dot-product
-        // instruction where the CPU has them, else widened while packed.
-        match options.kernel.resolve() {
+        // The routes of `gemm_with` for bf16.
+        match Bf16Route::of(options.kernel.resolve(), c.rows(), c.cols(), a.cols()) {
             #[cfg(target_arch = "x86_64")]
-            KernelChoice::AmxBf16 if super::amx::worth_tiles(c.rows(), c.cols(), a.cols()) => {
-                run_amx(options, alpha, a, b, beta, c)
-            }
-            // Off the tiles on an AMX CPU the f32 kernel is the faster one
-            // (see `gemm_with` for bf16).
-            KernelChoice::Avx512Bf16 => run::<Bf16Pair, bf16>(options, alpha, a, b, beta, c),
-            _ => run::<f32, bf16>(options, alpha, a, b, beta, c),
+            Bf16Route::Tiles => run_amx(options, alpha, a, b, beta, c),
+            Bf16Route::Pairs => run::<Bf16Pair, bf16>(options, alpha, a, b, beta, c),
+            Bf16Route::Widened => run::<f32, bf16>(options, alpha, a, b, beta, c),
         }
     }
 }
@@ -165,6 +160,7 @@ fn run_amx(
 mod tests {
     use super::*;
     use crate::gemm::test_values::values;
+    use crate::gemm::KernelChoice;
 
     /// The f64 product of the operands' exact values, plus beta * C.
     fn reference(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], beta: f32, c: &[f32]) -> Vec<f64> {

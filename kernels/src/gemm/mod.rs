@@ -174,22 +174,41 @@ impl GemmElement for bf16 {
         beta: f32,
         c: BatchMut<'_, bf16>,
     ) -> Result<()> {
-        // AMX tiles, or bf16 dot products on bf16 pairs, where the CPU has
-        // them; otherwise operands widened to f32 while packed. All
-        // accumulate exact products in f32 and round C once.
-        match options.kernel.resolve() {
+        // All routes accumulate exact products in f32 and round C once.
+        match Bf16Route::of(options.kernel.resolve(), c.rows(), c.cols(), a.cols()) {
             #[cfg(target_arch = "x86_64")]
-            KernelChoice::AmxBf16 if amx::worth_tiles(c.rows(), c.cols(), a.cols()) => {
-                run_batched::<f32, Bf16Pair, _, _>(options, alpha, a, b, beta, c, WidenedAmx)
-            }
-            // Off the tiles on an AMX CPU, the f32 kernel beats the
-            // dot-product instruction, which runs at half the FMA rate on
-            // these Xeons (one core: 0.42-0.47 of the f32 peak against
-            // 0.45-0.88 for the f32 kernel on the workloads' small shapes).
+            Bf16Route::Tiles => run_batched::<f32, Bf16Pair, _, _>(options, alpha, a, b, beta, c, WidenedAmx),
+            Bf16Route::Pairs => run_batched::<f32, Bf16Pair, _, _>(options, alpha, a, b, beta, c, Widened),
+            Bf16Route::Widened => run_batched::<f32, f32, _, _>(options, alpha, a, b, beta, c, Widened),
+        }
+    }
+}
+
+/// Where a bf16 product runs, for a bf16 C and an f32 one alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bf16Route {
+    /// AMX tiles ([`KernelChoice::AmxBf16`], products worth them).
+    #[cfg(target_arch = "x86_64")]
+    Tiles,
+    /// bf16 pairs for the AVX512-BF16 dot-product instruction.
+    Pairs,
+    /// The f32 kernel, operands widened while packed.
+    Widened,
+}
+
+impl Bf16Route {
+    /// The route of an `m x n x k` product under `kernel` (resolved).
+    fn of(kernel: KernelChoice, m: usize, n: usize, k: usize) -> Bf16Route {
+        match kernel {
             #[cfg(target_arch = "x86_64")]
-            KernelChoice::AmxBf16 => run_batched::<f32, f32, _, _>(options, alpha, a, b, beta, c, Widened),
-            KernelChoice::Avx512Bf16 => run_batched::<f32, Bf16Pair, _, _>(options, alpha, a, b, beta, c, Widened),
-            _ => run_batched::<f32, f32, _, _>(options, alpha, a, b, beta, c, Widened),
+            KernelChoice::AmxBf16 if amx::worth_tiles(m, n, k) => Bf16Route::Tiles,
+            KernelChoice::Avx512Bf16 => Bf16Route::Pairs,
+            // CPUs without AVX512-BF16, and AMX CPUs off the tiles: there
+            // the f32 kernel beats the dot-product instruction, which runs
+            // at half the FMA rate on these Xeons (one core: 0.42-0.47 of
+            // the f32 peak against 0.45-0.88 for the f32 kernel on the
+            // workloads' small shapes).
+            _ => Bf16Route::Widened,
         }
     }
 }
