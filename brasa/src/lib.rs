@@ -53,6 +53,72 @@ pub use brasa_parallel as parallel;
 pub use brasa_profile as profile;
 pub use brasa_tensor as tensor;
 
+/// The Rust samples of the README, the guide (`docs/guide/`, "brasa for
+/// PyTorch users") and the crates' READMEs, compiled and run as doc tests
+/// (`cargo test -p brasa --doc`), so that none can drift from the API. These
+/// items exist only while doc tests are collected.
+#[cfg(doctest)]
+pub mod guide_samples {
+    #[doc = include_str!("../../README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../README.md")]
+    pub struct UmbrellaReadme;
+    #[doc = include_str!("../../docs/configuration.md")]
+    pub struct Configuration;
+    #[doc = include_str!("../../docs/guide/src/introduction.md")]
+    pub struct Introduction;
+    #[doc = include_str!("../../docs/guide/src/to-device.md")]
+    pub struct ToDevice;
+    #[doc = include_str!("../../docs/guide/src/memory.md")]
+    pub struct Memory;
+    #[doc = include_str!("../../docs/guide/src/freeing-graphs.md")]
+    pub struct FreeingGraphs;
+    #[doc = include_str!("../../docs/guide/src/no-grad.md")]
+    pub struct NoGrad;
+    #[doc = include_str!("../../docs/guide/src/out-of-memory.md")]
+    pub struct OutOfMemory;
+    #[doc = include_str!("../../docs/guide/src/half-models.md")]
+    pub struct HalfModels;
+    #[doc = include_str!("../../docs/guide/src/autocast.md")]
+    pub struct Autocast;
+    #[doc = include_str!("../../docs/guide/src/grad-accumulation.md")]
+    pub struct GradAccumulation;
+    #[doc = include_str!("../../docs/guide/src/checkpointing.md")]
+    pub struct Checkpointing;
+    #[doc = include_str!("../../docs/guide/src/data-parallel.md")]
+    pub struct DataParallel;
+    #[doc = include_str!("../../docs/guide/src/model-parallel.md")]
+    pub struct ModelParallel;
+    #[doc = include_str!("../../docs/guide/src/cuda-events.md")]
+    pub struct CudaEvents;
+    #[doc = include_str!("../../docs/guide/src/pinned-memory.md")]
+    pub struct PinnedMemory;
+    #[doc = include_str!("../../docs/guide/src/data-loader.md")]
+    pub struct DataLoader;
+    #[doc = include_str!("../../docs/guide/src/profiler.md")]
+    pub struct Profiler;
+
+    /// The crates' READMEs.
+    pub mod crate_readmes {
+        #[doc = include_str!("../../alloc/README.md")]
+        pub struct Alloc;
+        #[doc = include_str!("../../kernels/README.md")]
+        pub struct Kernels;
+        #[doc = include_str!("../../tensor/README.md")]
+        pub struct Tensor;
+        #[doc = include_str!("../../autograd/README.md")]
+        pub struct Autograd;
+        #[doc = include_str!("../../nn/README.md")]
+        pub struct Nn;
+        #[doc = include_str!("../../amp/README.md")]
+        pub struct Amp;
+        #[doc = include_str!("../../parallel/README.md")]
+        pub struct Parallel;
+        #[doc = include_str!("../../profile/README.md")]
+        pub struct Profile;
+    }
+}
+
 /// The names a training program uses most, in one import.
 pub mod prelude {
     pub use brasa_amp::{autocast, autocast_disabled, to_bf16, to_half, GradScaler};
