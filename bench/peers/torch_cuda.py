@@ -5,6 +5,9 @@ Prints one JSON line {"runtime", "bench", "value", "unit"}. Benches:
   matmul_f32, matmul_bf16   one 4096^3 torch.mm, TFLOP/s (TF32 off: PyTorch's default)
   mlp, cnn                  the nn.* training steps (784-512-512-10 MLP at batch 128,
                             the small CNN at batch 64; SGD momentum), samples/s
+  sdpa, sdpa_causal         F.scaled_dot_product_attention, bf16 [4, 16, 4096, 128]:
+                            forward + backward (autograd.grad of q, k, v) seconds;
+                            also the forward's and the backward's alone and the backend
 Timings synchronize the device before starting and before stopping, as brasa's.
 """
 import argparse
@@ -78,15 +81,47 @@ def train(cnn, steps=200):
     return steps * batch / (time.perf_counter() - t0)
 
 
+def sdpa(causal, iters=20):
+    torch.manual_seed(0)
+    shape = (4, 16, 4096, 128)
+    q, k, v = (torch.randn(shape, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    grad = torch.randn(shape, device=DEV, dtype=torch.bfloat16)
+    for _ in range(3):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        torch.autograd.grad(out, (q, k, v), grad)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    torch.cuda.synchronize()
+    fwd = (time.perf_counter() - t0) / iters
+    outs = [F.scaled_dot_product_attention(q, k, v, is_causal=causal) for _ in range(iters)]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for out in outs:
+        torch.autograd.grad(out, (q, k, v), grad)
+    torch.cuda.synchronize()
+    bwd = (time.perf_counter() - t0) / iters
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        torch.cuda.synchronize()
+    kernels = sorted({e.key for e in prof.key_averages()})
+    return fwd, bwd, kernels
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bench", required=True, choices=["matmul_f32", "matmul_bf16", "mlp", "cnn"])
+    ap.add_argument("--bench", required=True, choices=["matmul_f32", "matmul_bf16", "mlp", "cnn", "sdpa", "sdpa_causal"])
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     if args.bench == "matmul_f32":
         emit(args.bench, matmul(torch.float32), "TFLOP/s")
     elif args.bench == "matmul_bf16":
         emit(args.bench, matmul(torch.bfloat16), "TFLOP/s")
+    elif args.bench.startswith("sdpa"):
+        fwd, bwd, kernels = sdpa(args.bench == "sdpa_causal")
+        print(json.dumps({"forward_s": fwd, "backward_s": bwd, "kernels": kernels}), flush=True)
+        emit(args.bench, fwd + bwd, "s")
     else:
         emit(args.bench, train(args.bench == "cnn"), "samples/s")
 

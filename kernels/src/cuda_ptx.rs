@@ -44,6 +44,7 @@ modules!(
     "optim",
     "amp",
     "dropout",
+    "attention",
 );
 
 /// The module named `name`, if there is one.
@@ -114,6 +115,111 @@ pub struct Pool2d {
     pub out_w: i64,
 }
 
+/// The operands of `attention_forward_<T>_d<D>` (`struct AttentionForward`
+/// in `attention.cu`, 232 bytes): device addresses, strides in elements and
+/// the sizes, all passed by value. See `kernels/cuda/ABI.md`, "attention".
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct AttentionForward {
+    /// `q` `[n, h, L, E]` through `q_strides` (last dim contiguous).
+    pub q: u64,
+    /// `k` `[n, h, S, E]`.
+    pub k: u64,
+    /// `v` `[n, h, S, Ev]`.
+    pub v: u64,
+    /// An additive f32 mask through `mask_strides`, or 0 for none.
+    pub mask: u64,
+    /// The output, contiguous `[n, h, L, Ev]`, the operands' dtype.
+    pub out: u64,
+    /// Each row's log-sum-exp, contiguous `[n, h, L]`, f32.
+    pub lse: u64,
+    /// `q`'s strides over n, h and rows.
+    pub q_strides: [i64; 3],
+    /// `k`'s strides over n, h and rows.
+    pub k_strides: [i64; 3],
+    /// `v`'s strides over n, h and rows.
+    pub v_strides: [i64; 3],
+    /// The mask's strides over n, h, rows and columns (0: broadcast).
+    pub mask_strides: [i64; 4],
+    /// Heads `h` (`bh = n·h + h`).
+    pub heads: i64,
+    /// Query rows `L`.
+    pub l: i64,
+    /// Key rows `S`.
+    pub s: i64,
+    /// The query and key width `E`.
+    pub e: i64,
+    /// The value width `Ev`.
+    pub ev: i64,
+    /// The factor on `q·kᵀ`.
+    pub scale: f32,
+    /// `1 − dropout_p` (1: no dropout).
+    pub keep_prob: f32,
+    /// 1 for the top-left causal mask.
+    pub causal: i64,
+    /// 1 when every row starts 16-byte aligned and `E`, `Ev` are multiples of 8.
+    pub vectorized: i64,
+    /// Dropout's Philox key.
+    pub seed: u64,
+    /// Dropout's first Philox counter.
+    pub offset: u64,
+}
+
+/// The operands of `attention_backward_<T>_d<D>` (`struct AttentionBackward`
+/// in `attention.cu`, 264 bytes); fields as in [`AttentionForward`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+#[allow(missing_docs)]
+pub struct AttentionBackward {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub mask: u64,
+    /// The output's gradient, contiguous `[n, h, L, Ev]`.
+    pub grad: u64,
+    /// The forward's log-sum-exp, contiguous `[n, h, L]`, f32.
+    pub lse: u64,
+    /// `rowsum(dO ∘ O)`, contiguous `[n, h, L]`, f32.
+    pub delta: u64,
+    /// `dq`'s f32 accumulator, contiguous `[n, h, L, E]`, zeroed before.
+    pub dq: u64,
+    /// `dk`, contiguous `[n, h, S, E]`.
+    pub dk: u64,
+    /// `dv`, contiguous `[n, h, S, Ev]`.
+    pub dv: u64,
+    pub q_strides: [i64; 3],
+    pub k_strides: [i64; 3],
+    pub v_strides: [i64; 3],
+    pub mask_strides: [i64; 4],
+    pub heads: i64,
+    pub l: i64,
+    pub s: i64,
+    pub e: i64,
+    pub ev: i64,
+    pub scale: f32,
+    pub keep_prob: f32,
+    pub causal: i64,
+    pub vectorized: i64,
+    pub seed: u64,
+    pub offset: u64,
+}
+
+/// Threads per block of the attention kernels (four warps).
+pub const ATTENTION_THREADS: u32 = 128;
+/// Query rows per forward block, key rows per backward block.
+pub const ATTENTION_TILE: usize = 64;
+/// The head dims the attention kernels are compiled for; `E` and `Ev` up to
+/// the largest run in the smallest that holds both.
+pub const ATTENTION_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// The dynamic shared memory of `attention_backward_*_d<D>` in bytes
+/// (`ATTN_BWD_SHARED` in `attention.cu`): key, value, query and output
+/// gradient tiles of `64 × (D + 8)` and the `64 × 72` score gradient tile in
+/// the 2-byte operand type, and two rows of 64 f32.
+pub const fn attention_backward_shared_bytes(d: usize) -> u32 {
+    ((4 * 64 * (d + 8) + 64 * (64 + 8)) * 2 + 2 * 64 * 4) as u32
+}
+
 /// The value `*bad_index` must hold before an indexing kernel runs
 /// (`LLONG_MIN`); any other value afterwards is an offending index.
 pub const NO_BAD_INDEX: i64 = i64::MIN;
@@ -144,11 +250,24 @@ mod tests {
         assert_eq!(offset_of!(Conv2d, out_w), 96);
         assert_eq!(size_of::<Pool2d>(), 80);
         assert_eq!(offset_of!(Pool2d, out_w), 72);
+        assert_eq!(size_of::<AttentionForward>(), 232);
+        assert_eq!(offset_of!(AttentionForward, q_strides), 48);
+        assert_eq!(offset_of!(AttentionForward, heads), 152);
+        assert_eq!(offset_of!(AttentionForward, scale), 192);
+        assert_eq!(offset_of!(AttentionForward, causal), 200);
+        assert_eq!(offset_of!(AttentionForward, seed), 216);
+        assert_eq!(size_of::<AttentionBackward>(), 264);
+        assert_eq!(offset_of!(AttentionBackward, q_strides), 80);
+        assert_eq!(offset_of!(AttentionBackward, scale), 224);
+        assert_eq!(offset_of!(AttentionBackward, offset), 256);
+        // Past 48 KiB a kernel must opt in to its dynamic shared memory.
+        assert_eq!(attention_backward_shared_bytes(64), 46_592);
+        assert_eq!(attention_backward_shared_bytes(128), 79_360);
     }
 
     #[test]
     fn every_module_is_ptx_9_0_with_its_kernels() {
-        assert_eq!(MODULES.len(), 13);
+        assert_eq!(MODULES.len(), 14);
         for m in MODULES {
             assert!(m.ptx.lines().any(|l| l == ".version 9.0"), "{} is not PTX ISA 9.0", m.name);
             assert!(m.ptx.lines().any(|l| l == ".target sm_80"), "{} does not target sm_80", m.name);
@@ -178,6 +297,13 @@ mod tests {
         assert!(has("elementwise", "binary_gelu_tanh_backward_f32"));
         assert!(has("amp", "amp_unscale_f32"));
         assert!(has("dropout", "dropout_f16"));
+        for dtype in ["f16", "bf16"] {
+            for d in ATTENTION_HEAD_DIMS {
+                assert!(has("attention", &format!("attention_forward_{dtype}_d{d}")));
+                assert!(has("attention", &format!("attention_backward_{dtype}_d{d}")));
+            }
+            assert!(has("attention", &format!("attention_delta_{dtype}")));
+        }
         assert!(module("loss").is_none());
     }
 

@@ -73,6 +73,7 @@ pub use host_devices::{
 };
 pub use layout::{ContiguousRuns, Layout, LayoutError, StridedOffsets};
 pub use ops::Conv2dParams;
+pub use ops::{FusedAttention, FusedAttentionBackward, FusedAttentionConfig};
 pub use ops::Pool2dParams;
 pub use ops::ScatterReduce;
 pub use ops::{fused_adam_, AdamOptions, AdamParam};

@@ -31,11 +31,22 @@
 //! is converted back; what backward needs (`q`, `k`, `v`, the output) is
 //! saved in the inputs' dtype, so under autocast attention keeps half the
 //! bytes.
+//!
+//! Where the device has a fused kernel for the operands
+//! ([`Tensor::fused_attention`]: CUDA, f16 and bf16, head dims up to 128)
+//! none of the above runs: one kernel computes the output and the
+//! log-sum-exp (FlashAttention-2), and one kernel the three gradients. Its
+//! dropout decisions come from the same generator but are not the blocks'
+//! masks above, so a seeded run with dropout differs between the host and
+//! CUDA (as PyTorch's fused and math kernels differ).
 
 use crate::error::{AutogradError, Result};
 use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
-use brasa_tensor::{broadcast_shapes, rng_state, set_rng_state, DType, Device, GeneratorState, Shape, Tensor};
+use brasa_tensor::{
+    broadcast_shapes, rng_state, set_rng_state, DType, Device, FusedAttention, FusedAttentionConfig, GeneratorState,
+    Shape, Tensor,
+};
 
 const OP: &str = "scaled_dot_product_attention";
 
@@ -453,6 +464,32 @@ fn backward(
     Ok([dq, dk, dv])
 }
 
+/// The attention as the device's fused kernels compute it, when it has them
+/// for these operands (see the module docs).
+fn fused(q: &Var, k: &Var, v: &Var, plan: &Plan, options: &SdpaOptions) -> Result<Option<Var>> {
+    let config = FusedAttentionConfig {
+        scale: plan.scale,
+        causal: plan.causal,
+        mask: options.attn_mask.clone(),
+        dropout_p: plan.dropout_p,
+    };
+    let Some(FusedAttention { out, lse, backward }) = q.tensor().fused_attention(k.tensor(), v.tensor(), &config)? else {
+        return Ok(None);
+    };
+    let saved = {
+        let (q, k, v, out) = (q.tensor().clone(), k.tensor().clone(), v.tensor().clone(), out.clone());
+        move || vec![q, k, v, out, lse]
+    };
+    Ok(Some(record(OP, &[q, k, v], out, saved, move |c| {
+        let [q, k, v, out, lse] = c.saved else {
+            return Err(AutogradError::invalid(OP, "backward found the wrong number of saved tensors"));
+        };
+        let grad = in_dtype(c.grad, out.dtype())?;
+        let [dq, dk, dv] = backward.run(q, k, v, out, lse, &grad)?;
+        Ok(vec![c.needs(0).then_some(dq), c.needs(1).then_some(dk), c.needs(2).then_some(dv)])
+    })))
+}
+
 impl Var {
     /// Scaled dot-product attention, PyTorch's
     /// `F.scaled_dot_product_attention`: `softmax(q·kᵀ·scale + mask)·v` with
@@ -460,9 +497,10 @@ impl Var {
     /// `[.., S, E]`, `v` `[.., S, Ev]` (the same leading dims, usually
     /// `[N, heads]`); the output is `[.., L, Ev]`.
     ///
-    /// Computed block by block (see the module docs): forward and backward
-    /// hold O(L + S) memory plus one block of scores, never the whole
-    /// `[.., L, S]` matrix. A row whose keys are all masked gives 0 and a
+    /// Computed block by block (see the module docs), or by one fused kernel
+    /// each way on CUDA for f16 and bf16 with head dims up to 128: forward
+    /// and backward hold O(L + S) memory plus one block of scores, never
+    /// the whole `[.., L, S]` matrix. A row whose keys are all masked gives 0 and a
     /// zero gradient. Under autocast it asks for
     /// `"scaled_dot_product_attention"` (a low-precision op in PyTorch's
     /// lists).
@@ -483,6 +521,9 @@ impl Var {
             return c[0].scaled_dot_product_attention(&c[1], &c[2], options);
         }
         let plan = plan(self, key, value, options)?;
+        if let Some(fused) = fused(self, key, value, &plan, options)? {
+            return Ok(fused);
+        }
         let dtype = self.dtype();
         let (q, k, v) = (
             in_dtype(self.tensor(), plan.operand)?,

@@ -35,6 +35,7 @@
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::ops::attention::AttentionOperands;
 use crate::ops::conv::ConvPlan;
 use crate::ops::fused_adam::AdamUpdate;
 use crate::ops::fused_sgd::SgdUpdate;
@@ -460,6 +461,43 @@ pub(crate) trait Backend: Sync {
     fn matmul_into_f32(&self, operands: MatmulOperands<'_>) -> Result<Tensor> {
         let (a, b) = (operands.a.to_dtype(DType::F32)?, operands.b.to_dtype(DType::F32)?);
         self.matmul(MatmulOperands { a: &a, b: &b, ..operands })
+    }
+
+    /// Whether [`Backend::attention_forward`] runs fused attention for
+    /// operands of `dtype` with query/key width `e` and value width `ev`.
+    /// No fused kernel by default: the caller composes the attention.
+    fn supports_fused_attention(&self, dtype: DType, e: usize, ev: usize) -> bool {
+        let _ = (dtype, e, ev);
+        false
+    }
+
+    /// Fused attention (see [`crate::FusedAttention`]) of operands for which
+    /// [`Backend::supports_fused_attention`] holds: the output (contiguous
+    /// `[n, h, L, Ev]`, the operands' dtype) and each row's log-sum-exp
+    /// (contiguous `[n, h, L]`, f32).
+    fn attention_forward(&self, operands: &AttentionOperands<'_>) -> Result<(Tensor, Tensor)> {
+        let _ = operands;
+        Err(crate::error::TensorError::invalid(
+            "fused_attention",
+            "internal error: this device has no fused attention (supports_fused_attention is false)",
+        ))
+    }
+
+    /// The gradients of q, k and v (contiguous `[n, h, .., ..]`, the
+    /// operands' dtype) from [`Backend::attention_forward`]'s `out` and
+    /// `lse` and the output's contiguous gradient `grad`.
+    fn attention_backward(
+        &self,
+        operands: &AttentionOperands<'_>,
+        out: &Tensor,
+        lse: &Tensor,
+        grad: &Tensor,
+    ) -> Result<[Tensor; 3]> {
+        let _ = (operands, out, lse, grad);
+        Err(crate::error::TensorError::invalid(
+            "fused_attention_backward",
+            "internal error: this device has no fused attention (supports_fused_attention is false)",
+        ))
     }
 
     /// Whether [`Backend::matmul_into_f32`] reads half operands as they are

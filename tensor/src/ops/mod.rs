@@ -3,6 +3,7 @@
 //! themselves live in `brasa-kernels` and know nothing about tensors.
 
 mod adaptive_pool;
+pub(crate) mod attention;
 mod batch_norm;
 mod binary;
 pub(crate) mod common;
@@ -26,6 +27,7 @@ mod scatter;
 mod softmax;
 mod unary;
 
+pub use attention::{FusedAttention, FusedAttentionBackward, FusedAttentionConfig};
 pub use conv::Conv2dParams;
 pub use conv1d::{Conv1dParams, ConvTranspose1dParams};
 pub use conv_transpose::ConvTranspose2dParams;

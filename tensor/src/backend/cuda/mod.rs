@@ -18,6 +18,7 @@
 //! Kernel names follow the PTX ABI of `brasa-kernels/cuda/ABI.md`:
 //! `<family>_<op>_<dtype>` (`unary_exp_f32`, `cast_f32_bf16`).
 
+mod attention;
 mod batch_norm;
 mod conv;
 mod elementwise;
@@ -39,6 +40,7 @@ use crate::backend::{
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Result, SharedError, TensorError};
+use crate::ops::attention::AttentionOperands;
 use crate::ops::conv::ConvPlan;
 use crate::ops::fused_adam::AdamUpdate;
 use crate::ops::fused_sgd::SgdUpdate;
@@ -243,6 +245,24 @@ impl Backend for CudaBackend {
         reduce::softmax(self, name, x, n, inner, log)
     }
 
+    fn supports_fused_attention(&self, dtype: DType, e: usize, ev: usize) -> bool {
+        attention::supports(dtype, e, ev)
+    }
+
+    fn attention_forward(&self, operands: &AttentionOperands<'_>) -> Result<(Tensor, Tensor)> {
+        attention::forward(self, operands)
+    }
+
+    fn attention_backward(
+        &self,
+        operands: &AttentionOperands<'_>,
+        out: &Tensor,
+        lse: &Tensor,
+        grad: &Tensor,
+    ) -> Result<[Tensor; 3]> {
+        attention::backward(self, operands, out, lse, grad)
+    }
+
     fn layer_norm(
         &self,
         x: &Tensor,
@@ -371,7 +391,7 @@ impl Backend for CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::suffix;
+    use super::{attention, suffix};
     use crate::dtype::DType;
     use brasa_kernels::cuda_ptx::module;
     use brasa_kernels::elementwise::{BinaryOp, UnaryOp};
@@ -491,6 +511,17 @@ mod tests {
             }
         }
         want("index", "one_hot".to_string());
+        for d in [DType::F16, DType::BF16] {
+            for dim in brasa_kernels::cuda_ptx::ATTENTION_HEAD_DIMS {
+                // Every width the backend claims picks a compiled kernel.
+                assert!(attention::supports(d, dim, dim) && !attention::supports(d, dim + 65, 1));
+                want("attention", format!("attention_forward_{}_d{dim}", suffix(d)));
+                want("attention", format!("attention_forward_w8_{}_d{dim}", suffix(d)));
+                want("attention", format!("attention_backward_{}_d{dim}", suffix(d)));
+            }
+            want("attention", format!("attention_delta_{}", suffix(d)));
+        }
+        assert!(!attention::supports(DType::F32, 64, 64));
         assert!(missing.is_empty(), "kernels missing from the PTX: {missing:?}");
     }
 }
