@@ -5,7 +5,8 @@
 //! (`#[derive(Parameters)]`), the common layers, losses
 //! ([`functional`]), optimizers and learning-rate schedulers ([`optim`]),
 //! gradient accumulation, state dicts in safetensors that PyTorch can read,
-//! and a [`data::DataLoader`] with worker threads, prefetch and pinned memory.
+//! a [`data::DataLoader`] with worker threads, prefetch and pinned memory,
+//! and whole [`models`] (a GPT language model).
 //!
 //! ```
 //! use brasa_nn::{functional::cross_entropy, optim::{Optimizer, Sgd, SgdConfig}, Linear, Module, ModuleExt, Relu, Sequential};
@@ -41,6 +42,7 @@ pub mod data;
 pub mod functional;
 pub mod init;
 pub mod layers;
+pub mod models;
 pub mod optim;
 
 pub use brasa_nn_derive::Parameters;

@@ -1,7 +1,9 @@
 //! Data loading (PyTorch's `torch.utils.data`): datasets that hand out whole
 //! batches, a [`DataLoader`] with seeded shuffling, worker threads, prefetch,
-//! pinned memory and delivery on a device, and two real data sets — the
-//! bundled UCI [`Digits`] and MNIST-format [`idx`] files.
+//! pinned memory and delivery on a device, real data sets — the bundled
+//! UCI [`Digits`] and [`TinyShakespeare`], and MNIST-format [`idx`] files —
+//! and character-level text for language models ([`CharVocab`],
+//! [`TokenWindows`]).
 //!
 //! ```
 //! use brasa_nn::data::{DataLoader, Digits};
@@ -35,6 +37,9 @@
 //!   workers; a failing or panicking batch is an `Err` in its place; dropping
 //!   the epoch's iterator stops its threads.
 //! - [`Digits`]: 1,797 8x8 digit images embedded in the crate (CC BY 4.0).
+//! - [`TinyShakespeare`]: 1.1 M characters of Shakespeare embedded in the
+//!   crate (char-rnn's corpus, MIT), with nanoGPT's 90/10 split into
+//!   [`TokenWindows`] that hand out random next-token windows.
 //! - [`Mnist`], [`read_idx_images`], [`read_idx_labels`], [`read_idx`]: IDX
 //!   files from disk, gzipped or not, with every header field checked.
 
@@ -42,6 +47,8 @@ mod dataset;
 mod digits;
 pub mod idx;
 mod loader;
+mod shakespeare;
+mod text;
 
 pub use dataset::{collate, random_split, Dataset, Subset, TensorDataset};
 pub use digits::Digits;
@@ -49,3 +56,5 @@ pub use idx::{read_idx, read_idx_images, read_idx_labels, Mnist};
 pub use loader::{
     permutation, DataLoader, DataLoaderBuilder, Epoch, SampleOrder, TensorBatch, MAX_READ_AHEAD, SHUTDOWN_GRACE,
 };
+pub use shakespeare::TinyShakespeare;
+pub use text::{CharVocab, TokenWindows};

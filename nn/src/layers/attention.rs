@@ -116,7 +116,10 @@ impl AttentionMasks {
 /// assert_eq!(mha.attend(&x, &memory, &memory, &masks)?.dims(), &[2, 10, 32]);
 /// # Ok::<(), brasa_nn::NnError>(())
 /// ```
-#[derive(crate::Parameters)]
+///
+/// Cloning gives a handle on the same parameters (a `Var` is shared, not
+/// copied) with the same train/eval flag at the time of the clone.
+#[derive(crate::Parameters, Clone)]
 pub struct MultiheadAttention {
     /// `[3E, E]`: the query, key and value projections stacked.
     pub in_proj_weight: Var,

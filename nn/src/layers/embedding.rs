@@ -21,7 +21,9 @@ use brasa_tensor::{DType, Device, Tensor};
 /// assert_eq!(table.forward(&ids)?.dims(), &[2, 3, 16]);
 /// # Ok::<(), brasa_nn::NnError>(())
 /// ```
-#[derive(crate::Parameters, Debug)]
+///
+/// Cloning gives a handle on the same table (a `Var` is shared, not copied).
+#[derive(crate::Parameters, Clone, Debug)]
 pub struct Embedding {
     /// `[num_embeddings, embedding_dim]`.
     pub weight: Var,

@@ -71,7 +71,10 @@ impl LayerNormConfig {
 /// assert_eq!(norm.num_parameters(), 128);
 /// # Ok::<(), brasa_nn::NnError>(())
 /// ```
-#[derive(crate::Parameters, Debug)]
+///
+/// Cloning gives a handle on the same parameters (a `Var` is shared, not
+/// copied).
+#[derive(crate::Parameters, Clone, Debug)]
 pub struct LayerNorm {
     /// `normalized_shape`, ones at first (if elementwise affine).
     pub weight: Option<Var>,

@@ -18,7 +18,10 @@ use brasa_tensor::{DType, Device};
 /// assert_eq!(y.dims(), &[32, 10]);
 /// # Ok::<(), brasa_nn::NnError>(())
 /// ```
-#[derive(crate::Parameters)]
+///
+/// Cloning gives a handle on the same parameters (a `Var` is shared, not
+/// copied).
+#[derive(crate::Parameters, Clone)]
 pub struct Linear {
     /// `[out_features, in_features]`.
     pub weight: Var,
