@@ -16,6 +16,7 @@ mod autograd_figures;
 #[cfg(feature = "cuda")]
 mod cuda_figures;
 mod ddp_figures;
+mod gpt_figures;
 mod measure;
 mod nn_figures;
 mod parallel_figures;
@@ -49,6 +50,7 @@ const GROUPS: &[Group] = &[
     #[cfg(feature = "cuda")]
     Group { prefixes: &["cuda."], run: |options| Ok(cuda_figures::run(options)) },
     Group { prefixes: &["workloads.", "nn.transformer"], run: |options| Ok(workload_figures::run(options)) },
+    Group { prefixes: &["nn.gpt"], run: |options| Ok(gpt_figures::run(options)) },
 ];
 
 fn main() -> ExitCode {
@@ -58,6 +60,7 @@ fn main() -> ExitCode {
     let mut parallel_worker = None;
     let mut workload_worker = None;
     let mut workload_profile = false;
+    let mut gpt_worker = false;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => options.quick = true,
@@ -67,6 +70,8 @@ fn main() -> ExitCode {
             "--parallel-worker" => parallel_worker = args.next(),
             // Internal: one training workload in its own process (see workload_figures).
             "--workload-worker" => workload_worker = args.next(),
+            // Internal: the GPT training steps in their own process (see gpt_figures).
+            "--gpt-worker" => gpt_worker = true,
             // The op table of one workload's steps (see workload_figures).
             "--workload-profile" => {
                 workload_worker = args.next();
@@ -91,6 +96,13 @@ fn main() -> ExitCode {
     if let Some(name) = nn_worker {
         if let Err(e) = nn_figures::worker(&name, options.quick) {
             eprintln!("brasa-bench --nn-worker {name}: {e}");
+            return ExitCode::FAILURE;
+        }
+        return ExitCode::SUCCESS;
+    }
+    if gpt_worker {
+        if let Err(e) = gpt_figures::worker(options.quick) {
+            eprintln!("brasa-bench --gpt-worker: {e}");
             return ExitCode::FAILURE;
         }
         return ExitCode::SUCCESS;
