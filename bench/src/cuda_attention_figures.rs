@@ -33,7 +33,13 @@ pub fn run(options: &Options) -> Vec<Figure> {
     let mut figures = Vec::new();
     for (causal, fwd_name, bwd_name, vs_name, bench) in [
         (false, "cuda.sdpa_fwd_tflops", "cuda.sdpa_bwd_tflops", "cuda.sdpa_vs_torch", "sdpa"),
-        (true, "cuda.sdpa_causal_fwd_tflops", "cuda.sdpa_causal_bwd_tflops", "cuda.sdpa_causal_vs_torch", "sdpa_causal"),
+        (
+            true,
+            "cuda.sdpa_causal_fwd_tflops",
+            "cuda.sdpa_causal_bwd_tflops",
+            "cuda.sdpa_causal_vs_torch",
+            "sdpa_causal",
+        ),
     ] {
         if ![fwd_name, bwd_name, vs_name].iter().any(|n| options.wants(n)) {
             continue;

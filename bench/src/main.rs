@@ -14,6 +14,8 @@ mod amp_figures;
 mod attention_figures;
 mod autograd_figures;
 #[cfg(feature = "cuda")]
+mod cuda_attention_figures;
+#[cfg(feature = "cuda")]
 mod cuda_figures;
 mod ddp_figures;
 mod gpt_figures;
@@ -49,8 +51,12 @@ const GROUPS: &[Group] = &[
     Group { prefixes: &["parallel."], run: |options| Ok(parallel_figures::run(options)) },
     #[cfg(feature = "cuda")]
     Group { prefixes: &["cuda."], run: |options| Ok(cuda_figures::run(options)) },
+    #[cfg(feature = "cuda")]
+    Group { prefixes: &["cuda.sdpa"], run: |options| Ok(cuda_attention_figures::run(options)) },
     Group { prefixes: &["workloads.", "nn.transformer"], run: |options| Ok(workload_figures::run(options)) },
     Group { prefixes: &["nn.gpt"], run: |options| Ok(gpt_figures::run(options)) },
+    #[cfg(feature = "cuda")]
+    Group { prefixes: &["cuda.gpt"], run: |options| Ok(gpt_figures::run_cuda(options)) },
 ];
 
 fn main() -> ExitCode {
@@ -60,7 +66,7 @@ fn main() -> ExitCode {
     let mut parallel_worker = None;
     let mut workload_worker = None;
     let mut workload_profile = false;
-    let mut gpt_worker = false;
+    let mut gpt_worker = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => options.quick = true,
@@ -71,7 +77,7 @@ fn main() -> ExitCode {
             // Internal: one training workload in its own process (see workload_figures).
             "--workload-worker" => workload_worker = args.next(),
             // Internal: the GPT training steps in their own process (see gpt_figures).
-            "--gpt-worker" => gpt_worker = true,
+            "--gpt-worker" => gpt_worker = args.next(),
             // The op table of one workload's steps (see workload_figures).
             "--workload-profile" => {
                 workload_worker = args.next();
@@ -100,8 +106,8 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    if gpt_worker {
-        if let Err(e) = gpt_figures::worker(options.quick) {
+    if let Some(config) = gpt_worker {
+        if let Err(e) = gpt_figures::worker(options.quick, config == "gpu") {
             eprintln!("brasa-bench --gpt-worker: {e}");
             return ExitCode::FAILURE;
         }

@@ -18,12 +18,17 @@ use brasa::tensor::{cuda_device_count, manual_seed, rng_state, set_rng_state, DT
 
 const GPU: Device = Device::cuda(0);
 
-fn gpu() -> bool {
+/// The generator is process-wide: tests that seed it and replay its state
+/// take turns (libtest runs them on several threads).
+static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// This test's turn with the generator, or `None` (said once) without a GPU.
+fn gpu() -> Option<std::sync::MutexGuard<'static, ()>> {
     if cuda_device_count() == 0 {
         eprintln!("skipped: no CUDA device (or no driver)");
-        return false;
+        return None;
     }
-    true
+    Some(GENERATOR.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// What one case runs.
@@ -82,15 +87,20 @@ fn run_naive(q: &Tensor, k: &Tensor, v: &Tensor, grad: &Tensor, case: &Case, sca
     let mut scores = q.matmul(&k.transpose(-2, -1).unwrap()).unwrap().mul_scalar(scale).unwrap();
     let hidden = |allowed: &Tensor| {
         allowed
-            .where_cond(&Tensor::zeros([], DType::F64).unwrap(), &Tensor::full([], f64::NEG_INFINITY, DType::F64).unwrap())
+            .where_cond(
+                &Tensor::zeros([], DType::F64).unwrap(),
+                &Tensor::full([], f64::NEG_INFINITY, DType::F64).unwrap(),
+            )
             .unwrap()
     };
     let additive = match (mask_for(case), case.causal) {
         (Some(m), _) if m.dtype() == DType::Bool => Some(hidden(&m)),
         (Some(m), _) => Some(m),
         (None, true) => {
-            let i = Tensor::arange(0.0, case.l as f64, 1.0, DType::I64).unwrap().reshape(&[case.l as isize, 1]).unwrap();
-            let j = Tensor::arange(0.0, case.s as f64, 1.0, DType::I64).unwrap().reshape(&[1, case.s as isize]).unwrap();
+            let i =
+                Tensor::arange(0.0, case.l as f64, 1.0, DType::I64).unwrap().reshape(&[case.l as isize, 1]).unwrap();
+            let j =
+                Tensor::arange(0.0, case.s as f64, 1.0, DType::I64).unwrap().reshape(&[1, case.s as isize]).unwrap();
             Some(hidden(&j.le(&i).unwrap()))
         }
         (None, false) => None,
@@ -143,9 +153,9 @@ fn check_case(case: &Case, dtype: DType, seed: u64) {
 
 #[test]
 fn fused_attention_meets_flash_attention_2s_criterion() {
-    if !gpu() {
+    let Some(_turn) = gpu() else {
         return;
-    }
+    };
     let c = |dims: &[usize], l, s, e, ev, causal, mask| Case { dims: dims.to_vec(), l, s, e, ev, causal, mask };
     let cases = [
         c(&[2, 3], 128, 128, 64, 64, false, 0),
@@ -171,9 +181,9 @@ fn fused_attention_meets_flash_attention_2s_criterion() {
 
 #[test]
 fn rows_that_see_no_key_give_zero_and_no_nan() {
-    if !gpu() {
+    let Some(_turn) = gpu() else {
         return;
-    }
+    };
     manual_seed(3);
     let (l, s, e) = (20, 30, 64);
     let q = Tensor::randn_on([1, 2, l, e], DType::BF16, GPU).unwrap();
@@ -202,9 +212,9 @@ fn rows_that_see_no_key_give_zero_and_no_nan() {
 /// must drop the same weights.
 #[test]
 fn dropout_keeps_one_mask_for_forward_and_backward() {
-    if !gpu() {
+    let Some(_turn) = gpu() else {
         return;
-    }
+    };
     manual_seed(11);
     let (n, h, l, s, p) = (2, 2, 48, 64, 0.3);
     let q = Tensor::randn([n, h, l, 64], DType::F32).unwrap().to_dtype(DType::BF16).unwrap();
@@ -239,9 +249,9 @@ fn dropout_keeps_one_mask_for_forward_and_backward() {
 /// them.
 #[test]
 fn multihead_attention_uses_the_fused_kernel_in_bf16() {
-    if !gpu() {
+    let Some(_turn) = gpu() else {
         return;
-    }
+    };
     use brasa::nn::{AttentionMasks, MultiheadAttention, MultiheadAttentionConfig};
     use brasa::profile::Profiler;
     manual_seed(5);

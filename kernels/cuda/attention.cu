@@ -163,10 +163,9 @@ __device__ __forceinline__ void load_tile(T* tile, const T* base, long long stri
     }
 }
 
-// Whether dropout keeps (bh, query i, key j). Not inlined: ten Philox
-// rounds in every unrolled score element would bloat the kernels that run
-// without dropout too.
-__device__ __noinline__ bool keeps(u64 seed, u64 offset, long long bh, long long l, long long s, long long i,
+// Whether dropout keeps (bh, query i, key j). Only the *_dropout kernels
+// draw (ten Philox rounds per pair of scores).
+__device__ __forceinline__ bool keeps(u64 seed, u64 offset, long long bh, long long l, long long s, long long i,
                                       long long j, unsigned int threshold) {
     const long long quads = (s + 3) / 4;
     const Words w = philox4x32_10(offset + (u64)((bh * l + i) * quads + j / 4), seed);
@@ -180,8 +179,9 @@ __device__ __forceinline__ unsigned int keep_threshold(float keep_prob) {
     return t >= 4294967295.0 ? 0xffffffffu : (unsigned int)t;
 }
 
-// FW warps of 16 query rows each: a block covers FW·16 rows.
-template <typename T, int D, int FW>
+// FW warps of 16 query rows each: a block covers FW·16 rows. DROPOUT
+// compiles the dropout draws in (they cost registers even when skipped).
+template <typename T, int D, int FW, bool DROPOUT>
 __device__ __forceinline__ void forward(const AttentionForward& p) {
     constexpr int PAD = D + 8, FROWS = FW * 16, FTHREADS = FW * 32;
     static_assert(FROWS <= 2 * BC, "the query tile is staged through the key and value tiles");
@@ -200,9 +200,9 @@ __device__ __forceinline__ void forward(const AttentionForward& p) {
     const T* v = (const T*)p.v + n * p.v_strides[0] + h * p.v_strides[1];
     const float* mask = p.mask ? p.mask + n * p.mask_strides[0] + h * p.mask_strides[1] : nullptr;
     const bool vec = p.vectorized != 0;
-    const bool dropout = p.keep_prob < 1.0f;
     const unsigned int threshold = keep_threshold(p.keep_prob);
     const float keep_scale = p.keep_prob > 0.0f ? 1.0f / p.keep_prob : 0.0f;
+    const float scale_log2 = p.scale * LOG2E;
 
     // The queries, through the tiles' memory, into A fragments.
     load_tile<T, FROWS, D, FTHREADS>(tiles, q, p.q_strides[2], q0, p.l, p.e, vec);
@@ -251,20 +251,47 @@ __device__ __forceinline__ void forward(const AttentionForward& p) {
         if (j + 1 < kblocks) load_tile<T, BC, D, FTHREADS>(ks, k, p.k_strides[2], k0 + BC, p.s, p.e, vec);
         cp_async_commit();
 
-        // Scores in log2 units, masked.
+        // Scores in log2 units, masked. Most tiles need no masking (no mask
+        // tensor, every key < S, none past this warp's diagonal): one
+        // multiply per score; the others take the general path. The
+        // kernels are bound by instruction issue, not by the tensor cores,
+        // so the per-score work decides their speed.
         float mx[2] = {-INFINITY, -INFINITY};
+        const bool edge = mask != nullptr || k0 + BC > p.s || (p.causal && k0 + BC - 1 > q0 + warp * 16);
+        if (!edge) {
 #pragma unroll
-        for (int nt = 0; nt < BC / 8; ++nt) {
+            for (int nt = 0; nt < BC / 8; ++nt) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const long long i = row[e / 2], col = k0 + nt * 8 + tig * 2 + (e & 1);
-                float x = s[nt][e] * p.scale;
-                if (mask != nullptr && i < p.l && col < p.s)
-                    x += mask[i * p.mask_strides[2] + col * p.mask_strides[3]];
-                if (col >= p.s || (p.causal && col > i)) x = -INFINITY;
-                x *= LOG2E;
-                s[nt][e] = x;
-                mx[e / 2] = fmaxf(mx[e / 2], x);
+                for (int e = 0; e < 4; ++e) {
+                    s[nt][e] *= scale_log2;
+                    mx[e / 2] = fmaxf(mx[e / 2], s[nt][e]);
+                }
+            }
+        } else {
+            // Keys of this tile row r sees: below S, and with the causal mask up to its diagonal.
+            int visible[2];
+            const float* mask_row[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                long long v = min((long long)BC, p.s - k0);
+                if (p.causal) v = min(v, max(row[r] - k0 + 1, 0LL));
+                visible[r] = (int)v;
+                mask_row[r] = mask != nullptr && row[r] < p.l ? mask + row[r] * p.mask_strides[2] : nullptr;
+            }
+#pragma unroll
+            for (int nt = 0; nt < BC / 8; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int c = nt * 8 + tig * 2 + (e & 1), r = e / 2;
+                    float x = -INFINITY;
+                    if (c < visible[r]) {
+                        x = s[nt][e] * p.scale;
+                        if (mask_row[r] != nullptr) x += mask_row[r][(k0 + c) * p.mask_strides[3]];
+                        x *= LOG2E;
+                    }
+                    s[nt][e] = x;
+                    mx[r] = fmaxf(mx[r], x);
+                }
             }
         }
         float alpha[2], m_use[2];
@@ -293,7 +320,7 @@ __device__ __forceinline__ void forward(const AttentionForward& p) {
             for (int e = 0; e < 4; ++e) {
                 pe[e] = exp2f(s[nt][e] - m_use[e / 2]);
                 l_run[e / 2] += pe[e];
-                if (dropout) {
+                if (DROPOUT) {
                     const long long i = row[e / 2], col = k0 + nt * 8 + tig * 2 + (e & 1);
                     const bool keep = i < p.l && col < p.s && keeps(p.seed, p.offset, bh, p.l, p.s, i, col, threshold);
                     pe[e] = keep ? pe[e] * keep_scale : 0.0f;
@@ -344,7 +371,7 @@ __device__ __forceinline__ void forward(const AttentionForward& p) {
     }
 }
 
-template <typename T, int D>
+template <typename T, int D, bool DROPOUT>
 __device__ __forceinline__ void backward(const AttentionBackward& p) {
     constexpr int PAD = D + 8, SPAD = BR + 8;
     extern __shared__ __align__(16) unsigned char shared[];
@@ -366,9 +393,9 @@ __device__ __forceinline__ void backward(const AttentionBackward& p) {
     const T* dout = (const T*)p.grad + bh * p.l * p.ev;
     const float* mask = p.mask ? p.mask + n * p.mask_strides[0] + h * p.mask_strides[1] : nullptr;
     const bool vec = p.vectorized != 0;
-    const bool dropout = p.keep_prob < 1.0f;
     const unsigned int threshold = keep_threshold(p.keep_prob);
     const float keep_scale = p.keep_prob > 0.0f ? 1.0f / p.keep_prob : 0.0f;
+    const float scale_log2 = p.scale * LOG2E;
 
     load_tile<T, BC, D>(ks, k, p.k_strides[2], k0, p.s, p.e, vec);
     load_tile<T, BC, D>(vs, v, p.v_strides[2], k0, p.s, p.ev, vec);
@@ -421,30 +448,41 @@ __device__ __forceinline__ void backward(const AttentionBackward& p) {
                 mma<T>(dpt[2 * nt + 1], va, b + 2);
             }
         }
-        // Pᵀ, the dropped Pᵀ (for dV) and dSᵀ = Pᵀ ∘ (dPᵀ − delta).
+        // Pᵀ, the dropped Pᵀ (for dV) and dSᵀ = Pᵀ ∘ (dPᵀ − delta). Query
+        // rows past L have lse = +inf (p = 0); keys past S, past the
+        // diagonal or under a mask take the general path.
+        const bool edge = mask != nullptr || k0 + warp * 16 + 16 > p.s || (p.causal && k0 + warp * 16 + 15 > q0);
         unsigned int pa[BR / 16][4], dsa[BR / 16][4];
 #pragma unroll
         for (int nt = 0; nt < BR / 8; ++nt) {
             float pd[4], ds[4];
+            const int q_pair = nt * 8 + tig * 2;
+            const float lse2[2] = {lse_s[q_pair], lse_s[q_pair + 1]};
+            const float dl[2] = {delta_s[q_pair], delta_s[q_pair + 1]};
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const long long j = key[e / 2];
-                const int qi = nt * 8 + tig * 2 + (e & 1);
-                const long long i = q0 + qi;
-                float x = st[nt][e] * p.scale;
-                if (mask != nullptr && i < p.l && j < p.s) x += mask[i * p.mask_strides[2] + j * p.mask_strides[3]];
-                const bool hidden = i >= p.l || j >= p.s || (p.causal && j > i) || lse_s[qi] == INFINITY;
-                const float prob = hidden ? 0.0f : exp2f(x * LOG2E - lse_s[qi]);
+                const int qi = q_pair + (e & 1);
+                float prob;
+                if (!edge) {
+                    prob = exp2f(st[nt][e] * scale_log2 - lse2[e & 1]);
+                } else {
+                    const long long j = key[e / 2], i = q0 + qi;
+                    float x = st[nt][e] * p.scale;
+                    if (mask != nullptr && i < p.l && j < p.s) x += mask[i * p.mask_strides[2] + j * p.mask_strides[3]];
+                    const bool hidden = j >= p.s || (p.causal && j > i) || lse2[e & 1] == INFINITY;
+                    prob = hidden ? 0.0f : exp2f(x * LOG2E - lse2[e & 1]);
+                }
                 float dp = dpt[nt][e];
                 float dropped = prob;
-                if (dropout) {
-                    const bool keep = !hidden && keeps(p.seed, p.offset, bh, p.l, p.s, i, j, threshold);
+                if (DROPOUT) {
+                    const long long j = key[e / 2], i = q0 + qi;
+                    const bool keep = i < p.l && j < p.s && keeps(p.seed, p.offset, bh, p.l, p.s, i, j, threshold);
                     const float m = keep ? keep_scale : 0.0f;
                     dropped = prob * m;
                     dp *= m;
                 }
                 pd[e] = dropped;
-                ds[e] = prob * (dp - delta_s[qi]);
+                ds[e] = prob * (dp - dl[e & 1]);
             }
             pa[nt / 2][(nt & 1) * 2] = pack2<T>(pd[0], pd[1]);
             pa[nt / 2][(nt & 1) * 2 + 1] = pack2<T>(pd[2], pd[3]);
@@ -547,15 +585,19 @@ __device__ __forceinline__ void delta(long long rows, long long width, const T* 
 #define INST_ATTENTION(sfx, T, D)                                                                  \
     extern "C" __global__ void __launch_bounds__(attn::THREADS)                                    \
         attention_forward_##sfx##_d##D(const AttentionForward p) {                                 \
-        attn::forward<T, D, 4>(p);                                                                 \
+        attn::forward<T, D, 4, false>(p);                                                          \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(2 * attn::THREADS)                                \
-        attention_forward_w8_##sfx##_d##D(const AttentionForward p) {                              \
-        attn::forward<T, D, 8>(p);                                                                 \
+    extern "C" __global__ void __launch_bounds__(attn::THREADS)                                    \
+        attention_forward_dropout_##sfx##_d##D(const AttentionForward p) {                         \
+        attn::forward<T, D, 4, true>(p);                                                           \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(attn::THREADS)                                    \
         attention_backward_##sfx##_d##D(const AttentionBackward p) {                               \
-        attn::backward<T, D>(p);                                                                   \
+        attn::backward<T, D, false>(p);                                                            \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(attn::THREADS)                                    \
+        attention_backward_dropout_##sfx##_d##D(const AttentionBackward p) {                       \
+        attn::backward<T, D, true>(p);                                                             \
     }
 
 #define INST_DELTA(sfx, T)                                                                         \

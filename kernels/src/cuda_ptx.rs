@@ -301,6 +301,8 @@ mod tests {
             for d in ATTENTION_HEAD_DIMS {
                 assert!(has("attention", &format!("attention_forward_{dtype}_d{d}")));
                 assert!(has("attention", &format!("attention_backward_{dtype}_d{d}")));
+                assert!(has("attention", &format!("attention_forward_dropout_{dtype}_d{d}")));
+                assert!(has("attention", &format!("attention_backward_dropout_{dtype}_d{d}")));
             }
             assert!(has("attention", &format!("attention_delta_{dtype}")));
         }

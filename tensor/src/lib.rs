@@ -73,12 +73,12 @@ pub use host_devices::{
 };
 pub use layout::{ContiguousRuns, Layout, LayoutError, StridedOffsets};
 pub use ops::Conv2dParams;
-pub use ops::{FusedAttention, FusedAttentionBackward, FusedAttentionConfig};
 pub use ops::Pool2dParams;
 pub use ops::ScatterReduce;
 pub use ops::{fused_adam_, AdamOptions, AdamParam};
 pub use ops::{fused_sgd_, SgdOptions, SgdParam};
 pub use ops::{Conv1dParams, ConvTranspose1dParams, ConvTranspose2dParams};
+pub use ops::{FusedAttention, FusedAttentionBackward, FusedAttentionConfig};
 pub use rng::{philox4x32_10, Generator, GeneratorState, RngError};
 pub use shape::{broadcast_shapes, resolve_dim, DimIndex, Shape};
 pub use storage::Storage;

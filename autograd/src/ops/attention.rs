@@ -473,7 +473,8 @@ fn fused(q: &Var, k: &Var, v: &Var, plan: &Plan, options: &SdpaOptions) -> Resul
         mask: options.attn_mask.clone(),
         dropout_p: plan.dropout_p,
     };
-    let Some(FusedAttention { out, lse, backward }) = q.tensor().fused_attention(k.tensor(), v.tensor(), &config)? else {
+    let Some(FusedAttention { out, lse, backward }) = q.tensor().fused_attention(k.tensor(), v.tensor(), &config)?
+    else {
         return Ok(None);
     };
     let saved = {

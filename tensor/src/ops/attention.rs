@@ -51,16 +51,19 @@ impl FusedAttentionConfig {
 /// Where a fused attention's dropout decisions come from: the Philox stream
 /// `(seed, offset)` it reserved, replayed by the backward.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) struct DropoutDraws {
     pub keep_prob: f64,
     pub seed: u64,
     pub offset: u64,
 }
 
-/// The operands as a backend's fused kernels take them: `q` `[n, h, L, E]`,
+/// The operands as a backend's fused kernels take them (read only by the
+/// CUDA backend, hence unused without it): `q` `[n, h, L, E]`,
 /// `k` `[n, h, S, E]`, `v` `[n, h, S, Ev]` views with a contiguous last dim,
 /// of one dtype the backend supports, and the mask as an additive f32
 /// `[n, h, L, S]` view (stride 0 where it broadcasts).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) struct AttentionOperands<'a> {
     pub q: &'a Tensor,
     pub k: &'a Tensor,
@@ -178,7 +181,10 @@ impl Tensor {
             None => None,
             Some(m) => {
                 if m.device() != q.device() {
-                    return Err(TensorError::invalid(OP, format!("the mask is on {} but q on {}", m.device(), q.device())));
+                    return Err(TensorError::invalid(
+                        OP,
+                        format!("the mask is on {} but q on {}", m.device(), q.device()),
+                    ));
                 }
                 let mut scores = qd[..r - 2].to_vec();
                 scores.extend([l, s]);
@@ -190,7 +196,9 @@ impl Tensor {
                     }
                     DType::F32 => m.clone(),
                     dtype if dtype.is_float() => m.to_dtype(DType::F32)?,
-                    dtype => return Err(TensorError::invalid(OP, format!("the mask must be bool or float, got {dtype}"))),
+                    dtype => {
+                        return Err(TensorError::invalid(OP, format!("the mask must be bool or float, got {dtype}")))
+                    }
                 };
                 let broadcast = additive.broadcast_as(scores.as_slice()).map_err(|_| {
                     TensorError::invalid(
@@ -233,7 +241,15 @@ impl FusedAttentionBackward {
     /// forward's inputs, its `out` and `lse`, and the output's gradient
     /// `grad`, recomputing the attention tile by tile with the forward's
     /// dropout decisions.
-    pub fn run(&self, q: &Tensor, k: &Tensor, v: &Tensor, out: &Tensor, lse: &Tensor, grad: &Tensor) -> Result<[Tensor; 3]> {
+    pub fn run(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        out: &Tensor,
+        lse: &Tensor,
+        grad: &Tensor,
+    ) -> Result<[Tensor; 3]> {
         if grad.dims() != out.dims() || grad.dtype() != out.dtype() || q.dtype() != out.dtype() {
             return Err(TensorError::invalid(
                 "fused_attention_backward",
@@ -261,7 +277,8 @@ impl FusedAttentionBackward {
         };
         let _range = brasa_profile::record_op("fused_attention_backward", &[grad.dims()]);
         let [dq, dk, dv] = for_device(q.device())?.attention_backward(&operands, &out4, lse, &grad4)?;
-        let as_input = |t: Tensor, like: &Tensor| t.reshape(&like.dims().iter().map(|&d| d as isize).collect::<Vec<_>>());
+        let as_input =
+            |t: Tensor, like: &Tensor| t.reshape(&like.dims().iter().map(|&d| d as isize).collect::<Vec<_>>());
         Ok([as_input(dq, q)?, as_input(dk, k)?, as_input(dv, v)?])
     }
 }

@@ -26,9 +26,10 @@ struct ForwardArg(AttentionForward);
 #[repr(transparent)]
 struct BackwardArg(AttentionBackward);
 
-// SAFETY: both are `#[repr(C)]` plain data matching the ABI's C structs
-// (sizes and offsets tested in brasa-kernels).
+// SAFETY: `#[repr(C)]` plain data matching the ABI's C struct (its size and
+// offsets are tested in brasa-kernels).
 unsafe impl DeviceRepr for ForwardArg {}
+// SAFETY: as for `ForwardArg`.
 unsafe impl DeviceRepr for BackwardArg {}
 
 /// See [`crate::backend::Backend::supports_fused_attention`].
@@ -83,8 +84,10 @@ fn common(op: &'static str, a: &AttentionOperands<'_>) -> Result<Common> {
     };
     // cp.async moves 16 bytes (8 elements) at a time: every row must start
     // on a 16-byte boundary and end on a chunk.
-    let aligned = |t: &Tensor, addr: u64| addr % 16 == 0 && t.strides()[..3].iter().all(|&s| s % 8 == 0);
-    let vectorized = e % 8 == 0 && ev % 8 == 0 && aligned(a.q, q) && aligned(a.k, k) && aligned(a.v, v);
+    let aligned =
+        |t: &Tensor, addr: u64| addr.is_multiple_of(16) && t.strides()[..3].iter().all(|&s| s.rem_euclid(8) == 0);
+    let vectorized =
+        e.is_multiple_of(8) && ev.is_multiple_of(8) && aligned(a.q, q) && aligned(a.k, k) && aligned(a.v, v);
     let (keep_prob, seed, offset) = match a.dropout {
         Some(drop) => (drop.keep_prob as f32, drop.seed, drop.offset),
         None => (1.0, 0, 0),
@@ -109,19 +112,10 @@ fn common(op: &'static str, a: &AttentionOperands<'_>) -> Result<Common> {
     })
 }
 
-fn kernel_name(pass: &str, dtype: DType, d: usize) -> String {
-    format!("attention_{pass}_{}_d{d}", suffix(dtype))
-}
-
-/// Warps per forward block (16 query rows each): 4, or 8 when
-/// `BRASA_ATTENTION_FORWARD_WARPS=8` (the `attention_forward_w8_*` kernels,
-/// which share each key and value tile between twice the rows).
-fn forward_warps() -> u32 {
-    static WARPS: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *WARPS.get_or_init(|| match std::env::var("BRASA_ATTENTION_FORWARD_WARPS").as_deref() {
-        Ok("8") => 8,
-        _ => 4,
-    })
+/// `attention_<pass>[_dropout]_<T>_d<D>`: the dropout kernels are compiled
+/// apart, so the others carry no Philox code.
+fn kernel_name(pass: &str, dropout: bool, dtype: DType, d: usize) -> String {
+    format!("attention_{pass}{}_{}_d{d}", if dropout { "_dropout" } else { "" }, suffix(dtype))
 }
 
 /// See [`crate::backend::Backend::attention_forward`].
@@ -158,14 +152,12 @@ pub(super) fn forward(backend: &CudaBackend, a: &AttentionOperands<'_>) -> Resul
         seed: c.seed,
         offset: c.offset,
     });
-    let warps = forward_warps();
-    let kernel = kernel_name(if warps == 8 { "forward_w8" } else { "forward" }, dtype, c.d);
+    let kernel = kernel_name("forward", a.dropout.is_some(), dtype, c.d);
     let f = backend.function(OP, "attention", &kernel)?;
     let stream = backend.current_stream()?;
-    let rows_per_block = 16 * warps as usize;
     let config = LaunchConfig {
-        grid_dim: (bh as u32, c.l.div_ceil(rows_per_block) as u32, 1),
-        block_dim: (32 * warps, 1, 1),
+        grid_dim: (bh as u32, c.l.div_ceil(ATTENTION_TILE) as u32, 1),
+        block_dim: (ATTENTION_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
     check_grid(OP, bh, c.l)?;
@@ -227,16 +219,14 @@ pub(super) fn backward(
         let span = backend.launch_span(&kernel);
         // SAFETY: grad and out are contiguous `[rows, width]` of `dtype`,
         // delta holds `rows` f32; the parameters are the ABI's.
-        unsafe {
-            stream.launch_builder(&f).arg(&rows_).arg(&width).arg(&g).arg(&o).arg(&dst).launch(config)
-        }
-        .map_err(|e| backend.call_error(OP, format!("launching {kernel}"), e))?;
+        unsafe { stream.launch_builder(&f).arg(&rows_).arg(&width).arg(&g).arg(&o).arg(&dst).launch(config) }
+            .map_err(|e| backend.call_error(OP, format!("launching {kernel}"), e))?;
         drop(span);
     }
     let delta = finish(delta);
     // The output's gradient is read by cp.async too.
     let grad_address = address(OP, grad)?;
-    let vectorized = c.vectorized && grad_address % 16 == 0;
+    let vectorized = c.vectorized && grad_address.is_multiple_of(16);
     let arg = BackwardArg(AttentionBackward {
         q: c.q,
         k: c.k,
@@ -264,7 +254,7 @@ pub(super) fn backward(
         seed: c.seed,
         offset: c.offset,
     });
-    let kernel = kernel_name("backward", dtype, c.d);
+    let kernel = kernel_name("backward", a.dropout.is_some(), dtype, c.d);
     let f = backend.function(OP, "attention", &kernel)?;
     let shared = attention_backward_shared_bytes(c.d);
     // Past 48 KiB of dynamic shared memory a kernel must opt in (idempotent).

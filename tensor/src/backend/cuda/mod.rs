@@ -516,7 +516,8 @@ mod tests {
                 // Every width the backend claims picks a compiled kernel.
                 assert!(attention::supports(d, dim, dim) && !attention::supports(d, dim + 65, 1));
                 want("attention", format!("attention_forward_{}_d{dim}", suffix(d)));
-                want("attention", format!("attention_forward_w8_{}_d{dim}", suffix(d)));
+                want("attention", format!("attention_forward_dropout_{}_d{dim}", suffix(d)));
+                want("attention", format!("attention_backward_dropout_{}_d{dim}", suffix(d)));
                 want("attention", format!("attention_backward_{}_d{dim}", suffix(d)));
             }
             want("attention", format!("attention_delta_{}", suffix(d)));

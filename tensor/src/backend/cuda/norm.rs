@@ -3,7 +3,7 @@
 //! parameter gradients. Operands arrive contiguous, in f32 or f64.
 
 use super::elementwise::finish;
-use super::{address, grid_for, output_address, suffix, CudaBackend};
+use super::{address, output_address, suffix, CudaBackend};
 use crate::backend::LayerNormBackward;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
@@ -115,12 +115,13 @@ pub(super) fn layer_norm_backward(
     }
     let (mut dw, mut db) = (None, None);
     if want_dw || want_db {
-        let dw_out = want_dw.then(|| UninitTensor::new([width], dtype, backend.device)).transpose()?;
-        let db_out = want_db.then(|| UninitTensor::new([width], dtype, backend.device)).transpose()?;
-        let dw_addr = dw_out.as_ref().map_or(Ok(0), |t| output_address(OP, t))?;
-        let db_addr = db_out.as_ref().map_or(Ok(0), |t| output_address(OP, t))?;
-        let config = grid_for(width);
-        // SAFETY: as above, with fresh `[width]` outputs or null; the ABI's
+        // The kernel adds each block's partial sums into zeroed outputs.
+        let dw_out = want_dw.then(|| Tensor::zeros_on([width], dtype, backend.device)).transpose()?;
+        let db_out = want_db.then(|| Tensor::zeros_on([width], dtype, backend.device)).transpose()?;
+        let dw_addr = dw_out.as_ref().map_or(Ok(0), |t| address(OP, t))?;
+        let db_addr = db_out.as_ref().map_or(Ok(0), |t| address(OP, t))?;
+        let config = param_config(rows, width);
+        // SAFETY: as above, with zeroed `[width]` outputs or null; the ABI's
         // `(i64, i64, const T*, const T*, const T*, const T*, T*, T*)`.
         unsafe {
             launch_backward(
@@ -133,10 +134,23 @@ pub(super) fn layer_norm_backward(
                 config,
             )?
         };
-        dw = dw_out.map(finish);
-        db = db_out.map(finish);
+        dw = dw_out;
+        db = db_out;
     }
     Ok([dx, dw, db])
+}
+
+/// The grid of `layer_norm_bwd_param`: 32 columns per block across, and
+/// enough row chunks (of at least 64 rows) to give the GPU a few hundred
+/// blocks.
+fn param_config(rows: usize, width: usize) -> LaunchConfig {
+    let across = width.div_ceil(32).clamp(1, 65_535);
+    let down = (512 / across).clamp(1, rows.div_ceil(64).max(1)).min(65_535);
+    LaunchConfig {
+        grid_dim: (across as u32, down as u32, 1),
+        block_dim: (brasa_kernels::cuda_ptx::BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// Launches `<family>_<dtype>`, one of the two backward kernels, whose
