@@ -11,6 +11,7 @@
 //! a thread that stays inside them is what makes overlap real).
 
 use crate::collective::{Collective, ReduceOp};
+use crate::deadline::Deadline;
 use crate::error::{ParallelError, Result};
 use crate::health::{Abort, Health};
 use crate::work::{Completion, Work};
@@ -31,31 +32,95 @@ pub trait Backend {
     fn run(&mut self, op: &Collective) -> Result<()>;
 }
 
+/// The environment variable that sets [`CommOptions::default`]'s timeout,
+/// in seconds.
+pub const COMM_TIMEOUT_ENV: &str = "BRASA_COMM_TIMEOUT_S";
+
+/// The default timeout when [`COMM_TIMEOUT_ENV`] is not set: 300 s.
+pub const DEFAULT_COMM_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// Settings of a communicator.
 #[derive(Clone, Debug)]
 pub struct CommOptions {
     /// How long a rank waits for its peers in one operation before it
     /// returns [`ParallelError::Timeout`]. Default: 300 s, or the
-    /// `BRASA_COMM_TIMEOUT_S` environment variable.
+    /// `BRASA_COMM_TIMEOUT_S` environment variable. Any positive duration;
+    /// one too long to add to the current instant (`Duration::MAX`) waits
+    /// without end. Zero is refused when a communicator starts (every
+    /// collective would fail). Set it with [`CommOptions::timeout`], which
+    /// also sets aside an invalid `BRASA_COMM_TIMEOUT_S`.
     pub timeout: Duration,
+    /// Why `BRASA_COMM_TIMEOUT_S` could not be used, when it could not:
+    /// reported by every communicator started with these options.
+    pub(crate) env_error: Option<String>,
 }
 
 impl Default for CommOptions {
+    /// The default timeout, or `BRASA_COMM_TIMEOUT_S` when it is set. An
+    /// invalid value is not silently replaced: it is kept, and reported by
+    /// [`Communicator::start`] (and so by `in_process_group`,
+    /// `run_in_process`, `init_from_env`, `DataParallel`) unless
+    /// [`CommOptions::timeout`] overrides it. [`CommOptions::from_env`]
+    /// reports it at once.
     fn default() -> CommOptions {
-        let seconds = std::env::var("BRASA_COMM_TIMEOUT_S").ok().and_then(|s| s.parse::<f64>().ok());
-        let timeout = match seconds {
-            Some(s) if s.is_finite() && s > 0.0 => Duration::from_secs_f64(s),
-            _ => Duration::from_secs(300),
-        };
-        CommOptions { timeout }
+        match CommOptions::from_env() {
+            Ok(options) => options,
+            Err(error) => CommOptions { timeout: DEFAULT_COMM_TIMEOUT, env_error: Some(error.to_string()) },
+        }
     }
 }
 
 impl CommOptions {
-    /// These options with `timeout`.
+    /// The defaults with `BRASA_COMM_TIMEOUT_S` applied when it is set: a
+    /// positive number of seconds (`2.5`, `600`); one larger than a
+    /// `Duration` holds (`1e30`, `inf`) is `Duration::MAX`, no timeout.
+    /// Anything else (not a number, NaN, zero, negative) is an error naming
+    /// the variable and its value.
+    pub fn from_env() -> Result<CommOptions> {
+        let timeout = match std::env::var(COMM_TIMEOUT_ENV) {
+            Err(std::env::VarError::NotPresent) => DEFAULT_COMM_TIMEOUT,
+            Err(std::env::VarError::NotUnicode(value)) => {
+                return Err(ParallelError::invalid(
+                    "CommOptions",
+                    format!("{COMM_TIMEOUT_ENV}={value:?} is not valid UTF-8; expected a positive number of seconds"),
+                ))
+            }
+            Ok(text) => crate::deadline::seconds_to_timeout(&text).ok_or_else(|| {
+                ParallelError::invalid(
+                    "CommOptions",
+                    format!(
+                        "{COMM_TIMEOUT_ENV}={text:?}: expected a positive number of seconds, such as 300 or 2.5 \
+                         (inf: no timeout)"
+                    ),
+                )
+            })?,
+        };
+        Ok(CommOptions { timeout, env_error: None })
+    }
+
+    /// These options with `timeout` (this wins over `BRASA_COMM_TIMEOUT_S`,
+    /// valid or not).
     pub fn timeout(mut self, timeout: Duration) -> CommOptions {
         self.timeout = timeout;
+        self.env_error = None;
         self
+    }
+
+    /// Whether a communicator can start with these options: the
+    /// environment's timeout was valid (or overridden) and the timeout is
+    /// not zero.
+    pub fn check(&self) -> Result<()> {
+        if let Some(error) = &self.env_error {
+            return Err(ParallelError::invalid("CommOptions", error.clone()));
+        }
+        if self.timeout.is_zero() {
+            return Err(ParallelError::invalid(
+                "CommOptions",
+                "a timeout of 0 would make every collective fail at once; give a positive duration \
+                 (Duration::MAX: no timeout)",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -115,6 +180,7 @@ impl Communicator {
         abort: Option<Arc<dyn Abort>>,
         make_backend: impl FnOnce() -> Result<Box<dyn Backend>> + Send + 'static,
     ) -> Result<Communicator> {
+        options.check()?;
         let (jobs, queue) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let health = Arc::new(Health::new(info.rank, abort));
@@ -343,9 +409,12 @@ impl Drop for Inner {
             // mid-transfer). Such a worker is detached rather than waited
             // on forever: it owns nothing but its backend, and the process
             // may exit under it.
-            let deadline = std::time::Instant::now() + self.timeout + Duration::from_secs(1);
+            // A timeout too long to add to now (Duration::MAX) waits for it
+            // as the user asked; nothing here may overflow and panic: a
+            // panic in a drop while unwinding aborts the process.
+            let deadline = Deadline::after(self.timeout.saturating_add(Duration::from_secs(1)));
             let mut pause = Duration::from_micros(20);
-            while !worker.is_finished() && std::time::Instant::now() < deadline {
+            while !worker.is_finished() && !deadline.passed() {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(5));
             }

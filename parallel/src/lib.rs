@@ -87,6 +87,7 @@ mod collective;
 mod communicator;
 mod data_parallel;
 mod ddp;
+mod deadline;
 mod error;
 mod health;
 mod in_process;
@@ -101,7 +102,7 @@ mod zero;
 #[cfg(feature = "mpi")]
 pub use self::mpi::abort_job_on_panic;
 pub use collective::{Collective, ReduceOp, Signature};
-pub use communicator::{Backend, CommOptions, Communicator, RankInfo};
+pub use communicator::{Backend, CommOptions, Communicator, RankInfo, COMM_TIMEOUT_ENV, DEFAULT_COMM_TIMEOUT};
 pub use data_parallel::{chunk_sizes, DataParallel, DataParallelConfig, LossReduction};
 pub use ddp::{
     assign_buckets, Compression, DdpConfig, DdpStats, DistributedDataParallel, NoSync, ZeroStage, BUCKET_CAP_BYTES,

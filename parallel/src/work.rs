@@ -2,10 +2,11 @@
 //! poll it while computing; a wait never outlasts the communicator's
 //! timeout.
 
+use crate::deadline::Deadline;
 use crate::error::{ParallelError, Result};
 use crate::health::Health;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Where a worker leaves the outcome of one operation.
 #[derive(Default)]
@@ -79,22 +80,23 @@ impl Work {
         self.wait_timeout(timeout)
     }
 
-    /// [`Work::wait`] with a timeout of its own.
+    /// [`Work::wait`] with a timeout of its own: any duration, zero to poll
+    /// (an unfinished operation then times out), `Duration::MAX` to wait
+    /// without end.
     pub fn wait_timeout(self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         let mut slot = self.completion.result.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(result) = slot.take() {
                 return result;
             }
-            let now = Instant::now();
-            if now >= deadline {
+            if deadline.passed() {
                 drop(slot);
                 let error = ParallelError::Timeout { op: self.op, rank: self.rank, timeout, waiting_for: Vec::new() };
                 self.health.fail(&error);
                 return Err(error);
             }
-            slot = self.completion.done.wait_timeout(slot, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            slot = deadline.wait(&self.completion.done, slot);
         }
     }
 }

@@ -4,10 +4,11 @@
 //! everyone still waiting on them fail at once.
 
 use crate::collective::Signature;
+use crate::deadline::Deadline;
 use crate::error::{ParallelError, Result};
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// What one rank lends the others for one collective: the signature to
 /// compare and the addresses of its buffers (valid until the collective's
@@ -122,7 +123,7 @@ impl Group {
         posted: Posted,
         timeout: Duration,
     ) -> Result<Vec<Option<Posted>>> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         let mut state = self.lock();
         if let Some(error) = Self::departure(&state, op, rank, None) {
             return Err(error);
@@ -146,12 +147,11 @@ impl Group {
             if let Some(error) = Self::departure(&state, op, rank, None) {
                 return Err(error);
             }
-            let now = Instant::now();
-            if now >= deadline {
+            if deadline.passed() {
                 let waiting_for = (0..self.world).filter(|r| *r != rank && state.posted[*r].is_none()).collect();
                 return Err(ParallelError::Timeout { op, rank, timeout, waiting_for });
             }
-            state = self.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            state = deadline.wait(&self.changed, state);
         }
     }
 
@@ -185,7 +185,7 @@ impl Group {
         data: usize,
         timeout: Duration,
     ) -> Result<()> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         let mut state = self.lock();
         state.letters.insert((rank, receiver), Letter { signature, data, stage: Stage::Offered });
         self.changed.notify_all();
@@ -204,12 +204,11 @@ impl Group {
                 state.letters.remove(&(rank, receiver));
                 return Err(error);
             }
-            let now = Instant::now();
-            if now >= deadline {
+            if deadline.passed() {
                 state.letters.remove(&(rank, receiver));
                 return Err(ParallelError::Timeout { op: "send", rank, timeout, waiting_for: vec![receiver] });
             }
-            state = self.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            state = deadline.wait(&self.changed, state);
         }
     }
 
@@ -223,7 +222,7 @@ impl Group {
         timeout: Duration,
         copy: impl FnOnce(usize),
     ) -> Result<()> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         let mut state = self.lock();
         loop {
             if let Some(letter) = state.letters.get(&(sender, rank)).copied().filter(|l| l.stage == Stage::Offered) {
@@ -256,11 +255,10 @@ impl Group {
             if let Some(error) = Self::departure(&state, "recv", rank, Some(sender)) {
                 return Err(error);
             }
-            let now = Instant::now();
-            if now >= deadline {
+            if deadline.passed() {
                 return Err(ParallelError::Timeout { op: "recv", rank, timeout, waiting_for: vec![sender] });
             }
-            state = self.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            state = deadline.wait(&self.changed, state);
         }
     }
 }

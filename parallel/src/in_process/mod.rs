@@ -17,6 +17,7 @@ use std::sync::Arc;
 /// `devices` (rank i works on `devices[i]`). Hand each to its own thread;
 /// [`crate::launch::run_in_process`] does that for you.
 pub fn in_process_group(devices: &[Device], options: &CommOptions) -> Result<Vec<Communicator>> {
+    options.check()?;
     if devices.is_empty() {
         return Err(ParallelError::invalid("in_process_group", "a group needs at least one device"));
     }

@@ -35,6 +35,7 @@ use super::ffi::{self as raw, Abandoned, Interrupt};
 use super::ops::{copy_datatype, scale_for_average, Reductions};
 use crate::collective::{Collective, ReduceOp};
 use crate::communicator::Backend;
+use crate::deadline::Deadline;
 use crate::error::{ParallelError, Result};
 use crate::health::Abort;
 use ::mpi::datatype::Equivalence;
@@ -45,7 +46,7 @@ use brasa_tensor::Tensor;
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Tag of signature descriptors between a sender and its receiver.
 const TAG_SIGNATURE: c_int = 1;
@@ -131,7 +132,7 @@ impl MpiBackend {
             standing: Standing::InStep,
             tickets: 0,
         };
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         // SAFETY: reading a constant the rsmpi C shim exports.
         let world_comm = unsafe { ffi::RSMPI_COMM_WORLD };
         // Open MPI writes the new handle when the request completes: on the
@@ -175,7 +176,7 @@ impl MpiBackend {
     /// Arrival through every rank: posts `posted`, waits for everyone's
     /// descriptor and judges them.
     fn arrive_all(&mut self, op: &'static str, posted: &Posted) -> Result<()> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Deadline::after(self.timeout);
         let ours = Box::new(encode(posted));
         let mut theirs = vec![0u64; WORDS * self.world].into_boxed_slice();
         let words = WORDS as c_int;
@@ -221,7 +222,7 @@ impl MpiBackend {
 
     /// Arrival between this rank and `peer` (send/recv).
     fn arrive_pair(&mut self, op: &'static str, posted: &Posted, peer: usize) -> Result<()> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Deadline::after(self.timeout);
         let ours = Box::new(encode(posted));
         let mut theirs = Box::new([0u64; WORDS]);
         let words = WORDS as c_int;

@@ -12,6 +12,7 @@
 //! Also here: [`poll`], which waits for non-blocking requests with a
 //! deadline, so that a peer that never arrives is a timeout, not a hang.
 
+use crate::deadline::Deadline;
 use crate::error::{ParallelError, Result};
 use ::mpi::ffi;
 use std::os::raw::{c_char, c_int, c_void};
@@ -113,7 +114,7 @@ pub(crate) enum Abandoned {
 /// alive and untouched for as long as the process runs.
 pub(crate) fn poll(
     requests: &mut [ffi::MPI_Request],
-    deadline: Instant,
+    deadline: Deadline,
     interrupt: &Interrupt,
     ticket: u64,
     rank: usize,
@@ -127,7 +128,7 @@ pub(crate) fn poll(
 
 fn poll_inner(
     requests: &mut [ffi::MPI_Request],
-    deadline: Instant,
+    deadline: Deadline,
     interrupt: &Interrupt,
     ticket: u64,
     rank: usize,
@@ -148,17 +149,16 @@ fn poll_inner(
         if interrupt.interrupt.load(Ordering::SeqCst) == ticket {
             return Err(Abandoned::Interrupted);
         }
-        let now = Instant::now();
-        if now >= deadline {
+        if deadline.passed() {
             return Err(Abandoned::Deadline);
         }
-        let waited = now - start;
+        let waited = start.elapsed();
         if waited < Duration::from_micros(100) {
             std::hint::spin_loop();
         } else if waited < Duration::from_millis(2) {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(sleep.min(deadline - now));
+            std::thread::sleep(deadline.remaining().map_or(sleep, |left| sleep.min(left)));
             sleep = (sleep * 2).min(Duration::from_micros(200));
         }
     }

@@ -83,6 +83,8 @@ fn ended() {
 /// `Device::CPU` (what [`crate::init_from_env`] returns under `mpirun`).
 pub(crate) fn world(options: &CommOptions) -> Result<Communicator> {
     let op = "init_from_env";
+    // Bad options are refused before MPI starts: it initialises once.
+    options.check()?;
     let mut life = LIFE.lock().unwrap_or_else(|e| e.into_inner());
     match *life {
         Life::Before => {}

@@ -125,18 +125,24 @@ pub struct PipelineConfig {
     /// Random streams per micro-batch (default) or shared.
     pub rng: PipelineRng,
     /// How long a stage waits for a neighbour (default 300 s, or
-    /// `BRASA_COMM_TIMEOUT_S`, as communicators).
+    /// `BRASA_COMM_TIMEOUT_S`, as communicators): any positive duration,
+    /// `Duration::MAX` for none. Set it with [`PipelineConfig::timeout`],
+    /// which also sets aside an invalid `BRASA_COMM_TIMEOUT_S`.
     pub timeout: Duration,
     /// Threads of each stage's rayon pool (default: the machine's cores
     /// divided among the stages, at least 1).
     pub threads_per_stage: Option<usize>,
     /// The stages' devices in one process (default `Device::cpu(s)`).
     pub devices: Option<Vec<Device>>,
+    /// Why `BRASA_COMM_TIMEOUT_S` could not be used, if it could not
+    /// (reported when the pipeline is built).
+    env_error: Option<String>,
 }
 
 impl PipelineConfig {
     /// `partition` and `micro_batches` with the defaults for the rest.
     pub fn new(partition: Partition, micro_batches: usize) -> PipelineConfig {
+        let comm = crate::communicator::CommOptions::default();
         PipelineConfig {
             partition,
             micro_batches,
@@ -144,9 +150,10 @@ impl PipelineConfig {
             loss_reduction: LossReduction::Mean,
             checkpoint: Vec::new(),
             rng: PipelineRng::default(),
-            timeout: crate::communicator::CommOptions::default().timeout,
+            timeout: comm.timeout,
             threads_per_stage: None,
             devices: None,
+            env_error: comm.env_error,
         }
     }
 
@@ -171,7 +178,16 @@ impl PipelineConfig {
     /// With `timeout`.
     pub fn timeout(mut self, timeout: Duration) -> PipelineConfig {
         self.timeout = timeout;
+        self.env_error = None;
         self
+    }
+
+    /// The timeout, checked as a communicator's: an error for an invalid
+    /// `BRASA_COMM_TIMEOUT_S` left in place or a timeout of zero.
+    pub(crate) fn checked_timeout(&self) -> crate::error::Result<Duration> {
+        let comm = crate::communicator::CommOptions { timeout: self.timeout, env_error: self.env_error.clone() };
+        comm.check()?;
+        Ok(self.timeout)
     }
 
     /// With `threads` per stage.

@@ -385,6 +385,7 @@ impl Pipeline {
 }
 
 fn check(config: &PipelineConfig, stages: usize) -> Result<()> {
+    config.checked_timeout()?;
     if config.micro_batches == 0 {
         return Err(ParallelError::invalid(OP, "the number of micro-batches must be at least 1, got 0"));
     }
