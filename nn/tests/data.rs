@@ -636,3 +636,32 @@ fn a_large_prefetch_factor_reserves_nothing_up_front() {
     let error = DataLoader::builder(Endless).num_workers(usize::MAX).prefetch_factor(2).build().unwrap_err();
     assert!(error.to_string().contains("num_workers"), "{error}");
 }
+
+#[test]
+fn every_timeout_from_zero_to_max_reads_and_drops_without_panicking() {
+    let timeouts = [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        Duration::from_millis(1),
+        Duration::from_secs(30),
+        Duration::from_secs(u64::MAX / 2),
+        Duration::from_secs(u64::MAX),
+        Duration::MAX,
+    ];
+    for timeout in timeouts {
+        let outcome = std::panic::catch_unwind(|| {
+            let mut slow = Flaky::new(12, usize::MAX, false);
+            slow.delay = Duration::from_millis(20);
+            let loader = DataLoader::builder(slow).batch_size(2).num_workers(3).timeout(timeout).build().unwrap();
+            // Stop after the first batch: the epoch's drop waits for workers
+            // still reading (up to the timeout, which must not overflow).
+            let first = loader.iter().next().map(|b| b.is_ok());
+            let all: Vec<_> = loader.iter().collect();
+            (first, all.iter().filter(|b| b.is_ok()).count(), all.len())
+        });
+        let (first, ok, len) = outcome.unwrap_or_else(|_| panic!("a loader with a timeout of {timeout:?} panicked"));
+        if timeout.is_zero() || timeout >= Duration::from_secs(30) {
+            assert_eq!((first, ok, len), (Some(true), 6, 6), "{timeout:?}");
+        }
+    }
+}

@@ -45,9 +45,13 @@ impl ManualClock {
         Self { now: Arc::new(AtomicU64::new(start_ns)) }
     }
 
-    /// Moves time forward by `delta_ns` and returns the new time.
+    /// Moves time forward by `delta_ns` and returns the new time. Time stops
+    /// at `u64::MAX` rather than wrapping round to the past.
     pub fn advance(&self, delta_ns: u64) -> u64 {
-        self.now.fetch_add(delta_ns, Ordering::SeqCst).saturating_add(delta_ns)
+        let step = |now: u64| Some(now.saturating_add(delta_ns));
+        // `fetch_add` would wrap; the closure never refuses, so this is `Ok`.
+        let before = self.now.fetch_update(Ordering::SeqCst, Ordering::SeqCst, step).unwrap_or_else(|now| now);
+        before.saturating_add(delta_ns)
     }
 
     /// Sets the time. Going backwards is ignored, to keep the clock monotonic.

@@ -767,10 +767,13 @@ impl<B> Drop for Pool<B> {
             worker.tasks = None;
         }
         self.results = None;
-        let deadline = Instant::now() + self.grace;
+        // A grace too long to add to now (a timeout of `Duration::MAX`)
+        // has no deadline: the drop waits for the reads, as the timeout
+        // said to. Adding would panic, and a panic here aborts an unwind.
+        let deadline = Instant::now().checked_add(self.grace);
         for worker in &mut self.workers {
             let Some(thread) = worker.thread.take() else { continue };
-            while !thread.is_finished() && Instant::now() < deadline {
+            while !thread.is_finished() && deadline.is_none_or(|deadline| Instant::now() < deadline) {
                 std::thread::sleep(Duration::from_millis(1));
             }
             if !thread.is_finished() {
