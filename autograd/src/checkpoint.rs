@@ -56,16 +56,19 @@ where
     }
     let rng = rng_state();
     let hook = crate::precision_hook();
-    let out = {
+    // What the function reads besides its inputs (parameters) is noted,
+    // so that `leaves_reached` knows backward will reach it.
+    let (out, reads) = {
         let _g = no_grad();
         let detached: Vec<Var> = inputs.iter().map(|v| v.detach()).collect();
-        f(&detached)?
+        crate::var::watch_unrecorded(|| f(&detached))
     };
+    let out = out?;
     let (out_dims, out_dtype) = (out.dims().to_vec(), out.dtype());
     let saved = || inputs.iter().map(|v| v.tensor().clone()).collect();
     // The gradient comes by value: the nested backward frees it once its
     // first node has used it, instead of it living until the segment ends.
-    Ok(record_always_owned("checkpoint", inputs, out.tensor().clone(), saved, move |grad, saved, needs| {
+    let out = record_always_owned("checkpoint", inputs, out.tensor().clone(), saved, move |grad, saved, needs| {
         let recomputed = {
             let _restore = RestoreRng(rng_state());
             set_rng_state(rng);
@@ -101,7 +104,11 @@ where
         )?;
         let mut captured = captured.into_iter();
         Ok(xs.iter().map(|x| if x.requires_grad() { captured.next().flatten() } else { None }).collect())
-    }))
+    });
+    if let Some(node) = &out.0.grad_fn {
+        let _ = node.recomputed_reads.set(reads);
+    }
+    Ok(out)
 }
 
 /// Runs `layers` in `segments` pieces: `segment_size = len / segments`; the

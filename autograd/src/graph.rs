@@ -172,6 +172,11 @@ pub(crate) struct Node {
     pub(crate) pre_hooks: Mutex<Vec<GradHook>>,
     /// The non-leaf `Var` that asked to keep its gradient.
     pub(crate) retained: Mutex<Option<Weak<VarInner>>>,
+    /// Nodes a backward through this one reaches without an edge: what a
+    /// checkpoint's function read from outside its inputs (parameters
+    /// above all), which its recomputation gives gradients to. Followed by
+    /// [`reachable_through_recomputation`] only, never by backward itself.
+    pub(crate) recomputed_reads: std::sync::OnceLock<Vec<Arc<Node>>>,
 }
 
 impl Node {
@@ -189,6 +194,7 @@ impl Node {
             kind: NodeKind::Op(Mutex::new(Some(backward))),
             pre_hooks: Mutex::new(Vec::new()),
             retained: Mutex::new(None),
+            recomputed_reads: std::sync::OnceLock::new(),
         })
     }
 
@@ -200,6 +206,7 @@ impl Node {
             kind: NodeKind::Accumulate(var),
             pre_hooks: Mutex::new(Vec::new()),
             retained: Mutex::new(None),
+            recomputed_reads: std::sync::OnceLock::new(),
         })
     }
 
@@ -227,10 +234,12 @@ impl Drop for Node {
         // Drop long chains iteratively: a recursive drop of a deep graph
         // would overflow the stack.
         let mut stack = std::mem::take(&mut self.next);
+        stack.extend(self.recomputed_reads.take().into_iter().flatten().map(Some));
         while let Some(edge) = stack.pop() {
             if let Some(node) = edge {
                 if let Ok(mut node) = Arc::try_unwrap(node) {
                     stack.append(&mut node.next);
+                    stack.extend(node.recomputed_reads.take().into_iter().flatten().map(Some));
                 }
             }
         }
@@ -239,6 +248,16 @@ impl Drop for Node {
 
 /// Every node reachable from `roots` (each once), by iterative depth-first search.
 pub(crate) fn reachable(roots: &[Arc<Node>]) -> Vec<Arc<Node>> {
+    walk(roots, false)
+}
+
+/// [`reachable`], also through what checkpoints will recompute: every node
+/// a backward from `roots` gives a gradient to, nested backwards included.
+pub(crate) fn reachable_through_recomputation(roots: &[Arc<Node>]) -> Vec<Arc<Node>> {
+    walk(roots, true)
+}
+
+fn walk(roots: &[Arc<Node>], recomputed: bool) -> Vec<Arc<Node>> {
     let mut seen = std::collections::HashSet::new();
     let mut stack: Vec<Arc<Node>> = roots.to_vec();
     let mut out = Vec::new();
@@ -247,6 +266,9 @@ pub(crate) fn reachable(roots: &[Arc<Node>]) -> Vec<Arc<Node>> {
             continue;
         }
         stack.extend(node.next.iter().flatten().cloned());
+        if recomputed {
+            stack.extend(node.recomputed_reads.get().into_iter().flatten().cloned());
+        }
         out.push(node);
     }
     out

@@ -3,7 +3,7 @@
 //! `Var`. A graph kept alive by mistake (a running loss summed as a `Var`
 //! instead of `item()`) shows up here before it shows up as out-of-memory.
 
-use crate::graph::{live_node_count, reachable, saved_byte_count, Node, NodeKind};
+use crate::graph::{live_node_count, reachable, reachable_through_recomputation, saved_byte_count, Node, NodeKind};
 use crate::var::Var;
 use std::collections::HashSet;
 
@@ -29,12 +29,15 @@ pub struct GraphStats {
 }
 
 /// For each of `leaves`, whether a backward from `outputs` would reach it
-/// (give it a gradient). Data-parallel training asks this after forward to
+/// (give it a gradient), counting the leaves a checkpointed function uses
+/// (its recomputation in backward gives them gradients). Data-parallel training asks this after forward to
 /// find parameters the step does not use, which would otherwise leave their
 /// gradient all-reduce waiting forever.
 pub fn leaves_reached(outputs: &[&Var], leaves: &[Var]) -> Vec<bool> {
     let roots: Vec<_> = outputs.iter().filter_map(|v| v.0.grad_fn.clone()).collect();
-    let reached: HashSet<usize> = reachable(&roots).iter().map(Node::key).collect();
+    // Through checkpoints too: their recomputation gives gradients to the
+    // parameters their function used, though the graph has no edge to them.
+    let reached: HashSet<usize> = reachable_through_recomputation(&roots).iter().map(Node::key).collect();
     leaves
         .iter()
         .map(|leaf| {

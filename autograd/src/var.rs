@@ -274,6 +274,69 @@ pub(crate) fn check_grad_meta(
     Ok(())
 }
 
+thread_local! {
+    /// While checkpoints run their function without a graph (innermost
+    /// last): the nodes of the inputs requiring grad that operations read
+    /// without recording them.
+    static UNRECORDED_READS: std::cell::RefCell<Vec<Vec<Arc<Node>>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Notes, for the checkpoint running on this thread if any, that an
+/// operation read `inputs` without recording a graph.
+fn note_unrecorded(inputs: &[&Var]) {
+    UNRECORDED_READS.with(|reads| {
+        if let Ok(mut reads) = reads.try_borrow_mut() {
+            if let Some(top) = reads.last_mut() {
+                top.extend(inputs.iter().filter(|v| v.requires_grad()).filter_map(|v| v.grad_node()));
+            }
+        }
+    });
+}
+
+/// Ends a [`watch_unrecorded`] scope, even when its function panics.
+struct PopReads;
+
+impl Drop for PopReads {
+    fn drop(&mut self) {
+        UNRECORDED_READS.with(|reads| {
+            if let Ok(mut reads) = reads.try_borrow_mut() {
+                reads.pop();
+            }
+        });
+    }
+}
+
+/// Runs `f` and returns what it returned and the nodes (each once) of the
+/// inputs requiring grad that its operations read without recording them
+/// (with grad mode off): what a checkpoint's function uses besides its
+/// inputs. Nested scopes each see their own reads; an inner scope's reads
+/// are the outer one's too.
+pub(crate) fn watch_unrecorded<T>(f: impl FnOnce() -> T) -> (T, Vec<Arc<Node>>) {
+    UNRECORDED_READS.with(|reads| {
+        if let Ok(mut reads) = reads.try_borrow_mut() {
+            reads.push(Vec::new());
+        }
+    });
+    let pop = PopReads;
+    let out = f();
+    let nodes = UNRECORDED_READS.with(|reads| match reads.try_borrow_mut() {
+        Ok(mut reads) => reads.last_mut().map(std::mem::take).unwrap_or_default(),
+        Err(_) => Vec::new(),
+    });
+    drop(pop);
+    let mut seen = std::collections::HashSet::new();
+    let nodes: Vec<Arc<Node>> = nodes.into_iter().filter(|n| seen.insert(Node::key(n))).collect();
+    // What the inner scope read, the outer one read too.
+    UNRECORDED_READS.with(|reads| {
+        if let Ok(mut reads) = reads.try_borrow_mut() {
+            if let Some(outer) = reads.last_mut() {
+                outer.extend(nodes.iter().cloned());
+            }
+        }
+    });
+    (out, nodes)
+}
+
 /// Whether an operation on `inputs` is recorded.
 pub(crate) fn should_record(inputs: &[&Var]) -> bool {
     is_grad_enabled() && inputs.iter().any(|v| v.requires_grad())
@@ -289,6 +352,9 @@ pub(crate) fn record(
     backward: impl FnMut(&BackwardCtx) -> Result<Vec<Option<Tensor>>> + Send + 'static,
 ) -> Var {
     if !should_record(inputs) {
+        if !is_grad_enabled() {
+            note_unrecorded(inputs);
+        }
         return Var::new(output);
     }
     record_always(name, inputs, output, saved, backward)
@@ -326,7 +392,11 @@ fn record_node(
 ) -> Var {
     // An integer or bool result has no gradient: it cuts the graph (a cast
     // to an integer dtype, an argmax), as in PyTorch.
-    if !is_grad_enabled() || !output.dtype().is_float() {
+    if !is_grad_enabled() {
+        note_unrecorded(inputs);
+        return Var::new(output);
+    }
+    if !output.dtype().is_float() {
         return Var::new(output);
     }
     let next = inputs.iter().map(|v| v.grad_node()).collect();

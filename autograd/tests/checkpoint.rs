@@ -186,3 +186,33 @@ fn segment_rule_and_bad_segment_counts() -> Result<()> {
     assert_eq!(y.graph_stats().nodes, 3 * 2 + 1);
     Ok(())
 }
+
+/// `leaves_reached` (what data-parallel training asks after forward) sees
+/// through a checkpoint: the parameters its function uses get gradients in
+/// backward (from the recomputation), so they are reached; one it does not
+/// use is not.
+#[test]
+fn leaves_reached_sees_the_parameters_a_checkpoint_uses() -> Result<()> {
+    use brasa_autograd::leaves_reached;
+    let w = Var::param(Tensor::from_vec(vec![2.0f64, 3.0], [2])?)?;
+    let inner = Var::param(Tensor::from_vec(vec![5.0f64], [1])?)?;
+    let unused = Var::param(Tensor::from_vec(vec![7.0f64], [1])?)?;
+    let x = Var::new(Tensor::from_vec(vec![1.0f64, 1.0], [2])?);
+    let (w2, inner2) = (w.clone(), inner.clone());
+    // Nested: a checkpoint inside the checkpointed function.
+    let y = checkpoint(
+        move |xs| {
+            let inner3 = inner2.clone();
+            let h = checkpoint(move |ys| ys[0].mul(&inner3), &[&xs[0]])?;
+            h.mul(&w2)
+        },
+        &[&x],
+    )?;
+    let loss = y.sum_all()?;
+    let leaves = [w.clone(), inner.clone(), unused.clone()];
+    assert_eq!(leaves_reached(&[&loss], &leaves), [true, true, false]);
+    loss.backward()?;
+    let got: Vec<bool> = leaves.iter().map(|l| l.grad().is_some()).collect();
+    assert_eq!(got, [true, true, false], "reached means it gets a gradient");
+    Ok(())
+}
