@@ -371,3 +371,240 @@ fn a_peer_failing_mid_training_is_an_error_not_a_hang() -> Result<()> {
     assert!(start.elapsed() < Duration::from_secs(20));
     Ok(())
 }
+
+/// A module of bare parameters with the given shapes and dtypes, whose
+/// forward sums them into one scalar per row of the input.
+#[derive(brasa_nn::Parameters)]
+struct Bare {
+    params: Vec<Var>,
+}
+
+impl Module for Bare {
+    fn forward(&self, x: &Var) -> brasa_nn::Result<Var> {
+        let mut out = x.sum(&[1], true)?;
+        for p in &self.params {
+            out = out.add(&p.to_dtype(x.dtype())?.sum_all()?)?;
+        }
+        Ok(out)
+    }
+}
+
+fn bare(dev: Device, specs: &[(&[usize], brasa_tensor::DType)]) -> Result<Bare> {
+    let params = specs
+        .iter()
+        .map(|(dims, dtype)| Ok(Var::param(Tensor::ones_on(dims.to_vec(), *dtype, dev)?)?))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Bare { params })
+}
+
+#[test]
+fn models_that_differ_in_a_shape_dtype_or_order_are_refused_naming_the_parameter_and_ranks() -> Result<()> {
+    use brasa_tensor::DType::{F32, F64};
+    setup();
+    type Spec = Vec<(&'static [usize], brasa_tensor::DType)>;
+    // (rank 0's model, the other ranks' model, what the error must name)
+    let cases: Vec<(Spec, Spec, Vec<&str>)> = vec![
+        // Transposed: same count and elements, different shapes.
+        (vec![(&[6, 2], F32)], vec![(&[2, 6], F32)], vec!["params.0", "[6, 2]", "[2, 6]"]),
+        // Same shapes, another dtype.
+        (vec![(&[3], F32), (&[4, 2], F32)], vec![(&[3], F32), (&[4, 2], F64)], vec!["params.1", "f32", "f64"]),
+        // The same parameters in another order.
+        (vec![(&[3], F32), (&[5], F32)], vec![(&[5], F32), (&[3], F32)], vec!["params.0", "[3]", "[5]"]),
+        // Another rank count: one more dim of size 1.
+        (vec![(&[4], F32)], vec![(&[4, 1], F32)], vec!["params.0", "[4]", "[4, 1]"]),
+    ];
+    for world in [2, 3] {
+        for (first, other, needles) in &cases {
+            let outcome = run_in_process(world, &options(), |comm| {
+                let dev = comm.device();
+                // The last rank differs (the others are like rank 0).
+                let spec = if comm.rank() + 1 == world { other } else { first };
+                let m = bare(dev, spec)?;
+                Ok(DistributedDataParallel::new(m, comm.clone(), DdpConfig::default()).err().map(|e| e.to_string()))
+            })?;
+            for (rank, message) in outcome.iter().enumerate() {
+                let message = message.clone().unwrap_or_else(|| panic!("rank {rank} of {world} accepted {other:?}"));
+                let last = format!("rank {}", world - 1);
+                assert!(message.contains("rank 0") && message.contains(&last), "{message}");
+                for needle in needles {
+                    assert!(message.contains(needle), "missing {needle:?}: {message}");
+                }
+            }
+        }
+    }
+    // The same model everywhere is accepted, any shapes and dtypes.
+    let same: Spec = vec![(&[2, 3, 4], F64), (&[1], F32), (&[7, 1], F32)];
+    let outcome = run_in_process(2, &options(), |comm| {
+        let m = bare(comm.device(), &same)?;
+        Ok(DistributedDataParallel::new(m, comm.clone(), DdpConfig::default()).is_ok())
+    })?;
+    assert_eq!(outcome, [true, true]);
+    Ok(())
+}
+
+#[test]
+fn no_sync_guards_dropped_out_of_order_still_end_in_a_synchronised_step() -> Result<()> {
+    setup();
+    let init = initial()?;
+    let want = reference(1, 3, Opt::SgdMomentum)?;
+    for order in ["in order", "out of order"] {
+        let ranks = run_in_process(2, &options(), |comm| {
+            let dev = comm.device();
+            let rank = comm.rank();
+            let ddp = DistributedDataParallel::new(model(dev, &init)?, comm.clone(), DdpConfig::default())?;
+            let mut opt = optimizer(Opt::SgdMomentum, ddp.module().parameters())?;
+            let micro = |k: usize| -> Result<()> {
+                let (x, y) = batch(k, dev)?;
+                cross_entropy(&ddp.forward(&Var::new(shard(&x, rank, 2)?))?, &shard(&y, rank, 2)?)?.backward()?;
+                Ok(())
+            };
+            let outer = ddp.no_sync();
+            let inner = ddp.no_sync();
+            micro(0)?;
+            if order == "in order" {
+                drop(inner);
+                micro(1)?; // still inside `outer`: local
+                drop(outer);
+            } else {
+                drop(outer);
+                micro(1)?; // still inside `inner`: local
+                drop(inner);
+            }
+            micro(2)?; // every guard gone: synchronised
+            opt.step()?;
+            values(&ddp.module().parameters())
+        })?;
+        for got in &ranks {
+            assert_close(got, want.last().unwrap(), 1e-5, order);
+        }
+    }
+    Ok(())
+}
+
+fn bn_model(dev: Device, init: &[Vec<f32>]) -> Result<Sequential> {
+    let m = model(dev, init)?;
+    Ok(Sequential::new().push(brasa_nn::BatchNorm1d::new(INPUTS, dev)?).push(m))
+}
+
+fn buffers(module: &impl ModuleExt) -> Result<Vec<Vec<f32>>> {
+    module.named_buffers().iter().map(|(_, b)| Ok(b.to_dtype(brasa_tensor::DType::F32)?.to_vec::<f32>()?)).collect()
+}
+
+#[test]
+fn after_join_every_rank_holds_the_same_parameters_and_buffers() -> Result<()> {
+    setup();
+    let init = initial()?;
+    for world in [2, 3] {
+        // Rank 0 runs out first, so the buffers it last saw are stale.
+        let batches = |rank: usize| 2 + 2 * rank;
+        let ranks = run_in_process(world, &options(), |comm| {
+            let dev = comm.device();
+            let rank = comm.rank();
+            let ddp = DistributedDataParallel::new(bn_model(dev, &init)?, comm.clone(), DdpConfig::default())?;
+            let mut opt = optimizer(Opt::SgdMomentum, ddp.module().parameters())?;
+            let mine = ddp.join(|| {
+                for step in 0..batches(rank) {
+                    let (x, y) = batch(step, dev)?;
+                    cross_entropy(&ddp.forward(&Var::new(shard(&x, rank, world)?))?, &shard(&y, rank, world)?)?
+                        .backward()?;
+                    opt.step()?;
+                    opt.zero_grad()?;
+                }
+                Ok((values(&ddp.module().parameters())?, buffers(ddp.module())?))
+            })?;
+            Ok((mine, values(&ddp.module().parameters())?, buffers(ddp.module())?))
+        })?;
+        let last = &ranks[world - 1];
+        for (rank, (_, params, bufs)) in ranks.iter().enumerate() {
+            // The rank that trained last holds the final model.
+            assert_eq!(params, &last.0 .0, "world {world}: rank {rank}'s parameters after join");
+            assert_eq!(bufs, &last.0 .1, "world {world}: rank {rank}'s buffers after join");
+        }
+    }
+    Ok(())
+}
+
+/// Linear, checkpointed Linear (recomputed in backward), Linear.
+#[derive(brasa_nn::Parameters)]
+struct Checkpointed {
+    first: Linear,
+    middle: Linear,
+    last: Linear,
+}
+
+impl Checkpointed {
+    fn new(dev: Device, init: &[Vec<f32>]) -> Result<Checkpointed> {
+        let m = Checkpointed {
+            first: Linear::new(INPUTS, 16, dev)?,
+            middle: Linear::new(16, 16, dev)?,
+            last: Linear::new(16, CLASSES, dev)?,
+        };
+        for (p, values) in m.parameters().iter().zip(init) {
+            p.tensor().copy_(&Tensor::from_slice_on(values, p.dims().to_vec(), dev)?)?;
+        }
+        Ok(m)
+    }
+}
+
+impl Module for Checkpointed {
+    fn forward(&self, x: &Var) -> brasa_nn::Result<Var> {
+        let h = self.first.forward(x)?.relu()?;
+        let middle = self.middle.clone();
+        let h = brasa_autograd::checkpoint(
+            move |xs| {
+                let out = middle.forward(&xs[0]).map_err(|e| match e {
+                    brasa_nn::NnError::Autograd(e) => e,
+                    other => panic!("{other}"),
+                })?;
+                out.relu()
+            },
+            &[&h],
+        )?;
+        self.last.forward(&h)
+    }
+}
+
+#[test]
+fn ddp_with_activation_checkpointing_matches_one_process() -> Result<()> {
+    setup();
+    let init = initial()?;
+    let dev = Device::cpu(0);
+    let reference = Checkpointed::new(dev, &init)?;
+    let mut opt = optimizer(Opt::SgdMomentum, reference.parameters())?;
+    let mut want = Vec::new();
+    for step in 0..3 {
+        let (x, y) = batch(step, dev)?;
+        cross_entropy(&reference.forward(&Var::new(x))?, &y)?.backward()?;
+        opt.step()?;
+        opt.zero_grad()?;
+        want.push(values(&reference.parameters())?);
+    }
+    for find_unused in [false, true] {
+        for world in [2, 4] {
+            let config = DdpConfig { find_unused_parameters: find_unused, ..DdpConfig::default() };
+            let ranks = run_in_process(world, &options(), |comm| {
+                let dev = comm.device();
+                let rank = comm.rank();
+                let ddp = DistributedDataParallel::new(Checkpointed::new(dev, &init)?, comm.clone(), config.clone())?;
+                let mut opt = optimizer(Opt::SgdMomentum, ddp.module().parameters())?;
+                let mut trajectory = Vec::new();
+                for step in 0..3 {
+                    let (x, y) = batch(step, dev)?;
+                    let out = ddp.forward(&Var::new(shard(&x, rank, world)?))?;
+                    cross_entropy(&out, &shard(&y, rank, world)?)?.backward()?;
+                    opt.step()?;
+                    opt.zero_grad()?;
+                    trajectory.push(values(&ddp.module().parameters())?);
+                }
+                Ok(trajectory)
+            })?;
+            for trajectory in &ranks {
+                for (step, (got, want)) in trajectory.iter().zip(&want).enumerate() {
+                    let what = format!("find_unused={find_unused} world {world} step {step}");
+                    assert_close(got, want, 1e-5, &what);
+                }
+            }
+        }
+    }
+    Ok(())
+}

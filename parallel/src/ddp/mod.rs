@@ -2,8 +2,9 @@
 //! per rank, gradients averaged across ranks *during* backward.
 //!
 //! At construction, parameters and buffers are broadcast from rank 0 (the
-//! ranks' models must have the same parameters: counts and sizes are
-//! checked first, and a difference is an error naming both ranks). Each
+//! ranks' models must have the same parameters: the count, then every
+//! parameter's shape and dtype in order are checked first, and a difference
+//! is an error naming the parameter and both ranks). Each
 //! parameter's gradient then lives as a view into a flat bucket (gradient
 //! memory 1×); buckets follow the reverse parameter order with a small
 //! last bucket (1 MiB, holding the gradients that become ready last, so the
@@ -13,12 +14,17 @@
 //! backward goes on; `backward()` returns with every gradient averaged.
 //!
 //! - [`no_sync`](DistributedDataParallel::no_sync): accumulate gradients
-//!   locally; the next synchronised backward reduces the sum.
+//!   locally; the next synchronised backward reduces the sum. Guards are
+//!   counted, so they may nest and drop in any order.
 //! - Unused parameters are found from brasa's own graph after every forward
 //!   and named in an error ([`ParallelError::UnusedParameters`]), unless
 //!   [`DdpConfig::find_unused_parameters`] says the model may skip them.
 //! - [`join`](DistributedDataParallel::join): ranks with fewer batches than
-//!   others finish without hanging.
+//!   others finish without hanging, and leave with the same parameters and
+//!   buffers as the rank that trained last.
+//! - Activation checkpoints ([`brasa_autograd::checkpoint`]) inside the
+//!   module: the parameters a checkpoint uses count as reached by the
+//!   forward, and get their gradients from its recomputation in backward.
 //! - [`Compression::Bf16`]: half the bytes on the wire.
 //!
 //! ```
@@ -59,7 +65,7 @@ use brasa_autograd::{is_grad_enabled, no_grad, Var};
 use brasa_nn::{Module, ModuleExt, Parameters, Walk, WalkMut};
 use brasa_tensor::{DType, Tensor};
 pub(crate) use reducer::{Reducer, Shard};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// A module replicated on every rank of a communicator, whose gradients are
@@ -69,6 +75,10 @@ pub struct DistributedDataParallel<M: Module> {
     reducer: Arc<Reducer>,
     /// Inside [`DistributedDataParallel::join`].
     joining: AtomicBool,
+    /// Inside `join`: the lowest rank still training at the last collective
+    /// where one was. Its buffers are broadcast before each forward, and
+    /// once every rank joined, its parameters and buffers to every rank.
+    join_authority: std::sync::Mutex<Option<usize>>,
 }
 
 impl<M: Module> DistributedDataParallel<M> {
@@ -133,7 +143,12 @@ impl<M: Module> DistributedDataParallel<M> {
             }
         };
         let reducer = Reducer::new(comm, params, names, config, assignment, flat_params)?;
-        Ok(DistributedDataParallel { module, reducer, joining: AtomicBool::new(false) })
+        Ok(DistributedDataParallel {
+            module,
+            reducer,
+            joining: AtomicBool::new(false),
+            join_authority: std::sync::Mutex::new(None),
+        })
     }
 
     /// The wrapped module (its parameters are what optimizers update).
@@ -193,17 +208,20 @@ impl<M: Module> DistributedDataParallel<M> {
     pub fn forward(&self, input: &Var) -> Result<Var> {
         self.check_parameters_unchanged()?;
         let comm = &self.reducer.comm;
+        // Buffers come from rank 0, or inside `join` from the lowest rank
+        // still training (rank 0 may have joined, its buffers stale).
+        let mut buffers_from = 0;
         if self.joining.load(Ordering::Acquire) {
-            if !self.reducer.sync.load(Ordering::Acquire) {
+            if !self.reducer.is_syncing() {
                 return Err(ParallelError::invalid(
                     "DistributedDataParallel::forward",
                     "no_sync inside join is not supported: ranks that joined mirror one synchronised step per forward",
                 ));
             }
-            announce(comm, 1.0)?;
+            buffers_from = self.announce(true)?.unwrap_or(comm.rank());
         }
         if self.reducer.config.broadcast_buffers && comm.world_size() > 1 {
-            self.broadcast_buffers()?;
+            self.broadcast_buffers(buffers_from)?;
         }
         let expect_backward = is_grad_enabled();
         self.reducer.prepare_forward(expect_backward)?;
@@ -214,10 +232,10 @@ impl<M: Module> DistributedDataParallel<M> {
         Ok(output)
     }
 
-    fn broadcast_buffers(&self) -> Result<()> {
+    fn broadcast_buffers(&self, root: usize) -> Result<()> {
         let _no_grad = no_grad();
         for (_, buffer) in self.module.named_buffers() {
-            self.reducer.comm.broadcast(&buffer, 0)?;
+            self.reducer.comm.broadcast(&buffer, root)?;
         }
         Ok(())
     }
@@ -238,10 +256,12 @@ impl<M: Module> DistributedDataParallel<M> {
 
     /// Backward passes run while the guard lives accumulate gradients
     /// locally, without communication (gradient accumulation); the first
-    /// synchronised backward after it reduces the accumulated sum.
+    /// synchronised backward after it reduces the accumulated sum. Guards
+    /// nest and may be dropped in any order: backward synchronises again
+    /// once every guard is gone.
     pub fn no_sync(&self) -> NoSync<'_> {
-        let previous = self.reducer.sync.swap(false, Ordering::AcqRel);
-        NoSync { sync: &self.reducer.sync, previous }
+        self.reducer.no_sync_guards.fetch_add(1, Ordering::AcqRel);
+        NoSync { guards: &self.reducer.no_sync_guards }
     }
 
     /// Runs `body` (this rank's training loop) so that ranks with fewer
@@ -251,10 +271,17 @@ impl<M: Module> DistributedDataParallel<M> {
     /// gradients until every rank is done. Gradients are averaged over the
     /// whole world, so a step where some ranks already joined weighs their
     /// missing batches as zero (PyTorch's `divide_by_initial_world_size`).
+    ///
+    /// Inside `join`, buffers are broadcast before each forward from the
+    /// lowest rank still training. When every rank is done, the parameters
+    /// and buffers of a rank that trained to the end are broadcast to all
+    /// (PyTorch's `_sync_final_model`), so every rank leaves `join` with
+    /// the same model. Optimizer state (momentum) stays each rank's own.
     pub fn join<T>(&self, body: impl FnOnce() -> Result<T>) -> Result<T> {
         if self.joining.swap(true, Ordering::AcqRel) {
             return Err(ParallelError::invalid("DistributedDataParallel::join", "already inside join"));
         }
+        *self.join_authority.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let outcome = body();
         let finished = outcome.as_ref().err().is_none().then(|| self.shadow_until_all_joined());
         self.joining.store(false, Ordering::Release);
@@ -266,60 +293,124 @@ impl<M: Module> DistributedDataParallel<M> {
 
     fn shadow_until_all_joined(&self) -> Result<()> {
         let comm = &self.reducer.comm;
-        loop {
-            if announce(comm, 0.0)? == 0.0 {
-                return Ok(());
-            }
+        while let Some(trainer) = self.announce(false)? {
             if self.reducer.config.broadcast_buffers && comm.world_size() > 1 {
-                self.broadcast_buffers()?;
+                self.broadcast_buffers(trainer)?;
             }
             let _no_grad = no_grad();
             self.reducer.shadow_step()?;
         }
+        self.sync_final_model()
+    }
+
+    /// Every rank joined: the last to train holds the final model.
+    fn sync_final_model(&self) -> Result<()> {
+        let Some(root) = *self.join_authority.lock().unwrap_or_else(|e| e.into_inner()) else {
+            return Ok(()); // nobody trained: nothing changed
+        };
+        let _no_grad = no_grad();
+        for (_, param) in self.module.named_parameters() {
+            self.reducer.comm.broadcast(param.tensor(), root)?;
+        }
+        self.broadcast_buffers(root)
+    }
+
+    /// All-reduces whether this rank is still training; returns the lowest
+    /// rank that is (and remembers it), or `None` once every rank joined.
+    fn announce(&self, training: bool) -> Result<Option<usize>> {
+        let comm = &self.reducer.comm;
+        let mine = if training { comm.rank() } else { comm.world_size() };
+        let flag = Tensor::full_on([1], mine as f64, DType::F64, comm.device())?;
+        comm.all_reduce(&flag, ReduceOp::Min)?;
+        let lowest = flag.to_vec::<f64>()?[0] as usize;
+        let trainer = (lowest < comm.world_size()).then_some(lowest);
+        if trainer.is_some() {
+            *self.join_authority.lock().unwrap_or_else(|e| e.into_inner()) = trainer;
+        }
+        Ok(trainer)
     }
 }
 
-/// All-reduces this rank's "still training" flag; returns how many ranks are.
-fn announce(comm: &Communicator, active: f64) -> Result<f64> {
-    let flag = Tensor::full_on([1], active, DType::F32, comm.device())?;
-    comm.all_reduce(&flag, ReduceOp::Sum)?;
-    Ok(flag.to_vec::<f32>()?[0] as f64)
-}
-
-/// Checks that every rank has as many parameters with the same sizes; an
-/// error names the first rank that differs from rank 0.
+/// Checks that every rank has the same parameters: as many, in the same
+/// order, each with the same shape and dtype (PyTorch's
+/// `_verify_param_shape_across_processes`). Every rank learns every rank's
+/// parameters, so every rank returns the same verdict: an error naming the
+/// first parameter that differs from rank 0's and the first rank it differs
+/// on (this rank and that one, or rank 0 when this rank is the one).
 fn verify_same_model(comm: &Communicator, named: &[(String, Var)]) -> Result<()> {
-    let world = comm.world_size();
-    let count = named.len() as f64;
-    let numel: f64 = named.iter().map(|(_, p)| p.numel() as f64).sum();
-    let mine = Tensor::from_vec_on(vec![count, numel], [2], comm.device())?;
-    let all = Tensor::zeros_on([2 * world], DType::F64, comm.device())?;
-    comm.all_gather(&all, &mine)?;
-    let all = all.to_vec::<f64>()?;
-    for peer in 1..world {
-        let (c, n) = (all[2 * peer], all[2 * peer + 1]);
-        if c != all[0] || n != all[1] {
-            return Err(ParallelError::Mismatch {
-                op: "DistributedDataParallel::new",
-                rank: comm.rank(),
-                ours: format!("rank 0's model: {} parameters, {} elements", all[0], all[1]),
-                peer,
-                theirs: format!("{c} parameters, {n} elements"),
-            });
+    let (rank, world) = (comm.rank(), comm.world_size());
+    // First the counts (so that the descriptors below have one size): how
+    // many parameters, how many elements, the most dims of one.
+    let count = named.len();
+    let numel: usize = named.iter().map(|(_, p)| p.numel()).sum();
+    let most_dims = named.iter().map(|(_, p)| p.rank()).max().unwrap_or(0);
+    let all = gather_i64(comm, &[count as i64, numel as i64, most_dims as i64])?;
+    let summary = |r: usize| &all[3 * r..3 * r + 3];
+    if let Some(peer) = (1..world).find(|&peer| summary(peer)[..2] != summary(0)[..2]) {
+        return Err(ParallelError::Mismatch {
+            op: "DistributedDataParallel::new",
+            rank,
+            ours: format!("rank 0's model: {} parameters, {} elements", summary(0)[0], summary(0)[1]),
+            peer,
+            theirs: format!("{} parameters, {} elements", summary(peer)[0], summary(peer)[1]),
+        });
+    }
+    // Then every parameter as [dtype, dims, size of each dim padded with 0].
+    let width = 2 + (0..world).map(|r| summary(r)[2]).max().unwrap_or(0) as usize;
+    let mut mine = vec![0i64; count * width];
+    for ((_, param), slot) in named.iter().zip(mine.chunks_exact_mut(width)) {
+        slot[0] = DType::ALL.iter().position(|d| *d == param.dtype()).map_or(-1, |code| code as i64);
+        slot[1] = param.rank() as i64;
+        for (to, &size) in slot[2..].iter_mut().zip(param.dims()) {
+            *to = size as i64;
         }
     }
-    Ok(())
+    let all = gather_i64(comm, &mine)?;
+    let param = |r: usize, i: usize| &all[(r * count + i) * width..(r * count + i + 1) * width];
+    let first_difference =
+        (0..count).find_map(|i| (1..world).find(|&peer| param(peer, i) != param(0, i)).map(|peer| (i, peer)));
+    let Some((index, differs)) = first_difference else { return Ok(()) };
+    let peer = if rank == differs { 0 } else { differs };
+    let like_rank_0 = if rank != 0 && rank != differs { " (as on rank 0)" } else { "" };
+    Err(ParallelError::Mismatch {
+        op: "DistributedDataParallel::new",
+        rank,
+        ours: format!(
+            "parameter {} (number {index}) of {}{like_rank_0}",
+            named[index].0,
+            describe_parameter(param(rank, index))
+        ),
+        peer,
+        theirs: format!("{}; every rank must wrap the same model", describe_parameter(param(peer, index))),
+    })
 }
 
-/// Guard of [`DistributedDataParallel::no_sync`].
+/// Every rank's `values`, in rank order.
+fn gather_i64(comm: &Communicator, values: &[i64]) -> Result<Vec<i64>> {
+    let mine = Tensor::from_vec_on(values.to_vec(), [values.len()], comm.device())?;
+    let all = Tensor::zeros_on([values.len() * comm.world_size()], DType::I64, comm.device())?;
+    comm.all_gather(&all, &mine)?;
+    Ok(all.to_vec::<i64>()?)
+}
+
+/// `shape [6, 2], f32` from a parameter's descriptor (see `verify_same_model`).
+fn describe_parameter(descriptor: &[i64]) -> String {
+    let dims = usize::try_from(descriptor[1]).unwrap_or(0).min(descriptor.len() - 2);
+    let dtype = usize::try_from(descriptor[0]).ok().and_then(|code| DType::ALL.get(code));
+    let dtype = dtype.map_or_else(|| "an unknown dtype".to_string(), |d| d.to_string());
+    format!("shape {:?}, {dtype}", &descriptor[2..2 + dims])
+}
+
+/// Guard of [`DistributedDataParallel::no_sync`]: one of the live guards
+/// that keep backward local.
 pub struct NoSync<'a> {
-    sync: &'a AtomicBool,
-    previous: bool,
+    guards: &'a AtomicUsize,
 }
 
 impl Drop for NoSync<'_> {
     fn drop(&mut self) {
-        self.sync.store(self.previous, Ordering::Release);
+        // Never below zero: each guard added one.
+        let _ = self.guards.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(1)));
     }
 }
 

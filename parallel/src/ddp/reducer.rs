@@ -21,7 +21,7 @@ use crate::error::{ParallelError, Result};
 use crate::work::Work;
 use brasa_autograd::{leaves_reached, no_grad, queue_callback, Var};
 use brasa_tensor::{DType, Tensor};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -77,8 +77,9 @@ pub(crate) struct Reducer {
     pub(crate) params: Vec<Var>,
     pub(crate) names: Vec<String>,
     pub(crate) config: DdpConfig,
-    /// Off inside `no_sync`: gradients accumulate locally.
-    pub(crate) sync: AtomicBool,
+    /// How many `no_sync` guards are alive: while any is, gradients
+    /// accumulate locally. A count, so guards may drop in any order.
+    pub(crate) no_sync_guards: AtomicUsize,
     layout: Mutex<Layout>,
     step: Mutex<StepState>,
     /// Whether the buckets were rebuilt from the observed order.
@@ -142,7 +143,7 @@ impl Reducer {
             params,
             names,
             config,
-            sync: AtomicBool::new(true),
+            no_sync_guards: AtomicUsize::new(0),
             layout: Mutex::new(layout),
             step: Mutex::new(StepState::default()),
             rebuilt: AtomicBool::new(false),
@@ -157,6 +158,11 @@ impl Reducer {
             })?;
         }
         Ok(reducer)
+    }
+
+    /// Whether backward passes synchronise (no `no_sync` guard is alive).
+    pub(crate) fn is_syncing(&self) -> bool {
+        self.no_sync_guards.load(Ordering::Acquire) == 0
     }
 
     /// Bytes of gradient buckets currently allocated.
@@ -210,7 +216,7 @@ impl Reducer {
         let pending = layout.buckets.iter().map(|b| b.params.len()).collect();
         drop(layout);
         *lock(&self.step) = StepState {
-            expecting_backward: expect_backward && self.sync.load(Ordering::Acquire),
+            expecting_backward: expect_backward && self.is_syncing(),
             pending,
             ready: vec![false; self.params.len()],
             ..StepState::default()
