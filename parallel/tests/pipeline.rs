@@ -492,3 +492,57 @@ fn each_forward_and_backward_is_a_profiler_range_on_its_stage_thread() -> TestRe
     assert!(report.stages.iter().all(|s| s.peak_bytes > 0 && !s.busy.is_zero()), "{report}");
     Ok(())
 }
+
+/// Halves its input: a stage of this alone has no parameters.
+struct Halve;
+
+impl Parameters for Halve {
+    fn visit(&self, _walk: &mut Walk<'_>) {}
+    fn visit_mut(&mut self, _walk: &mut WalkMut<'_>) -> brasa_nn::Result<()> {
+        Ok(())
+    }
+}
+
+impl Module for Halve {
+    fn forward(&self, x: &Var) -> brasa_nn::Result<Var> {
+        Ok(x.mul_scalar(0.5)?)
+    }
+}
+
+#[test]
+fn stages_without_parameters_are_legitimate() -> TestResult {
+    let _serial = serial();
+    let (x, y) = data(8, 4)?;
+    let with_halves = |seed: u64| -> TestResult<Sequential> {
+        let mut g = Generator::new(seed);
+        Ok(Sequential::new()
+            .push(Halve)
+            .push(Tanh)
+            .push(linear(&mut g, 12, 24)?)
+            .push(Tanh)
+            .push(Halve)
+            .push(linear(&mut g, 24, 5)?))
+    };
+    // Parameterless stages first, in the middle and last.
+    let partitions = [vec![1], vec![2], vec![2, 4], vec![1, 2, 5], vec![4, 5]];
+    for (schedule, checkpoint) in [(Schedule::GPipe, false), (Schedule::OneFOneB, false), (Schedule::OneFOneB, true)] {
+        for boundaries in partitions.clone() {
+            let what = format!("{} checkpoint {checkpoint} boundaries {boundaries:?}", schedule.name());
+            let reference = with_halves(11)?;
+            cross_entropy(&reference.forward(&Var::new(x.clone()))?, &y)?.backward()?;
+            let every_stage = if checkpoint { (0..=boundaries.len()).collect() } else { Vec::new() };
+            let config = PipelineConfig::new(Partition::Boundaries(boundaries.clone()), 2)
+                .schedule(schedule)
+                .checkpoint(every_stage)
+                .rng(PipelineRng::Shared)
+                .threads_per_stage(1);
+            let mut pipe = Pipeline::new(with_halves(11)?, loss_fn, config)?;
+            let loss = pipe.step(&x, &y).map_err(|e| format!("{what}: {e}"))?;
+            assert!(loss.is_finite(), "{what}");
+            for (i, (g, w)) in grads(&pipe.parameters()).iter().zip(grads(&reference.parameters())).enumerate() {
+                assert_close(g, &w, 1e-6, 1e-4, &format!("{what} grad {i}"));
+            }
+        }
+    }
+    Ok(())
+}

@@ -255,11 +255,16 @@ impl StageWork<'_> {
             // A checkpointed stage recomputes its forward here, drawing
             // from the generator again (restored to the forward's state).
             let _section = (self.checkpoint && self.rng.is_some()).then(rng_section);
-            match grad {
-                None => flight.output.backward().map_err(|e| fail(e.into()))?,
-                Some(grad) => {
-                    let grad = grad.to(self.device).map_err(|e| fail(e.into()))?;
-                    flight.output.backward_with(&grad).map_err(|e| fail(e.into()))?
+            // An output that needs no gradient (a first stage without
+            // parameters: an input normalisation, a reshape) has no
+            // backward to run; the stages before it get zeros below.
+            if flight.output.requires_grad() {
+                match grad {
+                    None => flight.output.backward().map_err(|e| fail(e.into()))?,
+                    Some(grad) => {
+                        let grad = grad.to(self.device).map_err(|e| fail(e.into()))?;
+                        flight.output.backward_with(&grad).map_err(|e| fail(e.into()))?
+                    }
                 }
             }
         }
