@@ -7,9 +7,17 @@
 //! Both are composed from existing ops, so they run on every device with no
 //! kernel of their own:
 //!
-//! - average pooling is two matrix products, `A_h · X · A_wᵀ` over the last
-//!   two dims, where row `i` of the averaging matrix `A_h` (`[out_h, H]`)
-//!   holds `1/len` over window `i`; the gradient is `A_hᵀ · G · A_w`;
+//! - average pooling sums each window one axis at a time: `index_select`
+//!   gathers every window's elements along the width (a window shorter than
+//!   the longest points at a zero appended to the axis), a sum folds them,
+//!   a division by the window's length averages; then the same along the
+//!   height. The gradient spreads each output gradient, divided by its
+//!   window's length, to the positions of the window the same way (each
+//!   input position gathers the windows that hold it). Only additions of
+//!   a window's own elements, never products with zeros: a NaN or an
+//!   infinity reaches the outputs of its windows and no other, as in
+//!   PyTorch's loops (two products with averaging matrices would spread it
+//!   everywhere, as `0 · NaN = NaN`);
 //! - max pooling gathers every window's elements (`index_select` over the
 //!   flattened plane with a table of flat positions; a window shorter than
 //!   the longest repeats its first row or column, which cannot change a
@@ -77,15 +85,53 @@ impl AdaptivePlan {
     }
 }
 
-/// The `[out, input]` averaging matrix: row `i` is `1/len` over window `i`,
-/// zero elsewhere; as `dtype` on `like`'s device.
-fn averaging_matrix(input: usize, out: usize, dtype: DType, like: &Tensor) -> Result<Tensor> {
-    let mut a = vec![0f64; out * input];
-    for (i, (start, end)) in windows(input, out).into_iter().enumerate() {
-        let share = 1.0 / (end - start) as f64;
-        a[i * input + start..i * input + end].fill(share);
+/// Along `dim` of `x`, result slot `r` is the sum of `x`'s slices at
+/// `sources[r]` (the result has `sources.len()` slots there); slots may
+/// sum different numbers of slices (a zero slice appended to `x` pads the
+/// shorter lists). Sums only: a non-finite value reaches exactly the slots
+/// that name it.
+fn gather_sum(x: &Tensor, dim: usize, sources: &[Vec<usize>]) -> Result<Tensor> {
+    let size = x.dims()[dim];
+    let width = sources.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    let mut zero_dims = x.dims().to_vec();
+    zero_dims[dim] = 1;
+    let padded = Tensor::cat(&[x, &Tensor::zeros_on(zero_dims, x.dtype(), x.device())?], dim as isize)?;
+    let table: Vec<i64> =
+        sources.iter().flat_map(|list| (0..width).map(move |a| list.get(a).copied().unwrap_or(size) as i64)).collect();
+    let table = Tensor::from_vec_on(table, [sources.len() * width], x.device())?;
+    // [.., slots·width, ..] → [.., slots, width, ..] → sum over width.
+    let mut split: Vec<isize> = x.dims().iter().map(|&d| d as isize).collect();
+    split.splice(dim..=dim, [sources.len() as isize, width as isize]);
+    padded.index_select(dim as isize, &table)?.reshape(&split)?.sum(&[dim as isize + 1], false)
+}
+
+/// The window lengths along `dim` of an input of `rank` dims, shaped to
+/// divide by (`[out, 1]` for the height, `[out]` for the width).
+fn window_lengths(windows: &[(usize, usize)], dim: usize, rank: usize, like: &Tensor) -> Result<Tensor> {
+    let lengths: Vec<f64> = windows.iter().map(|&(start, end)| (end - start) as f64).collect();
+    let mut dims = vec![windows.len()];
+    dims.extend(std::iter::repeat_n(1, rank - 1 - dim));
+    Tensor::from_vec_on(lengths, dims, like.device())?.to_dtype(like.dtype())
+}
+
+/// Averages each of `windows` along `dim` of `x`.
+fn average_windows(x: &Tensor, dim: usize, windows: &[(usize, usize)]) -> Result<Tensor> {
+    let sources: Vec<Vec<usize>> = windows.iter().map(|&(start, end)| (start..end).collect()).collect();
+    gather_sum(x, dim, &sources)?.div(&window_lengths(windows, dim, x.rank(), x)?)
+}
+
+/// The gradient of [`average_windows`] along `dim`: each output gradient
+/// divided by its window's length, summed into every position it holds
+/// (`input` positions).
+fn spread_windows(g: &Tensor, dim: usize, windows: &[(usize, usize)], input: usize) -> Result<Tensor> {
+    let shares = g.div(&window_lengths(windows, dim, g.rank(), g)?)?;
+    let mut holders = vec![Vec::new(); input];
+    for (i, &(start, end)) in windows.iter().enumerate() {
+        for holder in &mut holders[start..end] {
+            holder.push(i);
+        }
     }
-    Tensor::from_vec_on(a, [out, input], like.device())?.to_dtype(dtype)
+    gather_sum(&shares, dim, &holders)
 }
 
 /// f16 and bf16 are averaged in f32 (the matrices' `1/len` would otherwise
@@ -120,18 +166,17 @@ impl Tensor {
         let _range = brasa_profile::record_op(OP, &[self.dims()]);
         expect_float(OP, self)?;
         let plan = AdaptivePlan::new(OP, self.dims(), output_size)?;
-        let dtype = compute_dtype(self.dtype());
-        let a_h = averaging_matrix(plan.input.0, plan.output.0, dtype, self)?;
-        let a_w = averaging_matrix(plan.input.1, plan.output.1, dtype, self)?;
-        // [.., H, W] · [W, out_w] → [.., H, out_w]; [out_h, H] · that → [.., out_h, out_w].
-        let x = self.to_dtype(dtype)?;
-        a_h.matmul(&x.matmul(&a_w.t()?)?)?.to_dtype(self.dtype())
+        let x = self.to_dtype(compute_dtype(self.dtype()))?;
+        let rank = x.rank();
+        // Width first, then height (each sums a window's elements, then divides).
+        let pooled = average_windows(&x, rank - 1, &windows(plan.input.1, plan.output.1))?;
+        average_windows(&pooled, rank - 2, &windows(plan.input.0, plan.output.0))?.to_dtype(self.dtype())
     }
 
     /// The gradient of [`Tensor::adaptive_avg_pool2d`] with respect to its
-    /// input of `input_shape`, given this output gradient: `A_hᵀ · G · A_w`,
-    /// each input element receiving `grad / window size` from every window
-    /// that holds it.
+    /// input of `input_shape`, given this output gradient: each input
+    /// element receives `grad / window size` from every window that holds
+    /// it (and only from those: a non-finite gradient stays in its window).
     pub fn adaptive_avg_pool2d_backward(&self, input_shape: impl Into<Shape>) -> Result<Tensor> {
         const OP: &str = "adaptive_avg_pool2d_backward";
         let _range = brasa_profile::record_op(OP, &[self.dims()]);
@@ -156,12 +201,10 @@ impl Tensor {
                 ),
             ));
         }
-        let dtype = compute_dtype(self.dtype());
-        let a_h = averaging_matrix(plan.input.0, plan.output.0, dtype, self)?;
-        let a_w = averaging_matrix(plan.input.1, plan.output.1, dtype, self)?;
-        // [H, out_h] · [.., out_h, out_w] · [out_w, W] → [.., H, W].
-        let g = self.to_dtype(dtype)?;
-        a_h.t()?.matmul(&g.matmul(&a_w)?)?.to_dtype(self.dtype())
+        let g = self.to_dtype(compute_dtype(self.dtype()))?;
+        let rank = g.rank();
+        let spread = spread_windows(&g, rank - 1, &windows(plan.input.1, plan.output.1), plan.input.1)?;
+        spread_windows(&spread, rank - 2, &windows(plan.input.0, plan.output.0), plan.input.0)?.to_dtype(self.dtype())
     }
 
     /// Adaptive max pooling of this `[N, C, H, W]` (or `[C, H, W]`) input to
