@@ -267,3 +267,147 @@ fn invalid_parameters_are_errors_naming_them() {
     let y = x.softplus(1.0, f64::INFINITY).unwrap().tensor().to_vec::<f64>().unwrap();
     assert_eq!(y, [1f64.exp().ln_1p(), (-1f64).exp().ln_1p()]);
 }
+
+/// Inputs from far below to far above every kink and region edge.
+const WIDE_XS: [f64; 19] = [
+    -1e300, -800.0, -100.0, -40.0, -20.0, -3.0, -1.0, -0.1, -1e-6, -1e-300, 0.0, 1e-300, 1e-6, 0.1, 1.0, 3.0, 40.0,
+    800.0, 1e300,
+];
+
+/// Parameters of every sign and size a finite f64 can take.
+const PARAMS: [f64; 16] =
+    [-1e10, -100.0, -7.0, -1.0, -0.3, -1e-3, -1e-8, 1e-8, 1e-3, 0.3, 1.0, 7.0, 100.0, 1e10, -1e300, 1e300];
+
+/// `f(x)` and `d sum(f(x)) / dx` on `WIDE_XS`.
+fn wide_value_and_grad(f: &dyn Fn(&Var) -> Result<Var>) -> (Vec<f64>, Vec<f64>) {
+    let x = Var::param(Tensor::from_vec(WIDE_XS.to_vec(), [WIDE_XS.len()]).unwrap()).unwrap();
+    let y = f(&x).unwrap();
+    y.sum_all().unwrap().backward().unwrap();
+    (y.tensor().to_vec::<f64>().unwrap(), x.grad().unwrap().to_vec::<f64>().unwrap())
+}
+
+/// Within a few ulps of an f64 reference (equal when either is infinite).
+fn wide_close(what: &str, x: f64, got: f64, want: f64) {
+    let ok = if want.is_nan() {
+        got.is_nan()
+    } else if !want.is_finite() || !got.is_finite() {
+        got == want
+    } else {
+        (got - want).abs() <= 1e-13 * want.abs() + 1e-300
+    };
+    assert!(ok, "{what} at x = {x:e}: got {got:e}, want {want:e}");
+}
+
+fn sweep_activation(
+    what: &str,
+    f: &dyn Fn(&Var) -> Result<Var>,
+    value: &dyn Fn(f64) -> f64,
+    grad: &dyn Fn(f64) -> f64,
+) {
+    let (ys, gs) = wide_value_and_grad(f);
+    for ((&x, &y), &g) in WIDE_XS.iter().zip(&ys).zip(&gs) {
+        wide_close(what, x, y, value(x));
+        wide_close(&format!("d {what}"), x, g, grad(x));
+    }
+}
+
+/// `alpha · (e^(x/alpha) - 1)`, the negative side of CELU, in f64 with
+/// `expm1`: for a negative `alpha`, `x/alpha` is positive.
+fn celu_ref(x: f64, alpha: f64) -> f64 {
+    if x > 0.0 {
+        x
+    } else {
+        alpha * (x / alpha).exp_m1()
+    }
+}
+
+fn celu_grad_ref(x: f64, alpha: f64) -> f64 {
+    if x > 0.0 {
+        1.0
+    } else {
+        (x / alpha).exp()
+    }
+}
+
+#[test]
+fn celu_with_a_negative_alpha_matches_expm1() {
+    // The case the issue reported: a negative alpha made x / alpha positive,
+    // where the helper for non-positive arguments gives -inf or is off by 0.1 %.
+    for alpha in [-0.5, -1.0, -2.0] {
+        for x in [-1.0f64, -10.0, -20.0, -30.0] {
+            let y = Var::new(Tensor::from_vec(vec![x], [1]).unwrap()).celu(alpha).unwrap();
+            wide_close(&format!("celu alpha {alpha}"), x, y.tensor().to_vec::<f64>().unwrap()[0], celu_ref(x, alpha));
+        }
+    }
+}
+
+#[test]
+fn every_activation_over_extreme_parameters_matches_f64_references() {
+    for alpha in PARAMS {
+        sweep_activation(&format!("celu(alpha = {alpha:e})"), &|x| x.celu(alpha), &|x| celu_ref(x, alpha), &|x| {
+            celu_grad_ref(x, alpha)
+        });
+        sweep_activation(&format!("elu(alpha = {alpha:e})"), &|x| x.elu(alpha), &|x| elu_ref(x, alpha), &|x| {
+            elu_grad_ref(x, alpha)
+        });
+        sweep_activation(
+            &format!("leaky_relu({alpha:e})"),
+            &|x| x.leaky_relu(alpha),
+            &|x| if x > 0.0 { x } else { alpha * x },
+            &|x| if x > 0.0 { 1.0 } else { alpha },
+        );
+        for threshold in [-1e300, -20.0, 0.0, 20.0, 1e300] {
+            sweep_activation(
+                &format!("softplus(beta = {alpha:e}, threshold = {threshold:e})"),
+                &|x| x.softplus(alpha, threshold),
+                &|x| softplus_wide_ref(x, alpha, threshold),
+                &|x| softplus_grad_wide_ref(x, alpha, threshold),
+            );
+        }
+    }
+    sweep_activation("selu", &|x| x.selu(), &|x| SELU_SCALE * elu_ref(x, SELU_ALPHA), &|x| {
+        SELU_SCALE * elu_grad_ref(x, SELU_ALPHA)
+    });
+    sweep_activation("log_sigmoid", &|x| x.log_sigmoid(), &log_sigmoid_ref, &|x| sigmoid(-x));
+    sweep_activation("hardsigmoid", &|x| x.hardsigmoid(), &|x| (x + 3.0).clamp(0.0, 6.0) / 6.0, &|x| {
+        if x > -3.0 && x < 3.0 {
+            1.0 / 6.0
+        } else {
+            0.0
+        }
+    });
+    sweep_activation("hardswish", &|x| x.hardswish(), &|x| x * (x + 3.0).clamp(0.0, 6.0) / 6.0, &hardswish_grad_ref);
+    sweep_activation("mish", &|x| x.mish(), &|x| x * softplus_wide_ref(x, 1.0, f64::INFINITY).tanh(), &|x| {
+        let t = softplus_wide_ref(x, 1.0, f64::INFINITY).tanh();
+        let s = softplus_grad_wide_ref(x, 1.0, f64::INFINITY);
+        t + x * s * (1.0 - t * t)
+    });
+}
+
+/// `log(sigmoid(x))` without overflow: `min(x, 0) - log1p(e^-|x|)`.
+fn log_sigmoid_ref(x: f64) -> f64 {
+    x.min(0.0) - (-x.abs()).exp().ln_1p()
+}
+
+/// PyTorch's softplus, `log1p(e^(beta x)) / beta` written so that it does
+/// not overflow (`max(t, 0) + log1p(e^-|t|)`), linear past the threshold.
+fn softplus_wide_ref(x: f64, beta: f64, threshold: f64) -> f64 {
+    let t = beta * x;
+    if t > threshold {
+        x
+    } else {
+        (t.max(0.0) + (-t.abs()).exp().ln_1p()) / beta
+    }
+}
+
+fn softplus_grad_wide_ref(x: f64, beta: f64, threshold: f64) -> f64 {
+    let t = beta * x;
+    if t > threshold {
+        1.0
+    } else if t >= 0.0 {
+        1.0 / (1.0 + (-t).exp())
+    } else {
+        let e = t.exp();
+        e / (1.0 + e)
+    }
+}

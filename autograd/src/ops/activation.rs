@@ -36,11 +36,16 @@ fn softplus_stable(t: &Tensor) -> Result<Tensor> {
     Ok(tail.add(&t.relu()?)?)
 }
 
-/// `e^t - 1` for `t <= 0`, accurate near 0 where `exp(t) - 1` cancels:
-/// `e^t - 1 = 2 tanh(t/2) / (1 - tanh(t/2))` (PyTorch uses `expm1`).
-fn expm1_nonpositive(t: &Tensor) -> Result<Tensor> {
-    let half = t.mul_scalar(0.5)?.tanh()?;
-    Ok(half.mul_scalar(2.0)?.div(&half.affine(-1.0, 1.0)?)?)
+/// `e^t - 1` for any `t`, accurate near 0 where `exp(t) - 1` cancels
+/// (PyTorch uses `expm1`). Up to 1, `2 tanh(t/2) / (1 - tanh(t/2))`: there
+/// `1 - tanh(t/2)` is at least 0.53, so nothing cancels (above 1 it tends
+/// to 0 and loses every digit, then gives -inf). Above 1, `e^t - 1`: `e^t`
+/// is at least `e`, so subtracting 1 loses nothing either.
+fn expm1(t: &Tensor) -> Result<Tensor> {
+    let half = t.clamp(None, Some(1.0))?.mul_scalar(0.5)?.tanh()?;
+    let near_zero = half.mul_scalar(2.0)?.div(&half.affine(-1.0, 1.0)?)?;
+    let above_one = t.exp()?.add_scalar(-1.0)?;
+    Ok(t.gt_scalar(1.0)?.where_cond(&above_one, &near_zero)?)
 }
 
 /// A 0-d tensor holding `value` in `like`'s dtype and device.
@@ -146,7 +151,9 @@ impl Var {
 
     /// `max(0, x) + min(0, alpha · (e^(x/alpha) - 1))` (PyTorch's `F.celu`;
     /// default `alpha = 1`). The gradient at 0 is 1. `alpha` must be finite
-    /// and non-zero (PyTorch refuses 0 too).
+    /// and non-zero (PyTorch refuses 0 too); a negative `alpha` makes
+    /// `x/alpha` positive for negative `x`, where the result may overflow to
+    /// `-inf` as PyTorch's does.
     ///
     /// ```
     /// use brasa_autograd::Var;
@@ -162,7 +169,7 @@ impl Var {
         if alpha == 0.0 {
             return Err(AutogradError::invalid("celu", "alpha must be non-zero (x / alpha is taken), got 0"));
         }
-        self.elu_family("celu", alpha, 1.0, 1.0 / alpha)
+        self.elu_family("celu", alpha, 1.0, alpha)
     }
 
     /// `scale · elu(x, alpha)` with SELU's fixed `alpha ≈ 1.6733` and
@@ -182,17 +189,21 @@ impl Var {
     }
 
     /// PyTorch's common ELU kernel: `scale · x` for `x > 0`, else
-    /// `alpha · scale · (e^(x · input_scale) - 1)`; the derivative for
-    /// `x <= 0` is `alpha · scale · input_scale · e^(x · input_scale)`.
-    fn elu_family(&self, op: &'static str, alpha: f64, scale: f64, input_scale: f64) -> Result<Var> {
+    /// `alpha · scale · (e^(x / input_divisor) - 1)`; the derivative for
+    /// `x <= 0` is `alpha · scale / input_divisor · e^(x / input_divisor)`.
+    /// `x / input_divisor` has either sign (CELU with a negative `alpha`).
+    fn elu_family(&self, op: &'static str, alpha: f64, scale: f64, input_divisor: f64) -> Result<Var> {
         let x = self.tensor();
         // Only the non-positive side goes through the exponential, so large
-        // inputs cannot overflow it.
-        let negative = expm1_nonpositive(&x.clamp(None, Some(0.0))?.mul_scalar(input_scale)?)?;
+        // positive inputs cannot overflow it.
+        let negative = expm1(&x.clamp(None, Some(0.0))?.div_scalar(input_divisor)?)?;
         let out = x.gt_scalar(0.0)?.where_cond(&x.mul_scalar(scale)?, &negative.mul_scalar(alpha * scale)?)?;
         Ok(self.pointwise(op, out, move |x| {
-            let slope =
-                x.clamp(None, Some(0.0))?.mul_scalar(input_scale)?.exp()?.mul_scalar(alpha * scale * input_scale)?;
+            let slope = x
+                .clamp(None, Some(0.0))?
+                .div_scalar(input_divisor)?
+                .exp()?
+                .mul_scalar(alpha * scale / input_divisor)?;
             Ok(x.gt_scalar(0.0)?.where_cond(&scalar(x, scale)?, &slope)?)
         }))
     }
