@@ -17,6 +17,10 @@ use std::sync::{Mutex, OnceLock};
 pub const HOST_DEVICES_ENV: &str = "BRASA_HOST_DEVICES";
 /// Environment variable with a byte limit for every logical host device.
 pub const HOST_MEMORY_LIMIT_ENV: &str = "BRASA_HOST_MEMORY_LIMIT";
+/// The most logical host devices a process may have: one per rank of an
+/// in-process group, far more than any machine has cores. A larger count
+/// is an error rather than a table too large to allocate.
+pub const MAX_HOST_DEVICES: usize = 1 << 16;
 
 struct HostDevices {
     allocators: Vec<OnceLock<CachingAllocator<HostBackend>>>,
@@ -40,6 +44,11 @@ fn config() -> std::sync::MutexGuard<'static, HostConfig> {
 pub fn set_host_device_count(count: usize) -> Result<()> {
     if count == 0 {
         return Err(TensorError::Device("set_host_device_count: at least one host device is needed".into()));
+    }
+    if count > MAX_HOST_DEVICES {
+        return Err(TensorError::Device(format!(
+            "set_host_device_count({count}): a process has at most {MAX_HOST_DEVICES} logical host devices"
+        )));
     }
     if let Some(devices) = HOST_DEVICES.get() {
         if devices.allocators.len() != count {
@@ -81,8 +90,10 @@ fn host_devices() -> Result<&'static HostDevices> {
     let count = match config().count {
         Some(count) => count,
         None => match std::env::var(HOST_DEVICES_ENV) {
-            Ok(text) => text.trim().parse().ok().filter(|n| *n > 0).ok_or_else(|| {
-                TensorError::Device(format!("{HOST_DEVICES_ENV}={text:?}: expected a positive whole number"))
+            Ok(text) => text.trim().parse().ok().filter(|n| (1..=MAX_HOST_DEVICES).contains(n)).ok_or_else(|| {
+                TensorError::Device(format!(
+                    "{HOST_DEVICES_ENV}={text:?}: expected a positive whole number, at most {MAX_HOST_DEVICES}"
+                ))
             })?,
             Err(_) => 1,
         },

@@ -69,7 +69,7 @@ pub use error::{ErrorBox, Result, SharedError, TensorError};
 pub use host_access::{HostBytes, HostBytesMut};
 pub use host_devices::{
     host_device_count, parse_byte_size, set_host_device_count, set_host_memory_limit, HOST_DEVICES_ENV,
-    HOST_MEMORY_LIMIT_ENV,
+    HOST_MEMORY_LIMIT_ENV, MAX_HOST_DEVICES,
 };
 pub use layout::{ContiguousRuns, Layout, LayoutError, StridedOffsets};
 pub use ops::Conv2dParams;
