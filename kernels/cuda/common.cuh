@@ -39,6 +39,20 @@ __device__ __forceinline__ void strided_offsets(const Strided& s, long long i, l
         for (int k = 0; k < N; ++k) off[k] = i * s.strides[k][0];
         return;
     }
+    // 64-bit division is many instructions on the GPU; index spaces below
+    // 2^32 elements (nearly all) take 32-bit quotients and remainders.
+    if (s.numel <= 0xffffffffLL) {
+        unsigned int rest = (unsigned int)i;
+        for (int d = s.rank - 1; d >= 0; --d) {
+            const unsigned int size = (unsigned int)s.dims[d];
+            const unsigned int q = rest / size;
+            const long long c = (long long)(rest - q * size);
+            rest = q;
+#pragma unroll
+            for (int k = 0; k < N; ++k) off[k] += c * s.strides[k][d];
+        }
+        return;
+    }
     long long rest = i;
     for (int d = s.rank - 1; d >= 0; --d) {
         long long size = s.dims[d];
