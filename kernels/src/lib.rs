@@ -27,13 +27,12 @@
 //! denominator of brasa's "fraction of peak" figures.
 //!
 //! # Cargo features
-//! - `cuda`: [`cuda_ptx`], the CUDA kernels (`kernels/cuda/*.cu`) as PTX
+//! - `cuda`: `cuda_ptx`, the CUDA kernels (`kernels/cuda/*.cu`) as PTX
 //!   text, compiled by `cargo xtask kernels` and committed, so the feature
 //!   needs no CUDA toolkit and adds no dependency. brasa-tensor's CUDA
 //!   backend loads and launches them (and runs matrix products on cuBLAS).
 
 #![deny(unsafe_op_in_unsafe_fn)]
-#![warn(missing_docs)]
 
 pub mod batch_norm;
 pub mod conv;

@@ -123,7 +123,7 @@ pub trait Float:
     /// Computed in f64 and rounded once for `f32`.
     fn gelu_backward(grad: Self, x: Self) -> Self;
     /// `out[i] = x[i].gelu()` over the common length. For `f32`, the
-    /// vectorised [`gelu_f32`](crate::elementwise::gelu_f32) (within a few
+    /// vectorised [`gelu_f32`] (within a few
     /// ulp, not correctly rounded).
     fn gelu_slice(x: &[Self], out: &mut [Self]) {
         for (o, &v) in out.iter_mut().zip(x) {
@@ -131,7 +131,7 @@ pub trait Float:
         }
     }
     /// `out[i] = gelu_backward(grad[i], x[i])` over the common length; for
-    /// `f32` the vectorised [`gelu_backward_f32`](crate::elementwise::gelu_backward_f32).
+    /// `f32` the vectorised [`gelu_backward_f32`].
     fn gelu_backward_slice(grad: &[Self], x: &[Self], out: &mut [Self]) {
         for ((o, &g), &v) in out.iter_mut().zip(grad).zip(x) {
             *o = Self::gelu_backward(g, v);
@@ -139,7 +139,7 @@ pub trait Float:
     }
     /// `out[i] = gelu_tanh_backward(grad[i], x[i])` over the common length;
     /// for `f32` the vectorised
-    /// [`gelu_tanh_backward_f32`](crate::elementwise::gelu_tanh_backward_f32).
+    /// [`gelu_tanh_backward_f32`].
     fn gelu_tanh_backward_slice(grad: &[Self], x: &[Self], out: &mut [Self]) {
         for ((o, &g), &v) in out.iter_mut().zip(grad).zip(x) {
             *o = crate::elementwise::gelu_tanh_backward(g, v);

@@ -40,7 +40,6 @@
 //! None.
 
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 mod chrome_trace;
 mod clock;

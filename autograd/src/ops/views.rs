@@ -85,7 +85,7 @@ impl Var {
     }
 
     /// Every `step`-th element of `dim` in `start..end` (Python's
-    /// `x[start:end:step]`, a view; see [`Tensor::slice`]). The gradient is
+    /// `x[start:end:step]`, a view; see [`brasa_tensor::Tensor::slice`]). The gradient is
     /// zero outside the selected elements.
     ///
     /// ```

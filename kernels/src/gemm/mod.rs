@@ -71,7 +71,7 @@ use rayon::prelude::*;
 /// work run on one thread: handing work to the pool's threads and waiting
 /// for them costs tens of microseconds when they have gone to sleep between
 /// ops (more in a virtual machine), more than such products gain. Faster
-/// kernels count their flops as less work ([`parallel_worth`]). Measured with
+/// kernels count their flops as less work (`parallel_worth`). Measured with
 /// the `deep_mlp` workload (`brasa-bench --workload-worker deep_mlp:f32`,
 /// 128 x 256 x 256 products of 16.8 MFLOP, 2-core AMD EPYC): 2 threads win
 /// in f32 (26-31K against 24-25K samples/s); in bf16, whose kernel is twice
