@@ -111,17 +111,18 @@ pub(super) fn reduce(
         // Few long columns: fold each in `chunks` equal pieces first (as
         // many threads as outputs × chunks), then fold the pieces. Equal
         // pieces keep a mean of means the mean.
+        let fold = |dtype: DType| format!("reduce_{kernel_op}_{}", suffix(dtype));
         let partial = UninitTensor::new(Shape::from(vec![outer * chunks * inner]), out_dtype, backend.device)?;
         let partial_dst = output_address(name, &partial)?;
         let source_address = address(name, &source)?;
         // SAFETY: `source` is a contiguous `[outer · chunks, len / chunks,
         // inner]` view and `partial` holds one accumulator per piece.
         unsafe {
-            launch_fold(
+            launch_runs(
                 backend,
                 name,
-                kernel_op,
-                x.dtype(),
+                "reduce",
+                &fold(x.dtype()),
                 [outer * chunks, len / chunks, inner],
                 source_address,
                 partial_dst,
@@ -131,7 +132,15 @@ pub(super) fn reduce(
         // SAFETY: `partial` is a contiguous `[outer, chunks, inner]` of the
         // accumulator dtype and `out` holds `outer · inner` of it.
         unsafe {
-            launch_fold(backend, name, kernel_op, out_dtype, [outer, chunks, inner], address(name, &partial)?, dst)?
+            launch_runs(
+                backend,
+                name,
+                "reduce",
+                &fold(out_dtype),
+                [outer, chunks, inner],
+                address(name, &partial)?,
+                dst,
+            )?
         };
         return Ok(finish(out));
     }
@@ -189,28 +198,27 @@ fn column_chunks(op: ReduceOp, outer: usize, len: usize, inner: usize) -> Option
     (chunks > 1).then_some(chunks)
 }
 
-/// Launches `reduce_<op>_<dtype>` (sum or mean) over the contiguous
-/// `[outer, len, inner]` at `src` into the accumulators at `dst`.
+/// Launches `kernel` of `module`, whose parameters are `(i64 outer, i64
+/// len, i64 inner, const T* src, O* dst)`, over the contiguous
+/// `[outer, len, inner]` runs at `src` (sums, means, softmax).
 ///
 /// # Safety
-/// `src` must hold `outer · len · inner` elements of `dtype` and `dst`
-/// `outer · inner` accumulators, both live device memory on this device.
-unsafe fn launch_fold(
+/// `src` and `dst` must be live device memory on this device of the sizes
+/// and types the kernel's ABI asks for.
+unsafe fn launch_runs(
     backend: &CudaBackend,
     name: &'static str,
-    op: &str,
-    dtype: DType,
+    module: &'static str,
+    kernel: &str,
     [outer, len, inner]: [usize; 3],
     src: u64,
     dst: u64,
 ) -> Result<()> {
-    let kernel = format!("reduce_{op}_{}", suffix(dtype));
-    let f = backend.function(name, "reduce", &kernel)?;
+    let f = backend.function(name, module, kernel)?;
     let stream = backend.current_stream()?;
     let (outer_, len_, inner_) = (outer as i64, len as i64, inner as i64);
-    let span = backend.launch_span(&kernel);
-    // SAFETY: the caller's promise; the parameters are the ABI's
-    // `(i64 outer, i64 len, i64 inner, const T*, A*)`.
+    let span = backend.launch_span(kernel);
+    // SAFETY: the caller's promise.
     unsafe {
         stream
             .launch_builder(&f)
@@ -241,26 +249,19 @@ pub(super) fn softmax(
     }
     let outer = x.numel() / (n * inner);
     let kernel = format!("{}softmax_{}", if log { "log_" } else { "" }, suffix(x.dtype()));
-    let f = backend.function(name, "softmax", &kernel)?;
-    let stream = backend.current_stream()?;
-    let (src, dst) = (address(name, x)?, output_address(name, &out)?);
-    let (outer_, n_, inner_) = (outer as i64, n as i64, inner as i64);
-    let span = backend.launch_span(&kernel);
     // SAFETY: `x` is a contiguous `[outer, n, inner]` view and `out` a new
-    // tensor of its shape and dtype; the parameters are the ABI's
-    // `(i64 outer, i64 len, i64 inner, const T*, T*)`.
+    // tensor of its shape and dtype (the ABI's `(i64, i64, i64, const T*, T*)`).
     unsafe {
-        stream
-            .launch_builder(&f)
-            .arg(&outer_)
-            .arg(&n_)
-            .arg(&inner_)
-            .arg(&src)
-            .arg(&dst)
-            .launch(runs_config(outer, inner))
-    }
-    .map_err(|e| backend.call_error(name, format!("launching {kernel}"), e))?;
-    drop(span);
+        launch_runs(
+            backend,
+            name,
+            "softmax",
+            &kernel,
+            [outer, n, inner],
+            address(name, x)?,
+            output_address(name, &out)?,
+        )?
+    };
     Ok(finish(out))
 }
 
