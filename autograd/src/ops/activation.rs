@@ -53,6 +53,11 @@ fn scalar(like: &Tensor, value: f64) -> Result<Tensor> {
     Ok(like.new_full([], value)?)
 }
 
+/// Hardsigmoid's slope inside (-3, 3): PyTorch's backward uses `1/6` as an
+/// f32 constant for every dtype (f64 gradients are `0x1.555556p-3`, not
+/// `1/6` in f64); f32 gradients are the same either way.
+const HARDSIGMOID_SLOPE: f64 = (1.0f32 / 6.0) as f64;
+
 impl Var {
     /// Records `out`, an elementwise function of `self` alone, whose
     /// backward multiplies the output gradient by `derivative(x)`, computed
@@ -247,7 +252,7 @@ impl Var {
         let out = x.add_scalar(3.0)?.clamp(Some(0.0), Some(6.0))?.div_scalar(6.0)?;
         Ok(self.pointwise("hardsigmoid", out, move |x| {
             let inside = x.gt_scalar(-3.0)?.to_dtype(x.dtype())?.mul(&x.lt_scalar(3.0)?.to_dtype(x.dtype())?)?;
-            Ok(inside.div_scalar(6.0)?)
+            Ok(inside.mul_scalar(HARDSIGMOID_SLOPE)?)
         }))
     }
 

@@ -206,6 +206,12 @@ impl Var {
     /// # Ok::<(), brasa_autograd::AutogradError>(())
     /// ```
     pub fn addmm(&self, mat1: &Var, mat2: &Var, beta: f64, alpha: f64) -> Result<Var> {
+        // Under autocast all three operands take the policy's dtype, as
+        // PyTorch casts them (a bf16 product added to an f32 input would
+        // otherwise promote the result back to f32).
+        if let Some(c) = autocast_inputs("addmm", &[self, mat1, mat2])? {
+            return c[0].addmm(&c[1], &c[2], beta, alpha);
+        }
         let out = check_mm("addmm", mat1.dims(), mat2.dims())?;
         check_input_broadcasts("addmm", self.dims(), &out)?;
         add_scaled(self, &mat1.matmul(mat2)?, beta, alpha)
@@ -228,6 +234,9 @@ impl Var {
     /// # Ok::<(), brasa_autograd::AutogradError>(())
     /// ```
     pub fn baddbmm(&self, batch1: &Var, batch2: &Var, beta: f64, alpha: f64) -> Result<Var> {
+        if let Some(c) = autocast_inputs("baddbmm", &[self, batch1, batch2])? {
+            return c[0].baddbmm(&c[1], &c[2], beta, alpha);
+        }
         let out = check_bmm("baddbmm", batch1.dims(), batch2.dims())?;
         check_input_broadcasts("baddbmm", self.dims(), &out)?;
         add_scaled(self, &batch1.matmul(batch2)?, beta, alpha)

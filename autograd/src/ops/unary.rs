@@ -210,20 +210,21 @@ impl Var {
         ))
     }
 
-    /// Clamps to `[min, max]` (either optional); the gradient is PyTorch's
-    /// `clamp_backward`: `where(min <= x <= max, grad, 0)`. The bounds are
-    /// inclusive (an element sitting exactly on a bound gets the gradient),
-    /// compared in `x`'s dtype as PyTorch casts the scalar bounds, so with
-    /// `min > max` (every output is `max`) and for NaN inputs the gradient
-    /// is 0, and a non-finite upstream gradient never leaks into a clamped
-    /// element (a select, not a multiply by a 0/1 mask: `0 * inf` is NaN).
+    /// Clamps to `[min, max]` (either optional); the gradient is PyTorch
+    /// 2.15's for scalar bounds: `where(min < x < max, grad, 0)`. The bounds
+    /// are exclusive (an element sitting exactly on a bound gets no
+    /// gradient, as a clamped one does not), compared in `x`'s dtype as
+    /// PyTorch casts the scalar bounds, so with `min >= max` and for NaN
+    /// inputs the gradient is 0, and a non-finite upstream gradient never
+    /// leaks into a clamped element (a select, not a multiply by a 0/1
+    /// mask: `0 * inf` is NaN).
     ///
     /// ```
     /// use brasa_autograd::Var;
     /// use brasa_tensor::Tensor;
     /// let x = Var::param(Tensor::from_vec(vec![-2.0f64, -1.0, 0.5, 1.0, 3.0], [5])?)?;
     /// x.clamp(Some(-1.0), Some(1.0))?.sum_all()?.backward()?;
-    /// assert_eq!(x.grad().unwrap().to_vec::<f64>()?, [0.0, 1.0, 1.0, 1.0, 0.0]);
+    /// assert_eq!(x.grad().unwrap().to_vec::<f64>()?, [0.0, 0.0, 1.0, 0.0, 0.0]);
     /// # Ok::<(), brasa_autograd::AutogradError>(())
     /// ```
     pub fn clamp(&self, min: Option<f64>, max: Option<f64>) -> Result<Var> {
@@ -236,21 +237,21 @@ impl Var {
             move |c| {
                 let x = &c.saved[0];
                 // A bound as `x`'s dtype holds it (rounded, or ±inf past its
-                // range), as PyTorch compares `x >= min` with the scalar
-                // cast to `x`'s dtype: `0.1f32 <= 0.1` is then true.
+                // range), as PyTorch compares `x > min` with the scalar cast
+                // to `x`'s dtype: `0.1f32 < 0.1` is then false.
                 let bound = |b: f64| -> Result<brasa_tensor::Tensor> {
                     Ok(brasa_tensor::Tensor::full_on([], b, brasa_tensor::DType::F64, x.device())?
                         .to_dtype(x.dtype())?)
                 };
                 let inside = match (min, max) {
                     (Some(lo), Some(hi)) => {
-                        let (ge, le) = (x.ge(&bound(lo)?)?, x.le(&bound(hi)?)?);
-                        // Logical and of two bool masks: `le` where `ge`
-                        // holds, else `ge` itself (false).
-                        ge.where_cond(&le, &ge)?
+                        let (above, below) = (x.gt(&bound(lo)?)?, x.lt(&bound(hi)?)?);
+                        // Logical and of two bool masks: `below` where
+                        // `above` holds, else `above` itself (false).
+                        above.where_cond(&below, &above)?
                     }
-                    (Some(lo), None) => x.ge(&bound(lo)?)?,
-                    (None, Some(hi)) => x.le(&bound(hi)?)?,
+                    (Some(lo), None) => x.gt(&bound(lo)?)?,
+                    (None, Some(hi)) => x.lt(&bound(hi)?)?,
                     // The forward refuses a clamp with no bound.
                     (None, None) => return Ok(vec![Some(c.grad.clone())]),
                 };
