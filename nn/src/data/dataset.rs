@@ -10,7 +10,7 @@
 //! split that owns compact tensors. [`collate`] stacks per-sample tensors for
 //! datasets that only know how to read one sample at a time.
 
-use super::loader::permutation;
+use super::sample_order::permutation;
 use crate::error::{NnError, Result};
 use brasa_tensor::Tensor;
 use std::sync::Arc;

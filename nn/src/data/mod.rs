@@ -43,18 +43,20 @@
 //! - [`Mnist`], [`read_idx_images`], [`read_idx_labels`], [`read_idx`]: IDX
 //!   files from disk, gzipped or not, with every header field checked.
 
+mod batch;
 mod dataset;
 mod digits;
 pub mod idx;
 mod loader;
+mod sample_order;
 mod shakespeare;
 mod text;
 
+pub use batch::TensorBatch;
 pub use dataset::{collate, random_split, Dataset, Subset, TensorDataset};
 pub use digits::Digits;
 pub use idx::{read_idx, read_idx_images, read_idx_labels, Mnist};
-pub use loader::{
-    permutation, DataLoader, DataLoaderBuilder, Epoch, SampleOrder, TensorBatch, MAX_READ_AHEAD, SHUTDOWN_GRACE,
-};
+pub use loader::{DataLoader, DataLoaderBuilder, Epoch, MAX_READ_AHEAD, SHUTDOWN_GRACE};
+pub use sample_order::{permutation, SampleOrder};
 pub use shakespeare::TinyShakespeare;
 pub use text::{CharVocab, TokenWindows};
