@@ -17,7 +17,6 @@
 
 use crate::measure::{median, time, Better, Figure, Options};
 use brasa_tensor::{cuda_device_count, manual_seed, synchronize, DType, Device, FusedAttentionConfig, Tensor};
-use std::process::Command;
 
 const GPU: Device = Device::cuda(0);
 const SHAPE: [usize; 4] = [4, 16, 4096, 128];
@@ -53,7 +52,7 @@ pub fn run(options: &Options) -> Vec<Figure> {
                 }
                 Err(e) => eprintln!("cuda.sdpa: brasa: {e}"),
             }
-            if let Some(v) = torch_seconds(&python, bench) {
+            if let Some(v) = crate::cuda_figures::torch_value(&python, bench) {
                 theirs.push(v);
             }
         }
@@ -112,27 +111,4 @@ fn seconds(causal: bool, quick: bool) -> brasa_tensor::Result<(f64, f64)> {
     });
     outcome?;
     Ok((fwd / iters as f64, bwd / iters as f64))
-}
-
-/// PyTorch's forward + backward seconds, or `None` (said on stderr).
-fn torch_seconds(python: &str, bench: &str) -> Option<f64> {
-    let script = crate::measure::peer_script("torch_cuda.py");
-    let output = Command::new(python).args([script.as_str(), "--bench", bench]).output();
-    let output = match output {
-        Ok(o) if o.status.success() => o,
-        Ok(o) => {
-            eprintln!("cuda.sdpa: torch {bench} failed: {}", String::from_utf8_lossy(&o.stderr).trim());
-            return None;
-        }
-        Err(e) => {
-            eprintln!("cuda.sdpa: running {python} {script}: {e}");
-            return None;
-        }
-    };
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    for line in stdout.lines().filter(|l| l.starts_with('{')) {
-        eprintln!("  torch: {line}");
-    }
-    let line = stdout.lines().rev().find(|l| l.starts_with('{'))?;
-    serde_json::from_str::<serde_json::Value>(line).ok()?["value"].as_f64()
 }

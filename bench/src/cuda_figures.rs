@@ -109,8 +109,10 @@ fn value_and_ratio(
     figures
 }
 
-/// PyTorch's value for one bench of `torch_cuda.py`, or `None` (said on stderr).
-fn torch_value(python: &str, bench: &str) -> Option<f64> {
+/// PyTorch's value for one bench of `torch_cuda.py` (its last JSON line's
+/// `value`; earlier JSON lines, details such as the kernels it ran, are
+/// echoed on stderr), or `None` (said on stderr).
+pub(crate) fn torch_value(python: &str, bench: &str) -> Option<f64> {
     let script = crate::measure::peer_script("torch_cuda.py");
     let script = script.as_str();
     let output = Command::new(python).args([script, "--bench", bench]).output();
@@ -126,7 +128,11 @@ fn torch_value(python: &str, bench: &str) -> Option<f64> {
         }
     };
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout.lines().rev().find(|l| l.starts_with('{'))?;
+    let mut lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
+    let line = lines.pop()?;
+    for detail in lines {
+        eprintln!("  torch {bench}: {detail}");
+    }
     serde_json::from_str::<serde_json::Value>(line).ok()?["value"].as_f64()
 }
 

@@ -142,13 +142,13 @@ template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile(
 // starts at base + r·stride into shared memory tile[ROWS][D + 8], with zeros
 // past `rows` and `cols`. Vectorized: 16-byte cp.async (asynchronous: the
 // caller commits and waits); otherwise element by element (synchronous).
-template <typename T, int ROWS, int D, int NTHREADS = THREADS>
+template <typename T, int ROWS, int D>
 __device__ __forceinline__ void load_tile(T* tile, const T* base, long long stride, long long row0, long long rows,
                                           long long cols, bool vectorized) {
     constexpr int PAD = D + 8;
     if (vectorized) {
         constexpr int CHUNKS = ROWS * D / 8;
-        for (int c = threadIdx.x; c < CHUNKS; c += NTHREADS) {
+        for (int c = threadIdx.x; c < CHUNKS; c += THREADS) {
             const int r = c / (D / 8), col = (c % (D / 8)) * 8;
             const bool valid = row0 + r < rows && col < cols;
             const T* src = valid ? base + (row0 + r) * stride + col : base;
@@ -156,7 +156,7 @@ __device__ __forceinline__ void load_tile(T* tile, const T* base, long long stri
         }
     } else {
         const T zero = Elem<T>::store(0.0f);
-        for (int i = threadIdx.x; i < ROWS * D; i += NTHREADS) {
+        for (int i = threadIdx.x; i < ROWS * D; i += THREADS) {
             const int r = i / D, col = i % D;
             tile[r * PAD + col] = (row0 + r < rows && col < cols) ? base[(row0 + r) * stride + col] : zero;
         }
@@ -179,12 +179,12 @@ __device__ __forceinline__ unsigned int keep_threshold(float keep_prob) {
     return t >= 4294967295.0 ? 0xffffffffu : (unsigned int)t;
 }
 
-// FW warps of 16 query rows each: a block covers FW·16 rows. DROPOUT
-// compiles the dropout draws in (they cost registers even when skipped).
-template <typename T, int D, int FW, bool DROPOUT>
+// Four warps of 16 query rows each (BR rows a block). DROPOUT compiles
+// the dropout draws in (they cost registers even when skipped).
+template <typename T, int D, bool DROPOUT>
 __device__ __forceinline__ void forward(const AttentionForward& p) {
-    constexpr int PAD = D + 8, FROWS = FW * 16, FTHREADS = FW * 32;
-    static_assert(FROWS <= 2 * BC, "the query tile is staged through the key and value tiles");
+    constexpr int PAD = D + 8;
+    static_assert(BR <= 2 * BC, "the query tile is staged through the key and value tiles");
     __shared__ __align__(16) T tiles[2 * BC * PAD];
     T* ks = tiles;
     T* vs = tiles + BC * PAD;
@@ -194,7 +194,7 @@ __device__ __forceinline__ void forward(const AttentionForward& p) {
     const long long n = bh / p.heads, h = bh % p.heads;
     // Causal blocks near the end see the most keys: run them first.
     const long long qblock = p.causal ? (long long)gridDim.y - 1 - blockIdx.y : blockIdx.y;
-    const long long q0 = qblock * FROWS;
+    const long long q0 = qblock * BR;
     const T* q = (const T*)p.q + n * p.q_strides[0] + h * p.q_strides[1];
     const T* k = (const T*)p.k + n * p.k_strides[0] + h * p.k_strides[1];
     const T* v = (const T*)p.v + n * p.v_strides[0] + h * p.v_strides[1];
@@ -205,7 +205,7 @@ __device__ __forceinline__ void forward(const AttentionForward& p) {
     const float scale_log2 = p.scale * LOG2E;
 
     // The queries, through the tiles' memory, into A fragments.
-    load_tile<T, FROWS, D, FTHREADS>(tiles, q, p.q_strides[2], q0, p.l, p.e, vec);
+    load_tile<T, BR, D>(tiles, q, p.q_strides[2], q0, p.l, p.e, vec);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -217,7 +217,7 @@ __device__ __forceinline__ void forward(const AttentionForward& p) {
 
     long long kblocks = (p.s + BC - 1) / BC;
     if (p.causal) {
-        const long long last_row = min(q0 + FROWS, p.l) - 1;
+        const long long last_row = min(q0 + BR, p.l) - 1;
         kblocks = min(kblocks, last_row / BC + 1);
     }
     const long long row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
@@ -226,13 +226,13 @@ __device__ __forceinline__ void forward(const AttentionForward& p) {
     for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};  // m in log2 units
 
-    if (kblocks > 0) load_tile<T, BC, D, FTHREADS>(ks, k, p.k_strides[2], 0, p.s, p.e, vec);
+    if (kblocks > 0) load_tile<T, BC, D>(ks, k, p.k_strides[2], 0, p.s, p.e, vec);
     cp_async_commit();
     for (long long j = 0; j < kblocks; ++j) {
         const long long k0 = j * BC;
         cp_async_wait<0>();
         __syncthreads();
-        load_tile<T, BC, D, FTHREADS>(vs, v, p.v_strides[2], k0, p.s, p.ev, vec);
+        load_tile<T, BC, D>(vs, v, p.v_strides[2], k0, p.s, p.ev, vec);
         cp_async_commit();
         float s[BC / 8][4];
 #pragma unroll
@@ -248,7 +248,7 @@ __device__ __forceinline__ void forward(const AttentionForward& p) {
             }
         }
         __syncthreads();  // every warp is done with this key tile
-        if (j + 1 < kblocks) load_tile<T, BC, D, FTHREADS>(ks, k, p.k_strides[2], k0 + BC, p.s, p.e, vec);
+        if (j + 1 < kblocks) load_tile<T, BC, D>(ks, k, p.k_strides[2], k0 + BC, p.s, p.e, vec);
         cp_async_commit();
 
         // Scores in log2 units, masked. Most tiles need no masking (no mask
@@ -585,11 +585,11 @@ __device__ __forceinline__ void delta(long long rows, long long width, const T* 
 #define INST_ATTENTION(sfx, T, D)                                                                  \
     extern "C" __global__ void __launch_bounds__(attn::THREADS)                                    \
         attention_forward_##sfx##_d##D(const AttentionForward p) {                                 \
-        attn::forward<T, D, 4, false>(p);                                                          \
+        attn::forward<T, D, false>(p);                                                          \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(attn::THREADS)                                    \
         attention_forward_dropout_##sfx##_d##D(const AttentionForward p) {                         \
-        attn::forward<T, D, 4, true>(p);                                                           \
+        attn::forward<T, D, true>(p);                                                           \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(attn::THREADS)                                    \
         attention_backward_##sfx##_d##D(const AttentionBackward p) {                               \
