@@ -4,7 +4,9 @@
 //! linked list in address order; a free block sits in its pool's free list.
 
 use crate::backend::StreamId;
+use crate::category::MemoryCategory;
 use crate::policy::PoolKind;
+use crate::pool::Placement;
 
 /// Index of a block in the [`BlockArena`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -24,6 +26,9 @@ pub(crate) struct Block {
     pub pool: PoolKind,
     /// Address of the segment this block belongs to.
     pub segment: usize,
+    /// The creation sequence number of that segment: its key in the
+    /// segment map and its rank in the free lists' placement order.
+    pub sequence: u64,
     pub prev: Option<BlockId>,
     pub next: Option<BlockId>,
     pub allocated: bool,
@@ -43,13 +48,16 @@ pub(crate) struct Block {
     /// with the streams that used it: work may still read or write it, so it
     /// is never reused, merged or given back (see `State::quarantine`).
     pub quarantined: bool,
+    /// What the block's bytes are for while allocated (and, once freed, what
+    /// they were for, until it is handed out again).
+    pub category: MemoryCategory,
 }
 
 impl Block {
     /// The one free block spanning a new segment (`mapped` false for the
     /// address range of an expandable segment).
     pub fn whole_segment(
-        addr: usize,
+        (addr, sequence): (usize, u64),
         size: usize,
         (stream, stream_slot): (StreamId, u16),
         pool: PoolKind,
@@ -64,6 +72,7 @@ impl Block {
             stream_slot,
             pool,
             segment: addr,
+            sequence,
             prev: None,
             next: None,
             allocated: false,
@@ -73,6 +82,40 @@ impl Block {
             mapped: !expandable,
             expandable,
             quarantined: false,
+            category: MemoryCategory::Other,
+        }
+    }
+
+    /// The block's rank in the free lists' placement order (see `pool.rs`):
+    /// its segment's sequence number and its offset in the segment.
+    #[inline]
+    pub fn placement(&self) -> Placement {
+        Placement { sequence: self.sequence, offset: self.addr - self.segment }
+    }
+
+    /// The part of a block that another block split off from it at `at`
+    /// takes: the same segment, stream, pool and flags; free, unused.
+    #[inline]
+    pub fn upper_part(&self, at: usize, prev: BlockId) -> Block {
+        Block {
+            addr: at,
+            size: self.addr + self.size - at,
+            requested: 0,
+            stream: self.stream,
+            stream_slot: self.stream_slot,
+            pool: self.pool,
+            segment: self.segment,
+            sequence: self.sequence,
+            prev: Some(prev),
+            next: self.next,
+            allocated: false,
+            stream_uses: Vec::new(),
+            event_count: 0,
+            freed_at_lookup: self.freed_at_lookup,
+            mapped: self.mapped,
+            expandable: self.expandable,
+            quarantined: self.quarantined,
+            category: self.category,
         }
     }
 
@@ -121,6 +164,16 @@ impl BlockArena {
                 self.slots.push(Some(block));
                 BlockId((self.slots.len() - 1) as u32)
             }
+        }
+    }
+
+    /// Drops a block in place (cheaper than [`BlockArena::remove`] when
+    /// nothing of it is needed any more).
+    #[inline]
+    pub fn discard(&mut self, id: BlockId) {
+        if let Some(slot @ Some(_)) = self.slots.get_mut(id.0 as usize) {
+            *slot = None;
+            self.vacant.push(id.0);
         }
     }
 

@@ -16,6 +16,15 @@
 //! ([`FailingBackend`]). Statistics follow `torch.cuda.memory_stats()`;
 //! [`CachingAllocator::summary`] prints PyTorch's table, and
 //! [`CachingAllocator::snapshot`] plus an opt-in history serialize to JSON.
+//! Each block carries a [`MemoryCategory`] (parameter, gradient, optimizer
+//! state, activation, …; [`CachingAllocator::allocate_as`]) and the
+//! statistics, events, snapshots and table break allocated bytes down by it.
+//!
+//! No decision depends on where the backend put memory: ties between free
+//! blocks are broken by segment creation order and offset, never by
+//! address, so the same requests give the same segments and statistics to
+//! the byte on any backend — the basis of memory plans computed on a device
+//! that is not there.
 //!
 //! ```
 //! use brasa_alloc::{CachingAllocator, HostBackend, StreamId};
@@ -44,6 +53,7 @@
 mod backend;
 mod block;
 mod caching;
+mod category;
 mod config;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -57,9 +67,11 @@ mod snapshot;
 mod stats;
 mod summary;
 mod trace;
+mod virtual_backend;
 
 pub use backend::{Backend, BackendError, StreamId};
 pub use caching::{Allocation, CachingAllocator};
+pub use category::{CategoryStats, MemoryCategory};
 pub use config::{AllocatorConfig, AllocatorConfigBuilder, ConfigError, ENV_VAR, VALID_KEYS};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
@@ -72,3 +84,4 @@ pub use snapshot::{BlockSnapshot, BlockState, FragmentationReport, SegmentSnapsh
 pub use stats::{MemoryStats, Stat, StatArray};
 pub use summary::memory_summary;
 pub use trace::{AllocObserver, Observer, TraceAction, TraceEntry};
+pub use virtual_backend::VirtualBackend;

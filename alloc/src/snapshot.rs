@@ -9,24 +9,31 @@
 //!                "segment_type": "small", "allocated_size": 1024,
 //!                "active_size": 1024, "requested_size": 1000,
 //!                "blocks": [{"address": 140..., "size": 1024, "requested_size": 1000,
-//!                            "state": "active_allocated"},
+//!                            "state": "active_allocated", "category": "activation"},
 //!                           {"address": 140..., "size": 2096128, "requested_size": 0,
-//!                            "state": "inactive"}]}],
+//!                            "state": "inactive", "category": null}]}],
 //!  "device_traces": [{"action": "alloc", "addr": 140..., "size": 1024,
-//!                     "requested_size": 1000, "stream": 0, "time_us": 12,
-//!                     "device_free": 0, "total_allocated": 1024,
-//!                     "total_reserved": 2097152}]}
+//!                     "requested_size": 1000, "stream": 0, "category": "activation",
+//!                     "time_us": 12, "device_free": 0, "total_allocated": 1024,
+//!                     "total_reserved": 2097152},
+//!                    {"action": {"retag": {"from": "activation"}}, "addr": 140...,
+//!                     "size": 1024, "requested_size": 1000, "stream": 0,
+//!                     "category": "temporary", ...}]}
 //! ```
 //! `state` is `active_allocated`, `active_awaiting_free` (freed, waiting on a
 //! stream event), `inactive` or `quarantined` (freed when its streams could
-//! not be waited for: never reused); `action` is `alloc`, `free_requested`,
-//! `free_completed`, `segment_alloc`, `segment_free`, `segment_map`,
-//! `segment_unmap`, `oom` or `quarantine`. Segments also carry `"expandable": false`, or
+//! not be waited for: never reused); a block's `category` is what it holds
+//! (see [`MemoryCategory`]), `null` for an inactive block. `action` is `alloc`,
+//! `free_requested`, `free_completed`, `segment_alloc`, `segment_free`,
+//! `segment_map`, `segment_unmap`, `oom`, `quarantine`, or `{"retag": {"from":
+//! category}}` when a live block changed category (its entry's `category` is
+//! the new one). Segments also carry `"expandable": false`, or
 //! `true` for a mapped range of an expandable segment: each contiguous mapped
 //! range of one is listed as a segment of its own (its unmapped address space
 //! is not memory), so segments always add up to the reserved bytes.
 
 use crate::backend::StreamId;
+use crate::category::MemoryCategory;
 use crate::policy::PoolKind;
 use crate::trace::TraceEntry;
 use serde::Serialize;
@@ -55,8 +62,11 @@ pub struct BlockSnapshot {
     pub size: usize,
     /// Bytes asked for (0 when free).
     pub requested_size: usize,
-    /// Allocated, awaiting free, or inactive.
+    /// Allocated, awaiting free, inactive or quarantined.
     pub state: BlockState,
+    /// What the block holds: the category of the allocation that holds it
+    /// (or held it, awaiting free or quarantined); `None` when inactive.
+    pub category: Option<MemoryCategory>,
 }
 
 /// One segment with its blocks in address order.
@@ -116,7 +126,8 @@ impl SegmentSnapshot {
 pub struct Snapshot {
     /// The device's name.
     pub device: String,
-    /// Segments in address order.
+    /// Segments in address order (a report: the allocator's decisions
+    /// follow creation order, see the crate's `caching` module).
     pub segments: Vec<SegmentSnapshot>,
     /// Recorded events, oldest first (empty unless history is on).
     pub device_traces: Vec<TraceEntry>,

@@ -1,7 +1,9 @@
 //! Allocator statistics, as `torch.cuda.memory_stats()` keeps them: each stat
 //! has `{current, peak, allocated, freed}` for all blocks, the large pool and
-//! the small pool.
+//! the small pool; allocated bytes are also kept per [`MemoryCategory`]
+//! ([`MemoryStats::by_category`]).
 
+use crate::category::{CategoryStats, MemoryCategory};
 use crate::policy::PoolKind;
 use serde::Serialize;
 
@@ -135,6 +137,11 @@ pub struct MemoryStats {
     pub quarantined_blocks: u64,
     /// Bytes of the quarantined blocks (still part of `reserved_bytes`).
     pub quarantined_bytes: u64,
+    /// `allocated_bytes` split by what the memory holds: the categories'
+    /// `current` values add up to `allocated_bytes.all.current`, and a
+    /// retag moves a block's bytes from one category to another (see
+    /// [`MemoryCategory`]).
+    pub by_category: CategoryStats,
 }
 
 impl MemoryStats {
@@ -159,6 +166,7 @@ impl MemoryStats {
         }
         self.oversize_allocations.reset_peak();
         self.oversize_segments.reset_peak();
+        self.by_category.for_each(Stat::reset_peak);
     }
 
     /// Zeroes the cumulative counts and counters (`reset_accumulated_memory_stats`).
@@ -168,6 +176,7 @@ impl MemoryStats {
         }
         self.oversize_allocations.reset_accumulated();
         self.oversize_segments.reset_accumulated();
+        self.by_category.for_each(Stat::reset_accumulated);
         self.num_alloc_retries = 0;
         self.num_ooms = 0;
         self.num_sync_all_streams = 0;
@@ -175,7 +184,13 @@ impl MemoryStats {
         self.num_device_free = 0;
     }
 
-    /// Serializes as JSON (the field names above, nested by pool).
+    /// Allocated bytes of one category (`by_category.get(category)`).
+    pub fn allocated_in(&self, category: MemoryCategory) -> &Stat {
+        self.by_category.get(category)
+    }
+
+    /// Serializes as JSON (the field names above, nested by pool;
+    /// `by_category` by category name).
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_default()
     }

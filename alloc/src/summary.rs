@@ -1,5 +1,11 @@
 //! The statistics as a text table, laid out like `torch.cuda.memory_summary()`.
+//!
+//! Beyond PyTorch's rows, allocated memory is broken down by
+//! [`MemoryCategory`] ("Allocated by category") once anything was allocated
+//! as a category other than `other`: one row per category that held bytes
+//! since the last `reset_accumulated` (or holds some now).
 
+use crate::category::MemoryCategory;
 use crate::error::format_size;
 use crate::stats::{MemoryStats, Stat, StatArray};
 use std::fmt::Write;
@@ -7,7 +13,7 @@ use std::fmt::Write;
 const WIDTH: usize = 75;
 
 /// Formats `stats` as PyTorch's 75-column table. With `abbreviated`, only the
-/// `all` row of each group is shown.
+/// `all` row of each group is shown (and no category rows).
 pub fn memory_summary(device: &str, stats: &MemoryStats, abbreviated: bool) -> String {
     let mut lines = vec![
         "=".repeat(WIDTH),
@@ -41,6 +47,9 @@ pub fn memory_summary(device: &str, stats: &MemoryStats, abbreviated: bool) -> S
     ];
     for (array, name) in byte_groups {
         group_rows(&mut lines, array, name, abbreviated, format_bytes);
+        if name == "Allocated memory" && !abbreviated {
+            category_rows(&mut lines, stats);
+        }
     }
     for (array, name) in count_groups {
         group_rows(&mut lines, array, name, abbreviated, format_count);
@@ -57,6 +66,23 @@ pub fn memory_summary(device: &str, stats: &MemoryStats, abbreviated: bool) -> S
         let _ = writeln!(out, "|{line}|");
     }
     out
+}
+
+/// Allocated bytes per category, in units chosen from all allocated bytes;
+/// nothing while every byte was `other` (the rows would repeat the total).
+fn category_rows(lines: &mut Vec<String>, stats: &MemoryStats) {
+    let categories = &stats.by_category;
+    let tagged = MemoryCategory::ALL.into_iter().any(|c| c != MemoryCategory::Other && categories.was_used(c));
+    if !tagged {
+        return;
+    }
+    let blank = " ".repeat(10);
+    lines.push("-".repeat(WIDTH));
+    lines.push(format!(" {:<22}| {blank} | {blank} | {blank} | {blank} ", "Allocated by category"));
+    for (category, stat) in categories.iter().filter(|(c, _)| categories.was_used(*c)) {
+        let name = format!("      {category}");
+        lines.push(row(&name, stat, &stats.allocated_bytes.all, format_bytes));
+    }
 }
 
 fn centre(text: &str) -> String {
@@ -142,5 +168,24 @@ mod tests {
         assert!(text.contains("Allocated memory"));
         assert!(text.contains("from small pool"));
         assert!(text.contains("Non-releasable allocs"));
+        assert!(!text.contains("by category"), "no category rows while nothing was tagged");
+    }
+
+    #[test]
+    fn used_categories_get_rows() {
+        let mut stats = MemoryStats::default();
+        stats.allocated_bytes.increase(crate::PoolKind::Large, 3 << 20);
+        stats.by_category.increase(MemoryCategory::OptimizerState, 2 << 20);
+        stats.by_category.increase(MemoryCategory::Other, 1 << 20);
+        let text = memory_summary("cpu:0", &stats, false);
+        for line in text.lines() {
+            assert_eq!(line.chars().count(), WIDTH + 2, "{line:?}");
+        }
+        assert!(text.contains("Allocated by category"));
+        let optimizer = text.lines().find(|l| l.contains("optimizer_state")).unwrap();
+        assert!(optimizer.contains("2048 KiB"), "{optimizer}");
+        assert!(text.lines().any(|l| l.contains("      other ")));
+        assert!(!text.contains("parameter"), "unused categories have no row");
+        assert!(!memory_summary("cpu:0", &stats, true).contains("by category"));
     }
 }

@@ -1,6 +1,47 @@
 //! Allocator events: the opt-in bounded history and the observer hook.
+//!
+//! Every event of a block carries the block's [`MemoryCategory`], so a
+//! consumer can keep allocated bytes per category from the events alone:
+//! add `size` to `category` on [`TraceAction::Alloc`], subtract it on
+//! [`TraceAction::FreeRequested`], and on [`TraceAction::Retag`] move it
+//! from `from` to `category`. Those totals equal the allocator's
+//! [`MemoryStats::by_category`](crate::MemoryStats::by_category) `current`
+//! values after the same events.
+//!
+//! ```
+//! use brasa_alloc::{CachingAllocator, HostBackend, MemoryCategory, StreamId, TraceAction};
+//! use std::collections::HashMap;
+//!
+//! let alloc = CachingAllocator::new(HostBackend::new());
+//! alloc.record_history(100);
+//! let a = alloc.allocate_as(4096, StreamId::DEFAULT, MemoryCategory::Activation)?;
+//! let b = alloc.allocate_as(512, StreamId::DEFAULT, MemoryCategory::Parameter)?;
+//! a.set_category(MemoryCategory::Temporary);
+//! drop(b);
+//! let mut totals: HashMap<MemoryCategory, i64> = HashMap::new();
+//! for entry in alloc.history() {
+//!     let size = entry.size as i64;
+//!     match entry.action {
+//!         TraceAction::Alloc => *totals.entry(entry.category).or_default() += size,
+//!         TraceAction::FreeRequested => *totals.entry(entry.category).or_default() -= size,
+//!         TraceAction::Retag { from } => {
+//!             *totals.entry(from).or_default() -= size;
+//!             *totals.entry(entry.category).or_default() += size;
+//!         }
+//!         _ => {}
+//!     }
+//! }
+//! let stats = alloc.stats();
+//! for category in MemoryCategory::ALL {
+//!     let replayed = totals.get(&category).copied().unwrap_or(0);
+//!     assert_eq!(replayed, stats.by_category.get(category).current);
+//! }
+//! assert_eq!(totals[&MemoryCategory::Temporary], 4096);
+//! # Ok::<(), brasa_alloc::AllocError>(())
+//! ```
 
 use crate::backend::StreamId;
+use crate::category::MemoryCategory;
 use serde::Serialize;
 use std::any::Any;
 use std::collections::VecDeque;
@@ -8,9 +49,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// What happened.
+/// What happened. Serialized in snake_case (`"free_requested"`); a retag as
+/// `{"retag": {"from": "activation"}}`. More kinds may come: match with a
+/// wildcard arm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum TraceAction {
     /// A block was handed out.
     Alloc,
@@ -31,6 +75,12 @@ pub enum TraceAction {
     /// A freed block was quarantined: the device could not be synchronised
     /// with the streams that used it, so it is never reused.
     Quarantine,
+    /// A live block changed category ([`Allocation::set_category`](crate::Allocation::set_category)):
+    /// its `size` bytes moved from `from` to the entry's `category`.
+    Retag {
+        /// The category the block had before.
+        from: MemoryCategory,
+    },
 }
 
 /// One allocator event (PyTorch's `TraceEntry`).
@@ -46,6 +96,12 @@ pub struct TraceEntry {
     pub requested_size: usize,
     /// The stream the block belongs to.
     pub stream: StreamId,
+    /// What the block holds: for `alloc`, `free_requested`, `free_completed`
+    /// and `quarantine`, the block's category; for `retag`, the new one. For
+    /// `segment_alloc`, `segment_map` and `oom`, the category of the request
+    /// that caused them; [`MemoryCategory::Other`] for `segment_free` and
+    /// `segment_unmap`.
+    pub category: MemoryCategory,
     /// Microseconds since the allocator was created.
     pub time_us: u64,
     /// For `oom`: bytes the device reported free.

@@ -630,7 +630,8 @@ impl<'a> Soak<'a> {
                 TraceAction::FreeRequested => self.replay_allocated -= event.size,
                 TraceAction::SegmentAlloc | TraceAction::SegmentMap => self.replay_reserved += event.size,
                 TraceAction::SegmentFree | TraceAction::SegmentUnmap => self.replay_reserved -= event.size,
-                TraceAction::FreeCompleted | TraceAction::Oom | TraceAction::Quarantine => {}
+                // free_completed, oom, quarantine, retag: no bytes change hands.
+                _ => {}
             }
             ensure!(
                 ctx,

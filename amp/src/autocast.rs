@@ -110,6 +110,11 @@ impl DevicePolicies {
         match device {
             Device::Cpu(_) => &self.cpu,
             Device::Cuda(_) => &self.cuda,
+            // A meta device casts as the device it imitates.
+            Device::Meta(_) => match brasa_tensor::MemoryTarget::like(device).map(|target| target.kind()) {
+                Ok(brasa_tensor::TargetKind::Cuda) => &self.cuda,
+                _ => &self.cpu,
+            },
         }
     }
 }

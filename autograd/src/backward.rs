@@ -43,7 +43,12 @@ pub(crate) fn accumulate_into(slot: &mut Option<Tensor>, g: Tensor, tensor: &Ten
     let g = if g.dtype() != tensor.dtype() { g.to_dtype(tensor.dtype())? } else { g };
     match slot {
         Some(existing) => existing.add_(&g)?,
-        None => *slot = Some(owned(g)?),
+        None => {
+            // The leaf's own copy from now on: counted as a gradient.
+            let g = owned(g)?;
+            g.storage().set_category(brasa_tensor::memory::MemoryCategory::Gradient);
+            *slot = Some(g);
+        }
     }
     Ok(())
 }

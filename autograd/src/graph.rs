@@ -9,6 +9,7 @@
 
 use crate::error::{AutogradError, Result};
 use crate::var::{Var, VarInner};
+use brasa_tensor::memory::MemoryCategory;
 use brasa_tensor::{DType, Device, Tensor};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,6 +39,12 @@ pub(crate) fn storage_key(t: &Tensor) -> usize {
 }
 
 fn register_saved(t: &Tensor) {
+    // Kept for backward: an activation, unless it is already counted as
+    // something that outlives the step (a parameter, an input batch).
+    let storage = t.storage();
+    if matches!(storage.category(), MemoryCategory::Other | MemoryCategory::Temporary) {
+        storage.set_category(MemoryCategory::Activation);
+    }
     let mut map = lock(&SAVED_STORAGES);
     let entry = map.get_or_insert_with(HashMap::new).entry(storage_key(t)).or_insert((0, t.storage().size_in_bytes()));
     entry.0 += 1;

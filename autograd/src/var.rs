@@ -48,7 +48,10 @@ impl Var {
     /// [`AutogradError::RequiresGradDtype`] (PyTorch's "only Tensors of
     /// floating point dtype can require gradients").
     pub fn param(tensor: Tensor) -> Result<Var> {
-        Var::from_tensor(tensor, true)
+        let var = Var::from_tensor(tensor, true)?;
+        // Its memory is a parameter's from now on (memory statistics and plans).
+        var.tensor().storage().set_category(brasa_tensor::memory::MemoryCategory::Parameter);
+        Ok(var)
     }
 
     /// A leaf that requires grad or not; requiring grad needs a

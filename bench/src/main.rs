@@ -20,6 +20,7 @@ mod cuda_figures;
 mod ddp_figures;
 mod gpt_figures;
 mod measure;
+mod memory_figures;
 mod nn_figures;
 mod parallel_figures;
 mod pipeline_figures;
@@ -55,6 +56,7 @@ const GROUPS: &[Group] = &[
     Group { prefixes: &["cuda.sdpa"], run: |options| Ok(cuda_attention_figures::run(options)) },
     Group { prefixes: &["workloads.", "nn.transformer"], run: |options| Ok(workload_figures::run(options)) },
     Group { prefixes: &["nn.gpt"], run: |options| Ok(gpt_figures::run(options)) },
+    Group { prefixes: &["memory."], run: memory_figures::run },
     #[cfg(feature = "cuda")]
     Group { prefixes: &["cuda.gpt"], run: |options| Ok(gpt_figures::run_cuda(options)) },
 ];
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
     let mut workload_worker = None;
     let mut workload_profile = false;
     let mut gpt_worker = None;
+    let mut memory_worker = None;
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => options.quick = true,
@@ -78,6 +81,8 @@ fn main() -> ExitCode {
             "--workload-worker" => workload_worker = args.next(),
             // Internal: the GPT training steps in their own process (see gpt_figures).
             "--gpt-worker" => gpt_worker = args.next(),
+            // Internal: one memory-plan figure in its own process (see memory_figures).
+            "--memory-worker" => memory_worker = args.next(),
             // The op table of one workload's steps (see workload_figures).
             "--workload-profile" => {
                 workload_worker = args.next();
@@ -102,6 +107,13 @@ fn main() -> ExitCode {
     if let Some(name) = nn_worker {
         if let Err(e) = nn_figures::worker(&name, options.quick) {
             eprintln!("brasa-bench --nn-worker {name}: {e}");
+            return ExitCode::FAILURE;
+        }
+        return ExitCode::SUCCESS;
+    }
+    if let Some(name) = memory_worker {
+        if let Err(e) = memory_figures::worker(&name) {
+            eprintln!("brasa-bench --memory-worker {name}: {e}");
             return ExitCode::FAILURE;
         }
         return ExitCode::SUCCESS;

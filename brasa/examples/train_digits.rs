@@ -17,9 +17,12 @@
 //! host devices in this process, one thread each; every global batch is
 //! split across them, so hyperparameters and accuracy stay those of one
 //! device), `--epochs N`,
-//! `--batch-size N`, `--lr X`, `--seed N`, `--workers N`, `--profile [DIR]`
-//! (also write the Chrome trace and the memory timeline to DIR, default
-//! `target/profile`).
+//! `--batch-size N|auto` (`auto`: the largest batch whose step fits the
+//! device, found by memory plans and confirmed by one real step), `--lr X`,
+//! `--seed N`, `--workers N`, `--plan` (print the step's memory plan for
+//! the device before training: peaks, categories, the largest tensors),
+//! `--profile [DIR]` (also write the Chrome trace and the memory timeline
+//! to DIR, default `target/profile`).
 
 use brasa::nn::data::{DataLoader, Digits, TensorDataset};
 use brasa::nn::functional::cross_entropy;
@@ -45,6 +48,8 @@ struct Args {
     device: Device,
     epochs: usize,
     batch_size: usize,
+    auto_batch: bool,
+    plan: bool,
     lr: f64,
     seed: u64,
     workers: usize,
@@ -59,6 +64,8 @@ fn parse_args() -> AnyResult<Args> {
         device: Device::CPU,
         epochs: 30,
         batch_size: 32,
+        auto_batch: false,
+        plan: false,
         lr: 2e-3,
         seed: 0,
         workers: 1,
@@ -77,7 +84,11 @@ fn parse_args() -> AnyResult<Args> {
             "--devices" => args.devices = value("--devices")?.parse()?,
             "--device" => args.device = value("--device")?.parse()?,
             "--epochs" => args.epochs = value("--epochs")?.parse()?,
-            "--batch-size" => args.batch_size = value("--batch-size")?.parse()?,
+            "--batch-size" => match value("--batch-size")?.as_str() {
+                "auto" => args.auto_batch = true,
+                n => args.batch_size = n.parse()?,
+            },
+            "--plan" => args.plan = true,
             "--lr" => args.lr = value("--lr")?.parse()?,
             "--seed" => args.seed = value("--seed")?.parse()?,
             "--workers" => args.workers = value("--workers")?.parse()?,
@@ -90,8 +101,8 @@ fn parse_args() -> AnyResult<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "train_digits [--model mlp|cnn] [--bf16] [--device cpu|cuda:N] [--devices N] [--epochs N] [--batch-size N] [--lr X] [--seed N] [--workers N] \
-                     [--profile [DIR]]"
+                    "train_digits [--model mlp|cnn] [--bf16] [--device cpu|cuda:N] [--devices N] [--epochs N] [--batch-size N|auto] [--lr X] [--seed N] [--workers N] \
+                     [--plan] [--profile [DIR]]"
                 );
                 std::process::exit(0);
             }
@@ -104,7 +115,85 @@ fn parse_args() -> AnyResult<Args> {
     if args.devices > 1 && args.device != Device::CPU {
         return Err("--devices N runs DDP over logical host devices: leave --device out".into());
     }
+    if args.devices > 1 && (args.plan || args.auto_batch) {
+        return Err("--plan and --batch-size auto plan one device: leave --devices out".into());
+    }
     Ok(args)
+}
+
+/// What the training loop below holds on `device` at a step, for memory
+/// plans: the data set (all samples, the training and test splits), the
+/// model and Adam, the batch being trained on and those the loader's
+/// workers read ahead (`workers × (prefetch + 1)`: each worker's queue and
+/// the one it is reading), then the step itself followed by the epoch's
+/// evaluation on the test split (no graph).
+fn planned_step(args: &Args, device: Device, batch: usize) -> Result<impl FnMut() -> Result<()>> {
+    const PREFETCH: usize = 2; // the loader's default prefetch_factor
+    let features: &[usize] = if args.cnn { &[1, 8, 8] } else { &[64] };
+    let rows = |n: usize| [&[n][..], features].concat();
+    let test_len = Digits::LEN - (Digits::LEN as f64 * Digits::TRAIN_FRACTION) as usize;
+    let data = |n: usize| -> Result<(Tensor, Tensor)> {
+        let _input = memory::category_scope(memory::MemoryCategory::Input);
+        Ok((Tensor::zeros_on(rows(n), DType::F32, device)?, Tensor::zeros_on([n], DType::I64, device)?))
+    };
+    let resident = [data(Digits::LEN)?, data(Digits::LEN - test_len)?, data(test_len)?];
+    let model = if args.cnn { cnn(device)? } else { mlp(device)? };
+    let mut opt = Adam::new(model.parameters(), AdamConfig { lr: args.lr, ..Default::default() })?;
+    let read_ahead = (0..args.workers * (PREFETCH + 1)).map(|_| data(batch)).collect::<Result<Vec<_>>>()?;
+    let (x, y) = data(batch)?;
+    let bf16 = args.bf16;
+    Ok(move || {
+        let _held = (&resident, &read_ahead);
+        let loss = {
+            let _amp = autocast(if bf16 { DType::BF16 } else { DType::F32 });
+            cross_entropy(&model.forward(&Var::new(x.clone()))?, &y)?
+        };
+        loss.backward()?;
+        opt.step()?;
+        opt.zero_grad()?;
+        drop(loss);
+        // The epoch's evaluation, as `accuracy` runs it.
+        let _no_grad = no_grad();
+        let (test_x, test_y) = &resident[2];
+        let predicted = model.forward(&Var::new(test_x.clone()))?.tensor().argmax(&[-1], false)?;
+        drop(predicted.eq(test_y)?.to_dtype(DType::F64)?.sum_all()?);
+        Ok(())
+    })
+}
+
+/// `--plan` and `--batch-size auto`, before training.
+fn plan_memory(args: &mut Args, samples: usize) -> AnyResult<()> {
+    if args.auto_batch {
+        let search =
+            memory::max_batch_size(args.device, samples, true, |device, batch| planned_step(args, device, batch))?;
+        println!(
+            "batch size: {} is the largest that fits {} ({} plans, confirmed by one real step){}",
+            search.batch,
+            args.device,
+            search.plans,
+            match (search.next, search.next_lacks) {
+                (Some(next), Some(lack)) => format!("; {next} would need {} more", mib(lack)),
+                _ => format!("; the whole training set ({samples}) fits"),
+            }
+        );
+        if search.batch == 0 {
+            return Err(format!("not even a batch of 1 fits {}", args.device).into());
+        }
+        args.batch_size = search.batch;
+    }
+    if args.plan {
+        let target = brasa::tensor::MemoryTarget::like(args.device)?;
+        let plan = memory::plan(&target, |device| planned_step(args, device, args.batch_size))?;
+        println!("{plan}");
+        if !plan.fits {
+            return Err(format!(
+                "batch size {} does not fit {}: stopping before training (try --batch-size auto)",
+                args.batch_size, args.device
+            )
+            .into());
+        }
+    }
+    Ok(())
 }
 
 fn mlp(dev: Device) -> Result<Sequential> {
@@ -172,7 +261,10 @@ fn shard(t: &Tensor, rank: usize, world: usize) -> Result<Tensor> {
 }
 
 fn main() -> AnyResult<()> {
-    let args = parse_args()?;
+    let mut args = parse_args()?;
+    if args.plan || args.auto_batch {
+        plan_memory(&mut args, (Digits::LEN as f64 * Digits::TRAIN_FRACTION) as usize)?;
+    }
     if args.devices == 1 {
         train(&args, None)?;
         return Ok(());

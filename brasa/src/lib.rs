@@ -77,6 +77,8 @@ pub mod guide_samples {
     pub struct NoGrad;
     #[doc = include_str!("../../docs/guide/src/out-of-memory.md")]
     pub struct OutOfMemory;
+    #[doc = include_str!("../../docs/guide/src/memory-plans.md")]
+    pub struct MemoryPlans;
     #[doc = include_str!("../../docs/guide/src/half-models.md")]
     pub struct HalfModels;
     #[doc = include_str!("../../docs/guide/src/autocast.md")]

@@ -105,6 +105,7 @@ impl Tensor {
     /// wraps into u8 (`-1` is 255), as PyTorch does.
     pub fn full_on(shape: impl Into<Shape>, value: f64, dtype: DType, device: Device) -> Result<Tensor> {
         if !device.is_cpu() {
+            let _op = crate::backend::meta::op_scope("full");
             // The value as the dtype stores it (`-1` into u8 is 255), filled on the device.
             let value = dispatch_dtype!(dtype, T => checked_scalar::<T>("full", value)?.to_f64());
             // SAFETY: the host never reads device memory; the fill is queued
@@ -166,6 +167,11 @@ impl Tensor {
                 "from_slice",
                 format!("shape {:?} holds {numel} elements but {} were given", shape.dims(), data.len()),
             ));
+        }
+        if device.is_meta() {
+            // A meta tensor keeps no values: only the storage is accounted.
+            let _op = crate::backend::meta::op_scope("from_slice");
+            return Tensor::uninit(shape, T::DTYPE, device)?.planned("from_slice");
         }
         if !device.is_cpu() {
             return Self::from_slice_on(data, shape, Device::CPU)?.to(device);

@@ -127,6 +127,7 @@ pub(crate) fn copy_between(tensor: &Tensor, device: Device, dtype: DType) -> Res
             // SAFETY: the copy wrote every byte (of a tensor of the same shape and dtype).
             unsafe { out.assume_init() }
         }
+        Device::Meta(_) => return Err(crate::backend::meta::no_values("copy", tensor.device())),
     };
     match device {
         Device::Cpu(_) => host.to(device),
@@ -151,6 +152,7 @@ pub(crate) fn copy_between(tensor: &Tensor, device: Device, dtype: DType) -> Res
             // of the same shape and dtype).
             Ok(unsafe { out.assume_init() })
         }
+        Device::Meta(_) => Tensor::uninit_like(&host, dtype, device)?.planned("copy"),
     }
 }
 

@@ -18,6 +18,10 @@ pub enum Device {
     Cpu(usize),
     /// A CUDA device (feature `cuda`).
     Cuda(usize),
+    /// A meta device ([`crate::MetaDevice`]): tensors with shapes, dtypes and
+    /// storage accounted by the caching allocator of the device it imitates,
+    /// and no values. Ops allocate what they would there and compute nothing.
+    Meta(usize),
 }
 
 impl Device {
@@ -39,6 +43,11 @@ impl Device {
         matches!(self, Device::Cpu(_))
     }
 
+    /// Whether this is a meta device (shapes and accounted memory, no values).
+    pub const fn is_meta(&self) -> bool {
+        matches!(self, Device::Meta(_))
+    }
+
     /// Whether [`Tensor::matmul_out_dtype`](crate::Tensor::matmul_out_dtype)
     /// multiplies f16/bf16 operands on this device as they are (the host's
     /// half kernels sum them into f32), rather than widening both to f32
@@ -53,7 +62,7 @@ impl Device {
     /// The device's ordinal.
     pub const fn index(&self) -> usize {
         match self {
-            Device::Cpu(i) | Device::Cuda(i) => *i,
+            Device::Cpu(i) | Device::Cuda(i) | Device::Meta(i) => *i,
         }
     }
 }
@@ -63,6 +72,7 @@ impl fmt::Display for Device {
         match self {
             Device::Cpu(i) => write!(f, "cpu:{i}"),
             Device::Cuda(i) => write!(f, "cuda:{i}"),
+            Device::Meta(i) => write!(f, "meta:{i}"),
         }
     }
 }
@@ -70,7 +80,7 @@ impl fmt::Display for Device {
 impl FromStr for Device {
     type Err = TensorError;
 
-    /// Parses `cpu`, `cpu:3`, `cuda`, `cuda:1`.
+    /// Parses `cpu`, `cpu:3`, `cuda`, `cuda:1`, `meta:2`.
     fn from_str(text: &str) -> Result<Self> {
         let (kind, index) = match text.split_once(':') {
             Some((kind, index)) => {
@@ -84,7 +94,8 @@ impl FromStr for Device {
         match kind {
             "cpu" => Ok(Device::Cpu(index)),
             "cuda" => Ok(Device::Cuda(index)),
-            _ => Err(TensorError::Device(format!("bad device `{text}`: expected cpu, cpu:N, cuda or cuda:N"))),
+            "meta" => Ok(Device::Meta(index)),
+            _ => Err(TensorError::Device(format!("bad device `{text}`: expected cpu, cpu:N, cuda, cuda:N or meta:N"))),
         }
     }
 }

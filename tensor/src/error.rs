@@ -167,6 +167,21 @@ pub enum TensorError {
         /// What was wrong.
         message: String,
     },
+    /// A step run by a memory plan ([`crate::memory::plan`]) failed with an
+    /// error other than running out of memory: the step's error is the
+    /// source (a value read on the meta device, a shape error, ...).
+    #[error("{op}: the step failed on {device} (imitating {target}): {source}")]
+    Plan {
+        /// The planning call (`memory::plan`, `max_batch_size`).
+        op: &'static str,
+        /// The meta device the step ran on.
+        device: Device,
+        /// What the meta device imitated.
+        target: String,
+        /// The step's error.
+        #[source]
+        source: SharedError,
+    },
     /// A scalar the dtype cannot hold: NaN, an infinity or an out-of-range
     /// value for an integer dtype, a finite value beyond a float dtype's
     /// largest (PyTorch: "value cannot be converted to type uint8_t without

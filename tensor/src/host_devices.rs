@@ -30,10 +30,12 @@ struct HostDevices {
 struct HostConfig {
     count: Option<usize>,
     limits: BTreeMap<usize, Option<usize>>,
+    allocator_configs: BTreeMap<usize, Option<AllocatorConfig>>,
 }
 
 static HOST_DEVICES: OnceLock<HostDevices> = OnceLock::new();
-static HOST_CONFIG: Mutex<HostConfig> = Mutex::new(HostConfig { count: None, limits: BTreeMap::new() });
+static HOST_CONFIG: Mutex<HostConfig> =
+    Mutex::new(HostConfig { count: None, limits: BTreeMap::new(), allocator_configs: BTreeMap::new() });
 
 fn config() -> std::sync::MutexGuard<'static, HostConfig> {
     HOST_CONFIG.lock().unwrap_or_else(|e| e.into_inner())
@@ -75,6 +77,21 @@ pub fn set_host_memory_limit(index: usize, limit: Option<usize>) -> Result<()> {
         }
     }
     config().limits.insert(index, limit);
+    Ok(())
+}
+
+/// Sets (or with `None` removes) the caching-allocator configuration of
+/// logical host device `index`, in place of `BRASA_ALLOC_CONF`'s. Must come
+/// before that device's first allocation.
+pub fn set_host_allocator_config(index: usize, allocator_config: Option<AllocatorConfig>) -> Result<()> {
+    if let Some(devices) = HOST_DEVICES.get() {
+        if devices.allocators.get(index).is_some_and(|a| a.get().is_some()) {
+            return Err(TensorError::Device(format!(
+                "set_host_allocator_config: cpu:{index} already has its allocator; configure it before first use"
+            )));
+        }
+    }
+    config().allocator_configs.insert(index, allocator_config);
     Ok(())
 }
 
@@ -159,7 +176,10 @@ pub(crate) fn host_allocator(index: usize) -> Result<&'static CachingAllocator<H
             Err(_) => None,
         },
     };
-    let alloc_config = AllocatorConfig::from_env().map_err(brasa_alloc::AllocError::from)?;
+    let alloc_config = match config().allocator_configs.get(&index).cloned().flatten() {
+        Some(chosen) => chosen,
+        None => AllocatorConfig::from_env().map_err(brasa_alloc::AllocError::from)?,
+    };
     let mut created = false;
     let allocator = slot.get_or_init(|| {
         created = true;

@@ -59,6 +59,7 @@ mod storage;
 mod stream;
 mod tensor;
 
+pub use backend::meta::{FailedAllocation, LiveTensor, MemoryTarget, MetaDevice, TargetKind, CUDA_GRANULARITY};
 /// The kernel errors a [`TensorError::Kernel`], [`TensorError::Index`] or
 /// [`TensorError::ScratchTooLarge`] carries as its source.
 pub use brasa_kernels::{index::IndexError, scratch::ScratchError, KernelError};
@@ -68,8 +69,8 @@ pub use dtype::{convert_slice, DType, DTypeError, WithDType};
 pub use error::{ErrorBox, Result, SharedError, TensorError};
 pub use host_access::{HostBytes, HostBytesMut};
 pub use host_devices::{
-    host_device_count, parse_byte_size, set_host_device_count, set_host_memory_limit, HOST_DEVICES_ENV,
-    HOST_MEMORY_LIMIT_ENV, MAX_HOST_DEVICES,
+    host_device_count, parse_byte_size, set_host_allocator_config, set_host_device_count, set_host_memory_limit,
+    HOST_DEVICES_ENV, HOST_MEMORY_LIMIT_ENV, MAX_HOST_DEVICES,
 };
 pub use layout::{ContiguousRuns, Layout, LayoutError, StridedOffsets};
 pub use ops::Conv2dParams;

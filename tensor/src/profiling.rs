@@ -30,7 +30,8 @@ impl AllocObserver for ProfileForwarder {
             | TraceAction::SegmentFree
             | TraceAction::SegmentMap
             | TraceAction::SegmentUnmap => MemoryEvent::alloc(self.device, addr, 0, allocated, reserved),
-            TraceAction::FreeCompleted | TraceAction::Oom | TraceAction::Quarantine => return,
+            // Nothing the profiler's timeline shows (retags move bytes between categories).
+            _ => return,
         };
         brasa_profile::record_memory_event(event);
     }
@@ -41,6 +42,7 @@ pub(crate) fn allocator_observer(device: Device) -> Observer {
     let device = match device {
         Device::Cpu(index) => DeviceId::cpu(index as u32),
         Device::Cuda(index) => DeviceId::cuda(index as u32),
+        Device::Meta(index) => DeviceId::new("meta", index as u32),
     };
     Arc::new(ProfileForwarder { device })
 }

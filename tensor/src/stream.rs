@@ -49,7 +49,8 @@ pub(crate) fn current_stream_id(device: Device) -> StreamId {
 /// immediate on the host, whose work is done when its call returns.
 pub fn synchronize(device: Device) -> Result<()> {
     match device {
-        Device::Cpu(_) => Ok(()),
+        // A meta device runs nothing.
+        Device::Cpu(_) | Device::Meta(_) => Ok(()),
         #[cfg(feature = "cuda")]
         Device::Cuda(index) => crate::cuda::synchronize(index),
         #[cfg(not(feature = "cuda"))]
@@ -96,7 +97,7 @@ impl Stream {
     pub fn new(device: Device) -> Result<Stream> {
         let id = StreamId(NEXT_STREAM.fetch_add(1, Ordering::Relaxed));
         match device {
-            Device::Cpu(_) => {}
+            Device::Cpu(_) | Device::Meta(_) => {}
             #[cfg(feature = "cuda")]
             Device::Cuda(index) => crate::cuda::new_stream(index, id)?,
             #[cfg(not(feature = "cuda"))]
@@ -143,7 +144,7 @@ impl Stream {
     /// Waits until the work queued on the stream has finished (immediate on the host).
     pub fn synchronize(&self) -> Result<()> {
         match self.device {
-            Device::Cpu(_) => Ok(()),
+            Device::Cpu(_) | Device::Meta(_) => Ok(()),
             #[cfg(feature = "cuda")]
             Device::Cuda(index) => crate::cuda::stream(index, self.id)?
                 .synchronize()

@@ -265,6 +265,9 @@ impl Tensor {
         if T::DTYPE != self.dtype() {
             return Err(TensorError::DTypeMismatch { op: "to_vec", expected: self.dtype(), got: T::DTYPE });
         }
+        if self.device().is_meta() {
+            return Err(crate::backend::meta::no_values("to_vec", self.device()));
+        }
         if !self.device().is_cpu() {
             return self.to(Device::CPU)?.to_vec();
         }
@@ -325,6 +328,14 @@ impl Tensor {
         if device == self.device() {
             // On one device (a dtype change, or a contiguous copy): the device's own strided cast.
             return crate::backend::for_device(device)?.cast(self, dtype);
+        }
+        if device.is_meta() {
+            // Onto a meta device: the copy is accounted there, nothing is read.
+            let _op = crate::backend::meta::op_scope("copy");
+            return Tensor::uninit_like(self, dtype, device)?.planned("copy");
+        }
+        if self.device().is_meta() {
+            return Err(crate::backend::meta::no_values("to", self.device()));
         }
         if !self.device().is_cpu() || !device.is_cpu() {
             #[cfg(feature = "cuda")]

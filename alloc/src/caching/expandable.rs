@@ -30,6 +30,7 @@
 use super::{Segment, State};
 use crate::backend::{Backend, BackendError, StreamId};
 use crate::block::{Block, BlockId};
+use crate::category::MemoryCategory;
 use crate::policy::{expandable_page_size, PoolKind};
 use crate::trace::TraceAction;
 
@@ -58,7 +59,7 @@ impl<E> State<E> {
         &mut self,
         backend: &B,
         pool: PoolKind,
-        stream: StreamId,
+        (stream, category): (StreamId, MemoryCategory),
         rounded: usize,
         page: usize,
     ) -> Result<BlockId, BackendError> {
@@ -75,20 +76,20 @@ impl<E> State<E> {
             // Nothing yet, or the address ranges are too cut up by blocks in
             // use: address space is cheap, so take another range.
             None => {
-                let base = self.reserve_expandable_segment(backend, pool, stream, page)?;
-                self.lowest_fit(base, rounded, page).ok_or(BackendError::OutOfMemory { requested: rounded })?
+                let sequence = self.reserve_expandable_segment(backend, pool, stream, page)?;
+                self.lowest_fit(sequence, rounded, page).ok_or(BackendError::OutOfMemory { requested: rounded })?
             }
         };
         if self.config.memory_fraction < 1.0 {
             let allowed = self.config.allowed_bytes(self.capacity);
             if self.stats.reserved_bytes.all.current as usize + bytes > allowed {
-                let segment = self.blocks.get(unmapped).segment;
+                let segment = self.blocks.get(unmapped).sequence;
                 self.release_unmapped_segment(backend, segment);
                 return Err(BackendError::OutOfMemory { requested: bytes });
             }
         }
         let block = self.blocks.get(unmapped);
-        let (addr, segment) = (block.addr, block.segment);
+        let (addr, segment) = (block.addr, block.sequence);
         if let Err(error) = backend.map(addr, bytes) {
             // A range reserved just now for this request holds nothing.
             self.release_unmapped_segment(backend, segment);
@@ -103,14 +104,14 @@ impl<E> State<E> {
         self.stats.segment.decrease(pool, self.mapped_neighbours(unmapped));
         self.stats.reserved_bytes.increase(pool, bytes as u64);
         self.stats.num_device_alloc += 1;
-        self.record(TraceAction::SegmentMap, addr, bytes, bytes, stream);
+        self.record(TraceAction::SegmentMap, (addr, bytes, bytes), stream, category);
         Ok(self.merge_with_neighbours(unmapped, Block::is_free_and_mapped))
     }
 
-    /// The lowest gap of the stream's expandable segments that holds the
-    /// request, with the bytes to map there.
+    /// The lowest gap that holds the request in the stream's oldest
+    /// expandable segment that has one, with the bytes to map there.
     fn find_gap(&self, pool: PoolKind, stream: StreamId, rounded: usize, page: usize) -> Option<(BlockId, usize)> {
-        self.expandable_segments(pool, stream).into_iter().find_map(|base| self.lowest_fit(base, rounded, page))
+        self.expandable_segments(pool, stream).into_iter().find_map(|segment| self.lowest_fit(segment, rounded, page))
     }
 
     /// Before mapping `bytes` more: unmaps whole free pages of the stream's
@@ -146,43 +147,48 @@ impl<E> State<E> {
         released
     }
 
-    /// The base addresses of the expandable segments of `pool` on `stream`
-    /// (one, unless requests outgrew its address range), lowest first.
-    fn expandable_segments(&self, pool: PoolKind, stream: StreamId) -> Vec<usize> {
+    /// The sequence numbers of the expandable segments of `pool` on
+    /// `stream` (one, unless requests outgrew its address range), oldest
+    /// first — not lowest address first: where the backend put a range
+    /// must not decide which one grows.
+    fn expandable_segments(&self, pool: PoolKind, stream: StreamId) -> Vec<u64> {
         self.segments
             .iter()
             .filter(|(_, segment)| segment.page.is_some() && segment.pool == pool && segment.stream == stream)
-            .map(|(&base, _)| base)
+            .map(|(&sequence, _)| sequence)
             .collect()
     }
 
-    /// Reserves the address range of a new expandable segment: one unmapped block.
+    /// Reserves the address range of a new expandable segment (one unmapped
+    /// block) and returns the segment's sequence number.
     fn reserve_expandable_segment<B: Backend<Event = E>>(
         &mut self,
         backend: &B,
         pool: PoolKind,
         stream: StreamId,
         page: usize,
-    ) -> Result<usize, BackendError> {
+    ) -> Result<u64, BackendError> {
         let size = address_range_bytes(self.capacity, page);
         let base = backend.reserve_address_range(size)?;
+        let sequence = self.next_segment_sequence();
         let stream_slot = self.stream_slots.slot(stream);
         let head = self.blocks.insert(Block::whole_segment(
-            base,
+            (base, sequence),
             size,
             (stream, stream_slot),
             pool,
             self.lookups[pool as usize],
             true,
         ));
-        self.segments.insert(base, Segment { size, pool, stream, head, page: Some(page) });
-        Ok(base)
+        self.segments.insert(sequence, Segment { base, size, pool, stream, head, page: Some(page) });
+        Ok(sequence)
     }
 
-    /// The lowest unmapped block that, with the free block just before it,
-    /// holds `rounded` bytes, and how many bytes of it to map.
-    fn lowest_fit(&self, base: usize, rounded: usize, page: usize) -> Option<(BlockId, usize)> {
-        let mut cursor = Some(self.segments.get(&base)?.head);
+    /// The lowest unmapped block of segment `sequence` that, with the free
+    /// block just before it, holds `rounded` bytes, and how many bytes of it
+    /// to map.
+    fn lowest_fit(&self, sequence: u64, rounded: usize, page: usize) -> Option<(BlockId, usize)> {
+        let mut cursor = Some(self.segments.get(&sequence)?.head);
         while let Some(id) = cursor {
             let block = self.blocks.get(id);
             if !block.mapped {
@@ -200,7 +206,7 @@ impl<E> State<E> {
     /// The whole pages inside a free block of an expandable segment, as an
     /// address range (empty when there are none).
     pub(super) fn whole_free_pages(&self, block: &Block) -> (usize, usize) {
-        let Some(page) = self.segments.get(&block.segment).and_then(|s| s.page) else {
+        let Some(page) = self.segments.get(&block.sequence).and_then(|s| s.page) else {
             return (0, 0);
         };
         let base = block.segment;
@@ -223,17 +229,18 @@ impl<E> State<E> {
         if end == start {
             return 0;
         }
-        let (pool, slot, addr, size, stream, segment) =
-            (block.pool, block.stream_slot, block.addr, block.size, block.stream, block.segment);
-        self.free_list(pool).remove(slot, size, addr);
+        let (pool, slot, addr, size, stream, segment, at) =
+            (block.pool, block.stream_slot, block.addr, block.size, block.stream, block.sequence, block.placement());
+        self.free_list(pool).remove(slot, size, at);
         let mut hole = id;
         if start > addr {
             hole = self.split_off(id, start);
-            self.free_list(pool).insert(slot, start - addr, addr, id);
+            self.free_list(pool).insert(slot, start - addr, at, id);
         }
         if end < addr + size {
             let tail = self.split_off(hole, end);
-            self.free_list(pool).insert(slot, addr + size - end, end, tail);
+            let tail_at = self.blocks.get(tail).placement();
+            self.free_list(pool).insert(slot, addr + size - end, tail_at, tail);
         }
         // SAFETY: `start..end` are whole mapped pages of a free block: nothing uses them.
         unsafe { backend.unmap(start, end - start) };
@@ -243,15 +250,16 @@ impl<E> State<E> {
         self.stats.segment.increase(pool, self.mapped_neighbours(hole));
         self.stats.reserved_bytes.decrease(pool, (end - start) as u64);
         self.stats.num_device_free += 1;
-        self.record(TraceAction::SegmentUnmap, start, end - start, end - start, stream);
+        self.record(TraceAction::SegmentUnmap, (start, end - start, end - start), stream, MemoryCategory::Other);
         self.merge_with_neighbours(hole, Block::is_unmapped);
         self.release_unmapped_segment(backend, segment);
         end - start
     }
 
-    /// Gives back the address range of an expandable segment with nothing mapped.
-    fn release_unmapped_segment<B: Backend<Event = E>>(&mut self, backend: &B, base: usize) {
-        let Some(segment) = self.segments.get(&base).copied() else {
+    /// Gives back the address range of expandable segment `sequence` if it
+    /// has nothing mapped.
+    fn release_unmapped_segment<B: Backend<Event = E>>(&mut self, backend: &B, sequence: u64) {
+        let Some(segment) = self.segments.get(&sequence).copied() else {
             return;
         };
         let head = self.blocks.get(segment.head);
@@ -259,8 +267,8 @@ impl<E> State<E> {
             return;
         }
         self.blocks.remove(segment.head);
-        self.segments.remove(&base);
+        self.segments.remove(&sequence);
         // SAFETY: the range came from `reserve_address_range` with this size and has nothing mapped.
-        unsafe { backend.release_address_range(base, segment.size) };
+        unsafe { backend.release_address_range(segment.base, segment.size) };
     }
 }

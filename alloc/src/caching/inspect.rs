@@ -5,9 +5,11 @@ use crate::snapshot::{BlockSnapshot, BlockState, FragmentationReport, SegmentSna
 
 impl<E> State<E> {
     pub(super) fn snapshot(&self, device: String) -> Snapshot {
-        let segments = self
-            .segments
-            .values()
+        // Listed by address, as PyTorch does (the map is in creation order).
+        let mut by_address: Vec<_> = self.segments.values().collect();
+        by_address.sort_by_key(|segment| segment.base);
+        let segments = by_address
+            .into_iter()
             .flat_map(|segment| {
                 // A fixed segment is one run of blocks; an expandable one is
                 // listed as its mapped runs.
@@ -35,6 +37,7 @@ impl<E> State<E> {
                         size: block.size,
                         requested_size: block.requested,
                         state,
+                        category: (state != BlockState::Inactive).then_some(block.category),
                     });
                 }
                 runs.extend((!run.is_empty()).then_some(run));

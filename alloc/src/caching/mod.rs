@@ -17,6 +17,33 @@
 //! With `expandable_segments` on (and a backend that maps address ranges),
 //! each stream and pool has one segment that grows page by page instead
 //! (see the `expandable` module); the ladder then unmaps whole free pages.
+//!
+//! ## No decision depends on an address
+//! Segments are numbered in creation order, and everything that picks one
+//! block or segment over another uses that number, never where the backend
+//! put the memory: free lists break ties between equal sizes by (segment
+//! number, offset in the segment) (`pool.rs`), the segment map is keyed by
+//! the number (so expandable segments are searched oldest first), and the
+//! releases (`empty_cache`, the out-of-memory ladder, garbage collection)
+//! walk free blocks in free-list order. Within a segment, splitting,
+//! merging and page boundaries are relative to its start. So a run over a
+//! backend that makes addresses up (a virtual device for memory plans)
+//! creates, splits, reuses and releases exactly the segments the real run
+//! would, and its peak reserved bytes match to the byte. Addresses remain
+//! only in what is reported (snapshots list segments in address order, as
+//! PyTorch does).
+//!
+//! ## The hot path
+//! A cached allocation and its free take the lock twice, one best-fit
+//! lookup, and a few free-list updates when the block is split and merged
+//! back (a binary search and a short move in a sorted array while a pool
+//! has few free blocks, a B-tree beyond; see `pool.rs`). Everything else is
+//! kept off it: events are built only while history is recorded or an
+//! observer wants them (whether it does is asked once per operation, not
+//! per event), the request-too-large and out-of-memory paths are out of
+//! line, a merge takes only the neighbour out of its free list (the freed
+//! block is in none), and a free that no other stream used skips the event
+//! bookkeeping. `alloc.cached_pair_ns` measures it.
 
 mod allocation;
 mod expandable;
@@ -27,19 +54,23 @@ pub use allocation::Allocation;
 
 use crate::backend::{Backend, BackendError, StreamId};
 use crate::block::{Block, BlockArena, BlockId};
+use crate::category::MemoryCategory;
 use crate::config::AllocatorConfig;
 use crate::error::{AllocError, OutOfMemory};
 use crate::policy::{oversize_rule_allows, round_size, segment_size, should_split, PoolKind, MIN_BLOCK_SIZE};
-use crate::pool::{FreeList, StreamSlots};
+use crate::pool::{FreeList, StreamSlots, SEQUENCE_LIMIT};
 use crate::snapshot::{FragmentationReport, Snapshot};
 use crate::stats::MemoryStats;
 use crate::trace::{guard_observer, History, Observer, TraceAction, TraceEntry};
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::AtomicU8;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 #[derive(Debug, Clone, Copy)]
 struct Segment {
+    /// The first address (for an expandable segment, of its address range).
+    base: usize,
     size: usize,
     pool: PoolKind,
     stream: StreamId,
@@ -71,7 +102,14 @@ struct State<E> {
     blocks: BlockArena,
     free_small: FreeList,
     free_large: FreeList,
-    segments: BTreeMap<usize, Segment>,
+    /// Segments by creation sequence number (see "No decision depends on an
+    /// address" above).
+    segments: BTreeMap<u64, Segment>,
+    /// The sequence number of the next segment.
+    next_sequence: u64,
+    /// When `next_sequence` reaches this, live segments are renumbered
+    /// ([`SEQUENCE_LIMIT`]; lower in tests).
+    sequence_limit: u64,
     stream_slots: StreamSlots,
     stats: MemoryStats,
     /// Events per stream, oldest first, with the block each one holds back.
@@ -83,6 +121,9 @@ struct State<E> {
     capacity: usize,
     history: History,
     observer: Option<Observer>,
+    /// Whether the observer wants events during the current operation: asked
+    /// once when the operation takes the lock ([`State::begin`]), not per event.
+    observing: bool,
     /// Events to hand to the observer once the lock is released.
     notifications: Vec<TraceEntry>,
     created: Instant,
@@ -109,6 +150,8 @@ impl<B: Backend> CachingAllocator<B> {
             free_small: FreeList::default(),
             free_large: FreeList::default(),
             segments: BTreeMap::new(),
+            next_sequence: 0,
+            sequence_limit: SEQUENCE_LIMIT,
             stream_slots: StreamSlots::default(),
             stats,
             pending_events: BTreeMap::new(),
@@ -117,6 +160,7 @@ impl<B: Backend> CachingAllocator<B> {
             capacity,
             history: History::default(),
             observer: None,
+            observing: false,
             notifications: Vec::new(),
             created: Instant::now(),
         };
@@ -133,20 +177,38 @@ impl<B: Backend> CachingAllocator<B> {
         self.shared.backend.device_name()
     }
 
-    /// Allocates `size` bytes for use on `stream`.
+    /// Allocates `size` bytes for use on `stream`, counted as
+    /// [`MemoryCategory::Other`] (see [`CachingAllocator::allocate_as`]).
+    #[inline]
     pub fn allocate(&self, size: usize, stream: StreamId) -> Result<Allocation<B>, AllocError> {
+        self.allocate_as(size, stream, MemoryCategory::Other)
+    }
+
+    /// Allocates `size` bytes for use on `stream`, holding memory of
+    /// `category`: its block size counts in
+    /// [`MemoryStats::by_category`] until it is dropped or retagged
+    /// ([`Allocation::set_category`]), and its events carry the category.
+    ///
+    /// ```
+    /// use brasa_alloc::{CachingAllocator, HostBackend, MemoryCategory, StreamId};
+    /// let alloc = CachingAllocator::new(HostBackend::new());
+    /// let grad = alloc.allocate_as(1000, StreamId::DEFAULT, MemoryCategory::Gradient)?;
+    /// assert_eq!(grad.category(), MemoryCategory::Gradient);
+    /// assert_eq!(alloc.stats().by_category.get(MemoryCategory::Gradient).current, 1024);
+    /// # Ok::<(), brasa_alloc::AllocError>(())
+    /// ```
+    pub fn allocate_as(
+        &self,
+        size: usize,
+        stream: StreamId,
+        category: MemoryCategory,
+    ) -> Result<Allocation<B>, AllocError> {
         if size == 0 {
-            return Ok(Allocation::new(None, BlockId(0), 0, 0, 0, stream));
+            return Ok(Allocation::new(None, BlockId(0), 0, 0, 0, stream, category));
         }
-        let (result, notifications, observer) = {
-            let mut state = self.shared.lock();
-            let result = state.malloc(&self.shared.backend, size, stream);
-            let (notifications, observer) = state.take_notifications();
-            (result, notifications, observer)
-        };
-        notify(observer, notifications);
-        let (block, addr, block_size) = result?;
-        Ok(Allocation::new(Some(Arc::clone(&self.shared)), block, addr, size, block_size, stream))
+        let (block, addr, block_size) =
+            self.shared.with_state(|state, backend| state.malloc(backend, size, stream, category))?;
+        Ok(Allocation::new(Some(Arc::clone(&self.shared)), block, addr, size, block_size, stream, category))
     }
 
     /// Returns every cached segment that holds no allocation to the backend,
@@ -244,58 +306,96 @@ impl<B: Backend> Shared<B> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Runs one operation under the lock, then hands its events (if an
+    /// observer wanted any) to the observer after the lock is released.
+    #[inline]
     fn with_state<R>(&self, f: impl FnOnce(&mut State<B::Event>, &B) -> R) -> R {
-        let (result, notifications, observer) = {
+        let (result, notifications) = {
             let mut state = self.lock();
+            state.begin();
             let result = f(&mut state, &self.backend);
-            let (notifications, observer) = state.take_notifications();
-            (result, notifications, observer)
+            (result, state.take_notifications())
         };
-        notify(observer, notifications);
+        if let Some((observer, entries)) = notifications {
+            notify(&observer, entries);
+        }
         result
     }
 
+    #[inline]
     fn free(&self, block: BlockId) {
         self.with_state(|state, backend| state.free(backend, block));
     }
+
+    /// Retags an allocated block; `tag` (the allocation's copy of the
+    /// category) is updated under the lock, so the two always agree.
+    fn set_category(&self, block: BlockId, category: MemoryCategory, tag: &AtomicU8) {
+        self.with_state(|state, _| {
+            state.retag(block, category);
+            tag.store(category as u8, std::sync::atomic::Ordering::Relaxed);
+        });
+    }
 }
 
-fn notify(observer: Option<Observer>, notifications: Vec<TraceEntry>) {
-    if let Some(observer) = observer {
-        for entry in &notifications {
-            observer.on_event(entry);
-        }
+#[cold]
+#[inline(never)]
+fn notify(observer: &Observer, entries: Vec<TraceEntry>) {
+    for entry in &entries {
+        observer.on_event(entry);
     }
 }
 
 impl<E> State<E> {
-    fn take_notifications(&mut self) -> (Vec<TraceEntry>, Option<Observer>) {
-        if self.notifications.is_empty() {
-            (Vec::new(), None)
-        } else {
-            (std::mem::take(&mut self.notifications), self.observer.clone())
-        }
+    /// Starts an operation under the lock: asks the observer, once, whether
+    /// it wants this operation's events.
+    #[inline]
+    fn begin(&mut self) {
+        self.observing = match &self.observer {
+            Some(observer) => observer.enabled(),
+            None => false,
+        };
     }
 
+    /// The events for the observer, with it, when there are any.
+    #[inline]
+    fn take_notifications(&mut self) -> Option<(Observer, Vec<TraceEntry>)> {
+        if self.notifications.is_empty() {
+            return None;
+        }
+        let entries = std::mem::take(&mut self.notifications);
+        self.observer.clone().map(|observer| (observer, entries))
+    }
+
+    /// Whether events are built at all: history is on or the observer wants them.
     #[inline]
     fn recording(&self) -> bool {
-        self.history.max_entries > 0 || self.observer.as_ref().is_some_and(|o| o.enabled())
+        self.observing || self.history.max_entries > 0
     }
 
-    fn record(&mut self, action: TraceAction, addr: usize, size: usize, requested_size: usize, stream: StreamId) {
-        if !self.recording() {
-            return;
-        }
-        self.record_with_free(action, addr, size, requested_size, stream, 0);
-    }
-
-    fn record_with_free(
+    /// Records an event of a block or segment, if anyone wants it.
+    #[inline]
+    fn record(
         &mut self,
         action: TraceAction,
-        addr: usize,
-        size: usize,
-        requested_size: usize,
+        block: (usize, usize, usize),
         stream: StreamId,
+        category: MemoryCategory,
+    ) {
+        if self.recording() {
+            self.push_event(action, block, stream, category, 0);
+        }
+    }
+
+    /// Builds an event and gives it to the history and the observer. `block`
+    /// is (address, size, requested size).
+    #[cold]
+    #[inline(never)]
+    fn push_event(
+        &mut self,
+        action: TraceAction,
+        (addr, size, requested_size): (usize, usize, usize),
+        stream: StreamId,
+        category: MemoryCategory,
         device_free: usize,
     ) {
         let entry = TraceEntry {
@@ -304,12 +404,13 @@ impl<E> State<E> {
             size,
             requested_size,
             stream,
+            category,
             time_us: self.created.elapsed().as_micros() as u64,
             device_free,
             total_allocated: self.stats.allocated_bytes.all.current as usize,
             total_reserved: self.stats.reserved_bytes.all.current as usize,
         };
-        if self.observer.as_ref().is_some_and(|o| o.enabled()) {
+        if self.observing {
             self.notifications.push(entry.clone());
         }
         self.history.push(entry);
@@ -328,22 +429,24 @@ impl<E> State<E> {
         size >= self.config.max_split_size
     }
 
+    #[inline]
     fn malloc<B: Backend<Event = E>>(
         &mut self,
         backend: &B,
         size: usize,
         stream: StreamId,
+        category: MemoryCategory,
     ) -> Result<(BlockId, usize, usize), AllocError> {
         self.process_events(backend);
         let Some(rounded) = round_size(size, &self.config) else {
-            return Err(self.too_large(backend, stream, size));
+            return Err(self.too_large(backend, stream, size, category));
         };
         let pool = PoolKind::for_size(rounded);
         let block = match self.take_free_block(pool, stream, rounded) {
             Some(block) => block,
-            None => self.obtain_memory(backend, pool, stream, size, rounded)?,
+            None => self.obtain_memory(backend, pool, (stream, category), size, rounded)?,
         };
-        Ok(self.hand_out(block, rounded, size))
+        Ok(self.hand_out(block, rounded, size, category))
     }
 
     /// Best fit on `stream` within the oversize rules, removed from its free list.
@@ -357,19 +460,20 @@ impl<E> State<E> {
         if !block.expandable && !oversize_rule_allows(size, rounded, &self.config) {
             return None;
         }
-        let addr = block.addr;
-        self.free_list(pool).remove(slot, size, addr);
+        let at = block.placement();
+        self.free_list(pool).remove(slot, size, at);
         Some(id)
     }
 
     /// Memory from the backend for the request — a new segment, or more pages
     /// of the stream's expandable segment — running the out-of-memory ladder
-    /// if needed.
+    /// if needed. `category` is the request's, for the events.
+    #[inline(never)]
     fn obtain_memory<B: Backend<Event = E>>(
         &mut self,
         backend: &B,
         pool: PoolKind,
-        stream: StreamId,
+        (stream, category): (StreamId, MemoryCategory),
         requested: usize,
         rounded: usize,
     ) -> Result<BlockId, AllocError> {
@@ -380,8 +484,8 @@ impl<E> State<E> {
             None => segment_size(rounded),
         };
         let obtain = |state: &mut Self| match page {
-            Some(page) => state.grow_expandable_segment(backend, pool, stream, rounded, page),
-            None => state.new_segment(backend, pool, stream, bytes),
+            Some(page) => state.grow_expandable_segment(backend, pool, (stream, category), rounded, page),
+            None => state.new_segment(backend, pool, (stream, category), bytes),
         };
         if self.config.garbage_collection_threshold > 0.0 && self.config.memory_fraction < 1.0 {
             self.garbage_collect(backend);
@@ -403,7 +507,7 @@ impl<E> State<E> {
                 return Ok(block);
             }
         }
-        Err(self.out_of_memory(backend, stream, requested, rounded, bytes))
+        Err(self.out_of_memory(backend, (stream, category), requested, rounded, bytes))
     }
 
     /// The error for a request larger than any block ([`round_size`] gave
@@ -412,21 +516,29 @@ impl<E> State<E> {
     /// Kept out of line: the hot path only tests for it.
     #[cold]
     #[inline(never)]
-    fn too_large<B: Backend<Event = E>>(&mut self, backend: &B, stream: StreamId, size: usize) -> AllocError {
-        self.out_of_memory(backend, stream, size, size, size)
+    fn too_large<B: Backend<Event = E>>(
+        &mut self,
+        backend: &B,
+        stream: StreamId,
+        size: usize,
+        category: MemoryCategory,
+    ) -> AllocError {
+        self.out_of_memory(backend, (stream, category), size, size, size)
     }
 
     fn out_of_memory<B: Backend<Event = E>>(
         &mut self,
         backend: &B,
-        stream: StreamId,
+        (stream, category): (StreamId, MemoryCategory),
         requested: usize,
         rounded: usize,
         segment_bytes: usize,
     ) -> AllocError {
         let device_free = backend.free_bytes();
         self.stats.num_ooms += 1;
-        self.record_with_free(TraceAction::Oom, 0, rounded, requested, stream, device_free);
+        if self.recording() {
+            self.push_event(TraceAction::Oom, (0, rounded, requested), stream, category, device_free);
+        }
         let fragmentation = self.fragmentation();
         let report = OutOfMemory {
             device: backend.device_name(),
@@ -466,11 +578,13 @@ impl<E> State<E> {
         self.free_small.ids().chain(self.free_large.ids()).map(|id| self.releasable_size(id)).sum()
     }
 
+    /// A fixed segment of `bytes` from the backend, as one free block (in no
+    /// free list). `category` is the request's, for the event.
     fn new_segment<B: Backend<Event = E>>(
         &mut self,
         backend: &B,
         pool: PoolKind,
-        stream: StreamId,
+        (stream, category): (StreamId, MemoryCategory),
         bytes: usize,
     ) -> Result<BlockId, BackendError> {
         if self.config.memory_fraction < 1.0 {
@@ -480,28 +594,77 @@ impl<E> State<E> {
             }
         }
         let addr = backend.allocate(bytes)?;
+        let sequence = self.next_segment_sequence();
         let stream_slot = self.stream_slots.slot(stream);
         let block = self.blocks.insert(Block::whole_segment(
-            addr,
+            (addr, sequence),
             bytes,
             (stream, stream_slot),
             pool,
             self.lookups[pool as usize],
             false,
         ));
-        self.segments.insert(addr, Segment { size: bytes, pool, stream, head: block, page: None });
+        self.segments.insert(sequence, Segment { base: addr, size: bytes, pool, stream, head: block, page: None });
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, bytes as u64);
         self.stats.num_device_alloc += 1;
         if self.is_oversize(bytes) {
             self.stats.oversize_segments.increase(1);
         }
-        self.record(TraceAction::SegmentAlloc, addr, bytes, bytes, stream);
+        self.record(TraceAction::SegmentAlloc, (addr, bytes, bytes), stream, category);
         Ok(block)
     }
 
-    /// Marks a free block allocated, splitting off the remainder when the rules say so.
-    fn hand_out(&mut self, id: BlockId, rounded: usize, requested: usize) -> (BlockId, usize, usize) {
+    /// The creation sequence number of a new segment. Should the counter
+    /// reach its limit (2^34 segments in the allocator's life), live
+    /// segments are renumbered first, keeping their order.
+    fn next_segment_sequence(&mut self) -> u64 {
+        if self.next_sequence >= self.sequence_limit {
+            self.renumber_segments();
+        }
+        let sequence = self.next_sequence;
+        self.next_sequence += 1;
+        sequence
+    }
+
+    /// Numbers the live segments 0, 1, 2, … in their current order and
+    /// rebuilds the free lists' keys: every comparison between live blocks
+    /// comes out as before, so no later decision changes.
+    #[cold]
+    fn renumber_segments(&mut self) {
+        let segments = std::mem::take(&mut self.segments);
+        for (sequence, segment) in (0u64..).zip(segments.into_values()) {
+            let mut cursor = Some(segment.head);
+            while let Some(id) = cursor {
+                let block = self.blocks.get_mut(id);
+                block.sequence = sequence;
+                cursor = block.next;
+            }
+            self.segments.insert(sequence, segment);
+        }
+        self.next_sequence = self.segments.len() as u64;
+        debug_assert!(self.next_sequence < self.sequence_limit, "more live segments than sequence numbers");
+        for pool in [PoolKind::Small, PoolKind::Large] {
+            let listed: Vec<BlockId> = self.free_list(pool).ids().collect();
+            self.free_list(pool).clear();
+            for id in listed {
+                let block = self.blocks.get(id);
+                let (slot, size, at) = (block.stream_slot, block.size, block.placement());
+                self.free_list(pool).insert(slot, size, at, id);
+            }
+        }
+    }
+
+    /// Marks a free block allocated for `category`, splitting off the
+    /// remainder when the rules say so.
+    #[inline]
+    fn hand_out(
+        &mut self,
+        id: BlockId,
+        rounded: usize,
+        requested: usize,
+        category: MemoryCategory,
+    ) -> (BlockId, usize, usize) {
         let max_split = self.config.max_split_size;
         let block = self.blocks.get(id);
         let (pool, stream, stream_slot, addr, size, expandable) =
@@ -517,8 +680,11 @@ impl<E> State<E> {
         if split {
             let remainder = self.split_off(id, addr + rounded);
             let remainder_size = size - rounded;
-            self.blocks.get_mut(remainder).freed_at_lookup = self.lookups[pool as usize];
-            self.free_list(pool).insert(stream_slot, remainder_size, addr + rounded, remainder);
+            let lookups = self.lookups[pool as usize];
+            let remainder_block = self.blocks.get_mut(remainder);
+            remainder_block.freed_at_lookup = lookups;
+            let at = remainder_block.placement();
+            self.free_list(pool).insert(stream_slot, remainder_size, at, remainder);
             if !expandable {
                 self.stats.inactive_split.increase(pool, 1);
                 self.stats.inactive_split_bytes.increase(pool, remainder_size as u64);
@@ -528,17 +694,33 @@ impl<E> State<E> {
         let block = self.blocks.get_mut(id);
         block.allocated = true;
         block.requested = requested;
+        block.category = category;
         let stats = &mut self.stats;
         stats.allocation.increase(pool, 1);
         stats.allocated_bytes.increase(pool, block_size as u64);
+        stats.by_category.increase(category, block_size as u64);
         stats.active.increase(pool, 1);
         stats.active_bytes.increase(pool, block_size as u64);
         stats.requested_bytes.increase(pool, requested as u64);
         if block_size >= max_split {
             stats.oversize_allocations.increase(1);
         }
-        self.record(TraceAction::Alloc, addr, block_size, requested, stream);
+        self.record(TraceAction::Alloc, (addr, block_size, requested), stream, category);
         (id, addr, block_size)
+    }
+
+    /// Moves an allocated block's bytes to another category.
+    fn retag(&mut self, id: BlockId, category: MemoryCategory) {
+        let block = self.blocks.get_mut(id);
+        let from = block.category;
+        if from == category || !block.allocated {
+            return;
+        }
+        block.category = category;
+        let (addr, size, requested, stream) = (block.addr, block.size, block.requested, block.stream);
+        self.stats.by_category.decrease(from, size as u64);
+        self.stats.by_category.increase(category, size as u64);
+        self.record(TraceAction::Retag { from }, (addr, size, requested), stream, category);
     }
 
     fn record_stream(&mut self, id: BlockId, stream: StreamId) {
@@ -549,19 +731,34 @@ impl<E> State<E> {
     }
 
     /// The caller dropped an allocation.
+    #[inline]
     fn free<B: Backend<Event = E>>(&mut self, backend: &B, id: BlockId) {
         let max_split = self.config.max_split_size;
         let block = self.blocks.get_mut(id);
         block.allocated = false;
-        let (pool, size, requested, addr, stream) = (block.pool, block.size, block.requested, block.addr, block.stream);
-        let stream_uses = std::mem::take(&mut block.stream_uses);
+        let (pool, size, requested, addr, stream, category) =
+            (block.pool, block.size, block.requested, block.addr, block.stream, block.category);
+        let other_streams = !block.stream_uses.is_empty();
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size as u64);
+        self.stats.by_category.decrease(category, size as u64);
         self.stats.requested_bytes.decrease(pool, requested as u64);
         if size >= max_split {
             self.stats.oversize_allocations.decrease(1);
         }
-        self.record(TraceAction::FreeRequested, addr, size, requested, stream);
+        self.record(TraceAction::FreeRequested, (addr, size, requested), stream, category);
+        if other_streams {
+            self.free_used_elsewhere(backend, id);
+        } else {
+            self.free_block(id);
+        }
+    }
+
+    /// The rest of [`State::free`] for a block that other streams used
+    /// (`record_stream`): it is reused once their work queued so far is done.
+    #[inline(never)]
+    fn free_used_elsewhere<B: Backend<Event = E>>(&mut self, backend: &B, id: BlockId) {
+        let stream_uses = std::mem::take(&mut self.blocks.get_mut(id).stream_uses);
         let mut unsynchronised = false;
         for use_stream in stream_uses {
             match backend.record_event(use_stream) {
@@ -597,19 +794,20 @@ impl<E> State<E> {
         }
         block.quarantined = true;
         block.requested = 0;
-        let (pool, addr, size, stream) = (block.pool, block.addr, block.size, block.stream);
+        let (pool, addr, size, stream, category) = (block.pool, block.addr, block.size, block.stream, block.category);
         self.stats.active.decrease(pool, 1);
         self.stats.active_bytes.decrease(pool, size as u64);
         self.stats.quarantined_blocks += 1;
         self.stats.quarantined_bytes += size as u64;
-        self.record(TraceAction::Quarantine, addr, size, size, stream);
+        self.record(TraceAction::Quarantine, (addr, size, size), stream, category);
     }
 
     /// Returns a block to its free list, merging it with free neighbours.
+    #[inline]
     fn free_block(&mut self, id: BlockId) {
         let block = self.blocks.get_mut(id);
         block.requested = 0;
-        let (pool, addr, size, stream) = (block.pool, block.addr, block.size, block.stream);
+        let (pool, addr, size, stream, category) = (block.pool, block.addr, block.size, block.stream, block.category);
         self.stats.active.decrease(pool, 1);
         self.stats.active_bytes.decrease(pool, size as u64);
 
@@ -617,14 +815,14 @@ impl<E> State<E> {
         let lookups = self.lookups[pool as usize];
         let block = self.blocks.get_mut(survivor);
         block.freed_at_lookup = lookups;
-        let (slot, merged_addr, split, merged_size) =
-            (block.stream_slot, block.addr, block.counts_as_split(), block.size);
-        self.free_list(pool).insert(slot, merged_size, merged_addr, survivor);
+        let (slot, at, split, merged_size) =
+            (block.stream_slot, block.placement(), block.counts_as_split(), block.size);
+        self.free_list(pool).insert(slot, merged_size, at, survivor);
         if split {
             self.stats.inactive_split.increase(pool, 1);
             self.stats.inactive_split_bytes.increase(pool, merged_size as u64);
         }
-        self.record(TraceAction::FreeCompleted, addr, size, size, stream);
+        self.record(TraceAction::FreeCompleted, (addr, size, size), stream, category);
     }
 
     /// A free mapped block with no pending events (so it is in its free list).
@@ -632,20 +830,40 @@ impl<E> State<E> {
         self.blocks.get(id).is_free_and_mapped()
     }
 
-    /// Merges a block with its neighbours where `joins` holds for them and
-    /// returns the id of the merged block.
+    /// Merges a block that is in no free list with its neighbours where
+    /// `joins` holds for them and returns the id of the merged block (in no
+    /// free list either). Neighbours leave their free lists.
+    #[inline]
     fn merge_with_neighbours(&mut self, id: BlockId, joins: fn(&Block) -> bool) -> BlockId {
         let block = self.blocks.get(id);
         let (prev, next) = (block.prev, block.next);
         let mut survivor = id;
         if let Some(prev) = prev.filter(|p| joins(self.blocks.get(*p))) {
+            self.unlist(prev);
             self.absorb(prev, id);
             survivor = prev;
         }
         if let Some(next) = next.filter(|n| joins(self.blocks.get(*n))) {
+            self.unlist(next);
             self.absorb(survivor, next);
         }
         survivor
+    }
+
+    /// Takes a block out of its free list if it is in one (a free fixed-segment
+    /// block there was an inactive split).
+    #[inline]
+    fn unlist(&mut self, id: BlockId) {
+        let block = self.blocks.get(id);
+        if !block.is_free_and_mapped() {
+            return;
+        }
+        let (pool, slot, size, at, expandable) =
+            (block.pool, block.stream_slot, block.size, block.placement(), block.expandable);
+        if self.free_list(pool).remove(slot, size, at) && !expandable {
+            self.stats.inactive_split.decrease(pool, 1);
+            self.stats.inactive_split_bytes.decrease(pool, size as u64);
+        }
     }
 
     /// How many of a block's neighbours are mapped (0 to 2).
@@ -657,19 +875,11 @@ impl<E> State<E> {
     /// Splits a block at `at` (inside it): the block keeps `[addr, at)` and a
     /// new block with the same flags takes the rest, linked after it. Free
     /// lists and statistics are the caller's business.
+    #[inline]
     fn split_off(&mut self, id: BlockId, at: usize) -> BlockId {
         let block = self.blocks.get(id);
         debug_assert!(at > block.addr && at < block.addr + block.size);
-        let upper = Block {
-            addr: at,
-            size: block.addr + block.size - at,
-            requested: 0,
-            prev: Some(id),
-            stream_uses: Vec::new(),
-            event_count: 0,
-            allocated: false,
-            ..block.clone()
-        };
+        let upper = block.upper_part(at, id);
         let next = upper.next;
         let upper = self.blocks.insert(upper);
         if let Some(next) = next {
@@ -681,27 +891,19 @@ impl<E> State<E> {
         upper
     }
 
-    /// Merges `upper` (the next block) into `lower`. Those of them in a free
-    /// list leave it (a free fixed-segment block there was an inactive split).
+    /// Merges `upper` (the next block) into `lower`; neither may be in a
+    /// free list (see [`State::unlist`]).
+    #[inline]
     fn absorb(&mut self, lower: BlockId, upper: BlockId) {
-        for id in [lower, upper] {
-            let block = self.blocks.get(id);
-            let (pool, slot, size, addr, expandable) =
-                (block.pool, block.stream_slot, block.size, block.addr, block.expandable);
-            if self.free_list(pool).remove(slot, size, addr) && !expandable {
-                self.stats.inactive_split.decrease(pool, 1);
-                self.stats.inactive_split_bytes.decrease(pool, size as u64);
-            }
-        }
-        let Some(upper_block) = self.blocks.remove(upper) else {
-            return;
-        };
-        if let Some(next) = upper_block.next {
+        let upper_block = self.blocks.get(upper);
+        let (size, next) = (upper_block.size, upper_block.next);
+        self.blocks.discard(upper);
+        if let Some(next) = next {
             self.blocks.get_mut(next).prev = Some(lower);
         }
         let lower_block = self.blocks.get_mut(lower);
-        lower_block.size += upper_block.size;
-        lower_block.next = upper_block.next;
+        lower_block.size += size;
+        lower_block.next = next;
     }
 
     /// Frees blocks whose stream events have all completed.
@@ -731,6 +933,75 @@ impl<E> State<E> {
         block.event_count -= 1;
         if block.event_count == 0 && !block.quarantined {
             self.free_block(id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::FailingBackend;
+
+    /// Runs a seeded random workload with segment numbers renumbered every
+    /// `limit` segments (or never) and returns the statistics, each live
+    /// allocation's (offset in its segment, block size) after every step,
+    /// and how many sequence numbers are in use at the end.
+    fn workload(config: &AllocatorConfig, limit: Option<u64>) -> (MemoryStats, Vec<Vec<(usize, usize)>>, u64) {
+        let alloc = CachingAllocator::with_config(FailingBackend::new(40 << 20), config.clone());
+        if let Some(limit) = limit {
+            alloc.shared.lock().sequence_limit = limit;
+        }
+        let sizes = [512, 1536, 64 << 10, 700 << 10, 1 << 20, 3 << 20, 4 << 20];
+        let mut live: Vec<Allocation<FailingBackend>> = Vec::new();
+        let mut layouts = Vec::new();
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..3000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            match seed % 10 {
+                0..=4 => {
+                    let stream = StreamId(seed >> 60 & 1);
+                    if let Ok(block) = alloc.allocate(sizes[(seed >> 8) as usize % sizes.len()], stream) {
+                        live.push(block);
+                    }
+                }
+                5..=8 if !live.is_empty() => drop(live.swap_remove((seed >> 16) as usize % live.len())),
+                _ => alloc.empty_cache(),
+            }
+            let snapshot = alloc.snapshot();
+            layouts.push(
+                live.iter()
+                    .map(|block| {
+                        let segment = snapshot
+                            .segments
+                            .iter()
+                            .find(|s| s.address <= block.addr() && block.addr() < s.address + s.total_size)
+                            .map_or(0, |s| s.address);
+                        (block.addr() - segment, block.block_size())
+                    })
+                    .collect(),
+            );
+        }
+        let in_use = alloc.shared.lock().next_sequence;
+        (alloc.stats(), layouts, in_use)
+    }
+
+    #[test]
+    fn renumbering_segments_changes_no_decision() {
+        // Limits above the most segments alive at once (20 fixed ones of
+        // 2 MiB on the 40 MiB device; an address range per stream and pool).
+        for (config, limit) in [
+            (AllocatorConfig::default(), 32),
+            (AllocatorConfig::builder().memory_fraction(0.6).garbage_collection_threshold(0.5).build().unwrap(), 32),
+            (AllocatorConfig::builder().expandable_segments(true).build().unwrap(), 8),
+        ] {
+            let (stats, layouts, created) = workload(&config, None);
+            let (renumbered_stats, renumbered_layouts, in_use) = workload(&config, Some(limit));
+            assert!(created > 2 * limit, "too few segments to renumber: {created}");
+            assert!(in_use < limit, "numbers were reused: {in_use}");
+            assert_eq!(renumbered_stats, stats);
+            assert_eq!(renumbered_layouts, layouts);
         }
     }
 }

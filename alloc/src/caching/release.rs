@@ -1,10 +1,15 @@
 //! The paths that give memory back to the backend: `empty_cache`, the
 //! out-of-memory ladder's releases, and garbage collection under a memory
 //! fraction.
+//!
+//! Each walks free blocks in free-list order — size, then segment sequence
+//! number and offset, never address — so which segments go back, and so
+//! which remain to serve later requests, is the same on every backend.
 
 use super::State;
 use crate::backend::{Backend, StreamId};
 use crate::block::BlockId;
+use crate::category::MemoryCategory;
 use crate::policy::PoolKind;
 use crate::trace::TraceAction;
 
@@ -74,8 +79,8 @@ impl<E> State<E> {
             return;
         };
         debug_assert!(!block.is_split() && !block.allocated && !block.expandable);
-        self.free_list(block.pool).remove(block.stream_slot, block.size, block.addr);
-        self.segments.remove(&block.addr);
+        self.free_list(block.pool).remove(block.stream_slot, block.size, block.placement());
+        self.segments.remove(&block.sequence);
         // SAFETY: an unsplit block spans exactly one segment that `new_segment`
         // obtained from this backend with this size; it is free and now forgotten.
         unsafe { backend.free(block.addr, block.size) };
@@ -85,7 +90,12 @@ impl<E> State<E> {
         if self.is_oversize(block.size) {
             self.stats.oversize_segments.decrease(1);
         }
-        self.record(TraceAction::SegmentFree, block.addr, block.size, block.size, block.stream);
+        self.record(
+            TraceAction::SegmentFree,
+            (block.addr, block.size, block.size),
+            block.stream,
+            MemoryCategory::Other,
+        );
     }
 
     /// With `max_split_size` set: release one unsplit oversize block of the

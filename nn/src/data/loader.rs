@@ -435,6 +435,8 @@ impl<D: Dataset> Job<D> {
     /// anywhere in it is caught and becomes an `Err`.
     fn run(&self, batch: usize, indices: &[usize], worker: Option<usize>) -> Result<D::Batch> {
         let work = || {
+            // Batches are counted as inputs in memory statistics and plans.
+            let _input = brasa_tensor::memory::category_scope(brasa_tensor::memory::MemoryCategory::Input);
             let mut out = self.dataset.get_batch(indices)?;
             if let Some(transform) = &self.transform {
                 out = transform(out)?;

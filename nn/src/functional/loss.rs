@@ -490,10 +490,22 @@ impl Targets {
                         format!("weight is on {}, the input on {}", w.device(), input.device()),
                     ));
                 }
-                Some(w.to_dtype(DType::F64)?.to_vec::<f64>()?)
+                if w.device().is_meta() {
+                    // A memory plan has no values; the weights only scale the loss.
+                    Some(vec![1.0; classes])
+                } else {
+                    Some(w.to_dtype(DType::F64)?.to_vec::<f64>()?)
+                }
             }
         };
-        let values = target.to_vec::<i64>()?;
+        let values = if target.device().is_meta() {
+            // A memory plan has no target values: it assumes every target is
+            // a class in range that counts (none is `ignore_index`), which is
+            // what decides the allocations below.
+            vec![0; target.numel()]
+        } else {
+            target.to_vec::<i64>()?
+        };
         let mut safe = Vec::with_capacity(values.len());
         let mut class_weight = Vec::with_capacity(values.len());
         let mut counted = Vec::with_capacity(values.len());

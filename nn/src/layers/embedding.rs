@@ -105,7 +105,10 @@ impl Embedding {
                 ),
             ));
         }
-        Ok(Embedding { weight: Var::from_tensor(weight, !freeze)?, padding_idx: None })
+        let weight = Var::from_tensor(weight, !freeze)?;
+        // A module's table is a parameter's memory, frozen or not.
+        weight.tensor().storage().set_category(brasa_tensor::memory::MemoryCategory::Parameter);
+        Ok(Embedding { weight, padding_idx: None })
     }
 
     /// [`Embedding::from_pretrained`] whose row `padding_idx` gets no

@@ -96,6 +96,13 @@ impl GptConfig {
         }
     }
 
+    /// GPT-2 small (OpenAI's 124M model): a 50,257-token vocabulary, a
+    /// context of 1,024, 12 layers of 12 heads, 768 wide, with biases and
+    /// no dropout (124,439,808 parameters: the head shares the token table).
+    pub fn gpt2() -> GptConfig {
+        GptConfig::new(50257, 1024, 12, 12, 768).bias(true)
+    }
+
     /// nanoGPT's `shakespeare_char` configuration for a GPU: 6 layers, 6
     /// heads, 384 wide, a context of 256, dropout 0.2 (about 10.7 M
     /// parameters; validation loss about 1.47 on Tiny Shakespeare).
@@ -464,6 +471,11 @@ fn draw(logits: &[f32], options: &SampleOptions, generator: &mut Generator) -> R
 
 /// A tensor of `N(0, std)` values from `generator`.
 fn normal(generator: &mut Generator, dims: &[usize], std: f64, dtype: DType, device: Device) -> Result<Tensor> {
+    if device.is_meta() {
+        // A memory plan needs the allocations, not the draws (GPT-2's token
+        // table alone is 38.6M of them): the same f32 tensor, then the cast.
+        return Ok(Tensor::zeros_on(dims.to_vec(), DType::F32, device)?.to_dtype(dtype)?);
+    }
     let mut values = vec![0f32; dims.iter().product()];
     generator.fill_normal_f32(&mut values, 0.0, std as f32).map_err(TensorError::from)?;
     Ok(Tensor::from_vec_on(values, dims, device)?.to_dtype(dtype)?)

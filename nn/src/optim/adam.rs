@@ -147,6 +147,8 @@ impl AdamCore {
 
     /// The state of parameter `index`, created (zero moments) on its first step.
     fn state_for(&mut self, index: usize, param: &Tensor) -> Result<&mut MomentState> {
+        // Moments made here are counted as optimizer state.
+        let _state = brasa_tensor::memory::category_scope(brasa_tensor::memory::MemoryCategory::OptimizerState);
         let amsgrad = self.config.amsgrad;
         Ok(match &mut self.state[index] {
             Some(state) => state,

@@ -133,6 +133,7 @@ impl Sgd {
                 // The fused first step writes the buffer without reading it
                 // (`buf = ±g + wd·p`); the zeros are only the fill of a
                 // fresh contiguous tensor of the parameter's kind.
+                let _state = brasa_tensor::memory::category_scope(brasa_tensor::memory::MemoryCategory::OptimizerState);
                 self.momentum_buffers[index] = Some(param.zeros_like()?);
             }
             fused.push((index, param, grad, first));
@@ -208,6 +209,7 @@ impl Sgd {
                 buffer
             }
             None => {
+                let _state = brasa_tensor::memory::category_scope(brasa_tensor::memory::MemoryCategory::OptimizerState);
                 let buffer = grad.affine(sign, 0.0)?;
                 if weight_decay != 0.0 {
                     buffer.add_scaled_(weight_decay, param)?;

@@ -48,6 +48,7 @@ use brasa_kernels::elementwise::{BinaryOp, UnaryOp};
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda;
 pub(crate) mod host;
+pub(crate) mod meta;
 
 /// An elementwise comparison (its result is a bool tensor).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -529,5 +530,6 @@ pub(crate) fn for_device(device: Device) -> Result<&'static dyn Backend> {
         Device::Cuda(_) => Err(crate::error::TensorError::Device(format!(
             "{device}: brasa-tensor was built without the `cuda` feature"
         ))),
+        Device::Meta(_) => Ok(meta::backend_for(device)?),
     }
 }

@@ -55,6 +55,10 @@ pub(super) fn index_error(op: &'static str, what: &str, index_dims: &[usize], er
 /// The indices of an `i64` tensor in row-major order.
 pub(super) fn index_values(op: &'static str, index: &Tensor) -> Result<Vec<i64>> {
     expect_dtype(op, index, DType::I64)?;
+    if index.device().is_meta() {
+        // No values to read: a plan assumes the indices are in range.
+        return Ok(Vec::new());
+    }
     index.to_vec::<i64>()
 }
 
@@ -71,6 +75,9 @@ pub(super) fn checked_ids(
     error: impl Fn(IndexError) -> TensorError,
 ) -> Result<Vec<i64>> {
     expect_dtype(op, index, DType::I64)?;
+    if index.device().is_meta() {
+        return meta_ids(index, keep);
+    }
     if index.device().is_cpu() || keep || index.numel() == 0 {
         let ids = index.to_vec::<i64>()?;
         kernels::check_indices(&ids, size).map_err(&error)?;
@@ -86,6 +93,19 @@ pub(super) fn checked_ids(
     let ids = index.to_vec::<i64>()?;
     kernels::check_indices(&ids, size).map_err(&error)?;
     Err(TensorError::invalid(op, format!("internal: the device saw indices in {bounds:?} outside 0..{size}")))
+}
+
+/// [`checked_ids`] on a meta device: no values to check (a plan assumes
+/// the indices are in range), and what the imitated device allocates to
+/// check them (a CUDA device's bounds reduction) is allocated.
+fn meta_ids(index: &Tensor, keep: bool) -> Result<Vec<i64>> {
+    let on_device = crate::backend::meta::imitates(index.device())? == crate::TargetKind::Cuda;
+    if on_device && !keep && index.numel() > 0 {
+        let flat = index.reshape(&[-1])?;
+        let (low, high) = (flat.min(&[0], false)?, flat.max(&[0], false)?);
+        drop(Tensor::stack(&[&low, &high], 0)?);
+    }
+    Ok(Vec::new())
 }
 
 /// Errors unless `index` has `x`'s rank and fits inside `limit` in every dim

@@ -30,7 +30,7 @@ use crate::device::Device;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::host_devices::host_allocator;
-use brasa_alloc::{Allocation, HostBackend, StreamId};
+use brasa_alloc::{Allocation, HostBackend, MemoryCategory, StreamId};
 use std::mem::MaybeUninit;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
@@ -47,6 +47,8 @@ pub(crate) enum Buffer {
     Host(Allocation<HostBackend>),
     #[cfg(feature = "cuda")]
     Cuda(Allocation<brasa_alloc::CudaBackend>),
+    /// Accounted, never backed: see [`crate::MetaDevice`].
+    Meta(crate::backend::meta::MetaBuffer),
 }
 
 /// Memory holding `len` elements of one dtype on one device.
@@ -82,9 +84,15 @@ impl Storage {
     /// overflows for a storage that exists.
     fn uninit(device: Device, dtype: DType, len: usize) -> Result<Storage> {
         let bytes = byte_count("allocate", dtype, len)?;
+        let category = crate::memory::current_category();
         let buffer = match device {
-            Device::Cpu(index) => Buffer::Host(host_allocator(index)?.allocate(bytes, StreamId::DEFAULT)?),
-            Device::Cuda(index) => cuda_buffer(index, bytes)?,
+            Device::Cpu(index) => {
+                Buffer::Host(host_allocator(index)?.allocate_as(bytes, StreamId::DEFAULT, category)?)
+            }
+            Device::Cuda(index) => cuda_buffer(index, bytes, category)?,
+            Device::Meta(_) => {
+                Buffer::Meta(crate::backend::meta::MetaBuffer::allocate(device, dtype, bytes, category)?)
+            }
         };
         Ok(Storage { buffer, dtype, len, device, pinned: false, lock: RwLock::new(()), version: AtomicU64::new(0) })
     }
@@ -116,6 +124,28 @@ impl Storage {
             Buffer::Host(block) => block.record_stream(stream),
             #[cfg(feature = "cuda")]
             Buffer::Cuda(block) => block.record_stream(stream),
+            Buffer::Meta(buffer) => buffer.record_stream(stream),
+        }
+    }
+
+    /// The memory category the allocator counts this storage under.
+    pub fn category(&self) -> MemoryCategory {
+        match &self.buffer {
+            Buffer::Host(block) => block.category(),
+            #[cfg(feature = "cuda")]
+            Buffer::Cuda(block) => block.category(),
+            Buffer::Meta(buffer) => buffer.category(),
+        }
+    }
+
+    /// Counts this storage under `category` from now on (autograd marks the
+    /// tensors it saves for backward as activations).
+    pub fn set_category(&self, category: MemoryCategory) {
+        match &self.buffer {
+            Buffer::Host(block) => block.set_category(category),
+            #[cfg(feature = "cuda")]
+            Buffer::Cuda(block) => block.set_category(category),
+            Buffer::Meta(buffer) => buffer.set_category(category),
         }
     }
 
@@ -233,6 +263,7 @@ impl Storage {
             }
             #[cfg(feature = "cuda")]
             Buffer::Cuda(_) => Err(crate::cuda::unsupported(op)),
+            Buffer::Meta(_) => Err(crate::backend::meta::no_values(op, self.device)),
         }
     }
 
@@ -299,16 +330,16 @@ fn byte_count(op: &'static str, dtype: DType, len: usize) -> Result<usize> {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_buffer(index: usize, bytes: usize) -> Result<Buffer> {
+fn cuda_buffer(index: usize, bytes: usize, category: MemoryCategory) -> Result<Buffer> {
     // From the pool of the thread's current stream, as PyTorch's allocator:
     // the block is reused on that stream in order, on another only after
     // `record_stream`'s events.
     let stream = crate::stream::current_stream_id(Device::Cuda(index));
-    Ok(Buffer::Cuda(crate::cuda::allocator(index)?.allocate(bytes, stream)?))
+    Ok(Buffer::Cuda(crate::cuda::allocator(index)?.allocate_as(bytes, stream, category)?))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_buffer(index: usize, _bytes: usize) -> Result<Buffer> {
+fn cuda_buffer(index: usize, _bytes: usize, _category: MemoryCategory) -> Result<Buffer> {
     Err(TensorError::Device(format!("cuda:{index}: brasa-tensor was built without the `cuda` feature")))
 }
 

@@ -106,6 +106,16 @@ impl UninitTensor {
         Tensor::from_storage(self.storage, self.layout)
     }
 
+    /// The tensor on a meta device, whose storage holds no values to write:
+    /// the meta backend's outputs. An error for memory that exists.
+    pub(crate) fn planned(self, op: &'static str) -> Result<Tensor> {
+        if !matches!(self.storage.buffer, super::Buffer::Meta(_)) {
+            return Err(TensorError::invalid(op, "internal error: only a meta tensor may skip writing its elements"));
+        }
+        // SAFETY: a meta storage has no elements in memory: nothing can read them.
+        Ok(unsafe { self.assume_init() })
+    }
+
     /// The tensor when it has no element (nothing to write), else `self`
     /// (an either, not an error: hence the large `Err`).
     #[allow(clippy::result_large_err)]

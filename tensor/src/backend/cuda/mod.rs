@@ -182,7 +182,9 @@ fn suffix(dtype: DType) -> &'static str {
 fn storage_address(op: &'static str, storage: &Storage) -> Result<u64> {
     match storage.buffer() {
         Buffer::Cuda(block) => Ok(block.addr() as u64),
-        Buffer::Host(_) => Err(TensorError::invalid(op, "internal error: a host tensor reached the CUDA backend")),
+        Buffer::Host(_) | Buffer::Meta(_) => {
+            Err(TensorError::invalid(op, "internal error: a tensor of another device reached the CUDA backend"))
+        }
     }
 }
 
@@ -196,7 +198,9 @@ fn address(op: &'static str, t: &Tensor) -> Result<u64> {
 fn output_address(op: &'static str, out: &UninitTensor) -> Result<u64> {
     match out.buffer() {
         Buffer::Cuda(block) => Ok(block.addr() as u64),
-        Buffer::Host(_) => Err(TensorError::invalid(op, "internal error: a host output on the CUDA backend")),
+        Buffer::Host(_) | Buffer::Meta(_) => {
+            Err(TensorError::invalid(op, "internal error: an output of another device on the CUDA backend"))
+        }
     }
 }
 

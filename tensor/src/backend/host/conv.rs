@@ -156,7 +156,7 @@ fn zero<T: ConvFloat>() -> T::Scalar {
 }
 
 /// `t` itself when all strides are non-negative, else a contiguous copy.
-fn non_negative(t: &Tensor) -> Result<Tensor> {
+pub(in crate::backend) fn non_negative(t: &Tensor) -> Result<Tensor> {
     if t.strides().iter().all(|&s| s >= 0) {
         Ok(t.clone())
     } else {
@@ -175,7 +175,7 @@ fn strides4(t: &Tensor) -> [usize; 4] {
 /// `row_dim` 0; an image's planes as `[C, H·W]` with `row_dim` 1). Returns
 /// the tensor (a contiguous copy when its strides allow no such view), the
 /// row stride and the column stride.
-fn matrix_view(t: &Tensor, row_dim: usize) -> Result<(Tensor, usize, usize)> {
+pub(in crate::backend) fn matrix_view(t: &Tensor, row_dim: usize) -> Result<(Tensor, usize, usize)> {
     let t = non_negative(t)?;
     let s = strides4(&t);
     if let Some(cols) = merged_stride(&t.dims()[row_dim + 1..], &s[row_dim + 1..]) {

@@ -3,16 +3,16 @@
 
 mod batch_norm;
 mod concat;
-mod conv;
+pub(in crate::backend) mod conv;
 mod copy;
 mod elementwise;
 mod index;
 mod matmul;
 mod norm;
 mod optim;
-mod pool;
+pub(in crate::backend) mod pool;
 mod random;
-mod reduce;
+pub(in crate::backend) mod reduce;
 mod softmax;
 mod update;
 

@@ -37,7 +37,7 @@ fn plane_offsets(plan: &PoolPlan, op: &'static str, layout: &Layout) -> Result<(
 }
 
 /// `t` itself when all strides are non-negative, else a contiguous copy.
-fn non_negative(t: &Tensor) -> Result<Tensor> {
+pub(in crate::backend) fn non_negative(t: &Tensor) -> Result<Tensor> {
     if t.strides().iter().all(|&s| s >= 0) {
         Ok(t.clone())
     } else {

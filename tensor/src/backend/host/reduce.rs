@@ -67,6 +67,21 @@ pub(super) fn reduce(op: ReduceOp, name: &'static str, x: &Tensor, mask: &[bool]
 /// 2^17 elements (a fork-join and waking the other core cost ~10 µs, as much
 /// as summing 2^16 elements), break even at 2^17 and win from 2^18 (1.3x,
 /// 1.65x at 2^19).
+/// What [`reduce`] allocates before and around its kernel, without reading
+/// `x`: the tensor it reduces from (a copy with the reduced dims last, or
+/// `x` itself), the shape it computes and the shape it returns (a copy of
+/// the computed result expanded along kept broadcast dims when they
+/// differ). The meta backend allocates the same.
+pub(in crate::backend) fn allocations(
+    name: &'static str,
+    x: &Tensor,
+    mask: &[bool],
+    keepdim: bool,
+) -> Result<(Tensor, Shape, Shape)> {
+    let plan = plan(x, name, mask, keepdim)?;
+    Ok((plan.source, plan.computed_shape, plan.out_shape))
+}
+
 pub(crate) const PARALLEL_MIN_WORK: usize = 1 << 17;
 
 /// Elements of input one parallel task reads at least.

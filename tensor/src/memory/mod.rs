@@ -13,6 +13,13 @@
 //! # Ok::<(), brasa_tensor::TensorError>(())
 //! ```
 
+mod category;
+mod plan;
+
+pub use brasa_alloc::MemoryCategory;
+pub use category::{category_scope, current_category, CategoryScope};
+pub use plan::{max_batch_size, max_batch_size_for, plan, plan_steps, BatchSearch, MemoryPlan, PLANNED_STEPS};
+
 use crate::device::Device;
 use crate::error::Result;
 use crate::host_devices::host_allocator;
@@ -27,6 +34,11 @@ macro_rules! with_allocator {
                 Ok($body)
             }
             Device::Cuda(index) => cuda_allocator!(index, $alloc => $body),
+            Device::Meta(_) => {
+                let state = crate::backend::meta::meta_state($device)?;
+                let $alloc = &state.allocator;
+                Ok($body)
+            }
         }
     };
 }

@@ -1,0 +1,546 @@
+//! The meta backend: every op allocates what the imitated device's backend
+//! would allocate, in the same order and for as long, and computes nothing.
+//!
+//! A meta device ([`MetaDevice`]) imitates a [`MemoryTarget`]: its storages
+//! come from a real caching allocator over a virtual backend (addresses, no
+//! memory), so a training step run on it reaches the target's peak
+//! allocated and peak reserved bytes without touching any memory. That is
+//! what [`crate::memory::plan`] runs.
+//!
+//! For a host target the allocations follow the host backend
+//! (`backend/host/`) op by op: outputs, and the temporaries it makes through
+//! the allocator (contiguous copies of operands a kernel cannot walk, the
+//! reduced copy of a permuted reduction, f32 staging of half-precision
+//! pooling and random draws). Kernel scratch the host keeps on the heap
+//! (GEMM packing, im2col panels) is not device memory and is not counted,
+//! on the meta device as on the host. The tests in
+//! `tests/meta_device.rs` check, op by op, that the allocator's history on
+//! a meta device equals the host's.
+//!
+//! For a CUDA target the same sequences are used except where the CUDA
+//! backend differs in a way listed here: matrix products of half operands
+//! into f32 widen both operands first; fused attention (f16/bf16, head
+//! widths up to 128) allocates its output, log-sum-exp, f32 query gradient
+//! and row deltas; index bounds are checked with a device reduction. Scratch
+//! the CUDA backend takes for split reductions is not yet mirrored (see
+//! `docs/status.md`).
+//!
+//! Data-dependent behaviour is explicit: reading values (`to_vec`, `item`,
+//! host bytes) is an error naming the op; index bounds are assumed valid
+//! (they cannot be checked without values).
+
+mod device;
+
+pub(crate) use device::{meta_state, MetaState};
+pub use device::{FailedAllocation, LiveTensor, MemoryTarget, MetaDevice, TargetKind, CUDA_GRANULARITY};
+
+use crate::backend::host::{conv as host_conv, pool as host_pool, reduce as host_reduce};
+use crate::backend::{
+    Backend, BatchNormBackwardElemt, CompareOp, Distribution, Indices, LayerNormBackward, MatmulOperands, ReduceOp,
+    Sequence, Update,
+};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Result, TensorError};
+use crate::ops::attention::AttentionOperands;
+use crate::ops::conv::ConvPlan;
+use crate::ops::fused_adam::AdamUpdate;
+use crate::ops::fused_sgd::SgdUpdate;
+use crate::ops::pool::PoolPlan;
+use crate::shape::Shape;
+use crate::storage::UninitTensor;
+use crate::tensor::Tensor;
+use brasa_alloc::{Allocation, MemoryCategory, StreamId, VirtualBackend};
+use brasa_kernels::elementwise::{BinaryOp, UnaryOp};
+use std::cell::Cell;
+use std::sync::Arc;
+
+/// The head widths CUDA's fused attention kernels are compiled for.
+const CUDA_ATTENTION_HEAD_DIMS: [usize; 2] = [64, 128];
+
+thread_local! {
+    /// The op whose allocations the ledger is recording on this thread.
+    static CURRENT_OP: Cell<&'static str> = const { Cell::new("") };
+}
+
+/// Names the op that allocates on this thread until the guard drops
+/// (nested scopes restore the outer name).
+pub(crate) struct OpScope {
+    outer: &'static str,
+}
+
+pub(crate) fn op_scope(name: &'static str) -> OpScope {
+    OpScope { outer: CURRENT_OP.with(|op| op.replace(name)) }
+}
+
+impl Drop for OpScope {
+    fn drop(&mut self) {
+        CURRENT_OP.with(|op| op.set(self.outer));
+    }
+}
+
+fn current_op() -> &'static str {
+    let op = CURRENT_OP.with(Cell::get);
+    if op.is_empty() {
+        "(constructor)"
+    } else {
+        op
+    }
+}
+
+/// A meta storage's memory: an accounted block of the meta device's
+/// allocator and its entry in the device's ledger.
+pub(crate) struct MetaBuffer {
+    // Declared first so it drops first: the ledger forgets the tensor as
+    // the block goes back to the cache.
+    entry: LedgerEntry,
+    block: Allocation<VirtualBackend>,
+}
+
+struct LedgerEntry {
+    state: Arc<MetaState>,
+    id: u64,
+    block_bytes: usize,
+}
+
+impl Drop for LedgerEntry {
+    fn drop(&mut self) {
+        self.state.forget(self.id, self.block_bytes);
+    }
+}
+
+impl MetaBuffer {
+    /// `bytes` for `dtype` elements on meta device `device`, counted under `category`.
+    pub(crate) fn allocate(device: Device, dtype: DType, bytes: usize, category: MemoryCategory) -> Result<MetaBuffer> {
+        let state = meta_state(device)?;
+        let block = match state.allocator.allocate_as(bytes, StreamId::DEFAULT, category) {
+            Ok(block) => block,
+            Err(error) => {
+                state.note_failure(FailedAllocation {
+                    op: current_op().to_string(),
+                    requested: bytes,
+                    category,
+                    allocated: state.allocator.allocated_bytes(),
+                    reserved: state.allocator.reserved_bytes(),
+                    message: error.to_string(),
+                });
+                return Err(error.into());
+            }
+        };
+        let block_bytes = if bytes == 0 { 0 } else { block.block_size() };
+        let tensor =
+            LiveTensor { bytes, block_bytes, dtype: dtype.to_string(), op: current_op().to_string(), category };
+        let id = state.record(tensor, block_bytes);
+        Ok(MetaBuffer { entry: LedgerEntry { state, id, block_bytes }, block })
+    }
+
+    pub(crate) fn record_stream(&self, stream: StreamId) {
+        self.block.record_stream(stream);
+    }
+
+    pub(crate) fn category(&self) -> MemoryCategory {
+        self.block.category()
+    }
+
+    pub(crate) fn set_category(&self, category: MemoryCategory) {
+        self.block.set_category(category);
+        self.entry.state.recategorize(self.entry.id, category);
+    }
+}
+
+/// The error for reading the values of a tensor on a meta device.
+pub(crate) fn no_values(op: &'static str, device: Device) -> TensorError {
+    TensorError::invalid(
+        op,
+        format!(
+            "the tensor is on {device}, a meta device: it has a shape, a dtype and accounted memory but no values \
+             (plans run the step without data; anything that reads values, such as item() or to_vec(), \
+             cannot run there)"
+        ),
+    )
+}
+
+/// The backend of meta devices imitating `kind`.
+pub(crate) struct MetaBackend {
+    kind: TargetKind,
+}
+
+static HOST_IMITATION: MetaBackend = MetaBackend { kind: TargetKind::Host };
+static CUDA_IMITATION: MetaBackend = MetaBackend { kind: TargetKind::Cuda };
+
+/// The backend of meta device `device`.
+pub(crate) fn backend_for(device: Device) -> Result<&'static MetaBackend> {
+    Ok(match meta_state(device)?.target.kind() {
+        TargetKind::Host => &HOST_IMITATION,
+        TargetKind::Cuda => &CUDA_IMITATION,
+    })
+}
+
+/// The kind of device meta device `device` imitates.
+pub(crate) fn imitates(device: Device) -> Result<TargetKind> {
+    Ok(meta_state(device)?.target.kind())
+}
+
+/// A new tensor of `shape` and `dtype` on `device`, accounted, never written.
+fn planned(op: &'static str, device: Device, dtype: DType, shape: impl Into<Shape>) -> Result<Tensor> {
+    UninitTensor::new(shape, dtype, device)?.planned(op)
+}
+
+/// A new tensor shaped like `like`.
+fn planned_like(op: &'static str, like: &Tensor, dtype: DType) -> Result<Tensor> {
+    UninitTensor::like(like, dtype, like.device())?.planned(op)
+}
+
+/// The dtype a reduction's result has (see [`Backend::reduce`]).
+fn reduced_dtype(op: ReduceOp, dtype: DType) -> DType {
+    match op {
+        ReduceOp::Max | ReduceOp::Min => dtype,
+        ReduceOp::ArgMax | ReduceOp::ArgMin => DType::I64,
+        ReduceOp::Sum | ReduceOp::Mean | ReduceOp::Var { .. } => match dtype {
+            DType::F64 => DType::F64,
+            DType::F32 | DType::F16 | DType::BF16 => DType::F32,
+            _ => DType::I64,
+        },
+    }
+}
+
+/// Batch normalisation's per-channel compute dtype.
+fn channel_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+impl Backend for MetaBackend {
+    fn unary(&self, name: &'static str, _op: UnaryOp, x: &Tensor) -> Result<Tensor> {
+        let _op = op_scope(name);
+        planned_like(name, x, x.dtype())
+    }
+
+    fn binary(&self, op: BinaryOp, a: &Tensor, _b: &Tensor) -> Result<Tensor> {
+        let name = op.name();
+        let _op = op_scope(name);
+        planned_like(name, a, a.dtype())
+    }
+
+    fn compare(&self, name: &'static str, _op: CompareOp, a: &Tensor, _b: &Tensor) -> Result<Tensor> {
+        let _op = op_scope(name);
+        planned_like(name, a, DType::Bool)
+    }
+
+    fn compare_scalar(&self, name: &'static str, _op: CompareOp, x: &Tensor, _value: f64) -> Result<Tensor> {
+        let _op = op_scope(name);
+        planned_like(name, x, DType::Bool)
+    }
+
+    fn where_cond(&self, cond: &Tensor, on_true: &Tensor, _on_false: &Tensor) -> Result<Tensor> {
+        let _op = op_scope("where");
+        planned_like("where", cond, on_true.dtype())
+    }
+
+    fn cast(&self, x: &Tensor, dtype: DType) -> Result<Tensor> {
+        let _op = op_scope("copy");
+        planned_like("copy", x, dtype)
+    }
+
+    fn copy_into(&self, _name: &'static str, _dst: &Tensor, _src: &Tensor) -> Result<()> {
+        Ok(())
+    }
+
+    fn fill(&self, _name: &'static str, _dst: &Tensor, _value: f64) -> Result<()> {
+        Ok(())
+    }
+
+    fn sequence(&self, name: &'static str, out: UninitTensor, _sequence: Sequence) -> Result<Tensor> {
+        out.planned(name)
+    }
+
+    fn reduce(&self, op: ReduceOp, name: &'static str, x: &Tensor, mask: &[bool], keepdim: bool) -> Result<Tensor> {
+        let _op = op_scope(name);
+        // The host's walk: maybe a copy with the reduced dims last, the
+        // result of the computed shape, maybe expanded into a copy.
+        let (source, computed_shape, out_shape) = host_reduce::allocations(name, x, mask, keepdim)?;
+        let computed = planned(name, x.device(), reduced_dtype(op, x.dtype()), computed_shape.clone())?;
+        drop(source);
+        if computed_shape == out_shape {
+            return Ok(computed);
+        }
+        computed.expand(out_shape)?.contiguous()
+    }
+
+    fn softmax(&self, name: &'static str, x: &Tensor, _n: usize, _inner: usize, _log: bool) -> Result<Tensor> {
+        let _op = op_scope(name);
+        planned_like(name, x, x.dtype())
+    }
+
+    fn layer_norm(
+        &self,
+        x: &Tensor,
+        _weight: Option<&Tensor>,
+        _bias: Option<&Tensor>,
+        _eps: f64,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        const OP: &str = "layer_norm";
+        let _op = op_scope(OP);
+        let rows = x.dims()[0];
+        let out = planned_like(OP, x, x.dtype())?;
+        let mean = planned(OP, x.device(), x.dtype(), [rows])?;
+        let rstd = planned(OP, x.device(), x.dtype(), [rows])?;
+        Ok((out, mean, rstd))
+    }
+
+    fn layer_norm_backward(&self, args: LayerNormBackward<'_>, needs: [bool; 3]) -> Result<[Option<Tensor>; 3]> {
+        const OP: &str = "layer_norm_backward";
+        let _op = op_scope(OP);
+        let x = args.x;
+        let width = x.dims()[1];
+        let dx = if needs[0] { Some(planned_like(OP, x, x.dtype())?) } else { None };
+        let dw =
+            if needs[1] && args.weight.is_some() { Some(planned(OP, x.device(), x.dtype(), [width])?) } else { None };
+        let db = if needs[2] { Some(planned(OP, x.device(), x.dtype(), [width])?) } else { None };
+        Ok([dx, dw, db])
+    }
+
+    fn batch_norm_stats(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        const OP: &str = "batch_norm_stats";
+        let _op = op_scope(OP);
+        let (c, dtype) = (x.dims()[1], channel_dtype(x.dtype()));
+        Ok((planned(OP, x.device(), dtype, [c])?, planned(OP, x.device(), dtype, [c])?))
+    }
+
+    fn batch_norm_elemt(&self, x: &Tensor, _mean: &Tensor, _scale: &Tensor, _shift: &Tensor) -> Result<Tensor> {
+        let _op = op_scope("batch_norm_elemt");
+        planned_like("batch_norm_elemt", x, x.dtype())
+    }
+
+    fn batch_norm_backward_reduce(&self, _dy: &Tensor, x: &Tensor, _mean: &Tensor) -> Result<(Tensor, Tensor)> {
+        const OP: &str = "batch_norm_backward_reduce";
+        let _op = op_scope(OP);
+        let (c, dtype) = (x.dims()[1], channel_dtype(x.dtype()));
+        Ok((planned(OP, x.device(), dtype, [c])?, planned(OP, x.device(), dtype, [c])?))
+    }
+
+    fn batch_norm_backward_elemt(&self, args: BatchNormBackwardElemt<'_>) -> Result<Tensor> {
+        let _op = op_scope("batch_norm_backward_elemt");
+        planned_like("batch_norm_backward_elemt", args.dy, args.dy.dtype())
+    }
+
+    fn adam_step(&self, _updates: &[&AdamUpdate<'_>]) -> Result<()> {
+        Ok(())
+    }
+
+    fn sgd_step(&self, _updates: &[&SgdUpdate<'_>]) -> Result<()> {
+        Ok(())
+    }
+
+    fn update(&self, _name: &'static str, _op: Update, _dst: &Tensor, _operands: &[&Tensor]) -> Result<()> {
+        Ok(())
+    }
+
+    fn index_select(
+        &self,
+        name: &'static str,
+        x: &Tensor,
+        _ids: Indices<'_>,
+        _size: usize,
+        _inner: usize,
+        shape: &Shape,
+    ) -> Result<Tensor> {
+        let _op = op_scope(name);
+        planned(name, x.device(), x.dtype(), shape.clone())
+    }
+
+    fn gather(&self, name: &'static str, x: &Tensor, _dim: usize, index: Indices<'_>) -> Result<Tensor> {
+        let _op = op_scope(name);
+        planned(name, x.device(), x.dtype(), index.tensor.shape().clone())
+    }
+
+    fn scatter_add(
+        &self,
+        _name: &'static str,
+        _dst: &Tensor,
+        _dim: usize,
+        _index: Indices<'_>,
+        _src: &Tensor,
+    ) -> Result<()> {
+        Ok(())
+    }
+
+    fn one_hot(&self, ids: Indices<'_>, _num_classes: usize, shape: &Shape) -> Result<Tensor> {
+        let _op = op_scope("one_hot");
+        planned("one_hot", ids.tensor.device(), DType::I64, shape.clone())
+    }
+
+    fn conv2d(&self, input: &Tensor, weight: &Tensor, _bias: Option<&Tensor>, plan: &ConvPlan) -> Result<Tensor> {
+        const OP: &str = "conv2d";
+        let _op = op_scope(OP);
+        let input = host_conv::non_negative(input)?;
+        let (weight, _, _) = host_conv::matrix_view(weight, 0)?;
+        let out = planned(OP, input.device(), input.dtype(), plan.output_shape())?;
+        drop((input, weight));
+        Ok(out)
+    }
+
+    fn conv2d_backward_input(&self, grad: &Tensor, weight: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
+        const OP: &str = "conv2d_backward_input";
+        let _op = op_scope(OP);
+        let (grad, _, _) = host_conv::matrix_view(grad, 1)?;
+        let (weight, _, _) = host_conv::matrix_view(weight, 0)?;
+        let out = planned(OP, grad.device(), grad.dtype(), plan.input_shape())?;
+        drop((grad, weight));
+        Ok(out)
+    }
+
+    fn conv2d_backward_weight(&self, input: &Tensor, grad: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
+        const OP: &str = "conv2d_backward_weight";
+        let _op = op_scope(OP);
+        let input = host_conv::non_negative(input)?;
+        let (grad, _, _) = host_conv::matrix_view(grad, 1)?;
+        let out = planned(OP, input.device(), input.dtype(), plan.weight_shape())?;
+        drop((input, grad));
+        Ok(out)
+    }
+
+    fn conv2d_backward_bias(&self, grad: &Tensor) -> Result<Tensor> {
+        const OP: &str = "conv2d_backward_bias";
+        let _op = op_scope(OP);
+        let dense = grad.contiguous()?;
+        let out = planned(OP, grad.device(), grad.dtype(), [grad.dims()[1]])?;
+        drop(dense);
+        Ok(out)
+    }
+
+    fn max_pool2d(&self, input: &Tensor, plan: &PoolPlan) -> Result<(Tensor, Tensor)> {
+        const OP: &str = "max_pool2d";
+        let _op = op_scope(OP);
+        let input = host_pool::non_negative(input)?;
+        let shape = plan.output_shape();
+        let values = planned(OP, input.device(), input.dtype(), shape.clone())?;
+        let indices = planned(OP, input.device(), DType::I64, shape)?;
+        Ok((values, indices))
+    }
+
+    fn max_pool2d_backward(&self, grad: &Tensor, _indices: &Tensor, input_shape: &Shape) -> Result<Tensor> {
+        let _op = op_scope("max_pool2d_backward");
+        planned("max_pool2d_backward", grad.device(), grad.dtype(), input_shape.clone())
+    }
+
+    fn avg_pool2d(&self, input: &Tensor, plan: &PoolPlan, _count_include_pad: bool) -> Result<Tensor> {
+        const OP: &str = "avg_pool2d";
+        let _op = op_scope(OP);
+        let forward = |input: &Tensor| -> Result<Tensor> {
+            let input = host_pool::non_negative(input)?;
+            planned(OP, input.device(), input.dtype(), plan.output_shape())
+        };
+        match input.dtype() {
+            DType::F64 | DType::F32 => forward(input),
+            other => forward(&input.to_dtype(DType::F32)?)?.to_dtype(other),
+        }
+    }
+
+    fn avg_pool2d_backward(&self, grad: &Tensor, plan: &PoolPlan, _count_include_pad: bool) -> Result<Tensor> {
+        const OP: &str = "avg_pool2d_backward";
+        let _op = op_scope(OP);
+        let backward = |grad: &Tensor| -> Result<Tensor> {
+            let grad = grad.contiguous()?;
+            planned(OP, grad.device(), grad.dtype(), plan.input_shape())
+        };
+        match grad.dtype() {
+            DType::F64 | DType::F32 => backward(grad),
+            other => backward(&grad.to_dtype(DType::F32)?)?.to_dtype(other),
+        }
+    }
+
+    fn concat(&self, tensors: &[&Tensor], _d: usize, shape: &Shape) -> Result<Tensor> {
+        let _op = op_scope("cat");
+        planned("cat", tensors[0].device(), tensors[0].dtype(), shape.clone())
+    }
+
+    fn random(
+        &self,
+        op: &'static str,
+        dist: Distribution,
+        shape: &Shape,
+        dtype: DType,
+        device: Device,
+    ) -> Result<Tensor> {
+        let _op = op_scope(op);
+        if let Distribution::Bernoulli { .. } = dist {
+            return planned(op, device, dtype, shape.clone());
+        }
+        // Drawn in f32 (f64 for f64), then converted, as the host does.
+        let draw_dtype = if dtype == DType::F64 { DType::F64 } else { DType::F32 };
+        planned(op, device, draw_dtype, shape.clone())?.to_dtype(dtype)
+    }
+
+    fn matmul(&self, operands: MatmulOperands<'_>) -> Result<Tensor> {
+        let _op = op_scope("matmul");
+        let mut dims = operands.batch.to_vec();
+        dims.extend([operands.m, operands.n]);
+        planned("matmul", operands.a.device(), operands.a.dtype(), dims)
+    }
+
+    fn matmul_into_f32(&self, operands: MatmulOperands<'_>) -> Result<Tensor> {
+        match self.kind {
+            TargetKind::Host => {
+                let _op = op_scope("matmul");
+                let mut dims = operands.batch.to_vec();
+                dims.extend([operands.m, operands.n]);
+                planned("matmul", operands.a.device(), DType::F32, dims)
+            }
+            // The trait's default: both operands widened first.
+            TargetKind::Cuda => {
+                let (a, b) = (operands.a.to_dtype(DType::F32)?, operands.b.to_dtype(DType::F32)?);
+                self.matmul(MatmulOperands { a: &a, b: &b, ..operands })
+            }
+        }
+    }
+
+    fn supports_fused_attention(&self, dtype: DType, e: usize, ev: usize) -> bool {
+        self.kind == TargetKind::Cuda
+            && matches!(dtype, DType::F16 | DType::BF16)
+            && e > 0
+            && ev > 0
+            && CUDA_ATTENTION_HEAD_DIMS.iter().any(|&d| e.max(ev) <= d)
+    }
+
+    fn attention_forward(&self, a: &AttentionOperands<'_>) -> Result<(Tensor, Tensor)> {
+        const OP: &str = "fused_attention";
+        let _op = op_scope(OP);
+        let (qd, vd) = (a.q.dims(), a.v.dims());
+        let (n, h, l, ev) = (qd[0], qd[1], qd[2], vd[3]);
+        let out = planned(OP, a.q.device(), a.q.dtype(), [n, h, l, ev])?;
+        let lse = planned(OP, a.q.device(), DType::F32, [n, h, l])?;
+        Ok((out, lse))
+    }
+
+    fn attention_backward(
+        &self,
+        a: &AttentionOperands<'_>,
+        _out: &Tensor,
+        _lse: &Tensor,
+        _grad: &Tensor,
+    ) -> Result<[Tensor; 3]> {
+        const OP: &str = "fused_attention_backward";
+        let _op = op_scope(OP);
+        let (qd, kd, vd) = (a.q.dims(), a.k.dims(), a.v.dims());
+        let (n, h, l, s, e, ev) = (qd[0], qd[1], qd[2], kd[2], qd[3], vd[3]);
+        let (device, dtype) = (a.q.device(), a.q.dtype());
+        let dq = Tensor::zeros_on([n, h, l, e], DType::F32, device)?;
+        let dk = planned(OP, device, dtype, [n, h, s, e])?;
+        let dv = planned(OP, device, dtype, [n, h, s, ev])?;
+        if n * h == 0 || s == 0 {
+            return Ok([dq.to_dtype(dtype)?, dk, dv]);
+        }
+        let delta = planned(OP, device, DType::F32, [n * h * l])?;
+        let dq = dq.to_dtype(dtype)?;
+        drop(delta);
+        Ok([dq, dk, dv])
+    }
+
+    fn multiplies_half_into_f32(&self) -> bool {
+        self.kind == TargetKind::Host
+    }
+}
