@@ -288,8 +288,13 @@ fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<f64> {
     let (rank, world) = comm.as_ref().map(|c| (c.rank(), c.world_size())).unwrap_or((0, 1));
     let lead = rank == 0;
     let dev = comm.as_ref().map(|c| c.device()).unwrap_or(args.device);
-    let digits = Digits::load()?;
-    let (train, test) = if args.cnn { digits.train_test_images()? } else { digits.train_test()? };
+    // The data set stays on the host for the whole run: counted as input.
+    let (_digits, train, test) = {
+        let _input = memory::category_scope(memory::MemoryCategory::Input);
+        let digits = Digits::load()?;
+        let (train, test) = if args.cnn { digits.train_test_images()? } else { digits.train_test()? };
+        (digits, train, test)
+    };
     // The seeded generator is process-wide and in-process ranks are threads:
     // rank 0 draws its initial weights (the ones DDP broadcasts) before the
     // others start drawing, so runs are reproducible.

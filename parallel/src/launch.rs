@@ -51,7 +51,18 @@ where
 {
     ensure_host_devices(world)?;
     let devices: Vec<Device> = (0..world).map(Device::cpu).collect();
-    let comms = in_process_group(&devices, &options.comm)?;
+    run_on_devices(&devices, options, rank_main)
+}
+
+/// [`run_in_process`] with rank `i` on `devices[i]` (distinct host devices,
+/// or meta devices for a plan: see [`crate::plan_in_process`]).
+pub fn run_on_devices<T, F>(devices: &[Device], options: &LaunchOptions, rank_main: F) -> Result<Vec<T>>
+where
+    T: Send,
+    F: Fn(Communicator) -> Result<T> + Sync,
+{
+    let world = devices.len();
+    let comms = in_process_group(devices, &options.comm)?;
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let threads = options.threads_per_rank.unwrap_or((cores / world).max(1));
     let outcomes: Vec<std::thread::Result<Result<T>>> = std::thread::scope(|scope| {

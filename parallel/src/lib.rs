@@ -96,6 +96,7 @@ mod memory;
 #[cfg(feature = "mpi")]
 mod mpi;
 pub mod pipeline;
+mod plan;
 mod work;
 mod zero;
 
@@ -111,8 +112,9 @@ pub use ddp::{
 pub use error::{ParallelError, Result};
 pub use health::Abort;
 pub use in_process::in_process_group;
-pub use launch::{ensure_host_devices, init_from_env, launched_by_mpi, run_in_process, LaunchOptions};
+pub use launch::{ensure_host_devices, init_from_env, launched_by_mpi, run_in_process, run_on_devices, LaunchOptions};
 pub use memory::MemoryBreakdown;
 pub use pipeline::{Partition, Pipeline, PipelineConfig, PipelineReport, Schedule};
+pub use plan::plan_in_process;
 pub use work::Work;
 pub use zero::ZeroOptimizer;

@@ -4,8 +4,9 @@
 //! decimals relative to `baseTimeNanoseconds`; host ranges as complete events
 //! (`ph:"X"`) on the host process, one track per thread; device work on one
 //! process per device, one track per queue; `ph:"s"`/`ph:"f"` flow arrows from the
-//! launching range to its device work; `[memory]` instants and `ph:"C"` counters
-//! of allocated/reserved bytes per device. The JSON is written by hand (streamed,
+//! launching range to its device work; `[memory]` instants (with the block's
+//! `Category`), `[memory retag]` instants for bytes that changed category, and
+//! `ph:"C"` counters of allocated/reserved bytes per device. The JSON is written by hand (streamed,
 //! fixed three-decimal timestamps) rather than built as a tree.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -208,8 +209,25 @@ impl<'a, W: Write> TraceWriter<'a, W> {
                 .range
                 .and_then(|i| r.ranges.get(i))
                 .map_or(String::new(), |range| format!(r#","Op":{}"#, json_string(&range.name)));
+            if let Some(retag) = e.retag {
+                // Not a PyTorch event (its tools read `[memory]` as an
+                // allocation); the totals, and so the counters, are unchanged.
+                self.event(&format!(
+                    r#""name":"[memory retag]","cat":"cpu_instant_event","ph":"i","s":"t","ts":{},"pid":{},"tid":{},"args":{{"Device Type":"{}","Device Id":{},"Addr":{},"Bytes":{},"From":{},"To":{}{op}}}"#,
+                    self.ts(record.time_ns),
+                    self.host_pid,
+                    record.tid,
+                    e.device.kind,
+                    e.device.index,
+                    e.addr,
+                    retag.bytes,
+                    json_string(retag.from),
+                    json_string(e.category),
+                ))?;
+                continue;
+            }
             self.event(&format!(
-                r#""name":"[memory]","cat":"cpu_instant_event","ph":"i","s":"t","ts":{},"pid":{},"tid":{},"args":{{"Device Type":"{}","Device Id":{},"Addr":{},"Bytes":{},"Total Allocated":{},"Total Reserved":{}{op}}}"#,
+                r#""name":"[memory]","cat":"cpu_instant_event","ph":"i","s":"t","ts":{},"pid":{},"tid":{},"args":{{"Device Type":"{}","Device Id":{},"Addr":{},"Bytes":{},"Total Allocated":{},"Total Reserved":{},"Category":{}{op}}}"#,
                 self.ts(record.time_ns),
                 self.host_pid,
                 record.tid,
@@ -219,6 +237,7 @@ impl<'a, W: Write> TraceWriter<'a, W> {
                 e.bytes,
                 e.total_allocated,
                 e.total_reserved,
+                json_string(e.category),
             ))?;
             if let Some(&pid) = self.device_pids.get(&e.device) {
                 self.event(&format!(

@@ -123,35 +123,130 @@ impl DeviceInterval {
 }
 
 /// One allocator event, as an allocator observer forwards it with
-/// [`record_memory_event`](crate::record_memory_event).
+/// [`record_memory_event`](crate::record_memory_event): an allocation, a free,
+/// or a retag (a live block's bytes moving from one memory category to
+/// another, the totals unchanged).
+///
+/// Every event names the category of its block (`"parameter"`,
+/// `"activation"`, …; any `&'static str` — the profiler depends on no
+/// allocator, and the names brasa-alloc uses get fixed colours in the memory
+/// timeline). [`MemoryEvent::alloc`] and [`MemoryEvent::free`] use
+/// [`MemoryEvent::DEFAULT_CATEGORY`]; [`with_category`](MemoryEvent::with_category)
+/// sets another.
+///
+/// ```
+/// use brasa_profile::{DeviceId, MemoryEvent};
+///
+/// let dev = DeviceId::cuda(0);
+/// let alloc = MemoryEvent::alloc(dev, 0x100, 4096, 4096, 1 << 20).with_category("activation");
+/// assert_eq!((alloc.bytes, alloc.category), (4096, "activation"));
+/// // autograd is done with it: the same block now counts as a temporary.
+/// let retag = MemoryEvent::retag(dev, 0x100, 4096, "activation", "temporary", 4096, 1 << 20);
+/// assert_eq!(retag.bytes, 0, "a retag allocates nothing");
+/// assert_eq!(retag.retag.map(|r| (r.from, r.bytes)), Some(("activation", 4096)));
+/// assert_eq!(MemoryEvent::free(dev, 0x100, 4096, 0, 1 << 20).category, MemoryEvent::DEFAULT_CATEGORY);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct MemoryEvent {
     /// The device whose memory changed.
     pub device: DeviceId,
-    /// Address (or any stable block id) of the block; a free names the same address
-    /// as its allocation.
+    /// Address (or any stable block id) of the block; a free (or retag) names the
+    /// same address as its allocation.
     pub addr: u64,
-    /// Bytes allocated (positive) or freed (negative).
+    /// Bytes allocated (positive) or freed (negative); zero for a retag, and for
+    /// an event that only changes the totals (a segment reserved or released).
     pub bytes: i64,
+    /// What the block holds: its memory category (for a retag, the new one).
+    pub category: &'static str,
+    /// For a retag: the category the block's bytes left and how many moved.
+    pub retag: Option<MemoryRetag>,
     /// Bytes allocated on the device after this event.
     pub total_allocated: u64,
     /// Bytes reserved (held by the allocator, in use or cached) after this event.
     pub total_reserved: u64,
 }
 
+/// What a retag [`MemoryEvent`] moved: `bytes` of a live block, from category
+/// `from` to the event's `category`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct MemoryRetag {
+    /// The category the block had before.
+    pub from: &'static str,
+    /// The block's size.
+    pub bytes: u64,
+}
+
 impl MemoryEvent {
-    /// An allocation of `bytes` at `addr`, with the device totals after it.
+    /// The category of events that name none: `"other"` (brasa-alloc's name
+    /// for untagged memory).
+    pub const DEFAULT_CATEGORY: &'static str = "other";
+
+    /// An allocation of `bytes` at `addr`, with the device totals after it, in
+    /// [`DEFAULT_CATEGORY`](Self::DEFAULT_CATEGORY).
     pub fn alloc(device: DeviceId, addr: u64, bytes: u64, total_allocated: u64, total_reserved: u64) -> Self {
-        Self { device, addr, bytes: i64::try_from(bytes).unwrap_or(i64::MAX), total_allocated, total_reserved }
+        Self {
+            device,
+            addr,
+            bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
+            category: Self::DEFAULT_CATEGORY,
+            retag: None,
+            total_allocated,
+            total_reserved,
+        }
     }
 
-    /// A free of `bytes` at `addr`, with the device totals after it.
+    /// A free of `bytes` at `addr`, with the device totals after it, in
+    /// [`DEFAULT_CATEGORY`](Self::DEFAULT_CATEGORY).
     pub fn free(device: DeviceId, addr: u64, bytes: u64, total_allocated: u64, total_reserved: u64) -> Self {
         Self {
             bytes: -i64::try_from(bytes).unwrap_or(i64::MAX),
             ..Self::alloc(device, addr, 0, total_allocated, total_reserved)
         }
     }
+
+    /// The live block of `bytes` at `addr` moved from category `from` to `to`;
+    /// the device totals (unchanged by a retag) are given as for the others.
+    pub fn retag(
+        device: DeviceId,
+        addr: u64,
+        bytes: u64,
+        from: &'static str,
+        to: &'static str,
+        total_allocated: u64,
+        total_reserved: u64,
+    ) -> Self {
+        Self {
+            category: to,
+            retag: Some(MemoryRetag { from, bytes }),
+            ..Self::alloc(device, addr, 0, total_allocated, total_reserved)
+        }
+    }
+
+    /// The same event in `category` (for a retag: moving to `category`).
+    #[must_use]
+    pub fn with_category(mut self, category: &'static str) -> Self {
+        self.category = category;
+        self
+    }
+}
+
+/// What a device's allocator held when a recording started: the memory
+/// timeline's first point, so that bytes allocated before the profile (the
+/// model's parameters, the optimizer's state) show under their categories
+/// instead of as unknown. Taken from each registered
+/// [`DeviceMonitor::memory_baseline`](crate::DeviceMonitor::memory_baseline)
+/// when a profiler built with `profile_memory(true)` starts recording.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MemoryBaseline {
+    /// The device.
+    pub device: DeviceId,
+    /// Bytes allocated on the device.
+    pub total_allocated: u64,
+    /// Bytes reserved on the device.
+    pub total_reserved: u64,
+    /// Allocated bytes per category (categories holding nothing may be left out);
+    /// the sum should be `total_allocated` (what it misses shows as unknown).
+    pub by_category: Vec<(&'static str, u64)>,
 }
 
 /// A [`MemoryEvent`] as recorded: when, on which thread, inside which range.

@@ -3,12 +3,13 @@
 //! An event-based profiler for any Rust program, modelled on `torch.profiler`:
 //! named, nested ranges from any thread ([`record_function`]), device work timed
 //! with markers resolved after the fact ([`DeviceTimer`], [`device_span`]),
-//! allocator events attributed to the op that caused them ([`record_memory_event`]),
-//! and four views of what was recorded: an op table like PyTorch's
-//! `key_averages().table()` ([`ProfileResult::key_averages`]), a Chrome/Perfetto
-//! trace ([`ProfileResult::export_chrome_trace`]), a self-contained HTML memory
-//! timeline ([`ProfileResult::export_memory_timeline`]), and a per-device
-//! utilization snapshot ([`utilization`]).
+//! allocator events attributed to the op that caused them and to a memory category
+//! ([`record_memory_event`], [`MemoryEvent`]), and four views of what was recorded:
+//! an op table like PyTorch's `key_averages().table()` ([`ProfileResult::key_averages`]),
+//! a Chrome/Perfetto trace ([`ProfileResult::export_chrome_trace`]), a self-contained
+//! HTML memory timeline with allocated bytes stacked by category
+//! ([`ProfileResult::export_memory_timeline`], [`ProfileResult::memory_timeline`]),
+//! and a per-device utilization snapshot ([`utilization`]).
 //!
 //! Recording is process-wide and costs one relaxed atomic load per call when no
 //! profiler runs ([`enabled`]); while one runs, each thread writes to its own
@@ -61,10 +62,15 @@ mod utilization;
 pub use clock::{Clock, HostClock, ManualClock};
 pub use device::{device_span, DeviceSpan, DeviceTimer, HostTimer, Marker};
 pub use error::ProfileError;
-pub use event::{DeviceId, DeviceInterval, MemoryEvent, MemoryRecord, RangeEvent, RangeKind, ThreadInfo};
+pub use event::{
+    DeviceId, DeviceInterval, MemoryBaseline, MemoryEvent, MemoryRecord, MemoryRetag, RangeEvent, RangeKind, ThreadInfo,
+};
 pub use key_averages::{KeyAverage, KeyAverages, SortBy, TableOptions};
 pub use memory::record_memory_event;
-pub use memory_timeline::{DeviceTimeline, LiveBlock, MemoryTimeline, OpShare, PeakSnapshot, TimelinePoint, NO_RANGE};
+pub use memory_timeline::{
+    CategorySeries, DeviceTimeline, LiveBlock, MemoryTimeline, OpShare, PeakSnapshot, TimelinePoint, NO_RANGE,
+    UNTRACKED_CATEGORY,
+};
 pub use profiler::{Profiler, ProfilerBuilder, TraceReadyFn};
 pub use range::{record_function, record_function_with_shapes, record_op, RangeGuard};
 pub use result::{ProfileResult, RangeStats};

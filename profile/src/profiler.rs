@@ -12,6 +12,7 @@ use crate::result::ProfileResult;
 use crate::schedule::{ProfilerAction, Schedule};
 use crate::session::{begin_session, enabled, end_session, Session, SessionConfig};
 use crate::user_code::{call_user, drop_user};
+use crate::utilization::memory_baselines;
 
 /// Only one profiler records at a time: the recording switch is process-wide.
 static PROFILER_RUNNING: AtomicBool = AtomicBool::new(false);
@@ -276,7 +277,7 @@ impl Profiler {
     /// PyTorch's `prepare_trace`: recording on, but what is recorded is warm-up.
     fn warm_up(&mut self) {
         if self.session.is_none() {
-            self.session = Some(begin_session(self.config.clone()));
+            self.session = Some(self.begin());
             self.warming_up = true;
         }
     }
@@ -290,9 +291,24 @@ impl Profiler {
             }
         }
         if self.session.is_none() {
-            self.session = Some(begin_session(self.config.clone()));
+            self.session = Some(self.begin());
         }
         self.warming_up = false;
+    }
+
+    /// A new session, with the devices' memory baselines when it profiles memory.
+    fn begin(&self) -> Arc<Session> {
+        // Asked before recording is on: a monitor reads its allocator, and
+        // nothing it does must be recorded. (An event racing in between on
+        // another thread is missed, not counted twice: the timeline shows its
+        // bytes as untracked.)
+        let (baseline, warnings) =
+            if self.config.profile_memory { memory_baselines() } else { (Vec::new(), Vec::new()) };
+        let session = begin_session(self.config.clone(), baseline);
+        for warning in warnings {
+            session.warn(warning);
+        }
+        session
     }
 
     fn stop_trace(&mut self) {

@@ -1,6 +1,6 @@
 //! A collected profile and the per-range arithmetic every view is built on.
 
-use crate::event::{DeviceInterval, MemoryRecord, RangeEvent, ThreadInfo};
+use crate::event::{DeviceInterval, MemoryBaseline, MemoryRecord, RangeEvent, ThreadInfo};
 
 /// Everything one profiling session (or one schedule cycle) recorded.
 ///
@@ -14,6 +14,10 @@ pub struct ProfileResult {
     pub device_intervals: Vec<DeviceInterval>,
     /// Allocator events, sorted by time.
     pub memory: Vec<MemoryRecord>,
+    /// What each device's allocator held when recording started, by device
+    /// (from [`DeviceMonitor::memory_baseline`](crate::DeviceMonitor::memory_baseline);
+    /// empty without `profile_memory` or monitors that report it).
+    pub memory_baseline: Vec<MemoryBaseline>,
     /// Threads that recorded something, by tid.
     pub threads: Vec<ThreadInfo>,
     /// When recording started (clock nanoseconds): the trace's time zero.

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use crate::clock::{unix_now_ns, Clock};
 use crate::device::{DeviceTimer, Marker};
-use crate::event::{DeviceInterval, MemoryEvent, MemoryRecord, RangeEvent, RangeKind, ThreadInfo};
+use crate::event::{DeviceInterval, MemoryBaseline, MemoryEvent, MemoryRecord, RangeEvent, RangeKind, ThreadInfo};
 use crate::result::ProfileResult;
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -125,6 +125,8 @@ pub(crate) struct Session {
     pub profile_memory: bool,
     pub start_ns: u64,
     pub start_unix_ns: u64,
+    /// What each device's allocator held at the start (with `profile_memory`).
+    memory_baseline: Vec<MemoryBaseline>,
     buffers: Mutex<Vec<Arc<Mutex<ThreadBuffer>>>>,
     timers: RwLock<Vec<TimerSlot>>,
     warnings: Mutex<Vec<String>>,
@@ -184,8 +186,10 @@ pub(crate) fn current() -> Option<Handle> {
         .flatten()
 }
 
-/// Starts recording. The caller (the `Profiler`) guarantees one session at a time.
-pub(crate) fn begin_session(config: SessionConfig) -> Arc<Session> {
+/// Starts recording, from what each device's allocator held just before
+/// (`memory_baseline`, empty without `profile_memory`). The caller (the
+/// `Profiler`) guarantees one session at a time.
+pub(crate) fn begin_session(config: SessionConfig, memory_baseline: Vec<MemoryBaseline>) -> Arc<Session> {
     let mut current = lock(&CURRENT);
     let generation = GENERATION.load(Ordering::Relaxed) + 1;
     let start_ns = config.clock.now_ns();
@@ -196,6 +200,7 @@ pub(crate) fn begin_session(config: SessionConfig) -> Arc<Session> {
         profile_memory: config.profile_memory,
         start_ns,
         start_unix_ns: unix_now_ns(),
+        memory_baseline,
         buffers: Mutex::new(Vec::new()),
         timers: RwLock::new(Vec::new()),
         warnings: Mutex::new(Vec::new()),
@@ -314,6 +319,7 @@ impl Session {
             base_unix_ns: self.start_unix_ns,
             process_id: std::process::id(),
             step,
+            memory_baseline: self.memory_baseline.clone(),
             ..ProfileResult::default()
         };
         // Taken out, so no lock is held while device code resolves markers, and the

@@ -9,9 +9,10 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use crate::event::DeviceId;
+use crate::event::{DeviceId, MemoryBaseline};
 use crate::session::lock;
 use crate::units::format_bytes;
+use crate::user_code::call_user;
 
 /// What a device can say about its own load. Implemented by device crates.
 pub trait DeviceMonitor: Send + Sync {
@@ -32,6 +33,15 @@ pub trait DeviceMonitor: Send + Sync {
     /// Percent of time the device's compute was busy recently (0–100), if the
     /// device can tell. Default: unknown.
     fn compute_utilization(&self) -> Option<f64> {
+        None
+    }
+
+    /// What the device's allocator holds now, per memory category: the
+    /// starting point of the memory timeline when a profiler built with
+    /// `profile_memory(true)` starts recording (see [`MemoryBaseline`]).
+    /// Default: unknown (bytes allocated before the recording then show as
+    /// unknown in the timeline).
+    fn memory_baseline(&self) -> Option<MemoryBaseline> {
         None
     }
 }
@@ -100,6 +110,23 @@ pub fn unregister_device_monitor(device: DeviceId) -> bool {
     let before = monitors.len();
     monitors.retain(|m| m.device() != device);
     monitors.len() != before
+}
+
+/// Every registered monitor's [`DeviceMonitor::memory_baseline`], by device,
+/// with a warning for each monitor that panicked.
+pub(crate) fn memory_baselines() -> (Vec<MemoryBaseline>, Vec<String>) {
+    let monitors: Vec<Arc<dyn DeviceMonitor>> = lock(&MONITORS).clone();
+    let mut baselines = Vec::new();
+    let mut warnings = Vec::new();
+    for monitor in monitors {
+        match call_user(|| monitor.memory_baseline()) {
+            Ok(Some(baseline)) => baselines.push(MemoryBaseline { device: monitor.device(), ..baseline }),
+            Ok(None) => {}
+            Err(message) => warnings.push(format!("a device monitor panicked in memory_baseline ({message})")),
+        }
+    }
+    baselines.sort_by_key(|b| b.device);
+    (baselines, warnings)
 }
 
 /// Host memory plus every registered device's memory and compute, now.

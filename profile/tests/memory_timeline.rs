@@ -115,7 +115,7 @@ fn html_is_self_contained_and_carries_its_data() {
     }
     // The table of live blocks names each block's size and op.
     for (size, op) in [("8.00 MiB", "linear"), ("4.00 MiB", "gelu"), ("2.00 MiB", "backward")] {
-        let row = format!(r#"<td class="num">{size}</td><td title="#);
+        let row = format!(r#"<td class="num">{size}</td><td class="cat"><i class="swatch""#);
         assert!(html.contains(&row), "row for {size}");
         assert!(html.contains(&format!(">{op}</td>")), "op {op}");
     }
@@ -139,10 +139,13 @@ fn html_is_self_contained_and_carries_its_data() {
     }
     assert_eq!(cuda["peak"]["allocated"].as_u64(), Some(30 * MIB));
     assert_eq!(cuda["peak"]["blocks"][0]["op"], "linear");
+    // Nothing was tagged: one "other" band over the 16 MiB from before the trace.
+    let names: Vec<&str> = cuda["categories"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, [brasa_profile::UNTRACKED_CATEGORY, "other"]);
     // Every plotted point is drawn: the allocated step path has one vertex per event.
     let svg_start = html.find(&format!("<svg id=\"chart-{cuda_index}\"")).unwrap();
     let svg = &html[svg_start..svg_start + html[svg_start..].find("</svg>").unwrap()];
-    let series = svg.split("class=\"series\" d=\"").nth(2).unwrap();
+    let series = svg.split("class=\"series allocated\" d=\"").nth(1).unwrap();
     let path = &series[..series.find('"').unwrap()];
     assert_eq!(path.matches('V').count() + 1, points.len());
 }

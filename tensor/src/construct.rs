@@ -6,48 +6,14 @@
 //! Philox4x32-10 stream, so the same seed gives the same numbers on every
 //! device and thread count.
 
-use crate::backend::{for_device, Distribution, Sequence};
+use crate::backend::{ops_for, runtime_for, Distribution, Sequence};
+use crate::default_generator::with_generator;
 use crate::device::{default_device, Device};
 use crate::dispatch::dispatch_dtype;
 use crate::dtype::{checked_scalar, DType, WithDType};
 use crate::error::{Result, TensorError};
-use crate::rng::{Generator, GeneratorState};
 use crate::shape::Shape;
 use crate::tensor::Tensor;
-use std::sync::Mutex;
-
-static GENERATOR: Mutex<Option<Generator>> = Mutex::new(None);
-
-fn with_generator<R>(f: impl FnOnce(&mut Generator) -> R) -> R {
-    let mut slot = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
-    f(slot.get_or_insert_with(|| Generator::new(0)))
-}
-
-/// Seeds the process-wide generator (`torch.manual_seed`).
-pub fn manual_seed(seed: u64) {
-    with_generator(|g| *g = Generator::new(seed));
-}
-
-/// The generator's state, to repeat draws later (checkpointing uses it).
-pub fn rng_state() -> GeneratorState {
-    with_generator(|g| g.state())
-}
-
-/// Restores a state from [`rng_state`].
-pub fn set_rng_state(state: GeneratorState) {
-    with_generator(|g| g.set_state(state));
-}
-
-/// Reserves `count` elements of the process-wide generator's stream for one
-/// fill: a snapshot of the generator positioned at the first of them (element
-/// `i` of the fill is stream element `offset + i` on every device).
-pub(crate) fn reserve_draws(count: usize) -> Generator {
-    with_generator(|g| {
-        let snapshot = Generator::from_state(g.state());
-        g.reserve(count as u64);
-        snapshot
-    })
-}
 
 fn require_float(op: &'static str, dtype: DType) -> Result<()> {
     if dtype.is_float() {
@@ -71,7 +37,7 @@ fn random(op: &'static str, dist: Distribution, shape: Shape, dtype: DType, devi
         Distribution::Normal { mean, std } => g.fill_normal_f32_at(&mut [], 0, mean as f32, std as f32),
         Distribution::Bernoulli { p } => g.fill_bernoulli_at::<u8>(&mut [], 0, p),
     })?;
-    for_device(device)?.random(op, dist, &shape, dtype, device)
+    ops_for(device)?.random(op, dist, &shape, dtype, device)
 }
 
 /// A tensor of `shape` and `dtype` holding `sequence`, written on `device`
@@ -91,7 +57,7 @@ fn sequence(op: &'static str, shape: &[usize], dtype: DType, device: Device, seq
             }
         }
     }
-    for_device(device)?.sequence(op, out, sequence)
+    ops_for(device)?.sequence(op, out, sequence)
 }
 
 impl Tensor {
@@ -104,20 +70,9 @@ impl Tensor {
     /// integer dtype (`full(1.9, i64)` is 1), and an integer from -255 to -1
     /// wraps into u8 (`-1` is 255), as PyTorch does.
     pub fn full_on(shape: impl Into<Shape>, value: f64, dtype: DType, device: Device) -> Result<Tensor> {
-        if !device.is_cpu() {
-            let _op = crate::backend::meta::op_scope("full");
-            // The value as the dtype stores it (`-1` into u8 is 255), filled on the device.
-            let value = dispatch_dtype!(dtype, T => checked_scalar::<T>("full", value)?.to_f64());
-            // SAFETY: the host never reads device memory; the fill is queued
-            // on the device's stream before any later work there can read it.
-            let out = unsafe { Tensor::uninit(shape, dtype, device)?.assume_init() };
-            crate::backend::for_device(device)?.fill("full", &out, value)?;
-            return Ok(out);
-        }
-        dispatch_dtype!(dtype, T => {
-            let value = checked_scalar::<T>("full", value)?;
-            Tensor::uninit(shape, dtype, device)?.fill("full", value)
-        })
+        // The value as the dtype stores it (`-1` into u8 is 255), filled on the device.
+        let value = dispatch_dtype!(dtype, T => checked_scalar::<T>("full", value)?.to_f64());
+        ops_for(device)?.full("full", shape.into(), dtype, device, value)
     }
 
     /// [`Tensor::full_on`] on the default device.
@@ -127,10 +82,7 @@ impl Tensor {
 
     /// Zeros.
     pub fn zeros_on(shape: impl Into<Shape>, dtype: DType, device: Device) -> Result<Tensor> {
-        if !device.is_cpu() {
-            return Self::full_on(shape, 0.0, dtype, device);
-        }
-        Tensor::uninit(shape, dtype, device)?.zeros("zeros")
+        Self::full_on(shape, 0.0, dtype, device)
     }
 
     /// Zeros on the default device.
@@ -168,15 +120,8 @@ impl Tensor {
                 format!("shape {:?} holds {numel} elements but {} were given", shape.dims(), data.len()),
             ));
         }
-        if device.is_meta() {
-            // A meta tensor keeps no values: only the storage is accounted.
-            let _op = crate::backend::meta::op_scope("from_slice");
-            return Tensor::uninit(shape, T::DTYPE, device)?.planned("from_slice");
-        }
-        if !device.is_cpu() {
-            return Self::from_slice_on(data, shape, Device::CPU)?.to(device);
-        }
-        Tensor::uninit(shape, T::DTYPE, device)?.copy_from_slice("from_slice", data)
+        runtime_for(device)?
+            .tensor_from_host("from_slice", shape, T::DTYPE, device, &mut |out| out.copy_from_slice("from_slice", data))
     }
 
     /// [`Tensor::from_slice_on`] on the default device.

@@ -56,7 +56,7 @@ impl Device {
     /// only where they cost no more. False for a device this build cannot
     /// run.
     pub fn multiplies_half_into_f32(&self) -> bool {
-        crate::backend::for_device(*self).is_ok_and(|backend| backend.multiplies_half_into_f32())
+        crate::backend::ops_for(*self).is_ok_and(|backend| backend.multiplies_half_into_f32())
     }
 
     /// The device's ordinal.

@@ -68,7 +68,7 @@ impl Tensor {
         if self.numel() == 0 {
             return Ok(Shown::Empty);
         }
-        if !self.device().is_cpu() {
+        if !crate::backend::runtime_for(self.device())?.values_on_host() {
             return self.to(crate::Device::CPU)?.shown_values::<T>(summarize);
         }
         let kept: Vec<Vec<usize>> = self.dims().iter().map(|&size| shown_indices(size, summarize)).collect();

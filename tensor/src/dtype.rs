@@ -379,6 +379,12 @@ impl WithDType for bool {
     }
 }
 
+/// Whether a scalar acts as an integer (Python `int`) rather than a float in
+/// the op's dtype rule: finite with no fractional part.
+pub(crate) fn is_integral_value(value: f64) -> bool {
+    value.is_finite() && value.fract() == 0.0
+}
+
 /// `value` as a `T`, or an error naming `op` when `T`'s dtype cannot hold it
 /// ([`DType::can_hold`]). Integer dtypes drop the fraction and wrap negative
 /// integers into u8, as PyTorch does; the others convert by

@@ -74,7 +74,7 @@ impl Tensor {
     /// Checks that the tensor's elements are one host byte range and returns
     /// where it starts (in bytes from the storage's start) and its length.
     fn host_byte_range(&self, op: &'static str) -> Result<(usize, usize)> {
-        if !self.device().is_cpu() {
+        if !crate::backend::runtime_for(self.device())?.values_on_host() {
             return Err(TensorError::invalid(
                 op,
                 format!("the tensor is on {}; only host tensors expose their bytes", self.device()),

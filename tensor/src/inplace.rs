@@ -1,7 +1,7 @@
 //! In-place writes: `fill_`, `zero_`, `copy_`. Each bumps the storage's
 //! version, which autograd uses to catch a tensor changed after it was saved.
 
-use crate::backend::for_device;
+use crate::backend::ops_for;
 use crate::dispatch::dispatch_dtype;
 use crate::dtype::{checked_scalar, WithDType};
 use crate::error::{Result, TensorError};
@@ -16,7 +16,7 @@ impl Tensor {
     pub fn fill_(&self, value: f64) -> Result<()> {
         // The value as the dtype stores it (`-1` into u8 is 255), as f64.
         let value = dispatch_dtype!(self.dtype(), T => checked_scalar::<T>("fill_", value)?.to_f64());
-        for_device(self.device())?.fill("fill_", self, value)?;
+        ops_for(self.device())?.fill("fill_", self, value)?;
         self.storage().bump_version();
         Ok(())
     }
@@ -46,7 +46,7 @@ impl Tensor {
             src
         };
         // The storages differ (a sharing source was copied above).
-        for_device(self.device())?.copy_into("copy_", self, &src)?;
+        ops_for(self.device())?.copy_into("copy_", self, &src)?;
         self.storage().bump_version();
         Ok(())
     }

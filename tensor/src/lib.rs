@@ -37,17 +37,13 @@
 
 mod backend;
 pub(crate) mod construct;
-#[cfg(feature = "cuda")]
-mod cuda;
-#[cfg(feature = "cuda")]
-mod cuda_pinned;
+mod default_generator;
 mod device;
 mod dispatch;
 mod display;
 pub mod dtype;
 mod error;
 mod host_access;
-mod host_devices;
 mod inplace;
 pub mod layout;
 pub mod memory;
@@ -59,19 +55,20 @@ mod storage;
 mod stream;
 mod tensor;
 
-pub use backend::meta::{FailedAllocation, LiveTensor, MemoryTarget, MetaDevice, TargetKind, CUDA_GRANULARITY};
+pub use backend::host::devices::{
+    host_device_count, parse_byte_size, set_host_allocator_config, set_host_device_count, set_host_memory_limit,
+    HOST_DEVICES_ENV, HOST_MEMORY_LIMIT_ENV, MAX_HOST_DEVICES,
+};
+pub use backend::meta::{FailedAllocation, LiveTensor, MetaDevice};
+pub use backend::target::{MemoryTarget, TargetKind, CUDA_GRANULARITY};
 /// The kernel errors a [`TensorError::Kernel`], [`TensorError::Index`] or
 /// [`TensorError::ScratchTooLarge`] carries as its source.
 pub use brasa_kernels::{index::IndexError, scratch::ScratchError, KernelError};
-pub use construct::{manual_seed, rng_state, set_rng_state};
+pub use default_generator::{manual_seed, rng_state, set_rng_state};
 pub use device::{cuda_device_count, default_device, set_default_device, Device};
 pub use dtype::{convert_slice, DType, DTypeError, WithDType};
 pub use error::{ErrorBox, Result, SharedError, TensorError};
 pub use host_access::{HostBytes, HostBytesMut};
-pub use host_devices::{
-    host_device_count, parse_byte_size, set_host_allocator_config, set_host_device_count, set_host_memory_limit,
-    HOST_DEVICES_ENV, HOST_MEMORY_LIMIT_ENV, MAX_HOST_DEVICES,
-};
 pub use layout::{ContiguousRuns, Layout, LayoutError, StridedOffsets};
 pub use ops::Conv2dParams;
 pub use ops::Pool2dParams;

@@ -23,44 +23,19 @@
 //! # Ok::<(), brasa_tensor::TensorError>(())
 //! ```
 
+use crate::backend::current_stream::{current_stream_id, next_stream_id, set_current_stream};
+use crate::backend::{runtime_for, DeviceEvent};
 use crate::device::Device;
 use crate::error::{Result, TensorError};
 use crate::tensor::Tensor;
 use brasa_alloc::StreamId;
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
-
-static NEXT_STREAM: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    /// This thread's current stream of each device that has one other than
-    /// the default.
-    static CURRENT: RefCell<HashMap<Device, StreamId>> = RefCell::new(HashMap::new());
-}
-
-/// The id of this thread's current stream on `device`.
-pub(crate) fn current_stream_id(device: Device) -> StreamId {
-    CURRENT.with(|c| c.borrow().get(&device).copied().unwrap_or(StreamId::DEFAULT))
-}
 
 /// Waits for all work queued on `device` (`torch.cuda.synchronize`):
 /// immediate on the host, whose work is done when its call returns.
 pub fn synchronize(device: Device) -> Result<()> {
-    match device {
-        // A meta device runs nothing.
-        Device::Cpu(_) | Device::Meta(_) => Ok(()),
-        #[cfg(feature = "cuda")]
-        Device::Cuda(index) => crate::cuda::synchronize(index),
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => Err(no_cuda(device)),
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-fn no_cuda(device: Device) -> TensorError {
-    TensorError::Device(format!("{device}: brasa-tensor was built without the `cuda` feature"))
+    runtime_for(device)?.synchronize(device)
 }
 
 /// Restores the previous current stream of a device when dropped (see
@@ -73,9 +48,7 @@ pub struct StreamGuard {
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
-        CURRENT.with(|c| {
-            c.borrow_mut().insert(self.device, self.previous);
-        });
+        set_current_stream(self.device, self.previous);
     }
 }
 
@@ -95,14 +68,8 @@ impl Stream {
     /// A new stream on `device` (on CUDA, a new driver stream registered with
     /// the device's allocator).
     pub fn new(device: Device) -> Result<Stream> {
-        let id = StreamId(NEXT_STREAM.fetch_add(1, Ordering::Relaxed));
-        match device {
-            Device::Cpu(_) | Device::Meta(_) => {}
-            #[cfg(feature = "cuda")]
-            Device::Cuda(index) => crate::cuda::new_stream(index, id)?,
-            #[cfg(not(feature = "cuda"))]
-            Device::Cuda(_) => return Err(no_cuda(device)),
-        }
+        let id = next_stream_id();
+        runtime_for(device)?.new_stream(device, id)?;
         Ok(Stream { device, id })
     }
 
@@ -127,7 +94,7 @@ impl Stream {
     /// # Ok::<(), brasa_tensor::TensorError>(())
     /// ```
     pub fn make_current(&self) -> StreamGuard {
-        let previous = CURRENT.with(|c| c.borrow_mut().insert(self.device, self.id).unwrap_or(StreamId::DEFAULT));
+        let previous = set_current_stream(self.device, self.id);
         StreamGuard { device: self.device, previous }
     }
 
@@ -143,15 +110,7 @@ impl Stream {
 
     /// Waits until the work queued on the stream has finished (immediate on the host).
     pub fn synchronize(&self) -> Result<()> {
-        match self.device {
-            Device::Cpu(_) | Device::Meta(_) => Ok(()),
-            #[cfg(feature = "cuda")]
-            Device::Cuda(index) => crate::cuda::stream(index, self.id)?
-                .synchronize()
-                .map_err(|e| crate::cuda::driver_error(self.device, "synchronizing a stream", e)),
-            #[cfg(not(feature = "cuda"))]
-            Device::Cuda(_) => Err(no_cuda(self.device)),
-        }
+        runtime_for(self.device)?.synchronize_stream(self.device, self.id)
     }
 
     /// Records a new event on the stream.
@@ -164,18 +123,15 @@ impl Stream {
     /// Makes work queued on this stream after now wait for `event` (on the
     /// host the event has already completed).
     pub fn wait_event(&self, event: &Event) -> Result<()> {
-        match event.device {
-            Some(device) if device != self.device => {
-                Err(TensorError::DeviceMismatch { op: "wait_event", lhs: self.device, rhs: device })
+        if let Some(device) = event.device {
+            if device != self.device {
+                return Err(TensorError::DeviceMismatch { op: "wait_event", lhs: self.device, rhs: device });
             }
-            #[cfg(feature = "cuda")]
-            Some(Device::Cuda(index)) => match &event.cuda {
-                Some(recorded) => crate::cuda::stream(index, self.id)?
-                    .wait(recorded)
-                    .map_err(|e| crate::cuda::driver_error(self.device, "waiting for an event", e)),
-                None => Ok(()),
-            },
-            _ => Ok(()),
+        }
+        match &event.recorded {
+            Some(recorded) => runtime_for(self.device)?.wait_event(self.device, self.id, &**recorded),
+            // Not recorded, or recorded where work is done when queued.
+            None => Ok(()),
         }
     }
 }
@@ -186,38 +142,20 @@ pub struct Event {
     enable_timing: bool,
     recorded_at: Option<Instant>,
     device: Option<Device>,
-    /// The CUDA event, once recorded on a CUDA stream.
-    #[cfg(feature = "cuda")]
-    cuda: Option<std::sync::Arc<cudarc::driver::CudaEvent>>,
+    /// The device's own event, once recorded on a stream of a device that
+    /// queues work (CUDA).
+    recorded: Option<Arc<dyn DeviceEvent>>,
 }
 
 impl Event {
     /// An unrecorded event; `elapsed_time` needs `enable_timing` on both ends.
     pub fn new(enable_timing: bool) -> Event {
-        Event {
-            enable_timing,
-            recorded_at: None,
-            device: None,
-            #[cfg(feature = "cuda")]
-            cuda: None,
-        }
+        Event { enable_timing, recorded_at: None, device: None, recorded: None }
     }
 
     /// Records the event at the current end of `stream`'s work.
     pub fn record(&mut self, stream: &Stream) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if let Device::Cuda(index) = stream.device() {
-            use cudarc::driver::sys::CUevent_flags;
-            let flags = if self.enable_timing {
-                CUevent_flags::CU_EVENT_DEFAULT
-            } else {
-                CUevent_flags::CU_EVENT_DISABLE_TIMING
-            };
-            let recorded = crate::cuda::stream(index, stream.id())?
-                .record_event(Some(flags))
-                .map_err(|e| crate::cuda::driver_error(stream.device(), "recording an event", e))?;
-            self.cuda = Some(std::sync::Arc::new(recorded));
-        }
+        self.recorded = runtime_for(stream.device())?.record_event(stream.device(), stream.id(), self.enable_timing)?;
         self.recorded_at = Some(Instant::now());
         self.device = Some(stream.device());
         Ok(())
@@ -225,8 +163,7 @@ impl Event {
 
     /// Whether the work before the event has finished (true on the host once recorded).
     pub fn query(&self) -> bool {
-        #[cfg(feature = "cuda")]
-        if let Some(recorded) = &self.cuda {
+        if let Some(recorded) = &self.recorded {
             return recorded.is_complete();
         }
         self.recorded_at.is_some()
@@ -234,9 +171,8 @@ impl Event {
 
     /// Waits for the work before the event.
     pub fn synchronize(&self) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if let (Some(recorded), Some(device)) = (&self.cuda, self.device) {
-            return recorded.synchronize().map_err(|e| crate::cuda::driver_error(device, "waiting for an event", e));
+        if let Some(recorded) = &self.recorded {
+            return recorded.synchronize();
         }
         match self.recorded_at {
             Some(_) => Ok(()),
@@ -258,13 +194,9 @@ impl Event {
                 return Err(TensorError::DeviceMismatch { op: OP, lhs: a, rhs: b });
             }
         }
-        // CUDA events: device time between them (waits for both).
-        #[cfg(feature = "cuda")]
-        if let (Some(first), Some(last), Some(device)) = (&self.cuda, &end.cuda, self.device) {
-            return first
-                .elapsed_ms(last)
-                .map(f64::from)
-                .map_err(|e| crate::cuda::driver_error(device, "timing two events", e));
+        // Device events: device time between them (waits for both).
+        if let (Some(first), Some(last)) = (&self.recorded, &end.recorded) {
+            return first.elapsed_ms(&**last);
         }
         Ok(stop.saturating_duration_since(start).as_secs_f64() * 1e3)
     }
@@ -284,27 +216,10 @@ impl Tensor {
     /// Pinning fails with an error naming `RLIMIT_MEMLOCK` (mlock) or the
     /// driver's error when the memory cannot be locked.
     pub fn pin_memory(&self) -> Result<Tensor> {
-        if !self.device().is_cpu() {
-            return Err(TensorError::Device(format!(
-                "pin_memory: the tensor is on {}, not in host memory",
-                self.device()
-            )));
-        }
         if self.is_pinned() {
             return Ok(self.clone());
         }
-        crate::dispatch::dispatch_dtype!(self.dtype(), T => {
-            let pinned = crate::storage::UninitTensor::pinned(self.shape().clone(), self.dtype())?;
-            let src = self.storage().read::<T>("pin_memory")?;
-            // SAFETY: `copy_strided` writes every element of the output (one
-            // per element of this tensor's layout, which has its shape), reading none.
-            unsafe {
-                pinned.init_with::<T>("pin_memory", |dst| {
-                    crate::tensor::copy_strided(&src, self.layout(), dst);
-                    Ok(())
-                })
-            }
-        })
+        runtime_for(self.device())?.pin_memory(self)
     }
 
     /// Whether the tensor lives in page-locked host memory.
@@ -326,9 +241,8 @@ impl Tensor {
     /// not pinned or not contiguous, device to host, host to host) is the
     /// synchronous [`Tensor::to`], as PyTorch falls back for pageable memory.
     pub fn to_non_blocking(&self, device: Device) -> Result<Tensor> {
-        #[cfg(feature = "cuda")]
-        if let (Device::Cpu(_), Device::Cuda(index)) = (self.device(), device) {
-            if let Some(copy) = crate::cuda_pinned::copy_to_device_async(self, index)? {
+        if device != self.device() {
+            if let Some(copy) = runtime_for(device)?.copy_in_non_blocking(self, device)? {
                 return Ok(copy);
             }
         }

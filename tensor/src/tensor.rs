@@ -2,6 +2,7 @@
 //! strides, offset). Views share the storage; the memory goes back to the
 //! cache when the last tensor using it is dropped.
 
+use crate::backend::{ops_for, runtime_for};
 use crate::device::Device;
 use crate::dispatch::dispatch_dtype;
 use crate::dtype::{DType, WithDType};
@@ -262,21 +263,29 @@ impl Tensor {
 
     /// The elements in row-major order; `T` must be the tensor's dtype.
     pub fn to_vec<T: WithDType>(&self) -> Result<Vec<T>> {
+        self.values("to_vec")
+    }
+
+    /// The elements in row-major order, read for `op` (named in errors):
+    /// in place where the process can read them, else from a host copy.
+    fn values<T: WithDType>(&self, op: &'static str) -> Result<Vec<T>> {
         if T::DTYPE != self.dtype() {
-            return Err(TensorError::DTypeMismatch { op: "to_vec", expected: self.dtype(), got: T::DTYPE });
+            return Err(TensorError::DTypeMismatch { op, expected: self.dtype(), got: T::DTYPE });
         }
-        if self.device().is_meta() {
-            return Err(crate::backend::meta::no_values("to_vec", self.device()));
-        }
-        if !self.device().is_cpu() {
-            return self.to(Device::CPU)?.to_vec();
+        let runtime = runtime_for(self.device())?;
+        if !runtime.values_on_host() {
+            let host = {
+                let _range = brasa_profile::record_op("copy", &[self.dims()]);
+                runtime.copy_to_host(op, self, self.dtype())?
+            };
+            return host.values(op);
         }
         // An expanded view can have far more elements than memory holds:
         // that is an error, not an abort.
         let mut out = Vec::new();
         out.try_reserve_exact(self.numel()).map_err(|_| {
             TensorError::invalid(
-                "to_vec",
+                op,
                 format!(
                     "cannot allocate {} elements of {} on the host (shape {:?})",
                     self.numel(),
@@ -285,7 +294,7 @@ impl Tensor {
                 ),
             )
         })?;
-        let data = self.storage.read::<T>("to_vec")?;
+        let data = self.storage.read::<T>(op)?;
         for run in self.layout.contiguous_runs() {
             out.extend_from_slice(&data[run]);
         }
@@ -294,13 +303,14 @@ impl Tensor {
 
     /// The only element of a one-element tensor, converted to `T`.
     pub fn item<T: WithDType>(&self) -> Result<T> {
+        const OP: &str = "item";
         if self.numel() != 1 {
             return Err(TensorError::shape(
-                "item",
+                OP,
                 format!("expected a tensor with one element, got shape {:?} ({} elements)", self.dims(), self.numel()),
             ));
         }
-        let value = dispatch_dtype!(self.dtype(), E => self.to_vec::<E>()?[0].cast::<T>());
+        let value = dispatch_dtype!(self.dtype(), E => self.values::<E>(OP)?[0].cast::<T>());
         Ok(value)
     }
 
@@ -322,70 +332,14 @@ impl Tensor {
         self.copy_to(device, self.dtype())
     }
 
-    /// A contiguous copy on `device` with `dtype`.
+    /// A contiguous copy on `device` with `dtype`: on one device the device's
+    /// own strided cast, between two the destination's runtime.
     pub(crate) fn copy_to(&self, device: Device, dtype: DType) -> Result<Tensor> {
         let _range = brasa_profile::record_op("copy", &[self.dims()]);
         if device == self.device() {
-            // On one device (a dtype change, or a contiguous copy): the device's own strided cast.
-            return crate::backend::for_device(device)?.cast(self, dtype);
+            return ops_for(device)?.cast(self, dtype);
         }
-        if device.is_meta() {
-            // Onto a meta device: the copy is accounted there, nothing is read.
-            let _op = crate::backend::meta::op_scope("copy");
-            return Tensor::uninit_like(self, dtype, device)?.planned("copy");
-        }
-        if self.device().is_meta() {
-            return Err(crate::backend::meta::no_values("to", self.device()));
-        }
-        if !self.device().is_cpu() || !device.is_cpu() {
-            #[cfg(feature = "cuda")]
-            return crate::cuda::copy_between(self, device, dtype);
-            #[cfg(not(feature = "cuda"))]
-            return Err(TensorError::Device(format!(
-                "copy from {} to {device}: brasa-tensor was built without the `cuda` feature",
-                self.device()
-            )));
-        }
-        // Between two host devices: one process memory, one strided copy.
-        crate::backend::host::convert_into_device(self, device, dtype)
-    }
-}
-
-/// Copies the elements of `src` seen through `layout` into `dst` in row-major
-/// order, converting their type.
-pub(crate) fn copy_strided<S: WithDType, D: WithDType>(src: &[S], layout: &Layout, dst: &mut [D]) {
-    let mut written = 0;
-    for run in layout.contiguous_runs() {
-        let len = run.len();
-        convert_strided(src, run.start, 1, &mut dst[written..written + len]);
-        written += len;
-    }
-}
-
-/// Writes `out[i] = src[start + i * stride]` converted to `D`: a copy when
-/// the types are the same, a slice at a time (the vectorised half <-> f32
-/// conversions) where the elements are contiguous. Every index must lie in
-/// `src`.
-pub(crate) fn convert_strided<S: WithDType, D: WithDType>(src: &[S], start: usize, stride: isize, out: &mut [D]) {
-    if stride == 1 {
-        let run = &src[start..start + out.len()];
-        if S::DTYPE == D::DTYPE {
-            // SAFETY: S and D are the same type when their dtypes are equal.
-            let same: &[D] = unsafe { std::slice::from_raw_parts(run.as_ptr() as *const D, run.len()) };
-            out.copy_from_slice(same);
-        } else if crate::convert_slice(run, out).is_err() {
-            // `convert_slice` can only refuse unequal lengths, which these
-            // are not. Kept as a fallback.
-            for (o, i) in out.iter_mut().zip(run) {
-                *o = i.cast::<D>();
-            }
-        }
-    } else {
-        let mut at = start as isize;
-        for o in out.iter_mut() {
-            *o = src[at as usize].cast::<D>();
-            at += stride;
-        }
+        runtime_for(device)?.copy_in(self, device, dtype)
     }
 }
 

@@ -322,7 +322,8 @@ impl<M: Module> DistributedDataParallel<M> {
         let mine = if training { comm.rank() } else { comm.world_size() };
         let flag = Tensor::full_on([1], mine as f64, DType::F64, comm.device())?;
         comm.all_reduce(&flag, ReduceOp::Min)?;
-        let lowest = flag.to_vec::<f64>()?[0] as usize;
+        // A plan (meta devices) has no values: it assumes every rank trains.
+        let lowest = if flag.device().is_meta() { 0 } else { flag.to_vec::<f64>()?[0] as usize };
         let trainer = (lowest < comm.world_size()).then_some(lowest);
         if trainer.is_some() {
             *self.join_authority.lock().unwrap_or_else(|e| e.into_inner()) = trainer;
@@ -390,6 +391,11 @@ fn gather_i64(comm: &Communicator, values: &[i64]) -> Result<Vec<i64>> {
     let mine = Tensor::from_vec_on(values.to_vec(), [values.len()], comm.device())?;
     let all = Tensor::zeros_on([values.len() * comm.world_size()], DType::I64, comm.device())?;
     comm.all_gather(&all, &mine)?;
+    if all.device().is_meta() {
+        // A plan (meta devices) has no values: every rank runs the same
+        // setup, so it assumes every rank has these.
+        return Ok(values.repeat(comm.world_size()));
+    }
     Ok(all.to_vec::<i64>()?)
 }
 

@@ -413,9 +413,15 @@ impl Reducer {
                 ranked.push(i as i64);
             }
         }
-        let shared = Tensor::from_vec_on(ranked, [n], self.comm.device())?;
+        let shared = Tensor::from_vec_on(ranked.clone(), [n], self.comm.device())?;
         self.comm.broadcast(&shared, 0)?;
-        let order: Vec<usize> = shared.to_vec::<i64>()?.into_iter().map(|i| i as usize).collect();
+        let order: Vec<usize> = if shared.device().is_meta() {
+            // A plan (meta devices) has no values: every rank runs the same
+            // step, so rank 0's order is this rank's own.
+            ranked.iter().map(|&i| i as usize).collect()
+        } else {
+            shared.to_vec::<i64>()?.into_iter().map(|i| i as usize).collect()
+        };
         let mut seen = vec![false; n];
         for &i in &order {
             if i >= n || std::mem::replace(&mut seen[i], true) {

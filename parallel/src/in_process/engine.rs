@@ -206,8 +206,42 @@ impl InProcessBackend {
     }
 }
 
+impl InProcessBackend {
+    /// A collective between meta devices (a plan of a distributed step):
+    /// the ranks meet as they would, with the same checks and barriers, and
+    /// move nothing (meta tensors have no values; collectives allocate
+    /// nothing of their own).
+    fn without_data(&self, op: &Collective) -> Result<()> {
+        match op {
+            Collective::Send { peer, .. } => self.group.send(self.rank, *peer, op.signature(), 0, self.timeout),
+            Collective::Recv { peer, .. } => self.group.recv(self.rank, *peer, op.signature(), self.timeout, |_| {}),
+            Collective::Barrier => self.barrier(op),
+            _ => {
+                self.open(op.name(), Posted { signature: op.signature(), input: 0, output: 0 })?;
+                self.data_phase(|| {})
+            }
+        }
+    }
+}
+
+/// Whether the collective's tensors are on a meta device.
+fn on_meta(op: &Collective) -> bool {
+    let tensor = match op {
+        Collective::AllReduce { tensor, .. }
+        | Collective::Broadcast { tensor, .. }
+        | Collective::Send { tensor, .. }
+        | Collective::Recv { tensor, .. } => tensor,
+        Collective::ReduceScatter { output, .. } | Collective::AllGather { output, .. } => output,
+        Collective::Barrier => return false,
+    };
+    tensor.device().is_meta()
+}
+
 impl Backend for InProcessBackend {
     fn run(&mut self, op: &Collective) -> Result<()> {
+        if on_meta(op) {
+            return self.without_data(op);
+        }
         match op {
             Collective::AllReduce { tensor, op: reduce } => self.all_reduce(op, tensor, *reduce),
             Collective::ReduceScatter { input, output, op: reduce } => self.reduce_scatter(op, input, output, *reduce),

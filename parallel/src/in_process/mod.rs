@@ -1,6 +1,8 @@
 //! The in-process backend: a group of ranks that are threads of one
 //! process, each on its own logical host device (`Device::Cpu(rank)`),
-//! exchanging through shared memory with no staging copies.
+//! exchanging through shared memory with no staging copies. A group of
+//! meta devices plans a distributed step: the ranks meet as they would and
+//! move no data.
 
 mod engine;
 mod group;
@@ -21,11 +23,16 @@ pub fn in_process_group(devices: &[Device], options: &CommOptions) -> Result<Vec
     if devices.is_empty() {
         return Err(ParallelError::invalid("in_process_group", "a group needs at least one device"));
     }
+    // Host devices, or meta devices for a plan of the group's step; not a mix.
+    let meta = devices[0].is_meta();
     for (rank, device) in devices.iter().enumerate() {
-        if !device.is_cpu() {
+        if !(device.is_cpu() || device.is_meta()) || device.is_meta() != meta {
             return Err(ParallelError::invalid(
                 "in_process_group",
-                format!("rank {rank}'s device is {device}; the in-process backend works on host devices"),
+                format!(
+                    "rank {rank}'s device is {device}; the in-process backend works on host devices (or, to plan \
+                     memory, on meta devices), all of one kind"
+                ),
             ));
         }
         if let Some(other) = devices[..rank].iter().position(|d| d == device) {

@@ -137,6 +137,13 @@ impl Pipeline {
     where
         F: Fn(&Var, &Tensor) -> brasa_nn::Result<Var> + Send + Sync + 'static,
     {
+        if comm.device().is_meta() {
+            return Err(ParallelError::invalid(
+                OP,
+                "a pipeline over ranks exchanges shapes as values, which meta devices do not have: plan a pipeline \
+                 with Pipeline::new on the meta devices of memory::plan_devices",
+            ));
+        }
         let stages = comm.world_size();
         let ours = config.partition.ranges(&model)?;
         if ours.len() != stages {

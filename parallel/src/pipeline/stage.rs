@@ -203,7 +203,13 @@ impl StageWork<'_> {
                 .to(self.device)
                 .map_err(|e| self.failed("loss", Some(j), e.into()))?;
             let loss = (self.loss_fn)(&output, &target).map_err(|e| self.failed("loss", Some(j), e.into()))?;
-            outcome.losses.push(loss.item().map_err(|e| self.failed("loss", Some(j), e.into()))?);
+            // A plan (meta devices) has no values: its loss is NaN.
+            let value = if loss.device().is_meta() {
+                f64::NAN
+            } else {
+                loss.item().map_err(|e| self.failed("loss", Some(j), e.into()))?
+            };
+            outcome.losses.push(value);
             let weight = self.loss_weights.get(j).copied().unwrap_or(1.0);
             loss.mul_scalar(weight).map_err(|e| self.failed("loss", Some(j), e.into()))?
         } else {

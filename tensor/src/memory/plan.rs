@@ -22,7 +22,8 @@
 //! # Ok::<(), brasa_tensor::TensorError>(())
 //! ```
 
-use crate::backend::meta::{FailedAllocation, LiveTensor, MemoryTarget, MetaDevice};
+use crate::backend::meta::{FailedAllocation, LiveTensor, MetaDevice};
+use crate::backend::target::MemoryTarget;
 use crate::device::Device;
 use crate::error::{Result, SharedError, TensorError};
 use brasa_alloc::{format_size, MemoryCategory};
@@ -140,21 +141,63 @@ where
     Step: FnMut() -> std::result::Result<(), E>,
     E: std::error::Error + Send + Sync + 'static,
 {
-    let meta = MetaDevice::new(target.clone())?;
+    plan_on(&MetaDevice::new(target.clone())?, steps, setup)
+}
+
+/// [`plan_steps`] on a meta device made beforehand (for example one per
+/// rank of a group, each planning its share of a distributed step). The
+/// plan covers everything the device saw since it was made.
+pub fn plan_on<Setup, Step, E>(meta: &MetaDevice, steps: usize, setup: Setup) -> Result<MemoryPlan>
+where
+    Setup: FnOnce(Device) -> std::result::Result<Step, E>,
+    Step: FnMut() -> std::result::Result<(), E>,
+    E: std::error::Error + Send + Sync + 'static,
+{
     let device = meta.device();
     let started = Instant::now();
     let outcome = run(device, steps, setup);
     let elapsed = started.elapsed();
     match outcome {
-        Ok(()) => Ok(report(&meta, steps, elapsed)),
-        Err(error) if brasa_alloc::find_out_of_memory(&error).is_some() => Ok(report(&meta, steps, elapsed)),
+        Ok(()) => Ok(report(meta, steps, elapsed)),
+        Err(error) if brasa_alloc::find_out_of_memory(&error).is_some() => Ok(report(meta, steps, elapsed)),
         Err(error) => Err(TensorError::Plan {
             op: "memory::plan",
             device,
-            target: target.name().to_string(),
+            target: meta.target().name().to_string(),
             source: SharedError::new(error),
         }),
     }
+}
+
+/// Plans a step that uses several devices at once (model parallelism, a
+/// pipeline's stages): `setup` gets one meta device per target, in order,
+/// and the step runs `steps` times; one plan per device, each covering
+/// what that device saw. An out-of-memory on any device ends the step and
+/// is reported by that device's plan.
+pub fn plan_devices<Setup, Step, E>(targets: &[MemoryTarget], steps: usize, setup: Setup) -> Result<Vec<MemoryPlan>>
+where
+    Setup: FnOnce(&[Device]) -> std::result::Result<Step, E>,
+    Step: FnMut() -> std::result::Result<(), E>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let metas = targets.iter().map(|target| MetaDevice::new(target.clone())).collect::<Result<Vec<_>>>()?;
+    let devices: Vec<Device> = metas.iter().map(MetaDevice::device).collect();
+    let started = Instant::now();
+    let outcome = run_with(steps, || setup(&devices));
+    let elapsed = started.elapsed();
+    match outcome {
+        Ok(()) => {}
+        Err(error) if brasa_alloc::find_out_of_memory(&error).is_some() => {}
+        Err(error) => {
+            return Err(TensorError::Plan {
+                op: "memory::plan_devices",
+                device: devices.first().copied().unwrap_or(Device::CPU),
+                target: targets.iter().map(MemoryTarget::name).collect::<Vec<_>>().join(", "),
+                source: SharedError::new(error),
+            })
+        }
+    }
+    Ok(metas.iter().map(|meta| report(meta, steps, elapsed)).collect())
 }
 
 /// The setup, then the step `steps` times; everything they made is
@@ -164,7 +207,16 @@ where
     Setup: FnOnce(Device) -> std::result::Result<Step, E>,
     Step: FnMut() -> std::result::Result<(), E>,
 {
-    let mut step = setup(device)?;
+    run_with(steps, || setup(device))
+}
+
+/// [`run`] with a setup that needs no arguments.
+fn run_with<Setup, Step, E>(steps: usize, setup: Setup) -> std::result::Result<(), E>
+where
+    Setup: FnOnce() -> std::result::Result<Step, E>,
+    Step: FnMut() -> std::result::Result<(), E>,
+{
+    let mut step = setup()?;
     for _ in 0..steps {
         // What a step makes and does not keep is a temporary (autograd
         // re-tags what it saves as activations, gradients as gradients).

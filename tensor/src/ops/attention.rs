@@ -19,8 +19,8 @@
 //! # Ok::<(), brasa_tensor::TensorError>(())
 //! ```
 
-use crate::backend::for_device;
-use crate::construct::reserve_draws;
+use crate::backend::{ops_for, AttentionOperands, DropoutDraws};
+use crate::default_generator::reserve_draws;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::tensor::Tensor;
@@ -46,32 +46,6 @@ impl FusedAttentionConfig {
     pub fn new(scale: f64) -> FusedAttentionConfig {
         FusedAttentionConfig { scale, causal: false, mask: None, dropout_p: 0.0 }
     }
-}
-
-/// Where a fused attention's dropout decisions come from: the Philox stream
-/// `(seed, offset)` it reserved, replayed by the backward.
-#[derive(Clone, Copy, Debug, PartialEq)]
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) struct DropoutDraws {
-    pub keep_prob: f64,
-    pub seed: u64,
-    pub offset: u64,
-}
-
-/// The operands as a backend's fused kernels take them (read only by the
-/// CUDA backend, hence unused without it): `q` `[n, h, L, E]`,
-/// `k` `[n, h, S, E]`, `v` `[n, h, S, Ev]` views with a contiguous last dim,
-/// of one dtype the backend supports, and the mask as an additive f32
-/// `[n, h, L, S]` view (stride 0 where it broadcasts).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) struct AttentionOperands<'a> {
-    pub q: &'a Tensor,
-    pub k: &'a Tensor,
-    pub v: &'a Tensor,
-    pub mask: Option<&'a Tensor>,
-    pub scale: f64,
-    pub causal: bool,
-    pub dropout: Option<DropoutDraws>,
 }
 
 /// A fused attention's results.
@@ -169,7 +143,7 @@ impl Tensor {
             ));
         }
         let (l, s, e, ev) = (qd[r - 2], kd[r - 2], qd[r - 1], vd[r - 1]);
-        let backend = for_device(q.device())?;
+        let backend = ops_for(q.device())?;
         if s == 0 || !backend.supports_fused_attention(q.dtype(), e, ev) {
             return Ok(None);
         }
@@ -276,7 +250,7 @@ impl FusedAttentionBackward {
             dropout: self.dropout,
         };
         let _range = brasa_profile::record_op("fused_attention_backward", &[grad.dims()]);
-        let [dq, dk, dv] = for_device(q.device())?.attention_backward(&operands, &out4, lse, &grad4)?;
+        let [dq, dk, dv] = ops_for(q.device())?.attention_backward(&operands, &out4, lse, &grad4)?;
         let as_input =
             |t: Tensor, like: &Tensor| t.reshape(&like.dims().iter().map(|&d| d as isize).collect::<Vec<_>>());
         Ok([as_input(dq, q)?, as_input(dk, k)?, as_input(dv, v)?])

@@ -2,7 +2,7 @@
 //! `batch_norm_elemt`, `batch_norm_backward_reduce` and
 //! `batch_norm_backward_elemt`): an input `[N, C, ...]` is seen as
 //! `[N, C, S]`, and each pass is one trip over its memory on the device
-//! ([`crate::backend::Backend::batch_norm_stats`] and friends) rather than a
+//! ([`crate::backend::DeviceOps::batch_norm_stats`] and friends) rather than a
 //! chain of broadcast elementwise ops and reductions. Inputs of any float
 //! dtype are read as they are — a bf16 activation is never widened into a
 //! copy — and computed in f32 (f64 for f64); per-channel results are `[C]`
@@ -27,7 +27,7 @@
 //! # Ok::<(), brasa_tensor::TensorError>(())
 //! ```
 
-use crate::backend::{for_device, BatchNormBackwardElemt};
+use crate::backend::{ops_for, BatchNormBackwardElemt};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::ops::common::{expect_float, same_device};
@@ -84,7 +84,7 @@ impl Tensor {
         let dims = channel_dims(OP, self)?;
         let device = same_device(OP, &[self])?;
         let x = as_ncs(self, dims, self.dtype())?;
-        for_device(device)?.batch_norm_stats(&x)
+        ops_for(device)?.batch_norm_stats(&x)
     }
 
     /// `y = (x − mean) · invstd · weight + bias` per channel (dim 1) of
@@ -114,7 +114,7 @@ impl Tensor {
             None => Tensor::zeros_on([c], dtype, device)?,
         };
         let x = as_ncs(self, dims, self.dtype())?;
-        let y = for_device(device)?.batch_norm_elemt(&x, &mean, &scale, &shift)?;
+        let y = ops_for(device)?.batch_norm_elemt(&x, &mean, &scale, &shift)?;
         y.reshape(&self.dims().iter().map(|&d| d as isize).collect::<Vec<_>>())
     }
 
@@ -131,7 +131,7 @@ impl Tensor {
         let dtype = compute_dtype(input.dtype());
         let mean = per_channel(OP, "mean", mean, dims[1], dtype)?;
         let (dy, x) = (as_ncs(self, dims, input.dtype())?, as_ncs(input, dims, input.dtype())?);
-        for_device(device)?.batch_norm_backward_reduce(&dy, &x, &mean)
+        ops_for(device)?.batch_norm_backward_reduce(&dy, &x, &mean)
     }
 
     /// The input's gradient of a batch normalisation that used the batch's
@@ -169,7 +169,7 @@ impl Tensor {
             per_channel(OP, "sum_dy_xmu", sum_dy_xmu, c, dtype)?.mul(&invstd.mul(&invstd)?)?.mul_scalar(1.0 / count)?;
         let (dy, x) = (as_ncs(self, dims, input.dtype())?, as_ncs(input, dims, input.dtype())?);
         let args = BatchNormBackwardElemt { dy: &dy, x: &x, mean: &mean, scale: &scale, mean_dy: &mean_dy, k: &k };
-        let dx = for_device(device)?.batch_norm_backward_elemt(args)?;
+        let dx = ops_for(device)?.batch_norm_backward_elemt(args)?;
         dx.reshape(&input.dims().iter().map(|&d| d as isize).collect::<Vec<_>>())
     }
 }

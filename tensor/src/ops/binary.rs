@@ -12,7 +12,7 @@
 //! backwards (`relu_backward`, `gelu_backward`, `gelu_tanh_backward`) follow
 //! the same rules; the GELU ones need floating-point operands.
 
-use crate::backend::for_device;
+use crate::backend::ops_for;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::ops::common::same_device;
@@ -55,7 +55,7 @@ pub(crate) fn binary_op(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> 
 
 /// `op(a, b)` on operands already of `dtype` and of one shape, by their device.
 fn run_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    for_device(a.device())?.binary(op, a, b)
+    ops_for(a.device())?.binary(op, a, b)
 }
 
 impl Tensor {

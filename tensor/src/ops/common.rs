@@ -3,11 +3,7 @@
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::layout::Layout;
-use crate::shape::Shape;
-use crate::storage::UninitTensor;
 use crate::tensor::Tensor;
-use brasa_kernels::scratch::try_with_capacity;
 
 /// Errors unless every tensor is on the first one's device.
 pub(crate) fn same_device(op: &'static str, tensors: &[&Tensor]) -> Result<Device> {
@@ -59,24 +55,6 @@ pub(crate) fn expect_rank(op: &'static str, tensor: &Tensor, rank: usize) -> Res
     } else {
         Err(TensorError::RankMismatch { op, expected: rank, got: tensor.dims().to_vec() })
     }
-}
-
-/// A fresh contiguous output tensor of `shape` ([`Tensor::uninit`]: its
-/// size is checked here): the op must write every element before handing
-/// it out.
-pub(crate) fn output(device: Device, dtype: DType, shape: &Shape) -> Result<UninitTensor> {
-    Tensor::uninit(shape.clone(), dtype, device)
-}
-
-/// Every storage offset `layout` walks, in order: a list (of rows, planes,
-/// outputs) as long as some of an op's shape, allocated fallibly, so that a
-/// length the host cannot hold is a [`TensorError::ScratchTooLarge`] naming
-/// `op`, not an abort.
-pub(crate) fn offsets_vec(op: &'static str, layout: &Layout) -> Result<Vec<usize>> {
-    let offsets = layout.offsets();
-    let mut v = try_with_capacity(offsets.len()).map_err(|e| TensorError::scratch(op, e))?;
-    v.extend(offsets);
-    Ok(v)
 }
 
 /// Test helper: `a` (any float dtype) equals the f64 `want` element by

@@ -6,7 +6,7 @@
 //! Floats compare by IEEE rules: NaN is unequal to everything, itself
 //! included, and `-0.0 == 0.0`.
 
-use crate::backend::{for_device, CompareOp};
+use crate::backend::{ops_for, CompareOp};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::ops::common::same_device;
@@ -31,17 +31,17 @@ fn compare(op: CompareOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let device = same_device(name, &[a, b])?;
     let dtype = result_dtype(a, b);
     if a.shape() == b.shape() && a.dtype() == dtype && b.dtype() == dtype {
-        return for_device(device)?.compare(name, op, a, b);
+        return ops_for(device)?.compare(name, op, a, b);
     }
     let shape = broadcast_all(name, &[a.shape(), b.shape()])?;
-    for_device(device)?.compare(name, op, &prepare(name, a, dtype, &shape)?, &prepare(name, b, dtype, &shape)?)
+    ops_for(device)?.compare(name, op, &prepare(name, a, dtype, &shape)?, &prepare(name, b, dtype, &shape)?)
 }
 
 /// `x op value` for every element. Float tensors compare with the scalar
 /// rounded to their dtype (as PyTorch does); integer and bool tensors compare
 /// exactly: as i64 for an integral scalar, else as f64.
 fn compare_scalar(op: CompareOp, x: &Tensor, value: f64) -> Result<Tensor> {
-    for_device(x.device())?.compare_scalar(op_name(op, true), op, x, value)
+    ops_for(x.device())?.compare_scalar(op_name(op, true), op, x, value)
 }
 
 impl Tensor {
@@ -142,7 +142,7 @@ impl Tensor {
         let shape = broadcast_all(name, &[self.shape(), on_true.shape(), on_false.shape()])?;
         let cond = prepare(name, self, DType::Bool, &shape)?;
         let (t, f) = (prepare(name, on_true, dtype, &shape)?, prepare(name, on_false, dtype, &shape)?);
-        for_device(self.device())?.where_cond(&cond, &t, &f)
+        ops_for(self.device())?.where_cond(&cond, &t, &f)
     }
 }
 

@@ -6,7 +6,7 @@
 //! contiguous runs, whatever their length). `split` and `chunk` return
 //! views, no copy.
 
-use crate::backend::for_device;
+use crate::backend::ops_for;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::shape::{resolve_dim, DimIndex, Shape};
@@ -92,12 +92,12 @@ impl Tensor {
         dims[d] = total;
         let shape = Shape::from(dims);
         if tensors.iter().all(|t| t.dtype() == dtype) {
-            return for_device(first.device())?.concat(tensors, d, &shape);
+            return ops_for(first.device())?.concat(tensors, d, &shape);
         }
         // The backend joins tensors of one dtype: convert the others first
         // (the ones already in `dtype` are not copied by `to_dtype`).
         let converted = tensors.iter().map(|t| t.to_dtype(dtype)).collect::<Result<Vec<_>>>()?;
-        for_device(first.device())?.concat(&converted.iter().collect::<Vec<_>>(), d, &shape)
+        ops_for(first.device())?.concat(&converted.iter().collect::<Vec<_>>(), d, &shape)
     }
 
     /// Stacks tensors of one shape along a new dim `dim` (which may be their

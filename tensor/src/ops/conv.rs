@@ -9,9 +9,9 @@
 //! the transposed weight and folds the columns back (`col2im`); the weight
 //! gradient multiplies the output gradient by the transposed columns. The
 //! shapes are checked here ([`ConvPlan`]); the device runs the products
-//! ([`crate::backend::Backend::conv2d`] and its gradients).
+//! ([`crate::backend::DeviceOps::conv2d`] and its gradients).
 
-use crate::backend::for_device;
+use crate::backend::{ops_for, ConvPlan};
 use crate::error::{Result, TensorError};
 use crate::ops::common::{expect_dtype, expect_float, expect_rank, same_device};
 use crate::shape::Shape;
@@ -68,98 +68,67 @@ impl Conv2dParams {
     /// shape `[N, C_in, H, W]` with a weight of shape `[C_out, C_in / groups,
     /// kH, kW]`, or an error saying why the shapes and parameters do not fit.
     pub fn output_shape(&self, input: &[usize], weight: &[usize]) -> Result<Shape> {
-        let plan = ConvPlan::new("conv2d", input, weight, *self)?;
+        let plan = conv_plan("conv2d", input, weight, *self)?;
         Ok(plan.output_shape())
     }
 }
 
-/// The checked sizes of one convolution, as the devices see them.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ConvPlan {
-    /// Images.
-    pub batch: usize,
-    /// Input channels (all groups).
-    pub c_in: usize,
-    /// Output channels (all groups).
-    pub c_out: usize,
-    /// Channel groups.
-    pub groups: usize,
-    /// One group's geometry (its `channels` are `c_in / groups`).
-    pub geometry: Conv2dGeometry,
-    /// Stride, padding and dilation as given (the CUDA kernels take them
-    /// whole; the host's geometry carries them inside).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub params: Conv2dParams,
-}
-
-impl ConvPlan {
-    fn new(op: &'static str, input: &[usize], weight: &[usize], params: Conv2dParams) -> Result<Self> {
-        let &[batch, c_in, h, w] = input else {
-            return Err(TensorError::shape(op, format!("expected a 4-d input [N, C_in, H, W], got shape {input:?}")));
+/// The checked sizes of one convolution of an `input` by a `weight` of
+/// these shapes, as the devices see them, or the error `op` reports.
+fn conv_plan(op: &'static str, input: &[usize], weight: &[usize], params: Conv2dParams) -> Result<ConvPlan> {
+    let &[batch, c_in, h, w] = input else {
+        return Err(TensorError::shape(op, format!("expected a 4-d input [N, C_in, H, W], got shape {input:?}")));
+    };
+    let &[c_out, c_per_group, kh, kw] = weight else {
+        return Err(TensorError::shape(
+            op,
+            format!("expected a 4-d weight [C_out, C_in / groups, kH, kW], got shape {weight:?}"),
+        ));
+    };
+    let groups = params.groups;
+    if groups == 0 {
+        return Err(TensorError::invalid(op, "groups must be positive, got 0"));
+    }
+    if c_out % groups != 0 {
+        return Err(TensorError::shape(
+            op,
+            format!("weight {weight:?} has {c_out} output channels, which groups = {groups} does not divide"),
+        ));
+    }
+    if c_per_group.checked_mul(groups) != Some(c_in) {
+        return Err(TensorError::shape(
+            op,
+            format!(
+                "input {input:?} has {c_in} channels but weight {weight:?} with groups = {groups} expects \
+                 {c_per_group} x {groups} = {}",
+                c_per_group.saturating_mul(groups)
+            ),
+        ));
+    }
+    let geometry = Conv2dGeometry::new(c_per_group, (h, w), (kh, kw), params.stride, params.padding, params.dilation)
+        .map_err(|e| {
+        let detail = match e {
+            KernelError::ShapeMismatch { detail } => detail,
+            other => other.to_string(),
         };
-        let &[c_out, c_per_group, kh, kw] = weight else {
-            return Err(TensorError::shape(
-                op,
-                format!("expected a 4-d weight [C_out, C_in / groups, kH, kW], got shape {weight:?}"),
-            ));
-        };
-        let groups = params.groups;
-        if groups == 0 {
-            return Err(TensorError::invalid(op, "groups must be positive, got 0"));
-        }
-        if c_out % groups != 0 {
-            return Err(TensorError::shape(
-                op,
-                format!("weight {weight:?} has {c_out} output channels, which groups = {groups} does not divide"),
-            ));
-        }
-        if c_per_group.checked_mul(groups) != Some(c_in) {
-            return Err(TensorError::shape(
-                op,
-                format!(
-                    "input {input:?} has {c_in} channels but weight {weight:?} with groups = {groups} expects \
-                     {c_per_group} x {groups} = {}",
-                    c_per_group.saturating_mul(groups)
-                ),
-            ));
-        }
-        let geometry =
-            Conv2dGeometry::new(c_per_group, (h, w), (kh, kw), params.stride, params.padding, params.dilation)
-                .map_err(|e| {
-                    let detail = match e {
-                        KernelError::ShapeMismatch { detail } => detail,
-                        other => other.to_string(),
-                    };
-                    TensorError::shape(
-                        op,
-                        format!(
-                    "input {input:?} and weight {weight:?} with stride {:?}, padding {:?}, dilation {:?}: {detail}",
-                    params.stride, params.padding, params.dilation
-                ),
-                    )
-                })?;
-        Ok(ConvPlan { batch, c_in, c_out, groups, geometry, params })
-    }
-
-    pub(crate) fn output_shape(&self) -> Shape {
-        let (h, w) = self.geometry.output();
-        Shape::from([self.batch, self.c_out, h, w])
-    }
-
-    pub(crate) fn input_shape(&self) -> Shape {
-        let (h, w) = self.geometry.input();
-        Shape::from([self.batch, self.c_in, h, w])
-    }
-
-    pub(crate) fn weight_shape(&self) -> Shape {
-        let (kh, kw) = self.geometry.kernel();
-        Shape::from([self.c_out, self.geometry.channels(), kh, kw])
-    }
-
-    /// Output channels per group.
-    pub(crate) fn c_out_group(&self) -> usize {
-        self.c_out / self.groups
-    }
+        TensorError::shape(
+            op,
+            format!(
+                "input {input:?} and weight {weight:?} with stride {:?}, padding {:?}, dilation {:?}: {detail}",
+                params.stride, params.padding, params.dilation
+            ),
+        )
+    })?;
+    Ok(ConvPlan {
+        batch,
+        c_in,
+        c_out,
+        groups,
+        geometry,
+        stride: params.stride,
+        padding: params.padding,
+        dilation: params.dilation,
+    })
 }
 
 impl Tensor {
@@ -192,7 +161,7 @@ impl Tensor {
         same_device(OP, &operands)?;
         expect_float(OP, self)?;
         expect_dtype(OP, weight, self.dtype())?;
-        let plan = ConvPlan::new(OP, self.dims(), weight.dims(), params)?;
+        let plan = conv_plan(OP, self.dims(), weight.dims(), params)?;
         if let Some(bias) = bias {
             expect_dtype(OP, bias, self.dtype())?;
             if bias.dims() != [plan.c_out] {
@@ -202,7 +171,7 @@ impl Tensor {
                 ));
             }
         }
-        for_device(self.device())?.conv2d(self, weight, bias, &plan)
+        ops_for(self.device())?.conv2d(self, weight, bias, &plan)
     }
 
     /// The gradient of [`Tensor::conv2d`] with respect to its input, given
@@ -221,9 +190,9 @@ impl Tensor {
         same_device(OP, &[self, weight])?;
         expect_float(OP, self)?;
         expect_dtype(OP, weight, self.dtype())?;
-        let plan = ConvPlan::new(OP, input_shape.dims(), weight.dims(), params)?;
+        let plan = conv_plan(OP, input_shape.dims(), weight.dims(), params)?;
         expect_grad_shape(OP, self, &plan)?;
-        for_device(self.device())?.conv2d_backward_input(self, weight, &plan)
+        ops_for(self.device())?.conv2d_backward_input(self, weight, &plan)
     }
 
     /// The gradient of [`Tensor::conv2d`] with respect to its weight, with
@@ -242,9 +211,9 @@ impl Tensor {
         same_device(OP, &[self, grad_output])?;
         expect_float(OP, self)?;
         expect_dtype(OP, grad_output, self.dtype())?;
-        let plan = ConvPlan::new(OP, self.dims(), weight_shape.dims(), params)?;
+        let plan = conv_plan(OP, self.dims(), weight_shape.dims(), params)?;
         expect_grad_shape(OP, grad_output, &plan)?;
-        for_device(self.device())?.conv2d_backward_weight(self, grad_output, &plan)
+        ops_for(self.device())?.conv2d_backward_weight(self, grad_output, &plan)
     }
 
     /// The gradient of [`Tensor::conv2d`] with respect to its bias: this
@@ -254,7 +223,7 @@ impl Tensor {
         const OP: &str = "conv2d_backward_bias";
         expect_float(OP, self)?;
         expect_rank(OP, self, 4)?;
-        for_device(self.device())?.conv2d_backward_bias(self)
+        ops_for(self.device())?.conv2d_backward_bias(self)
     }
 }
 

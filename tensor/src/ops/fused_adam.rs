@@ -17,7 +17,7 @@
 //! # Ok::<(), brasa_tensor::TensorError>(())
 //! ```
 
-use crate::backend::for_device;
+use crate::backend::{ops_for, AdamUpdate};
 use crate::error::{Result, TensorError};
 use crate::ops::common::{by_device, expect_float};
 use crate::tensor::Tensor;
@@ -100,19 +100,6 @@ impl AdamOptions {
     }
 }
 
-/// One parameter's update as a device runs it: its tensors (gradient made
-/// contiguous) and coefficients.
-pub(crate) struct AdamUpdate<'a> {
-    /// The parameter (contiguous).
-    pub param: &'a Tensor,
-    /// Its gradient (contiguous).
-    pub grad: Tensor,
-    /// `[exp_avg, exp_avg_sq]` and, with amsgrad, `max_exp_avg_sq`.
-    pub state: Vec<&'a Tensor>,
-    /// What the element loop needs.
-    pub coefficients: AdamCoefficients,
-}
-
 fn check_param(index: usize, p: &AdamParam<'_>, amsgrad: bool) -> Result<()> {
     expect_float(OP, p.param)?;
     let named = |what: &str, t: &Tensor| -> Result<()> {
@@ -177,7 +164,7 @@ pub fn fused_adam_(params: &[AdamParam<'_>], options: AdamOptions) -> Result<()>
     }
     // One call per device, in the order the devices first appear.
     for (device, on_device) in by_device(&updates, |u| u.param.device()) {
-        for_device(device)?.adam_step(&on_device)?;
+        ops_for(device)?.adam_step(&on_device)?;
         // As the composed in-place ops do: autograd compares versions to
         // catch a tensor it saved being changed under it.
         for u in on_device {

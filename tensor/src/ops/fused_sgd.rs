@@ -21,7 +21,7 @@
 //! # Ok::<(), brasa_tensor::TensorError>(())
 //! ```
 
-use crate::backend::for_device;
+use crate::backend::{ops_for, SgdUpdate};
 use crate::error::{Result, TensorError};
 use crate::ops::common::{by_device, expect_float};
 use crate::tensor::Tensor;
@@ -100,20 +100,6 @@ impl SgdOptions {
     }
 }
 
-/// One parameter's update as a device runs it: its tensors (gradient made
-/// contiguous) and coefficients.
-pub(crate) struct SgdUpdate<'a> {
-    /// The parameter (contiguous).
-    pub param: &'a Tensor,
-    /// Its gradient (contiguous).
-    pub grad: Tensor,
-    /// The momentum buffer (contiguous), present exactly when the
-    /// coefficients have momentum.
-    pub momentum_buffer: Option<&'a Tensor>,
-    /// What the element loop needs.
-    pub coefficients: SgdCoefficients,
-}
-
 fn invalid(index: usize, problem: impl std::fmt::Display) -> TensorError {
     TensorError::invalid(OP, format!("parameter {index}: {problem}"))
 }
@@ -188,7 +174,7 @@ pub fn fused_sgd_(params: &[SgdParam<'_>], options: SgdOptions) -> Result<()> {
     }
     // One call per device, in the order the devices first appear.
     for (device, on_device) in by_device(&updates, |u| u.param.device()) {
-        for_device(device)?.sgd_step(&on_device)?;
+        ops_for(device)?.sgd_step(&on_device)?;
         // As the composed in-place ops do: autograd compares versions to
         // catch a tensor it saved being changed under it.
         for u in on_device {

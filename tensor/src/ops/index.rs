@@ -8,17 +8,17 @@
 //! maximum are reduced on the device and only those two numbers are read
 //! back (a wait for the work queued before, but no copy of the indices);
 //! only when one is out of range are all of them read, to name it. The
-//! device then runs the op ([`crate::backend::Backend::index_select`] and
+//! device then runs the op ([`crate::backend::DeviceOps::index_select`] and
 //! the others) on the index tensor itself.
 
-use crate::backend::{for_device, Indices};
+use crate::backend::{ops_for, runtime_for, Indices};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
 use crate::ops::common::{expect_dtype, expect_rank, same_device};
 use crate::shape::{resolve_dim, DimIndex, Shape};
 use crate::tensor::Tensor;
-use brasa_kernels::index::{self as kernels, IndexError};
+use brasa_kernels::index::IndexError;
 
 /// The row-major coordinates of flat position `position` in `dims`.
 fn coordinates(dims: &[usize], mut position: usize) -> Vec<usize> {
@@ -52,11 +52,11 @@ pub(super) fn index_error(op: &'static str, what: &str, index_dims: &[usize], er
     }
 }
 
-/// The indices of an `i64` tensor in row-major order.
+/// The indices of an `i64` tensor in row-major order (none from a device
+/// without values: a plan assumes the indices are in range).
 pub(super) fn index_values(op: &'static str, index: &Tensor) -> Result<Vec<i64>> {
     expect_dtype(op, index, DType::I64)?;
-    if index.device().is_meta() {
-        // No values to read: a plan assumes the indices are in range.
+    if !runtime_for(index.device())?.holds_values() {
         return Ok(Vec::new());
     }
     index.to_vec::<i64>()
@@ -64,9 +64,9 @@ pub(super) fn index_values(op: &'static str, index: &Tensor) -> Result<Vec<i64>>
 
 /// Checks that every index of the `i64` tensor `index` lies in `0..size`
 /// (`error` turns a bad one into the op's error) and returns them in
-/// row-major order as the host kernels need them. For indices on a device
-/// that the host does not need (`keep` false) the check runs on the device
-/// and the result is empty: devices read `Indices::tensor`.
+/// row-major order as the host kernels need them; for indices on a device
+/// that the host does not need (`keep` false) the device may check them
+/// where they are and return none ([`crate::backend::DeviceOps::checked_indices`]).
 pub(super) fn checked_ids(
     op: &'static str,
     index: &Tensor,
@@ -75,37 +75,7 @@ pub(super) fn checked_ids(
     error: impl Fn(IndexError) -> TensorError,
 ) -> Result<Vec<i64>> {
     expect_dtype(op, index, DType::I64)?;
-    if index.device().is_meta() {
-        return meta_ids(index, keep);
-    }
-    if index.device().is_cpu() || keep || index.numel() == 0 {
-        let ids = index.to_vec::<i64>()?;
-        kernels::check_indices(&ids, size).map_err(&error)?;
-        return Ok(ids);
-    }
-    let flat = index.reshape(&[-1])?;
-    let (low, high) = (flat.min(&[0], false)?, flat.max(&[0], false)?);
-    let bounds = Tensor::stack(&[&low, &high], 0)?.to_vec::<i64>()?;
-    if bounds.len() == 2 && bounds[0] >= 0 && (bounds[1] as u64) < size as u64 {
-        return Ok(Vec::new());
-    }
-    // Out of range: read them all to name the first bad one.
-    let ids = index.to_vec::<i64>()?;
-    kernels::check_indices(&ids, size).map_err(&error)?;
-    Err(TensorError::invalid(op, format!("internal: the device saw indices in {bounds:?} outside 0..{size}")))
-}
-
-/// [`checked_ids`] on a meta device: no values to check (a plan assumes
-/// the indices are in range), and what the imitated device allocates to
-/// check them (a CUDA device's bounds reduction) is allocated.
-fn meta_ids(index: &Tensor, keep: bool) -> Result<Vec<i64>> {
-    let on_device = crate::backend::meta::imitates(index.device())? == crate::TargetKind::Cuda;
-    if on_device && !keep && index.numel() > 0 {
-        let flat = index.reshape(&[-1])?;
-        let (low, high) = (flat.min(&[0], false)?, flat.max(&[0], false)?);
-        drop(Tensor::stack(&[&low, &high], 0)?);
-    }
-    Ok(Vec::new())
+    ops_for(index.device())?.checked_indices(op, index, size, keep, &error)
 }
 
 /// Errors unless `index` has `x`'s rank and fits inside `limit` in every dim
@@ -219,7 +189,7 @@ impl Scatter {
             return Err(TensorError::invalid(op, "internal: a scatter-add without src"));
         };
         let ids = Indices { values: &self.ids, tensor: &self.index };
-        for_device(dst.device())?.scatter_add(op, dst, self.dim, ids, src)?;
+        ops_for(dst.device())?.scatter_add(op, dst, self.dim, ids, src)?;
         dst.storage().bump_version();
         Ok(())
     }
@@ -273,7 +243,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         let x = self.contiguous()?;
         let index = index.contiguous()?;
-        for_device(x.device())?.index_select(op, &x, Indices { values: ids, tensor: &index }, size, inner, &shape)
+        ops_for(x.device())?.index_select(op, &x, Indices { values: ids, tensor: &index }, size, inner, &shape)
     }
 
     /// Looks up rows of `weight` (`[vocabulary, dim]`) for `ids` (`i64`, any
@@ -316,7 +286,7 @@ impl Tensor {
         check_index_shape(OP, &index, &x, "input", d, false)?;
         let what = format!("dim {d}");
         let ids = checked_ids(OP, &index, x.dims()[d], false, |e| index_error(OP, &what, index.dims(), e))?;
-        let result = for_device(x.device())?.gather(OP, &x, d, Indices { values: &ids, tensor: &index })?;
+        let result = ops_for(x.device())?.gather(OP, &x, d, Indices { values: &ids, tensor: &index })?;
         Ok(result.with_layout(Layout::contiguous(out_shape)?))
     }
 
@@ -366,7 +336,7 @@ impl Tensor {
             other => index_error(OP, "the classes", self.dims(), other),
         })?;
         let index = self.contiguous()?;
-        for_device(self.device())?.one_hot(Indices { values: &ids, tensor: &index }, num_classes, &shape)
+        ops_for(self.device())?.one_hot(Indices { values: &ids, tensor: &index }, num_classes, &shape)
     }
 }
 

@@ -2,7 +2,7 @@
 //! `native_layer_norm` and `native_layer_norm_backward`): the input is seen
 //! as `[rows, width]` with `width` the product of `normalized_shape`, and
 //! each row is normalised in one pass by the device
-//! ([`crate::backend::Backend::layer_norm`]) rather than by a dozen
+//! ([`crate::backend::DeviceOps::layer_norm`]) rather than by a dozen
 //! elementwise ops and reductions. f16 and bf16 are computed in f32, f64 in
 //! f64; the output has the input's dtype, the statistics the compute dtype.
 //!
@@ -22,7 +22,7 @@
 //! # Ok::<(), brasa_tensor::TensorError>(())
 //! ```
 
-use crate::backend::{for_device, LayerNormBackward};
+use crate::backend::{ops_for, LayerNormBackward};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::ops::common::{expect_float, same_device};
@@ -111,7 +111,7 @@ impl Tensor {
         let x = prepared(self, &[rows as isize, width as isize], dtype)?;
         let w = weight.map(|w| prepared(w, &[width as isize], dtype)).transpose()?;
         let b = bias.map(|b| prepared(b, &[width as isize], dtype)).transpose()?;
-        let (out, mean, rstd) = for_device(device)?.layer_norm(&x, w.as_ref(), b.as_ref(), eps)?;
+        let (out, mean, rstd) = ops_for(device)?.layer_norm(&x, w.as_ref(), b.as_ref(), eps)?;
         let stats = stat_dims(self, normalized_shape.len());
         let dims: Vec<isize> = self.dims().iter().map(|&d| d as isize).collect();
         Ok((out.reshape(&dims)?.to_dtype(self.dtype())?, mean.reshape(&stats)?, rstd.reshape(&stats)?))
@@ -160,7 +160,7 @@ impl Tensor {
         let (mean, rstd) = (prepared(mean, &[rows as isize], dtype)?, prepared(rstd, &[rows as isize], dtype)?);
         let w = weight.map(|w| prepared(w, &[width as isize], dtype)).transpose()?;
         let args = LayerNormBackward { grad: &g, x: &x, mean: &mean, rstd: &rstd, weight: w.as_ref() };
-        let [dx, dw, db] = for_device(device)?.layer_norm_backward(args, output_mask)?;
+        let [dx, dw, db] = ops_for(device)?.layer_norm_backward(args, output_mask)?;
         let dims: Vec<isize> = input.dims().iter().map(|&d| d as isize).collect();
         let shape: Vec<isize> = normalized_shape.iter().map(|&d| d as isize).collect();
         let dx = dx.map(|dx| dx.reshape(&dims)?.to_dtype(input.dtype())).transpose()?;

@@ -1,7 +1,7 @@
 //! Matrix products: [`Tensor::matmul`] with PyTorch's rules (dot products,
 //! matrix-vector, matrix-matrix and batched products with broadcast batch
 //! dimensions). The shape rules live here; the product itself is the
-//! device's ([`crate::backend::Backend::matmul`]: `brasa_kernels::gemm` on
+//! device's ([`crate::backend::DeviceOps::matmul`]: `brasa_kernels::gemm` on
 //! the host, reading transposed or narrowed operands in place).
 
 use crate::backend::MatmulOperands;
@@ -11,15 +11,8 @@ use crate::layout::Layout;
 use crate::ops::common::same_device;
 use crate::shape::{broadcast_shapes, Shape};
 use crate::tensor::Tensor;
-use brasa_kernels::KernelError;
 
 const OP: &str = "matmul";
-
-/// A kernel error in a product whose operands were already checked: a bug
-/// somewhere, reported rather than panicked on.
-pub(crate) fn gemm_error(op: &'static str, error: KernelError) -> TensorError {
-    TensorError::kernel(op, error)
-}
 
 impl Tensor {
     /// The matrix product of `self` and `rhs`, with PyTorch's rules:
@@ -142,7 +135,7 @@ impl Tensor {
         let a = a.with_layout(a_layout);
         let b = b.with_layout(b_layout);
         let operands = MatmulOperands { a: &a, b: &b, batch: batch.dims(), m, n, k };
-        let backend = crate::backend::for_device(device)?;
+        let backend = crate::backend::ops_for(device)?;
         let result = if out_dtype == dtype { backend.matmul(operands)? } else { backend.matmul_into_f32(operands)? };
         // Drop the dims a 1-d operand stood for; the memory is the same.
         let mut dims = batch.dims().to_vec();
@@ -171,24 +164,6 @@ fn non_negative(t: &Tensor, layout: Layout) -> Result<(Tensor, Layout)> {
     let copy = t.with_layout(layout).contiguous()?;
     let layout = copy.layout().clone();
     Ok((copy, layout))
-}
-
-/// The stride of the one dim that `dims` (with `strides`) merge into, when
-/// they step evenly through memory in row-major order; `None` otherwise.
-/// Dims of size 1 do not matter.
-pub(crate) fn merged_stride(dims: &[usize], strides: &[usize]) -> Option<usize> {
-    let mut merged: Option<(usize, usize)> = None; // (stride, elements spanned)
-    for (&size, &stride) in dims.iter().zip(strides).rev() {
-        if size == 1 {
-            continue;
-        }
-        merged = match merged {
-            None => Some((stride, size)),
-            Some((inner, count)) if stride == count * inner => Some((inner, count * size)),
-            Some(_) => return None,
-        };
-    }
-    Some(merged.map_or(strides.last().copied().unwrap_or(1), |(stride, _)| stride))
 }
 
 /// Dense row-major `[m, k] · [k, n]` written the obvious way, for tests.

@@ -3,10 +3,10 @@
 //! variants take a [`Pool2dParams`], which adds PyTorch's `ceil_mode`.
 //! Inputs are `[N, C, H, W]` or unbatched `[C, H, W]`. The windows are checked here
 //! ([`PoolPlan`]); the device pools the `H x W` planes
-//! ([`crate::backend::Backend::max_pool2d`] and the others; on the host,
+//! ([`crate::backend::DeviceOps::max_pool2d`] and the others; on the host,
 //! planes split over threads, read in place whatever their strides).
 
-use crate::backend::for_device;
+use crate::backend::{ops_for, PoolPlan};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::ops::common::{expect_dtype, expect_float, same_device};
@@ -73,69 +73,39 @@ impl Pool2dParams {
     }
 }
 
-/// The pooling of one tensor, as the devices see it: its planes, their
-/// geometry, the window.
-pub(crate) struct PoolPlan {
-    /// The leading (batch and channel) dims.
-    pub lead: Vec<usize>,
-    /// One plane's geometry.
-    pub geometry: Pool2dGeometry,
-    /// Window elements per output element, for task sizing.
-    pub window: usize,
-    /// Window size, (height, width) (read by the CUDA kernels; the host's
-    /// geometry carries it inside).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub kernel: (usize, usize),
-    /// Window step, (height, width).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub stride: (usize, usize),
-    /// Implicit padding, (height, width).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub padding: (usize, usize),
-}
-
-impl PoolPlan {
-    fn new(op: &'static str, input: &[usize], params: Pool2dParams) -> Result<Self> {
-        let Pool2dParams { kernel, stride, padding, ceil_mode } = params;
-        if !(3..=4).contains(&input.len()) {
-            return Err(TensorError::shape(
+/// The pooling of an input of shape `input` as the devices see it (its
+/// planes, their geometry, the window), or the error `op` reports.
+fn pool_plan(op: &'static str, input: &[usize], params: Pool2dParams) -> Result<PoolPlan> {
+    let Pool2dParams { kernel, stride, padding, ceil_mode } = params;
+    if !(3..=4).contains(&input.len()) {
+        return Err(TensorError::shape(
+            op,
+            format!("expected a 4-d input [N, C, H, W] or a 3-d input [C, H, W], got shape {input:?}"),
+        ));
+    }
+    let (lead, plane) = input.split_at(input.len() - 2);
+    let geometry =
+        Pool2dGeometry::with_ceil_mode((plane[0], plane[1]), kernel, stride, padding, ceil_mode).map_err(|e| {
+            let detail = match e {
+                KernelError::ShapeMismatch { detail } => detail,
+                other => other.to_string(),
+            };
+            // Named only when set, so the messages of the positional
+            // functions stay as they were.
+            let ceil = if ceil_mode { ", ceil_mode" } else { "" };
+            TensorError::invalid(
                 op,
-                format!("expected a 4-d input [N, C, H, W] or a 3-d input [C, H, W], got shape {input:?}"),
-            ));
-        }
-        let (lead, plane) = input.split_at(input.len() - 2);
-        let geometry = Pool2dGeometry::with_ceil_mode((plane[0], plane[1]), kernel, stride, padding, ceil_mode)
-            .map_err(|e| {
-                let detail = match e {
-                    KernelError::ShapeMismatch { detail } => detail,
-                    other => other.to_string(),
-                };
-                // Named only when set, so the messages of the positional
-                // functions stay as they were.
-                let ceil = if ceil_mode { ", ceil_mode" } else { "" };
-                TensorError::invalid(
-                    op,
-                    format!(
-                        "input {input:?} with kernel {kernel:?}, stride {stride:?}, padding {padding:?}{ceil}: {detail}"
-                    ),
-                )
-            })?;
-        // The kernels divide by a window's size: it must be countable.
-        let window = kernel.0.checked_mul(kernel.1).ok_or_else(|| {
-            TensorError::invalid(op, format!("kernel {kernel:?} has more elements than a usize counts"))
+                format!(
+                    "input {input:?} with kernel {kernel:?}, stride {stride:?}, padding {padding:?}{ceil}: {detail}"
+                ),
+            )
         })?;
-        Ok(PoolPlan { lead: lead.to_vec(), geometry, window, kernel, stride, padding })
-    }
-
-    pub(crate) fn output_shape(&self) -> Shape {
-        let (h, w) = self.geometry.output();
-        Shape::from([self.lead.as_slice(), &[h, w]].concat())
-    }
-
-    pub(crate) fn input_shape(&self) -> Shape {
-        let (h, w) = self.geometry.input();
-        Shape::from([self.lead.as_slice(), &[h, w]].concat())
-    }
+    // The kernels divide by a window's size: it must be countable.
+    let window = kernel
+        .0
+        .checked_mul(kernel.1)
+        .ok_or_else(|| TensorError::invalid(op, format!("kernel {kernel:?} has more elements than a usize counts")))?;
+    Ok(PoolPlan { lead: lead.to_vec(), geometry, window, kernel, stride, padding })
 }
 
 /// Errors unless a gradient has the pooled shape of `input_shape`.
@@ -193,8 +163,8 @@ impl Tensor {
         if self.dtype() == DType::Bool {
             return Err(TensorError::invalid(OP, "needs a numeric tensor (float, i64 or u8), got bool"));
         }
-        let plan = PoolPlan::new(OP, self.dims(), params)?;
-        for_device(self.device())?.max_pool2d(self, &plan)
+        let plan = pool_plan(OP, self.dims(), params)?;
+        ops_for(self.device())?.max_pool2d(self, &plan)
     }
 
     /// The gradient of [`Tensor::max_pool2d`] with respect to its input: this
@@ -230,7 +200,7 @@ impl Tensor {
             ));
         }
         let (grad, indices) = (self.contiguous()?, indices.contiguous()?);
-        for_device(self.device())?.max_pool2d_backward(&grad, &indices, &input_shape)
+        ops_for(self.device())?.max_pool2d_backward(&grad, &indices, &input_shape)
     }
 
     /// Average pooling over `kernel` windows moved by `stride` over this
@@ -257,8 +227,8 @@ impl Tensor {
         const OP: &str = "avg_pool2d";
         let _range = brasa_profile::record_op(OP, &[self.dims()]);
         expect_float(OP, self)?;
-        let plan = PoolPlan::new(OP, self.dims(), params)?;
-        for_device(self.device())?.avg_pool2d(self, &plan, count_include_pad)
+        let plan = pool_plan(OP, self.dims(), params)?;
+        ops_for(self.device())?.avg_pool2d(self, &plan, count_include_pad)
     }
 
     /// The gradient of [`Tensor::avg_pool2d`] with respect to its input of
@@ -288,9 +258,9 @@ impl Tensor {
         let _range = brasa_profile::record_op(OP, &[self.dims()]);
         let input_shape = input_shape.into();
         expect_float(OP, self)?;
-        let plan = PoolPlan::new(OP, input_shape.dims(), params)?;
+        let plan = pool_plan(OP, input_shape.dims(), params)?;
         expect_pooled_shape(OP, self, &plan)?;
-        for_device(self.device())?.avg_pool2d_backward(self, &plan, count_include_pad)
+        ops_for(self.device())?.avg_pool2d_backward(self, &plan, count_include_pad)
     }
 }
 

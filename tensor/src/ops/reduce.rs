@@ -9,10 +9,10 @@
 //! - `max`/`min` keep the dtype; `argmax`/`argmin` give `i64`.
 //!
 //! The dims are resolved and checked here; the device walks the data
-//! ([`crate::backend::Backend::reduce`]: on the host, rows, columns or a
+//! ([`crate::backend::DeviceOps::reduce`]: on the host, rows, columns or a
 //! transposing copy picked from the strides, with broadcast dims read once).
 
-use crate::backend::{for_device, ReduceOp};
+use crate::backend::{ops_for, ReduceOp};
 use crate::error::{Result, TensorError};
 use crate::ops::common::expect_float;
 use crate::shape::resolve_dim;
@@ -38,11 +38,6 @@ fn reduced_mask(x: &Tensor, op: &'static str, dims: &[isize]) -> Result<Vec<bool
     Ok(mask)
 }
 
-/// The output dims: kept dims, and reduced ones as 1 with `keepdim`.
-pub(crate) fn out_dims(dims: &[usize], mask: &[bool], keepdim: bool) -> Vec<usize> {
-    dims.iter().zip(mask).filter_map(|(&d, &m)| if m { keepdim.then_some(1) } else { Some(d) }).collect()
-}
-
 /// Errors when a reduced dim is empty: max, min and their positions have no
 /// value over nothing.
 fn refuse_empty(x: &Tensor, op: &'static str, dims: &[isize]) -> Result<()> {
@@ -65,7 +60,7 @@ fn refuse_empty(x: &Tensor, op: &'static str, dims: &[isize]) -> Result<()> {
 fn reduce(x: &Tensor, op: ReduceOp, name: &'static str, dims: &[isize], keepdim: bool) -> Result<Tensor> {
     let mask = reduced_mask(x, name, dims)?;
     let _range = brasa_profile::record_op(name, &[x.dims()]);
-    for_device(x.device())?.reduce(op, name, x, &mask, keepdim)
+    ops_for(x.device())?.reduce(op, name, x, &mask, keepdim)
 }
 
 impl Tensor {

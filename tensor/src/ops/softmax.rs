@@ -4,9 +4,9 @@
 //!
 //! The input is made contiguous and seen as `[outer, n, inner]` with `n` the
 //! softmax dim; the device normalises each slice
-//! ([`crate::backend::Backend::softmax`]).
+//! ([`crate::backend::DeviceOps::softmax`]).
 
-use crate::backend::for_device;
+use crate::backend::ops_for;
 use crate::error::Result;
 use crate::ops::common::expect_float;
 use crate::shape::{resolve_dim, DimIndex};
@@ -22,7 +22,7 @@ fn softmax_impl(x: &Tensor, op: &'static str, dim: impl DimIndex, log: bool) -> 
     let dims = x.dims();
     let n = dims.get(d).copied().unwrap_or(1);
     let inner: usize = dims.get(d + 1..).map_or(1, |rest| rest.iter().product());
-    for_device(x.device())?.softmax(op, &x, n, inner, log)
+    ops_for(x.device())?.softmax(op, &x, n, inner, log)
 }
 
 impl Tensor {

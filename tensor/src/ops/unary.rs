@@ -18,10 +18,11 @@
 //! - `powf` of an integer or bool tensor with a negative integral exponent is
 //!   an error, as in PyTorch.
 
-use crate::backend::for_device;
+use crate::backend::ops_for;
+use crate::dtype::is_integral_value;
 use crate::dtype::{integer_scalar, DType};
 use crate::error::{Result, TensorError};
-use crate::ops::elementwise::{is_integral, scalar_result_dtype};
+use crate::ops::elementwise::scalar_result_dtype;
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::UnaryOp;
 
@@ -37,7 +38,7 @@ enum IntegerInput {
 /// Applies a float op, promoting or refusing non-float inputs.
 fn float_op(x: &Tensor, op: UnaryOp, name: &'static str, integers: IntegerInput) -> Result<Tensor> {
     if x.dtype().is_float() {
-        return for_device(x.device())?.unary(name, op, x);
+        return ops_for(x.device())?.unary(name, op, x);
     }
     match integers {
         IntegerInput::PromoteToF32 => float_op(&x.to_dtype(DType::F32)?, op, name, integers),
@@ -64,7 +65,7 @@ fn refuse_bool(x: &Tensor, name: &'static str) -> Result<()> {
 /// kernels wrap, like PyTorch's).
 fn same_dtype_op(x: &Tensor, op: UnaryOp, name: &'static str) -> Result<Tensor> {
     refuse_bool(x, name)?;
-    for_device(x.device())?.unary(name, op, x)
+    ops_for(x.device())?.unary(name, op, x)
 }
 
 impl Tensor {
@@ -200,7 +201,7 @@ impl Tensor {
     /// `self - value`.
     pub fn sub_scalar(&self, value: f64) -> Result<Tensor> {
         // For an integer result, negate in i64 (wrapping, so i64::MIN works).
-        let add = if !self.dtype().is_float() && is_integral(value) {
+        let add = if !self.dtype().is_float() && is_integral_value(value) {
             integer_scalar("sub_scalar", value)?.wrapping_neg() as f64
         } else {
             -value

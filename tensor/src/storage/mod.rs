@@ -26,11 +26,11 @@
 //! Slices are formed from the allocator's block address in three small
 //! functions at the end of `impl Storage`; nothing else here is `unsafe`.
 
+use crate::backend::Buffer;
 use crate::device::Device;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
-use crate::host_devices::host_allocator;
-use brasa_alloc::{Allocation, HostBackend, MemoryCategory, StreamId};
+use brasa_alloc::{MemoryCategory, StreamId};
 use std::mem::MaybeUninit;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
@@ -42,14 +42,6 @@ mod uninit;
 
 pub(crate) use locks::lock_storages;
 pub(crate) use uninit::UninitTensor;
-
-pub(crate) enum Buffer {
-    Host(Allocation<HostBackend>),
-    #[cfg(feature = "cuda")]
-    Cuda(Allocation<brasa_alloc::CudaBackend>),
-    /// Accounted, never backed: see [`crate::MetaDevice`].
-    Meta(crate::backend::meta::MetaBuffer),
-}
 
 /// Memory holding `len` elements of one dtype on one device.
 ///
@@ -85,22 +77,14 @@ impl Storage {
     fn uninit(device: Device, dtype: DType, len: usize) -> Result<Storage> {
         let bytes = byte_count("allocate", dtype, len)?;
         let category = crate::memory::current_category();
-        let buffer = match device {
-            Device::Cpu(index) => {
-                Buffer::Host(host_allocator(index)?.allocate_as(bytes, StreamId::DEFAULT, category)?)
-            }
-            Device::Cuda(index) => cuda_buffer(index, bytes, category)?,
-            Device::Meta(_) => {
-                Buffer::Meta(crate::backend::meta::MetaBuffer::allocate(device, dtype, bytes, category)?)
-            }
-        };
+        let buffer = crate::backend::allocate(device, dtype, bytes, category)?;
         Ok(Storage { buffer, dtype, len, device, pinned: false, lock: RwLock::new(()), version: AtomicU64::new(0) })
     }
 
     /// Like [`Storage::uninit`], in page-locked host memory.
     fn uninit_pinned(dtype: DType, len: usize) -> Result<Storage> {
         let bytes = byte_count("pin_memory", dtype, len)?;
-        let buffer = Buffer::Host(crate::host_devices::pinned_allocator()?.allocate(bytes, StreamId::DEFAULT)?);
+        let buffer = crate::backend::pinned_buffer(bytes)?;
         Ok(Storage {
             buffer,
             dtype,
@@ -120,33 +104,18 @@ impl Storage {
     /// Marks the memory as used by `stream` too, so the allocator reuses it
     /// only after the work queued there so far has finished.
     pub(crate) fn record_stream(&self, stream: StreamId) {
-        match &self.buffer {
-            Buffer::Host(block) => block.record_stream(stream),
-            #[cfg(feature = "cuda")]
-            Buffer::Cuda(block) => block.record_stream(stream),
-            Buffer::Meta(buffer) => buffer.record_stream(stream),
-        }
+        self.buffer.record_stream(stream);
     }
 
     /// The memory category the allocator counts this storage under.
     pub fn category(&self) -> MemoryCategory {
-        match &self.buffer {
-            Buffer::Host(block) => block.category(),
-            #[cfg(feature = "cuda")]
-            Buffer::Cuda(block) => block.category(),
-            Buffer::Meta(buffer) => buffer.category(),
-        }
+        self.buffer.category()
     }
 
     /// Counts this storage under `category` from now on (autograd marks the
     /// tensors it saves for backward as activations).
     pub fn set_category(&self, category: MemoryCategory) {
-        match &self.buffer {
-            Buffer::Host(block) => block.set_category(category),
-            #[cfg(feature = "cuda")]
-            Buffer::Cuda(block) => block.set_category(category),
-            Buffer::Meta(buffer) => buffer.set_category(category),
-        }
+        self.buffer.set_category(category);
     }
 
     /// The element type.
@@ -250,21 +219,17 @@ impl Storage {
     }
 
     /// The first of `count` `T`s of the host block: dangling (and aligned)
-    /// when there is nothing to point at. Errors for a device buffer.
+    /// when there is nothing to point at. Errors for memory the process
+    /// cannot read (a device's, or none on a meta device).
     fn host_start<T>(&self, op: &'static str, count: usize) -> Result<NonNull<T>> {
-        let _ = op; // named in the CUDA arm only
-        match &self.buffer {
-            Buffer::Host(_) if count == 0 || std::mem::size_of::<T>() == 0 => Ok(NonNull::dangling()),
-            Buffer::Host(block) => {
-                debug_assert!(count * std::mem::size_of::<T>() <= self.size_in_bytes());
-                debug_assert_eq!(block.addr() % std::mem::align_of::<T>(), 0);
-                NonNull::new(block.addr() as *mut T)
-                    .ok_or_else(|| TensorError::invalid(op, "internal error: a non-empty host storage without memory"))
-            }
-            #[cfg(feature = "cuda")]
-            Buffer::Cuda(_) => Err(crate::cuda::unsupported(op)),
-            Buffer::Meta(_) => Err(crate::backend::meta::no_values(op, self.device)),
+        let addr = self.buffer.host_addr(op, self.device)?;
+        if count == 0 || std::mem::size_of::<T>() == 0 {
+            return Ok(NonNull::dangling());
         }
+        debug_assert!(count * std::mem::size_of::<T>() <= self.size_in_bytes());
+        debug_assert_eq!(addr % std::mem::align_of::<T>(), 0);
+        NonNull::new(addr as *mut T)
+            .ok_or_else(|| TensorError::invalid(op, "internal error: a non-empty host storage without memory"))
     }
 
     // ----- the three places a slice is formed from the block's address -----
@@ -327,20 +292,6 @@ fn byte_count(op: &'static str, dtype: DType, len: usize) -> Result<usize> {
             ),
         )
     })
-}
-
-#[cfg(feature = "cuda")]
-fn cuda_buffer(index: usize, bytes: usize, category: MemoryCategory) -> Result<Buffer> {
-    // From the pool of the thread's current stream, as PyTorch's allocator:
-    // the block is reused on that stream in order, on another only after
-    // `record_stream`'s events.
-    let stream = crate::stream::current_stream_id(Device::Cuda(index));
-    Ok(Buffer::Cuda(crate::cuda::allocator(index)?.allocate_as(bytes, stream, category)?))
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_buffer(index: usize, _bytes: usize, _category: MemoryCategory) -> Result<Buffer> {
-    Err(TensorError::Device(format!("cuda:{index}: brasa-tensor was built without the `cuda` feature")))
 }
 
 // ----- one storage: guards ----------------------------------------------------

@@ -2,9 +2,9 @@
 //! `&mut [MaybeUninit<T>]` until every element is written, so no `&[T]` is
 //! ever formed over memory nobody wrote, and nothing is filled twice.
 
-#[cfg(feature = "cuda")]
-use super::Buffer;
 use super::Storage;
+#[cfg(feature = "cuda")]
+use crate::backend::Buffer;
 use crate::device::Device;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
@@ -109,7 +109,7 @@ impl UninitTensor {
     /// The tensor on a meta device, whose storage holds no values to write:
     /// the meta backend's outputs. An error for memory that exists.
     pub(crate) fn planned(self, op: &'static str) -> Result<Tensor> {
-        if !matches!(self.storage.buffer, super::Buffer::Meta(_)) {
+        if self.storage.buffer.has_memory() {
             return Err(TensorError::invalid(op, "internal error: only a meta tensor may skip writing its elements"));
         }
         // SAFETY: a meta storage has no elements in memory: nothing can read them.
@@ -172,10 +172,7 @@ impl UninitTensor {
 
     /// Zeros (all-zero bytes: 0, 0.0 or false in every dtype).
     pub(crate) fn zeros(mut self, op: &'static str) -> Result<Tensor> {
-        #[cfg(feature = "cuda")]
-        if let Buffer::Cuda(_) = self.storage.buffer {
-            return Err(crate::cuda::unsupported(op));
-        }
+        // Host memory only: the slice below is an error elsewhere.
         let count = self.storage.size_in_bytes();
         self.storage_mut(op)?.uninit_mut::<u8>(op, count)?.fill(MaybeUninit::new(0));
         // SAFETY: every byte was just written, and all-zero bytes are a valid

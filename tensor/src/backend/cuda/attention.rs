@@ -5,10 +5,10 @@
 //! small kernel, and `dq` is summed in an f32 buffer converted at the end.
 
 use super::elementwise::finish;
-use super::{address, output_address, suffix, CudaBackend};
+use super::{address, output_address, suffix, CudaOps};
+use crate::backend::AttentionOperands;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ops::attention::AttentionOperands;
 use crate::shape::Shape;
 use crate::storage::UninitTensor;
 use crate::tensor::Tensor;
@@ -32,7 +32,7 @@ unsafe impl DeviceRepr for ForwardArg {}
 // SAFETY: as for `ForwardArg`.
 unsafe impl DeviceRepr for BackwardArg {}
 
-/// See [`crate::backend::Backend::supports_fused_attention`].
+/// See [`crate::backend::DeviceOps::supports_fused_attention`].
 pub(super) fn supports(dtype: DType, e: usize, ev: usize) -> bool {
     matches!(dtype, DType::F16 | DType::BF16) && head_dim(e, ev).is_some() && e > 0 && ev > 0
 }
@@ -118,8 +118,8 @@ fn kernel_name(pass: &str, dropout: bool, dtype: DType, d: usize) -> String {
     format!("attention_{pass}{}_{}_d{d}", if dropout { "_dropout" } else { "" }, suffix(dtype))
 }
 
-/// See [`crate::backend::Backend::attention_forward`].
-pub(super) fn forward(backend: &CudaBackend, a: &AttentionOperands<'_>) -> Result<(Tensor, Tensor)> {
+/// See [`crate::backend::DeviceOps::attention_forward`].
+pub(super) fn forward(backend: &CudaOps, a: &AttentionOperands<'_>) -> Result<(Tensor, Tensor)> {
     const OP: &str = "fused_attention";
     let c = common(OP, a)?;
     let dtype = a.q.dtype();
@@ -182,9 +182,9 @@ fn check_grid(op: &'static str, bh: usize, rows: usize) -> Result<()> {
     Ok(())
 }
 
-/// See [`crate::backend::Backend::attention_backward`].
+/// See [`crate::backend::DeviceOps::attention_backward`].
 pub(super) fn backward(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     a: &AttentionOperands<'_>,
     out: &Tensor,
     lse: &Tensor,

@@ -5,7 +5,7 @@
 //! contiguous `[C]` of the compute dtype.
 
 use super::elementwise::finish;
-use super::{address, grid_for, output_address, suffix, CudaBackend};
+use super::{address, grid_for, output_address, suffix, CudaOps};
 use crate::backend::BatchNormBackwardElemt;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -37,7 +37,7 @@ fn compute_dtype(dtype: DType) -> DType {
 /// The addresses are those the kernel's ABI (kernels/cuda/ABI.md, "norm")
 /// asks for, of live device memory of the right sizes and dtypes.
 unsafe fn launch(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     op: &'static str,
     family: &str,
     x: &Tensor,
@@ -62,13 +62,13 @@ unsafe fn launch(
 }
 
 /// Two fresh `[C]` tensors of the compute dtype.
-fn pair_out(backend: &CudaBackend, x: &Tensor) -> Result<(UninitTensor, UninitTensor)> {
+fn pair_out(backend: &CudaOps, x: &Tensor) -> Result<(UninitTensor, UninitTensor)> {
     let (c, dtype) = (x.dims()[1], compute_dtype(x.dtype()));
     Ok((UninitTensor::new([c], dtype, backend.device)?, UninitTensor::new([c], dtype, backend.device)?))
 }
 
-/// See [`crate::backend::Backend::batch_norm_stats`].
-pub(super) fn batch_norm_stats(backend: &CudaBackend, x: &Tensor) -> Result<(Tensor, Tensor)> {
+/// See [`crate::backend::DeviceOps::batch_norm_stats`].
+pub(super) fn batch_norm_stats(backend: &CudaOps, x: &Tensor) -> Result<(Tensor, Tensor)> {
     const OP: &str = "batch_norm_stats";
     let (mean, var) = pair_out(backend, x)?;
     if x.dims()[1] == 0 {
@@ -81,9 +81,9 @@ pub(super) fn batch_norm_stats(backend: &CudaBackend, x: &Tensor) -> Result<(Ten
     Ok((finish(mean), finish(var)))
 }
 
-/// See [`crate::backend::Backend::batch_norm_elemt`].
+/// See [`crate::backend::DeviceOps::batch_norm_elemt`].
 pub(super) fn batch_norm_elemt(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     x: &Tensor,
     mean: &Tensor,
     scale: &Tensor,
@@ -103,9 +103,9 @@ pub(super) fn batch_norm_elemt(
     Ok(finish(out))
 }
 
-/// See [`crate::backend::Backend::batch_norm_backward_reduce`].
+/// See [`crate::backend::DeviceOps::batch_norm_backward_reduce`].
 pub(super) fn batch_norm_backward_reduce(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     dy: &Tensor,
     x: &Tensor,
     mean: &Tensor,
@@ -129,8 +129,8 @@ pub(super) fn batch_norm_backward_reduce(
     Ok((finish(sum_dy), finish(sum_dy_xmu)))
 }
 
-/// See [`crate::backend::Backend::batch_norm_backward_elemt`].
-pub(super) fn batch_norm_backward_elemt(backend: &CudaBackend, args: BatchNormBackwardElemt<'_>) -> Result<Tensor> {
+/// See [`crate::backend::DeviceOps::batch_norm_backward_elemt`].
+pub(super) fn batch_norm_backward_elemt(backend: &CudaOps, args: BatchNormBackwardElemt<'_>) -> Result<Tensor> {
     const OP: &str = "batch_norm_backward_elemt";
     let BatchNormBackwardElemt { dy, x, mean, scale, mean_dy, k } = args;
     let out = UninitTensor::new(x.shape().clone(), x.dtype(), backend.device)?;

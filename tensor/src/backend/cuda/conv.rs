@@ -12,9 +12,9 @@
 //! wide padding makes it large; an out-of-memory is the usual error).
 
 use super::elementwise::finish;
-use super::{address, grid_for, output_address, suffix, CudaBackend};
+use super::{address, grid_for, output_address, suffix, CudaOps};
+use crate::backend::ConvPlan;
 use crate::error::Result;
-use crate::ops::conv::ConvPlan;
 use crate::shape::Shape;
 use crate::storage::UninitTensor;
 use crate::tensor::Tensor;
@@ -32,7 +32,7 @@ unsafe impl DeviceRepr for Conv2dArg {}
 /// One group's geometry as the kernels take it.
 fn geometry(plan: &ConvPlan) -> Conv2dArg {
     let g = &plan.geometry;
-    let p = &plan.params;
+    let p = plan;
     let ((in_h, in_w), (k_h, k_w), (out_h, out_w)) = (g.input(), g.kernel(), g.output());
     let i = |v: usize| v as i64;
     Conv2dArg(Conv2d {
@@ -53,7 +53,7 @@ fn geometry(plan: &ConvPlan) -> Conv2dArg {
 }
 
 /// The columns `[N, K, P]` of group `group` of `input` (any strides).
-fn im2col(backend: &CudaBackend, name: &'static str, input: &Tensor, group: usize, plan: &ConvPlan) -> Result<Tensor> {
+fn im2col(backend: &CudaOps, name: &'static str, input: &Tensor, group: usize, plan: &ConvPlan) -> Result<Tensor> {
     let channels = plan.geometry.channels();
     let x = input.narrow(1, group * channels, channels)?;
     let (k, p) = (plan.geometry.col_rows(), plan.geometry.col_cols());
@@ -93,7 +93,7 @@ fn im2col(backend: &CudaBackend, name: &'static str, input: &Tensor, group: usiz
 }
 
 /// The image `[N, C_in/g, H, W]` folded from columns `[N, K, P]` (contiguous).
-fn col2im(backend: &CudaBackend, name: &'static str, col: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
+fn col2im(backend: &CudaOps, name: &'static str, col: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
     let (h, w) = plan.geometry.input();
     let shape = Shape::from([plan.batch, plan.geometry.channels(), h, w]);
     let out = UninitTensor::new(shape.clone(), col.dtype(), backend.device)?;
@@ -137,7 +137,7 @@ fn join_groups(parts: Vec<Tensor>, dim: usize, shape: Shape, like: &Tensor) -> R
 }
 
 pub(super) fn conv2d(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     input: &Tensor,
     weight: &Tensor,
     bias: Option<&Tensor>,
@@ -161,7 +161,7 @@ pub(super) fn conv2d(
 }
 
 pub(super) fn conv2d_backward_input(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     grad: &Tensor,
     weight: &Tensor,
     plan: &ConvPlan,
@@ -181,7 +181,7 @@ pub(super) fn conv2d_backward_input(
 }
 
 pub(super) fn conv2d_backward_weight(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     input: &Tensor,
     grad: &Tensor,
     plan: &ConvPlan,

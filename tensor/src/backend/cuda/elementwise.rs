@@ -4,7 +4,7 @@
 //! device's caching allocator, and queues one kernel on the device's stream.
 
 use super::strided::coalesce;
-use super::{address, grid_for, output_address, suffix, CudaBackend};
+use super::{address, grid_for, output_address, suffix, CudaOps};
 use crate::backend::{CompareOp, Sequence};
 use crate::dispatch::dispatch_dtype;
 use crate::dtype::{DType, WithDType};
@@ -25,7 +25,7 @@ pub(super) struct StridedArg(pub(super) Strided);
 unsafe impl DeviceRepr for StridedArg {}
 
 /// A fresh contiguous output of `shape` on the backend's device.
-fn output(backend: &CudaBackend, shape: &Shape, dtype: DType) -> Result<UninitTensor> {
+fn output(backend: &CudaOps, shape: &Shape, dtype: DType) -> Result<UninitTensor> {
     UninitTensor::new(shape.clone(), dtype, backend.device)
 }
 
@@ -47,7 +47,7 @@ pub(super) fn unary_parameters(op: UnaryOp) -> (f64, f64) {
     }
 }
 
-pub(super) fn unary(backend: &CudaBackend, name: &'static str, op: UnaryOp, x: &Tensor) -> Result<Tensor> {
+pub(super) fn unary(backend: &CudaOps, name: &'static str, op: UnaryOp, x: &Tensor) -> Result<Tensor> {
     let _range = brasa_profile::record_op(name, &[x.dims()]);
     let out = output(backend, x.shape(), x.dtype())?;
     if x.numel() > 0 {
@@ -72,7 +72,7 @@ pub(super) fn unary(backend: &CudaBackend, name: &'static str, op: UnaryOp, x: &
 /// Queues `kernel(s, inputs.., out)` for a contiguous output of `inputs[0]`'s
 /// shape; the inputs share that shape.
 fn launch_elementwise(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     name: &'static str,
     module: &'static str,
     kernel: &str,
@@ -107,29 +107,23 @@ fn launch_elementwise(
     Ok(finish(out))
 }
 
-pub(super) fn binary(backend: &CudaBackend, op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+pub(super) fn binary(backend: &CudaOps, op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let name = op.name();
     let _range = brasa_profile::record_op(name, &[a.dims(), b.dims()]);
     let kernel = format!("binary_{name}_{}", suffix(a.dtype()));
     launch_elementwise(backend, name, "elementwise", &kernel, &[a, b], a.dtype())
 }
 
-pub(super) fn compare(
-    backend: &CudaBackend,
-    name: &'static str,
-    op: CompareOp,
-    a: &Tensor,
-    b: &Tensor,
-) -> Result<Tensor> {
+pub(super) fn compare(backend: &CudaOps, name: &'static str, op: CompareOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let _range = brasa_profile::record_op(name, &[a.dims(), b.dims()]);
     let kernel = format!("compare_{}_{}", op.kernel_name(), suffix(a.dtype()));
     launch_elementwise(backend, name, "elementwise", &kernel, &[a, b], DType::Bool)
 }
 
-/// `x op value` (see [`crate::backend::Backend::compare_scalar`]; the
+/// `x op value` (see [`crate::backend::DeviceOps::compare_scalar`]; the
 /// kernel applies the host's rule for the scalar's type).
 pub(super) fn compare_scalar(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     name: &'static str,
     op: CompareOp,
     x: &Tensor,
@@ -154,19 +148,19 @@ pub(super) fn compare_scalar(
     Ok(finish(out))
 }
 
-pub(super) fn where_cond(backend: &CudaBackend, cond: &Tensor, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
+pub(super) fn where_cond(backend: &CudaOps, cond: &Tensor, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
     let name = "where_cond";
     let _range = brasa_profile::record_op(name, &[cond.dims()]);
     let kernel = format!("where_{}", suffix(on_true.dtype()));
     launch_elementwise(backend, name, "elementwise", &kernel, &[cond, on_true, on_false], on_true.dtype())
 }
 
-pub(super) fn cast(backend: &CudaBackend, x: &Tensor, dtype: DType) -> Result<Tensor> {
+pub(super) fn cast(backend: &CudaOps, x: &Tensor, dtype: DType) -> Result<Tensor> {
     let kernel = format!("cast_{}_{}", suffix(x.dtype()), suffix(dtype));
     launch_elementwise(backend, "copy", "cast", &kernel, &[x], dtype)
 }
 
-pub(super) fn copy_into(backend: &CudaBackend, name: &'static str, dst: &Tensor, src: &Tensor) -> Result<()> {
+pub(super) fn copy_into(backend: &CudaOps, name: &'static str, dst: &Tensor, src: &Tensor) -> Result<()> {
     if dst.numel() == 0 {
         return Ok(());
     }
@@ -186,7 +180,7 @@ pub(super) fn copy_into(backend: &CudaBackend, name: &'static str, dst: &Tensor,
 }
 
 /// A 0-d tensor holding `value` (converted as the host converts scalars).
-pub(super) fn full_scalar(backend: &CudaBackend, name: &'static str, dtype: DType, value: f64) -> Result<Tensor> {
+pub(super) fn full_scalar(backend: &CudaOps, name: &'static str, dtype: DType, value: f64) -> Result<Tensor> {
     let out = output(backend, &Shape::scalar(), dtype)?;
     let dst = output_address(name, &out)?;
     dispatch_dtype!(dtype, T => launch_fill::<T>(backend, name, dtype, 1, T::from_f64(value), dst))?;
@@ -195,7 +189,7 @@ pub(super) fn full_scalar(backend: &CudaBackend, name: &'static str, dtype: DTyp
 
 /// Queues `fill_<T>(n, value, out)` on `n` contiguous elements at `dst`.
 pub(super) fn launch_fill<T: WithDType>(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     name: &'static str,
     dtype: DType,
     n: usize,
@@ -216,14 +210,9 @@ pub(super) fn launch_fill<T: WithDType>(
     Ok(())
 }
 
-/// See [`crate::backend::Backend::sequence`]: one launch of the fill
+/// See [`crate::backend::DeviceOps::sequence`]: one launch of the fill
 /// family's `arange_*`, `linspace_*` or `eye_*` kernel.
-pub(super) fn sequence(
-    backend: &CudaBackend,
-    name: &'static str,
-    out: UninitTensor,
-    sequence: Sequence,
-) -> Result<Tensor> {
+pub(super) fn sequence(backend: &CudaOps, name: &'static str, out: UninitTensor, sequence: Sequence) -> Result<Tensor> {
     let _range = brasa_profile::record_op(name, &[out.dims()]);
     let dtype = out.dtype();
     // SAFETY: the kernel below writes every element before any later work on
@@ -278,7 +267,7 @@ struct KernelScalar<T>(T);
 // its dtype in the ABI (bool is one byte holding 0 or 1).
 unsafe impl<T: WithDType> DeviceRepr for KernelScalar<T> {}
 
-pub(super) fn fill(backend: &CudaBackend, name: &'static str, dst: &Tensor, value: f64) -> Result<()> {
+pub(super) fn fill(backend: &CudaOps, name: &'static str, dst: &Tensor, value: f64) -> Result<()> {
     let _range = brasa_profile::record_op(name, &[dst.dims()]);
     // Broadcast dims repeat their element: fill each one once.
     let view = dst.with_layout(dst.layout().without_broadcast_dims());
@@ -295,9 +284,9 @@ pub(super) fn fill(backend: &CudaBackend, name: &'static str, dst: &Tensor, valu
     copy_into(backend, name, &view, &scalar)
 }
 
-/// See [`crate::backend::Backend::concat`]: each input copied (strided copy
+/// See [`crate::backend::DeviceOps::concat`]: each input copied (strided copy
 /// kernel) into the block of a new output it fills.
-pub(super) fn concat(backend: &CudaBackend, tensors: &[&Tensor], d: usize, shape: &Shape) -> Result<Tensor> {
+pub(super) fn concat(backend: &CudaOps, tensors: &[&Tensor], d: usize, shape: &Shape) -> Result<Tensor> {
     let dtype = tensors.first().map_or(DType::F32, |t| t.dtype());
     let out = finish(output(backend, shape, dtype)?);
     let mut start = 0;

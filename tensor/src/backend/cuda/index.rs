@@ -6,10 +6,10 @@
 
 use super::elementwise::{finish, full_scalar, StridedArg};
 use super::strided::coalesce;
-use super::{address, grid_for, output_address, suffix, CudaBackend};
+use super::{address, grid_for, output_address, suffix, CudaOps};
 use crate::backend::Indices;
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Result, TensorError};
 use crate::shape::Shape;
 use crate::storage::UninitTensor;
 use crate::tensor::Tensor;
@@ -17,7 +17,7 @@ use brasa_kernels::cuda_ptx::NO_BAD_INDEX;
 use cudarc::driver::PushKernelArg;
 
 /// A device `i64` holding [`NO_BAD_INDEX`], for the kernels' flag.
-fn bad_index_flag(backend: &CudaBackend, name: &'static str) -> Result<Tensor> {
+fn bad_index_flag(backend: &CudaOps, name: &'static str) -> Result<Tensor> {
     full_scalar(backend, name, DType::I64, NO_BAD_INDEX as f64)
 }
 
@@ -32,7 +32,7 @@ fn base_strides(x: &Tensor, dim: usize) -> Vec<isize> {
 }
 
 pub(super) fn index_select(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     name: &'static str,
     x: &Tensor,
     ids: Indices<'_>,
@@ -78,7 +78,7 @@ pub(super) fn index_select(
 }
 
 pub(super) fn gather(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     name: &'static str,
     x: &Tensor,
     dim: usize,
@@ -123,7 +123,7 @@ pub(super) fn gather(
 }
 
 pub(super) fn scatter_add(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     name: &'static str,
     dst: &Tensor,
     dim: usize,
@@ -167,7 +167,7 @@ pub(super) fn scatter_add(
     Ok(())
 }
 
-pub(super) fn one_hot(backend: &CudaBackend, ids: Indices<'_>, num_classes: usize, shape: &Shape) -> Result<Tensor> {
+pub(super) fn one_hot(backend: &CudaOps, ids: Indices<'_>, num_classes: usize, shape: &Shape) -> Result<Tensor> {
     const OP: &str = "one_hot";
     let out = UninitTensor::new(shape.clone(), DType::I64, backend.device)?;
     let n = ids.tensor.numel();
@@ -196,4 +196,24 @@ pub(super) fn one_hot(backend: &CudaBackend, ids: Indices<'_>, num_classes: usiz
     .map_err(|e| backend.call_error(OP, "launching one_hot", e))?;
     drop(span);
     Ok(finish(out))
+}
+
+/// Checks for `op` on the device that every index of `index` lies in `0..size`: a
+/// min/max reduction and two values read back, all of them read only when
+/// one is out of range (to name the first bad one through `error`).
+pub(super) fn check_on_device(
+    op: &'static str,
+    index: &Tensor,
+    size: usize,
+    error: &dyn Fn(brasa_kernels::index::IndexError) -> TensorError,
+) -> Result<Vec<i64>> {
+    let flat = index.reshape(&[-1])?;
+    let (low, high) = (flat.min(&[0], false)?, flat.max(&[0], false)?);
+    let bounds = Tensor::stack(&[&low, &high], 0)?.to_vec::<i64>()?;
+    if bounds.len() == 2 && bounds[0] >= 0 && (bounds[1] as u64) < size as u64 {
+        return Ok(Vec::new());
+    }
+    // Out of range: read them all to name the first bad one.
+    crate::backend::read_checked_indices(index, size, error)?;
+    Err(TensorError::invalid(op, format!("internal: the device saw indices in {bounds:?} outside 0..{size}")))
 }

@@ -9,12 +9,12 @@
 //! each operand is passed as it lies in memory, with `OP_N` when its rows
 //! are contiguous (unit column stride) and `OP_T` when its columns are.
 
-use super::{address, output_address, CudaBackend};
+use super::{address, output_address, CudaOps};
+use crate::backend::merged_stride;
+use crate::backend::output;
 use crate::backend::MatmulOperands;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::ops::common::output;
-use crate::ops::matmul::merged_stride;
 use crate::shape::Shape;
 use crate::tensor::Tensor;
 use cudarc::cublas::result::gemm_strided_batched_ex;
@@ -105,7 +105,7 @@ fn blas_types(dtype: DType) -> Result<(cudaDataType, cublasComputeType_t)> {
     }
 }
 
-pub(super) fn matmul(backend: &CudaBackend, operands: MatmulOperands<'_>) -> Result<Tensor> {
+pub(super) fn matmul(backend: &CudaOps, operands: MatmulOperands<'_>) -> Result<Tensor> {
     let MatmulOperands { a, b, batch, m, n, k } = operands;
     let mut full = batch.to_vec();
     full.extend([m, n]);

@@ -1,8 +1,10 @@
-//! The CUDA backend (feature `cuda`): brasa's kernels, compiled to PTX by
-//! `cargo xtask kernels` and committed in `brasa-kernels` (so building brasa
-//! never needs a CUDA compiler), loaded into each device's context once, at
-//! its first use, and launched on the device's stream; matrix products on
-//! cuBLAS.
+//! CUDA devices (feature `cuda`). [`CudaOps`]: brasa's kernels, compiled to
+//! PTX by `cargo xtask kernels` and committed in `brasa-kernels` (so building
+//! brasa never needs a CUDA compiler), loaded into each device's context
+//! once, at its first use, and launched on the device's stream; matrix
+//! products on cuBLAS. [`CudaRuntime`]: each device's caching allocator and
+//! streams (`device.rs`), copies through the host (`copy.rs`), pinned host
+//! memory and the asynchronous copy from it (`pinned.rs`), driver events.
 //!
 //! Work is queued, not waited for: an op launches its kernel on the thread's
 //! current stream of the device ([`crate::Stream::current`]) and returns; the
@@ -21,46 +23,51 @@
 mod attention;
 mod batch_norm;
 mod conv;
+mod copy;
+pub(crate) mod device;
 mod elementwise;
 mod index;
 mod matmul;
 mod norm;
 mod optim;
+pub(crate) mod pinned;
 mod pool;
 mod random;
 mod reduce;
+mod runtime;
 mod strided;
 mod timing;
 mod update;
 
+pub(crate) use device::unsupported;
+pub(crate) use runtime::CudaRuntime;
+
+use crate::backend::current_stream::current_stream_id;
 use crate::backend::{
-    Backend, BatchNormBackwardElemt, CompareOp, Distribution, Indices, LayerNormBackward, MatmulOperands, ReduceOp,
-    Sequence, Update,
+    read_checked_indices, AdamUpdate, AttentionOperands, BatchNormBackwardElemt, Buffer, CompareOp, ConvPlan,
+    DeviceOps, Distribution, Indices, LayerNormBackward, MatmulOperands, PoolPlan, ReduceOp, Sequence, SgdUpdate,
+    Update,
 };
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Result, SharedError, TensorError};
-use crate::ops::attention::AttentionOperands;
-use crate::ops::conv::ConvPlan;
-use crate::ops::fused_adam::AdamUpdate;
-use crate::ops::fused_sgd::SgdUpdate;
-use crate::ops::pool::PoolPlan;
 use crate::shape::Shape;
-use crate::storage::{Buffer, Storage, UninitTensor};
+use crate::storage::{Storage, UninitTensor};
 use crate::tensor::Tensor;
 use brasa_kernels::cuda_ptx::{BLOCK, MODULES};
 use brasa_kernels::elementwise::{BinaryOp, UnaryOp};
+use brasa_kernels::index::IndexError;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
-static BACKENDS: Mutex<BTreeMap<usize, &'static CudaBackend>> = Mutex::new(BTreeMap::new());
+static BACKENDS: Mutex<BTreeMap<usize, &'static CudaOps>> = Mutex::new(BTreeMap::new());
 
 /// One CUDA device: its context, the kernels loaded so far, and a cuBLAS
 /// handle.
-pub(crate) struct CudaBackend {
+pub(crate) struct CudaOps {
     device: Device,
     context: Arc<CudaContext>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
@@ -70,16 +77,16 @@ pub(crate) struct CudaBackend {
     timer: Arc<dyn brasa_profile::DeviceTimer>,
 }
 
-impl CudaBackend {
+impl CudaOps {
     /// The backend of CUDA device `index`, created at first use (with the
     /// device's caching allocator, which owns the context).
-    pub(crate) fn get(index: usize) -> Result<&'static CudaBackend> {
+    pub(crate) fn get(index: usize) -> Result<&'static CudaOps> {
         let mut backends = BACKENDS.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(backend) = backends.get(&index) {
             return Ok(backend);
         }
-        let context = crate::cuda::allocator(index)?.backend().context().clone();
-        let backend = CudaBackend {
+        let context = device::allocator(index)?.backend().context().clone();
+        let backend = CudaOps {
             device: Device::Cuda(index),
             timer: Arc::new(timing::CudaTimer::new(index, Arc::clone(&context))),
             context,
@@ -88,7 +95,7 @@ impl CudaBackend {
             blas: OnceLock::new(),
         };
         // Backends live as long as the process, as CUDA contexts do.
-        let backend: &'static CudaBackend = Box::leak(Box::new(backend));
+        let backend: &'static CudaOps = Box::leak(Box::new(backend));
         backends.insert(index, backend);
         Ok(backend)
     }
@@ -136,7 +143,7 @@ impl CudaBackend {
     /// This thread's current stream on this device ([`crate::Stream::current`]):
     /// where ops queue their kernels.
     fn current_stream(&self) -> Result<Arc<CudaStream>> {
-        crate::cuda::stream(self.device.index(), crate::stream::current_stream_id(self.device))
+        device::stream(self.device.index(), current_stream_id(self.device))
     }
 
     /// The cuBLAS handle, locked, set to this thread's current stream.
@@ -204,7 +211,7 @@ fn output_address(op: &'static str, out: &UninitTensor) -> Result<u64> {
     }
 }
 
-impl Backend for CudaBackend {
+impl DeviceOps for CudaOps {
     fn unary(&self, name: &'static str, op: UnaryOp, x: &Tensor) -> Result<Tensor> {
         elementwise::unary(self, name, op, x)
     }
@@ -239,6 +246,14 @@ impl Backend for CudaBackend {
 
     fn fill(&self, name: &'static str, dst: &Tensor, value: f64) -> Result<()> {
         elementwise::fill(self, name, dst, value)
+    }
+
+    fn full(&self, name: &'static str, shape: Shape, dtype: DType, device: Device, value: f64) -> Result<Tensor> {
+        // SAFETY: the host never reads device memory; the fill is queued on
+        // the device's stream before any later work there can read it.
+        let out = unsafe { UninitTensor::new(shape, dtype, device)?.assume_init() };
+        elementwise::fill(self, name, &out, value)?;
+        Ok(out)
     }
 
     fn reduce(&self, op: ReduceOp, name: &'static str, x: &Tensor, mask: &[bool], keepdim: bool) -> Result<Tensor> {
@@ -307,6 +322,20 @@ impl Backend for CudaBackend {
 
     fn update(&self, name: &'static str, op: Update, dst: &Tensor, operands: &[&Tensor]) -> Result<()> {
         update::update(self, name, op, dst, operands)
+    }
+
+    fn checked_indices(
+        &self,
+        op: &'static str,
+        index: &Tensor,
+        size: usize,
+        keep: bool,
+        error: &dyn Fn(IndexError) -> TensorError,
+    ) -> Result<Vec<i64>> {
+        if keep || index.numel() == 0 {
+            return read_checked_indices(index, size, error);
+        }
+        index::check_on_device(op, index, size, error)
     }
 
     fn index_select(

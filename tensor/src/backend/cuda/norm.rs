@@ -3,7 +3,7 @@
 //! parameter gradients. Operands arrive contiguous, in f32 or f64.
 
 use super::elementwise::finish;
-use super::{address, output_address, suffix, CudaBackend};
+use super::{address, output_address, suffix, CudaOps};
 use crate::backend::LayerNormBackward;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
@@ -32,9 +32,9 @@ fn check_dtype(op: &'static str, dtype: DType) -> Result<()> {
     }
 }
 
-/// See [`crate::backend::Backend::layer_norm`].
+/// See [`crate::backend::DeviceOps::layer_norm`].
 pub(super) fn layer_norm(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     x: &Tensor,
     weight: Option<&Tensor>,
     bias: Option<&Tensor>,
@@ -80,9 +80,9 @@ pub(super) fn layer_norm(
     Ok((finish(out), finish(mean), finish(rstd)))
 }
 
-/// See [`crate::backend::Backend::layer_norm_backward`].
+/// See [`crate::backend::DeviceOps::layer_norm_backward`].
 pub(super) fn layer_norm_backward(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     args: LayerNormBackward<'_>,
     needs: [bool; 3],
 ) -> Result<[Option<Tensor>; 3]> {
@@ -160,7 +160,7 @@ fn param_config(rows: usize, width: usize) -> LaunchConfig {
 /// The addresses are those the kernel's ABI asks for, of live device memory
 /// of the right sizes (or null where the kernel allows it).
 unsafe fn launch_backward(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     family: &str,
     dtype: DType,
     [rows, width]: [usize; 2],

@@ -2,17 +2,17 @@
 //! `optim.cu`, one launch per parameter on the current stream, replaying
 //! the composed update per element as the host does.
 
-use super::{address, grid_for, suffix, CudaBackend};
+use super::{address, grid_for, suffix, CudaOps};
+use crate::backend::AdamUpdate;
+use crate::backend::SgdUpdate;
 use crate::error::Result;
-use crate::ops::fused_adam::AdamUpdate;
-use crate::ops::fused_sgd::SgdUpdate;
 use cudarc::driver::PushKernelArg;
 
 const OP: &str = "fused_adam_";
 const SGD_OP: &str = "fused_sgd_";
 
-/// See [`crate::backend::Backend::adam_step`].
-pub(super) fn adam_step(backend: &CudaBackend, updates: &[&AdamUpdate<'_>]) -> Result<()> {
+/// See [`crate::backend::DeviceOps::adam_step`].
+pub(super) fn adam_step(backend: &CudaOps, updates: &[&AdamUpdate<'_>]) -> Result<()> {
     let stream = backend.current_stream()?;
     for update in updates {
         let n = update.param.numel();
@@ -58,8 +58,8 @@ pub(super) fn adam_step(backend: &CudaBackend, updates: &[&AdamUpdate<'_>]) -> R
     Ok(())
 }
 
-/// See [`crate::backend::Backend::sgd_step`].
-pub(super) fn sgd_step(backend: &CudaBackend, updates: &[&SgdUpdate<'_>]) -> Result<()> {
+/// See [`crate::backend::DeviceOps::sgd_step`].
+pub(super) fn sgd_step(backend: &CudaOps, updates: &[&SgdUpdate<'_>]) -> Result<()> {
     let stream = backend.current_stream()?;
     for update in updates {
         let n = update.param.numel();

@@ -5,10 +5,10 @@
 //! chose one position add up as on the host.
 
 use super::elementwise::finish;
-use super::{address, grid_for, output_address, suffix, CudaBackend};
+use super::{address, grid_for, output_address, suffix, CudaOps};
+use crate::backend::PoolPlan;
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ops::pool::PoolPlan;
 use crate::shape::Shape;
 use crate::storage::UninitTensor;
 use crate::tensor::Tensor;
@@ -50,7 +50,7 @@ fn planes(x: &Tensor) -> (i64, i64, [i64; 4]) {
     }
 }
 
-pub(super) fn max_pool2d(backend: &CudaBackend, input: &Tensor, plan: &PoolPlan) -> Result<(Tensor, Tensor)> {
+pub(super) fn max_pool2d(backend: &CudaOps, input: &Tensor, plan: &PoolPlan) -> Result<(Tensor, Tensor)> {
     const OP: &str = "max_pool2d";
     let shape = plan.output_shape();
     let values = UninitTensor::new(shape.clone(), input.dtype(), backend.device)?;
@@ -89,7 +89,7 @@ pub(super) fn max_pool2d(backend: &CudaBackend, input: &Tensor, plan: &PoolPlan)
 }
 
 pub(super) fn max_pool2d_backward(
-    _backend: &CudaBackend,
+    _backend: &CudaOps,
     grad: &Tensor,
     indices: &Tensor,
     input_shape: &Shape,
@@ -107,7 +107,7 @@ pub(super) fn max_pool2d_backward(
 }
 
 pub(super) fn avg_pool2d(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     input: &Tensor,
     plan: &PoolPlan,
     count_include_pad: bool,
@@ -149,7 +149,7 @@ pub(super) fn avg_pool2d(
 }
 
 pub(super) fn avg_pool2d_backward(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     grad: &Tensor,
     plan: &PoolPlan,
     count_include_pad: bool,

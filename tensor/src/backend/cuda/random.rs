@@ -5,9 +5,9 @@
 //! `log` and `cos`).
 
 use super::elementwise::finish;
-use super::{grid_for, output_address, suffix, CudaBackend};
+use super::{grid_for, output_address, suffix, CudaOps};
 use crate::backend::Distribution;
-use crate::construct::reserve_draws;
+use crate::default_generator::reserve_draws;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::shape::Shape;
@@ -15,9 +15,9 @@ use crate::storage::UninitTensor;
 use crate::tensor::Tensor;
 use cudarc::driver::PushKernelArg;
 
-/// See [`crate::backend::Backend::random`].
+/// See [`crate::backend::DeviceOps::random`].
 pub(super) fn random(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     op: &'static str,
     dist: Distribution,
     shape: &Shape,

@@ -10,12 +10,12 @@
 //! run (blocks loop over runs); otherwise a thread folds each column.
 
 use super::elementwise::{finish, launch_fill};
-use super::{address, grid_for, output_address, suffix, CudaBackend};
+use super::{address, grid_for, output_address, suffix, CudaOps};
+use crate::backend::out_dims;
 use crate::backend::ReduceOp;
 use crate::dispatch::dispatch_dtype;
 use crate::dtype::{DType, WithDType};
 use crate::error::Result;
-use crate::ops::reduce::out_dims;
 use crate::shape::Shape;
 use crate::storage::UninitTensor;
 use crate::tensor::Tensor;
@@ -70,7 +70,7 @@ fn runs_config(outer: usize, inner: usize) -> LaunchConfig {
 }
 
 pub(super) fn reduce(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     op: ReduceOp,
     name: &'static str,
     x: &Tensor,
@@ -206,7 +206,7 @@ fn column_chunks(op: ReduceOp, outer: usize, len: usize, inner: usize) -> Option
 /// `src` and `dst` must be live device memory on this device of the sizes
 /// and types the kernel's ABI asks for.
 unsafe fn launch_runs(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     name: &'static str,
     module: &'static str,
     kernel: &str,
@@ -234,9 +234,9 @@ unsafe fn launch_runs(
     Ok(())
 }
 
-/// See [`crate::backend::Backend::softmax`].
+/// See [`crate::backend::DeviceOps::softmax`].
 pub(super) fn softmax(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     name: &'static str,
     x: &Tensor,
     n: usize,

@@ -1,6 +1,6 @@
 //! Device time for `brasa-profile`: while a profiler records, each kernel an
 //! op launches on a CUDA device (and each asynchronous copy) is bracketed by a
-//! pair of timing events on the op's stream ([`CudaBackend::launch_span`]),
+//! pair of timing events on the op's stream ([`CudaOps::launch_span`]),
 //! and the pair becomes a device interval of the op's range, named after the
 //! kernel (the table's `Self CUDA` / `CUDA total`, a slice on the device's
 //! stream track in the trace).
@@ -13,7 +13,7 @@
 //!
 //! When no profiler runs a launch span costs one relaxed atomic load.
 
-use super::CudaBackend;
+use super::CudaOps;
 use crate::device::Device;
 use brasa_profile::{Clock, DeviceId, DeviceSpan, DeviceTimer, Marker, ProfileError};
 use cudarc::driver::{result, sys, CudaContext, DriverError};
@@ -160,13 +160,13 @@ impl DeviceTimer for CudaTimer {
     }
 
     fn current_queue(&self) -> u32 {
-        let id = crate::stream::current_stream_id(self.device());
+        let id = crate::backend::current_stream::current_stream_id(self.device());
         u32::try_from(id.0).unwrap_or(u32::MAX)
     }
 
     fn record_marker(&self) -> Result<Marker, ProfileError> {
-        let id = crate::stream::current_stream_id(self.device());
-        let stream = crate::cuda::stream(self.index, id).map_err(|e| self.error("finding the current stream", e))?;
+        let id = crate::backend::current_stream::current_stream_id(self.device());
+        let stream = super::device::stream(self.index, id).map_err(|e| self.error("finding the current stream", e))?;
         self.record_on(stream.cu_stream())
     }
 
@@ -221,12 +221,12 @@ impl DeviceTimer for CudaTimer {
     }
 }
 
-/// Times the launches queued while it lives (see [`CudaBackend::launch_span`]).
+/// Times the launches queued while it lives (see [`CudaOps::launch_span`]).
 pub(crate) struct LaunchSpan {
     _span: Option<DeviceSpan>,
 }
 
-impl CudaBackend {
+impl CudaOps {
     /// While a profiler records: a device interval named `kernel` around the
     /// launches queued until the returned guard drops (one kernel, by the
     /// callers), on the thread's current stream, attached to the innermost

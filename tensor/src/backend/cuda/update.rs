@@ -4,15 +4,15 @@
 
 use super::elementwise::{unary_parameters, StridedArg};
 use super::strided::coalesce;
-use super::{address, grid_for, suffix, CudaBackend};
+use super::{address, grid_for, suffix, CudaOps};
 use crate::backend::Update;
 use crate::error::Result;
 use crate::tensor::Tensor;
 use cudarc::driver::PushKernelArg;
 
-/// See [`crate::backend::Backend::update`].
+/// See [`crate::backend::DeviceOps::update`].
 pub(super) fn update(
-    backend: &CudaBackend,
+    backend: &CudaOps,
     name: &'static str,
     op: Update,
     dst: &Tensor,

@@ -78,7 +78,7 @@ fn per_run<T: Send>(
     }
 }
 
-/// See [`crate::backend::Backend::batch_norm_stats`].
+/// See [`crate::backend::DeviceOps::batch_norm_stats`].
 pub(super) fn batch_norm_stats(x: &Tensor) -> Result<(Tensor, Tensor)> {
     dispatch_float!(x.dtype(), T => stats::<T>(x), Err(TensorError::invalid(STATS, format!("internal: float input, got {}", x.dtype()))))
 }
@@ -91,7 +91,7 @@ fn stats<T: BnElement>(x: &Tensor) -> Result<(Tensor, Tensor)> {
     Ok((per_channel(STATS, x, &mean)?, per_channel(STATS, x, &var)?))
 }
 
-/// See [`crate::backend::Backend::batch_norm_elemt`].
+/// See [`crate::backend::DeviceOps::batch_norm_elemt`].
 pub(super) fn batch_norm_elemt(x: &Tensor, mean: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
     dispatch_float!(x.dtype(), T => elemt::<T>(x, mean, scale, shift), Err(TensorError::invalid(ELEMT, format!("internal: float input, got {}", x.dtype()))))
 }
@@ -118,7 +118,7 @@ fn elemt<T: BnElement>(x: &Tensor, mean: &Tensor, scale: &Tensor, shift: &Tensor
     }
 }
 
-/// See [`crate::backend::Backend::batch_norm_backward_reduce`].
+/// See [`crate::backend::DeviceOps::batch_norm_backward_reduce`].
 pub(super) fn batch_norm_backward_reduce(dy: &Tensor, x: &Tensor, mean: &Tensor) -> Result<(Tensor, Tensor)> {
     dispatch_float!(x.dtype(), T => backward_reduce::<T>(dy, x, mean), Err(TensorError::invalid(REDUCE, format!("internal: float input, got {}", x.dtype()))))
 }
@@ -133,7 +133,7 @@ fn backward_reduce<T: BnElement>(dy: &Tensor, x: &Tensor, mean: &Tensor) -> Resu
     Ok((per_channel(REDUCE, x, &sum_dy)?, per_channel(REDUCE, x, &sum_dy_xmu)?))
 }
 
-/// See [`crate::backend::Backend::batch_norm_backward_elemt`].
+/// See [`crate::backend::DeviceOps::batch_norm_backward_elemt`].
 pub(super) fn batch_norm_backward_elemt(args: BatchNormBackwardElemt<'_>) -> Result<Tensor> {
     let dtype = args.dy.dtype();
     dispatch_float!(dtype, T => backward_elemt::<T>(args), Err(TensorError::invalid(BACKWARD_ELEMT, format!("internal: float input, got {dtype}"))))

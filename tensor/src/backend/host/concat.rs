@@ -1,15 +1,15 @@
 //! The host's concatenation: each input's contiguous runs copied into the
 //! block of the output it fills.
 
+use crate::backend::output;
 use crate::dispatch::dispatch_dtype;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
-use crate::ops::common::output;
 use crate::shape::Shape;
 use crate::tensor::Tensor;
 use brasa_kernels::index::copy_runs;
 
-/// See [`crate::backend::Backend::concat`].
+/// See [`crate::backend::DeviceOps::concat`].
 pub(super) fn concat(tensors: &[&Tensor], d: usize, shape: &Shape) -> Result<Tensor> {
     const OP: &str = "cat";
     let total = shape.dims()[d];

@@ -12,11 +12,12 @@
 //! product (the folded input gradient, the weight gradient over images) is
 //! summed in f32 and rounded once.
 
+use super::matmul::gemm_error;
+use crate::backend::merged_stride;
+use crate::backend::output;
+use crate::backend::ConvPlan;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
-use crate::ops::common::output;
-use crate::ops::conv::ConvPlan;
-use crate::ops::matmul::{gemm_error, merged_stride};
 use crate::shape::Shape;
 use crate::storage::lock_storages;
 use crate::tensor::Tensor;
@@ -215,22 +216,22 @@ macro_rules! dispatch_conv {
     };
 }
 
-/// See [`crate::backend::Backend::conv2d`].
+/// See [`crate::backend::DeviceOps::conv2d`].
 pub(super) fn conv2d(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>, plan: &ConvPlan) -> Result<Tensor> {
     dispatch_conv!("conv2d", input.dtype(), T => forward::<T>(input, weight, bias, plan))
 }
 
-/// See [`crate::backend::Backend::conv2d_backward_input`].
+/// See [`crate::backend::DeviceOps::conv2d_backward_input`].
 pub(super) fn conv2d_backward_input(grad: &Tensor, weight: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
     dispatch_conv!("conv2d_backward_input", grad.dtype(), T => backward_input::<T>(grad, weight, plan))
 }
 
-/// See [`crate::backend::Backend::conv2d_backward_weight`].
+/// See [`crate::backend::DeviceOps::conv2d_backward_weight`].
 pub(super) fn conv2d_backward_weight(input: &Tensor, grad: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
     dispatch_conv!("conv2d_backward_weight", input.dtype(), T => backward_weight::<T>(input, grad, plan))
 }
 
-/// See [`crate::backend::Backend::conv2d_backward_bias`]: sums accumulated
+/// See [`crate::backend::DeviceOps::conv2d_backward_bias`]: sums accumulated
 /// in f64.
 pub(super) fn conv2d_backward_bias(grad: &Tensor) -> Result<Tensor> {
     const OP: &str = "conv2d_backward_bias";

@@ -1,17 +1,17 @@
 //! The host's copies and fills: dtype conversion into a new contiguous
 //! tensor, strided copies between views, and fills of a view.
 
+use super::strided::{Cost, Plan};
 use crate::device::Device;
 use crate::dispatch::dispatch_dtype;
 use crate::dtype::{DType, WithDType};
 use crate::error::Result;
 use crate::layout::Layout;
-use crate::ops::elementwise::{Cost, Plan};
 use crate::storage::lock_storages;
-use crate::tensor::{convert_strided, Tensor};
+use crate::tensor::Tensor;
 use rayon::prelude::*;
 
-/// See [`crate::backend::Backend::cast`]; `device` is any host device
+/// See [`crate::backend::DeviceOps::cast`]; `device` is any host device
 /// (moving between logical host devices is a copy in one address space).
 ///
 /// Large casts run on rayon's threads, in chunks of the output, like the
@@ -38,7 +38,7 @@ pub(super) fn cast(x: &Tensor, device: Device, dtype: DType) -> Result<Tensor> {
     }))
 }
 
-/// See [`crate::backend::Backend::copy_into`].
+/// See [`crate::backend::DeviceOps::copy_into`].
 pub(super) fn copy_into(name: &'static str, dst: &Tensor, src: &Tensor) -> Result<()> {
     let mut locks = lock_storages(&[src.storage()], &[dst.storage()]);
     dispatch_dtype!(dst.dtype(), T => {
@@ -155,7 +155,7 @@ fn gcd(a: usize, b: usize) -> usize {
     }
 }
 
-/// See [`crate::backend::Backend::fill`].
+/// See [`crate::backend::DeviceOps::fill`].
 pub(super) fn fill(name: &'static str, dst: &Tensor, value: f64) -> Result<()> {
     dispatch_dtype!(dst.dtype(), T => {
         let value = T::from_f64(value);
@@ -184,6 +184,44 @@ pub(super) fn fill(name: &'static str, dst: &Tensor, value: f64) -> Result<()> {
         }
     });
     Ok(())
+}
+
+/// Copies the elements of `src` seen through `layout` into `dst` in row-major
+/// order, converting their type.
+pub(super) fn copy_strided<S: WithDType, D: WithDType>(src: &[S], layout: &Layout, dst: &mut [D]) {
+    let mut written = 0;
+    for run in layout.contiguous_runs() {
+        let len = run.len();
+        convert_strided(src, run.start, 1, &mut dst[written..written + len]);
+        written += len;
+    }
+}
+
+/// Writes `out[i] = src[start + i * stride]` converted to `D`: a copy when
+/// the types are the same, a slice at a time (the vectorised half <-> f32
+/// conversions) where the elements are contiguous. Every index must lie in
+/// `src`.
+pub(super) fn convert_strided<S: WithDType, D: WithDType>(src: &[S], start: usize, stride: isize, out: &mut [D]) {
+    if stride == 1 {
+        let run = &src[start..start + out.len()];
+        if S::DTYPE == D::DTYPE {
+            // SAFETY: S and D are the same type when their dtypes are equal.
+            let same: &[D] = unsafe { std::slice::from_raw_parts(run.as_ptr() as *const D, run.len()) };
+            out.copy_from_slice(same);
+        } else if crate::convert_slice(run, out).is_err() {
+            // `convert_slice` can only refuse unequal lengths, which these
+            // are not. Kept as a fallback.
+            for (o, i) in out.iter_mut().zip(run) {
+                *o = i.cast::<D>();
+            }
+        }
+    } else {
+        let mut at = start as isize;
+        for o in out.iter_mut() {
+            *o = src[at as usize].cast::<D>();
+            at += stride;
+        }
+    }
 }
 
 #[cfg(test)]

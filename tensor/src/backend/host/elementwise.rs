@@ -1,17 +1,18 @@
 //! The host's elementwise kernels: unary, binary, comparisons and
-//! `where_cond`, on the strided drivers of `crate::ops::elementwise` (rows of
+//! `where_cond`, on the strided drivers of [`super::strided`] (rows of
 //! coalesced dims, rayon chunks for large outputs) with the slice loops of
 //! `brasa_kernels::elementwise`.
 
+use super::integer::IntElement;
+use super::strided::{map_binary, map_ternary, map_unary, Cost};
 use crate::backend::CompareOp;
 use crate::dispatch::{dispatch_dtype, dispatch_float, dispatch_int};
 use crate::dtype::{integer_scalar, WithDType};
 use crate::error::{Result, TensorError};
-use crate::ops::elementwise::{map_binary, map_ternary, map_unary, Cost, IntElement};
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::{binary, map1, map2, map3, unary, BinaryOp, UnaryOp};
 
-/// See [`crate::backend::Backend::unary`].
+/// See [`crate::backend::DeviceOps::unary`].
 pub(super) fn unary_op(name: &'static str, op: UnaryOp, x: &Tensor) -> Result<Tensor> {
     let cost = if op.is_expensive() { Cost::Expensive } else { Cost::Cheap };
     dispatch_float!(x.dtype(), T => map_unary::<T, T>(name, x, cost, |src, dst| unary(op, src, dst)),
@@ -51,7 +52,7 @@ fn int_map<T: IntElement>(x: &Tensor, name: &'static str, f: impl Fn(T) -> T + S
     map_unary::<T, T>(name, x, Cost::Cheap, |src, dst| map1(src, dst, &f))
 }
 
-/// See [`crate::backend::Backend::binary`].
+/// See [`crate::backend::DeviceOps::binary`].
 pub(super) fn binary_op(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let name = op.name();
     let cost = if op.is_expensive() { Cost::Expensive } else { Cost::Cheap };
@@ -133,15 +134,15 @@ macro_rules! with_compare {
     };
 }
 
-/// See [`crate::backend::Backend::compare`].
+/// See [`crate::backend::DeviceOps::compare`].
 pub(super) fn compare_op(name: &'static str, op: CompareOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     dispatch_dtype!(a.dtype(), T => with_compare!(op, T, f =>
         map_binary::<T, T, bool>(name, a, b, Cost::Cheap, |x, y, out| map2(x, y, out, f))))
 }
 
-/// See [`crate::backend::Backend::compare_scalar`].
+/// See [`crate::backend::DeviceOps::compare_scalar`].
 pub(super) fn compare_scalar_op(name: &'static str, op: CompareOp, x: &Tensor, value: f64) -> Result<Tensor> {
-    let integral = crate::ops::elementwise::is_integral(value) && value.abs() < 9.2e18;
+    let integral = crate::dtype::is_integral_value(value) && value.abs() < 9.2e18;
     dispatch_dtype!(x.dtype(), T => {
         if T::DTYPE.is_float() {
             let s = T::from_f64(value);
@@ -157,7 +158,7 @@ pub(super) fn compare_scalar_op(name: &'static str, op: CompareOp, x: &Tensor, v
     })
 }
 
-/// See [`crate::backend::Backend::where_cond`].
+/// See [`crate::backend::DeviceOps::where_cond`].
 pub(super) fn where_op(cond: &Tensor, on_true: &Tensor, on_false: &Tensor) -> Result<Tensor> {
     let name = "where_cond";
     dispatch_dtype!(on_true.dtype(), T => map_ternary::<bool, T, T, T>(name, [cond, on_true, on_false], Cost::Cheap,

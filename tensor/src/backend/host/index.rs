@@ -3,12 +3,12 @@
 //! by ids), `gather`, `scatter_add_` and `one_hot`. Indices arrive checked.
 
 use crate::backend::host::PARALLEL_MIN_WORK;
+use crate::backend::output;
 use crate::backend::Indices;
 use crate::dispatch::dispatch_dtype;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
-use crate::ops::common::output;
 use crate::shape::Shape;
 use crate::storage::lock_storages;
 use crate::tensor::Tensor;
@@ -42,7 +42,7 @@ pub(crate) fn bases_layout(op: &'static str, x: &Tensor, index_dims: &[usize], d
         .map_err(|source| TensorError::OpLayout { op, source: source.into() })
 }
 
-/// See [`crate::backend::Backend::index_select`].
+/// See [`crate::backend::DeviceOps::index_select`].
 pub(super) fn index_select(
     op: &'static str,
     x: &Tensor,
@@ -77,7 +77,7 @@ pub(super) fn index_select(
     })
 }
 
-/// See [`crate::backend::Backend::gather`].
+/// See [`crate::backend::DeviceOps::gather`].
 pub(super) fn gather(op: &'static str, x: &Tensor, dim: usize, index: Indices<'_>) -> Result<Tensor> {
     let size = x.dims()[dim];
     let stride = usize::try_from(x.strides()[dim]).unwrap_or(0);
@@ -95,7 +95,7 @@ pub(super) fn gather(op: &'static str, x: &Tensor, dim: usize, index: Indices<'_
     })
 }
 
-/// See [`crate::backend::Backend::scatter_add`].
+/// See [`crate::backend::DeviceOps::scatter_add`].
 pub(super) fn scatter_add(op: &'static str, dst: &Tensor, dim: usize, index: Indices<'_>, src: &Tensor) -> Result<()> {
     let size = dst.dims()[dim];
     let stride = usize::try_from(dst.strides()[dim]).unwrap_or(0);
@@ -111,7 +111,7 @@ pub(super) fn scatter_add(op: &'static str, dst: &Tensor, dim: usize, index: Ind
     Ok(())
 }
 
-/// See [`crate::backend::Backend::one_hot`].
+/// See [`crate::backend::DeviceOps::one_hot`].
 pub(super) fn one_hot(ids: Indices<'_>, num_classes: usize, shape: &Shape) -> Result<Tensor> {
     const OP: &str = "one_hot";
     let result = output(ids.tensor.device(), DType::I64, shape)?;

@@ -2,12 +2,12 @@
 //! operands' strided views (a transposed or narrowed operand is not copied),
 //! one tall product when the batch folds into rows, else batched calls.
 
+use crate::backend::merged_stride;
+use crate::backend::output;
 use crate::backend::MatmulOperands;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
-use crate::ops::common::output;
-use crate::ops::matmul::{gemm_error, merged_stride};
 use crate::shape::Shape;
 use crate::storage::lock_storages;
 use crate::tensor::Tensor;
@@ -20,7 +20,13 @@ use rayon::prelude::*;
 
 const OP: &str = "matmul";
 
-/// See [`crate::backend::Backend::matmul`].
+/// A kernel error in a product whose operands were already checked: a bug
+/// somewhere, reported rather than panicked on.
+pub(super) fn gemm_error(op: &'static str, error: brasa_kernels::KernelError) -> TensorError {
+    TensorError::kernel(op, error)
+}
+
+/// See [`crate::backend::DeviceOps::matmul`].
 pub(super) fn matmul(operands: MatmulOperands<'_>) -> Result<Tensor> {
     let MatmulOperands { a, b, batch, m, n, k } = operands;
     let mut full = batch.to_vec();
@@ -52,7 +58,7 @@ pub(super) fn matmul(operands: MatmulOperands<'_>) -> Result<Tensor> {
     }
 }
 
-/// See [`crate::backend::Backend::matmul_into_f32`]: half operands read as
+/// See [`crate::backend::DeviceOps::matmul_into_f32`]: half operands read as
 /// they are by the mixed-precision products (`gemm_into_f32_with`).
 pub(super) fn matmul_into_f32(operands: MatmulOperands<'_>) -> Result<Tensor> {
     let MatmulOperands { a, b, batch, m, n, k } = operands;

@@ -1,50 +1,49 @@
-//! The host backend: the host itself and the logical host devices
-//! (`Device::Cpu(n)`), whose memory the process can read directly.
+//! The host: the process itself and the logical host devices (`cpu:n`),
+//! whose memory the process reads directly. [`HostOps`] runs the loops of
+//! `brasa-kernels` on the strided drivers of `strided.rs`; [`HostRuntime`]
+//! allocates from each device's caching allocator (`devices.rs`).
 
 mod batch_norm;
 mod concat;
 pub(in crate::backend) mod conv;
 mod copy;
+pub(crate) mod devices;
 mod elementwise;
 mod index;
+mod integer;
 mod matmul;
 mod norm;
 mod optim;
 pub(in crate::backend) mod pool;
 mod random;
 pub(in crate::backend) mod reduce;
+mod runtime;
 mod softmax;
+mod strided;
 mod update;
 
 pub(crate) use conv::dense_elements;
 pub(crate) use reduce::PARALLEL_MIN_WORK;
+pub(crate) use runtime::HostRuntime;
 
 use crate::backend::{
-    Backend, BatchNormBackwardElemt, CompareOp, Distribution, Indices, LayerNormBackward, MatmulOperands, ReduceOp,
-    Sequence, Update,
+    read_checked_indices, AdamUpdate, BatchNormBackwardElemt, CompareOp, ConvPlan, DeviceOps, Distribution, Indices,
+    LayerNormBackward, MatmulOperands, PoolPlan, ReduceOp, Sequence, SgdUpdate, Update,
 };
 use crate::device::Device;
-use crate::dtype::DType;
-use crate::error::Result;
-use crate::ops::conv::ConvPlan;
-use crate::ops::fused_adam::AdamUpdate;
-use crate::ops::fused_sgd::SgdUpdate;
-use crate::ops::pool::PoolPlan;
+use crate::dispatch::dispatch_dtype;
+use crate::dtype::{DType, WithDType};
+use crate::error::{Result, TensorError};
 use crate::shape::Shape;
 use crate::storage::UninitTensor;
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::{BinaryOp, UnaryOp};
-
-/// A contiguous copy of host tensor `x` on host device `device`, converted
-/// to `dtype`.
-pub(crate) fn convert_into_device(x: &Tensor, device: Device, dtype: DType) -> Result<Tensor> {
-    copy::cast(x, device, dtype)
-}
+use brasa_kernels::index::IndexError;
 
 /// The kernels of `brasa-kernels` on host memory.
-pub(crate) struct HostBackend;
+pub(crate) struct HostOps;
 
-impl Backend for HostBackend {
+impl DeviceOps for HostOps {
     fn unary(&self, name: &'static str, op: UnaryOp, x: &Tensor) -> Result<Tensor> {
         elementwise::unary_op(name, op, x)
     }
@@ -77,9 +76,18 @@ impl Backend for HostBackend {
         copy::fill(name, dst, value)
     }
 
+    fn full(&self, name: &'static str, shape: Shape, dtype: DType, device: Device, value: f64) -> Result<Tensor> {
+        let out = UninitTensor::new(shape, dtype, device)?;
+        if value.to_bits() == 0 {
+            // +0.0: all-zero bytes are 0, 0.0 or false in every dtype.
+            return out.zeros(name);
+        }
+        dispatch_dtype!(dtype, T => out.fill(name, T::from_f64(value)))
+    }
+
     fn sequence(&self, name: &'static str, out: UninitTensor, sequence: Sequence) -> Result<Tensor> {
         let (n, cols) = (out.numel(), out.dims().last().copied().unwrap_or(1));
-        crate::dispatch::dispatch_dtype!(out.dtype(), T => out.init_from_fn::<T>(name, |i| <T as crate::dtype::WithDType>::from_f64(sequence.value(i, n, cols))))
+        dispatch_dtype!(out.dtype(), T => out.init_from_fn::<T>(name, |i| T::from_f64(sequence.value(i, n, cols))))
     }
 
     fn reduce(&self, op: ReduceOp, name: &'static str, x: &Tensor, mask: &[bool], keepdim: bool) -> Result<Tensor> {
@@ -130,6 +138,17 @@ impl Backend for HostBackend {
 
     fn update(&self, name: &'static str, op: Update, dst: &Tensor, operands: &[&Tensor]) -> Result<()> {
         update::update(name, op, dst, operands)
+    }
+
+    fn checked_indices(
+        &self,
+        _op: &'static str,
+        index: &Tensor,
+        size: usize,
+        _keep: bool,
+        error: &dyn Fn(IndexError) -> TensorError,
+    ) -> Result<Vec<i64>> {
+        read_checked_indices(index, size, error)
     }
 
     fn index_select(

@@ -35,7 +35,7 @@ pub(super) fn elements<'a, F: WithDType>(op: &'static str, t: &Tensor, data: &'a
         .ok_or_else(|| TensorError::invalid(op, format!("internal: {offset}+{} is past {}", t.numel(), data.len())))
 }
 
-/// See [`crate::backend::Backend::layer_norm`].
+/// See [`crate::backend::DeviceOps::layer_norm`].
 pub(super) fn layer_norm(
     x: &Tensor,
     weight: Option<&Tensor>,
@@ -107,7 +107,7 @@ fn forward<F: NormFloat + WithDType>(
     Ok((out, mean, rstd))
 }
 
-/// See [`crate::backend::Backend::layer_norm_backward`].
+/// See [`crate::backend::DeviceOps::layer_norm_backward`].
 pub(super) fn layer_norm_backward(args: LayerNormBackward<'_>, needs: [bool; 3]) -> Result<[Option<Tensor>; 3]> {
     match args.x.dtype() {
         DType::F32 => backward::<f32>(args, needs),

@@ -5,11 +5,11 @@
 //! Elements are independent, so the result does not depend on the chunking.
 
 use crate::backend::host::PARALLEL_MIN_WORK;
+use crate::backend::AdamUpdate;
+use crate::backend::SgdUpdate;
 use crate::dispatch::dispatch_float;
 use crate::dtype::WithDType;
 use crate::error::{Result, TensorError};
-use crate::ops::fused_adam::AdamUpdate;
-use crate::ops::fused_sgd::SgdUpdate;
 use crate::storage::{lock_storages, Storage};
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::FloatElement;
@@ -22,7 +22,7 @@ const SGD_OP: &str = "fused_sgd_";
 /// Elements one parallel task updates.
 const CHUNK: usize = 1 << 14;
 
-/// See [`crate::backend::Backend::adam_step`].
+/// See [`crate::backend::DeviceOps::adam_step`].
 pub(super) fn adam_step(updates: &[&AdamUpdate<'_>]) -> Result<()> {
     for update in updates {
         dispatch_float!(update.param.dtype(), T => step::<T>(update),
@@ -87,7 +87,7 @@ fn step<T: WithDType + FloatElement>(update: &AdamUpdate<'_>) -> Result<()> {
     })
 }
 
-/// See [`crate::backend::Backend::sgd_step`].
+/// See [`crate::backend::DeviceOps::sgd_step`].
 pub(super) fn sgd_step(updates: &[&SgdUpdate<'_>]) -> Result<()> {
     for update in updates {
         dispatch_float!(update.param.dtype(), T => sgd::<T>(update),

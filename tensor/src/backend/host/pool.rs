@@ -2,13 +2,14 @@
 //! pooled by the loops of `brasa_kernels::pool`, read in place whatever their
 //! strides; f16 and bf16 average pooling in f32.
 
+use super::strided::offsets_vec;
 use crate::backend::host::dense_elements;
+use crate::backend::output;
+use crate::backend::PoolPlan;
 use crate::dispatch::dispatch_dtype;
 use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
-use crate::ops::common::{offsets_vec, output};
-use crate::ops::pool::PoolPlan;
 use crate::shape::Shape;
 use crate::storage::{lock_storages, UninitTensor};
 use crate::tensor::Tensor;
@@ -49,7 +50,7 @@ fn pool_error(op: &'static str) -> impl Fn(KernelError) -> TensorError {
     move |source| TensorError::kernel(op, source)
 }
 
-/// See [`crate::backend::Backend::max_pool2d`].
+/// See [`crate::backend::DeviceOps::max_pool2d`].
 pub(super) fn max_pool2d(input: &Tensor, plan: &PoolPlan) -> Result<(Tensor, Tensor)> {
     const OP: &str = "max_pool2d";
     let input = non_negative(input)?;
@@ -77,7 +78,7 @@ pub(super) fn max_pool2d(input: &Tensor, plan: &PoolPlan) -> Result<(Tensor, Ten
     })
 }
 
-/// See [`crate::backend::Backend::max_pool2d_backward`].
+/// See [`crate::backend::DeviceOps::max_pool2d_backward`].
 pub(super) fn max_pool2d_backward(grad: &Tensor, indices: &Tensor, input_shape: &Shape) -> Result<Tensor> {
     const OP: &str = "max_pool2d_backward";
     let input = input_shape.dims();
@@ -94,7 +95,7 @@ pub(super) fn max_pool2d_backward(grad: &Tensor, indices: &Tensor, input_shape: 
     }
 }
 
-/// See [`crate::backend::Backend::avg_pool2d`].
+/// See [`crate::backend::DeviceOps::avg_pool2d`].
 pub(super) fn avg_pool2d(input: &Tensor, plan: &PoolPlan, count_include_pad: bool) -> Result<Tensor> {
     match input.dtype() {
         DType::F64 => avg_forward::<f64>(input, plan, count_include_pad),
@@ -103,7 +104,7 @@ pub(super) fn avg_pool2d(input: &Tensor, plan: &PoolPlan, count_include_pad: boo
     }
 }
 
-/// See [`crate::backend::Backend::avg_pool2d_backward`].
+/// See [`crate::backend::DeviceOps::avg_pool2d_backward`].
 pub(super) fn avg_pool2d_backward(grad: &Tensor, plan: &PoolPlan, count_include_pad: bool) -> Result<Tensor> {
     match grad.dtype() {
         DType::F64 => avg_backward::<f64>(grad, plan, count_include_pad),

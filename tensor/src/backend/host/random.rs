@@ -3,7 +3,7 @@
 //! converted), each chunk at its own stream position.
 
 use crate::backend::Distribution;
-use crate::construct::reserve_draws;
+use crate::default_generator::reserve_draws;
 use crate::device::Device;
 use crate::dispatch::dispatch_dtype;
 use crate::dtype::DType;
@@ -29,7 +29,7 @@ fn parallel_fill<T: Send>(
     Ok(())
 }
 
-/// See [`crate::backend::Backend::random`].
+/// See [`crate::backend::DeviceOps::random`].
 pub(super) fn random(
     op: &'static str,
     dist: Distribution,

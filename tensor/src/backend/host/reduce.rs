@@ -19,19 +19,20 @@
 //! [`PARALLEL_MIN_WORK`] elements; single long rows are split inside the
 //! kernels.
 
+use super::strided::offsets_vec;
+use crate::backend::out_dims;
+use crate::backend::output;
 use crate::backend::ReduceOp;
 use crate::dispatch::{dispatch_dtype, dispatch_float};
 use crate::dtype::WithDType;
 use crate::error::{Result, TensorError};
 use crate::layout::Layout;
-use crate::ops::common::{offsets_vec, output};
-use crate::ops::reduce::out_dims;
 use crate::shape::Shape;
 use crate::tensor::Tensor;
 use brasa_kernels::reduce::{self as kernels, Accumulator, FloatAccumulator, ReduceElement};
 use rayon::prelude::*;
 
-/// See [`crate::backend::Backend::reduce`].
+/// See [`crate::backend::DeviceOps::reduce`].
 pub(super) fn reduce(op: ReduceOp, name: &'static str, x: &Tensor, mask: &[bool], keepdim: bool) -> Result<Tensor> {
     let plan = plan(x, name, mask, keepdim)?;
     let not_float = || TensorError::not_float(name, x.dtype());

@@ -125,7 +125,7 @@ fn within<'a, T>(op: &'static str, data: &'a [T], offset: usize, len: usize) -> 
         .ok_or_else(|| TensorError::invalid(op, format!("internal: {offset}+{len} is past {} elements", data.len())))
 }
 
-/// See [`crate::backend::Backend::softmax`]: `x` is contiguous, `[outer, n,
+/// See [`crate::backend::DeviceOps::softmax`]: `x` is contiguous, `[outer, n,
 /// inner]` around the softmax dim.
 pub(super) fn softmax(op: &'static str, x: &Tensor, n: usize, inner: usize, log: bool) -> Result<Tensor> {
     let result = match Tensor::uninit_like(x, x.dtype(), x.device())?.if_empty() {

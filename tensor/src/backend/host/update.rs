@@ -3,18 +3,19 @@
 //! split over rayon's threads when `dst` is contiguous and large, and
 //! allocating nothing (an optimizer step in steady state allocates nothing).
 
+use super::integer::IntElement;
+use super::strided::{update_in_place, Cost};
 use crate::backend::Update;
 use crate::dispatch::{dispatch_float, dispatch_int};
 use crate::dtype::{integer_scalar, WithDType};
 use crate::error::{Result, TensorError};
-use crate::ops::elementwise::{update_in_place, Cost, IntElement};
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::{
     addcdiv, addcmul, axpy, binary_update, binary_update_self, unary_update, update0, update1, BinaryOp, Float,
     FloatElement, UnaryOp,
 };
 
-/// See [`crate::backend::Backend::update`].
+/// See [`crate::backend::DeviceOps::update`].
 pub(super) fn update(name: &'static str, op: Update, dst: &Tensor, operands: &[&Tensor]) -> Result<()> {
     let operand = |k: usize| {
         operands.get(k).copied().ok_or_else(|| TensorError::invalid(name, "internal error: an operand is missing"))

@@ -1,6 +1,7 @@
-//! Meta devices: what they imitate ([`MemoryTarget`]), the handle that
-//! keeps one alive ([`MetaDevice`]), and the registry that maps
-//! `Device::Meta(n)` to its caching allocator.
+//! Meta devices: the handle that keeps one alive ([`MetaDevice`]), the
+//! registry that maps a meta device to its state (what it imitates, a
+//! [`MemoryTarget`], and its caching allocator), and the ledger of what is
+//! alive on it for plans.
 //!
 //! Each meta device owns a real [`CachingAllocator`] over a
 //! [`VirtualBackend`] with the target's capacity, page granularity and
@@ -8,142 +9,13 @@
 //! out-of-memory ladder are the target's own. Tensors on it have shapes,
 //! dtypes and accounted storage, and no values.
 
+use crate::backend::target::MemoryTarget;
 use crate::device::Device;
 use crate::error::{Result, TensorError};
-use brasa_alloc::{AllocatorConfig, Backend as _, CachingAllocator, MemoryCategory, VirtualBackend};
+use brasa_alloc::{CachingAllocator, MemoryCategory, VirtualBackend};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-
-/// CUDA's allocation granularity for `cuMemCreate` on current GPUs (2 MiB):
-/// the page of expandable segments on a CUDA target.
-pub const CUDA_GRANULARITY: usize = 2 << 20;
-
-/// Which device's op implementations a meta device imitates: the ops
-/// allocate what that device's backend allocates (outputs, temporaries,
-/// workspaces).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TargetKind {
-    /// The host or a logical host device.
-    Host,
-    /// A CUDA device.
-    Cuda,
-}
-
-/// The device a meta device imitates: its kind, capacity, page granularity
-/// and allocator configuration.
-///
-/// ```
-/// use brasa_tensor::{MemoryTarget, TargetKind};
-///
-/// let h100 = MemoryTarget::cuda(80 << 30);
-/// assert_eq!(h100.kind(), TargetKind::Cuda);
-/// assert_eq!(h100.capacity(), 80 << 30);
-/// let small_host = MemoryTarget::host(Some(512 << 20));
-/// assert_eq!(small_host.capacity(), 512 << 20);
-/// ```
-#[derive(Clone, Debug)]
-pub struct MemoryTarget {
-    name: String,
-    kind: TargetKind,
-    capacity: usize,
-    granularity: Option<usize>,
-    config: AllocatorConfig,
-}
-
-impl MemoryTarget {
-    /// A CUDA device with `capacity` bytes (what `cuMemGetInfo` reports as
-    /// total), the default allocator configuration and CUDA's 2 MiB page.
-    pub fn cuda(capacity: usize) -> MemoryTarget {
-        MemoryTarget {
-            name: "cuda".to_string(),
-            kind: TargetKind::Cuda,
-            capacity,
-            granularity: Some(CUDA_GRANULARITY),
-            config: AllocatorConfig::default(),
-        }
-    }
-
-    /// A host device with an optional byte `limit` (no limit: the machine's
-    /// memory), the default allocator configuration and the host's page.
-    pub fn host(limit: Option<usize>) -> MemoryTarget {
-        let backend = brasa_alloc::HostBackend::named("cpu", limit);
-        MemoryTarget {
-            name: "cpu".to_string(),
-            kind: TargetKind::Host,
-            capacity: backend.total_bytes(),
-            granularity: backend.virtual_memory_granularity(),
-            config: AllocatorConfig::default(),
-        }
-    }
-
-    /// The device `device` as it is configured now: its kind, its capacity
-    /// (a logical host device's limit) and its allocator's configuration.
-    /// Creates the device's allocator if it had none (allocating nothing).
-    pub fn like(device: Device) -> Result<MemoryTarget> {
-        match device {
-            Device::Cpu(index) => {
-                let allocator = crate::host_devices::host_allocator(index)?;
-                Ok(MemoryTarget {
-                    name: device.to_string(),
-                    kind: TargetKind::Host,
-                    capacity: allocator.backend().total_bytes(),
-                    granularity: allocator.backend().virtual_memory_granularity(),
-                    config: allocator.config(),
-                })
-            }
-            #[cfg(feature = "cuda")]
-            Device::Cuda(index) => {
-                let allocator = crate::cuda::allocator(index)?;
-                Ok(MemoryTarget {
-                    name: device.to_string(),
-                    kind: TargetKind::Cuda,
-                    capacity: allocator.backend().total_bytes(),
-                    granularity: allocator.backend().virtual_memory_granularity().or(Some(CUDA_GRANULARITY)),
-                    config: allocator.config(),
-                })
-            }
-            #[cfg(not(feature = "cuda"))]
-            Device::Cuda(index) => Err(TensorError::Device(format!(
-                "cuda:{index}: brasa-tensor was built without the `cuda` feature; plan for \
-                 MemoryTarget::cuda(capacity) instead"
-            ))),
-            Device::Meta(_) => Ok(meta_state(device)?.target.clone()),
-        }
-    }
-
-    /// The same device with another allocator configuration.
-    pub fn with_config(mut self, config: AllocatorConfig) -> MemoryTarget {
-        self.config = config;
-        self
-    }
-
-    /// The same device with another capacity.
-    pub fn with_capacity(mut self, capacity: usize) -> MemoryTarget {
-        self.capacity = capacity;
-        self
-    }
-
-    /// Which device's ops are imitated.
-    pub fn kind(&self) -> TargetKind {
-        self.kind
-    }
-
-    /// The capacity in bytes.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    /// The allocator configuration.
-    pub fn config(&self) -> &AllocatorConfig {
-        &self.config
-    }
-
-    /// The target in words (`cuda`, `cpu`, or the imitated device: `cpu:2`).
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-}
 
 /// A tensor alive on a meta device: what made it and what it is.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -206,7 +78,8 @@ impl Ledger {
 
 pub(crate) struct MetaState {
     pub(crate) target: MemoryTarget,
-    pub(crate) allocator: CachingAllocator<VirtualBackend>,
+    /// Behind an `Arc` so that `crate::memory` can hold it while it reads.
+    pub(crate) allocator: Arc<CachingAllocator<VirtualBackend>>,
     pub(crate) ledger: Mutex<Ledger>,
 }
 
@@ -289,11 +162,11 @@ impl MetaDevice {
     /// A new meta device imitating `target`.
     pub fn new(target: MemoryTarget) -> Result<MetaDevice> {
         let index = NEXT_INDEX.fetch_add(1, Ordering::Relaxed);
-        let mut backend = VirtualBackend::new(format!("meta:{index} ({})", target.name), target.capacity);
-        if let Some(page) = target.granularity {
+        let mut backend = VirtualBackend::new(format!("meta:{index} ({})", target.name()), target.capacity());
+        if let Some(page) = target.granularity() {
             backend = backend.with_granularity(page);
         }
-        let allocator = CachingAllocator::with_config(backend, target.config.clone());
+        let allocator = Arc::new(CachingAllocator::with_config(backend, target.config().clone()));
         // A plan's allocations reach a running profiler's memory timeline as the device's would.
         allocator.set_observer(Some(crate::profiling::allocator_observer(Device::Meta(index))));
         let state = Arc::new(MetaState { target, allocator, ledger: Mutex::new(Ledger::default()) });

@@ -1,7 +1,9 @@
-//! The meta backend: every op allocates what the imitated device's backend
-//! would allocate, in the same order and for as long, and computes nothing.
+//! The meta device: every op allocates what the imitated device's ops
+//! would allocate, in the same order and for as long, and computes nothing
+//! ([`MetaOps`]); memory comes from a real caching allocator over a virtual
+//! backend and holds no values ([`MetaRuntime`]).
 //!
-//! A meta device ([`MetaDevice`]) imitates a [`MemoryTarget`]: its storages
+//! A meta device ([`MetaDevice`]) imitates a [`crate::MemoryTarget`]: its storages
 //! come from a real caching allocator over a virtual backend (addresses, no
 //! memory), so a training step run on it reaches the target's peak
 //! allocated and peak reserved bytes without touching any memory. That is
@@ -30,28 +32,27 @@
 //! (they cannot be checked without values).
 
 mod device;
+mod runtime;
 
 pub(crate) use device::{meta_state, MetaState};
-pub use device::{FailedAllocation, LiveTensor, MemoryTarget, MetaDevice, TargetKind, CUDA_GRANULARITY};
+pub use device::{FailedAllocation, LiveTensor, MetaDevice};
+pub(crate) use runtime::MetaRuntime;
 
 use crate::backend::host::{conv as host_conv, pool as host_pool, reduce as host_reduce};
+use crate::backend::target::TargetKind;
 use crate::backend::{
-    Backend, BatchNormBackwardElemt, CompareOp, Distribution, Indices, LayerNormBackward, MatmulOperands, ReduceOp,
-    Sequence, Update,
+    AdamUpdate, AttentionOperands, BatchNormBackwardElemt, CompareOp, ConvPlan, DeviceOps, Distribution, Indices,
+    LayerNormBackward, MatmulOperands, PoolPlan, ReduceOp, Sequence, SgdUpdate, Update,
 };
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::ops::attention::AttentionOperands;
-use crate::ops::conv::ConvPlan;
-use crate::ops::fused_adam::AdamUpdate;
-use crate::ops::fused_sgd::SgdUpdate;
-use crate::ops::pool::PoolPlan;
 use crate::shape::Shape;
 use crate::storage::UninitTensor;
 use crate::tensor::Tensor;
 use brasa_alloc::{Allocation, MemoryCategory, StreamId, VirtualBackend};
 use brasa_kernels::elementwise::{BinaryOp, UnaryOp};
+use brasa_kernels::index::IndexError;
 use std::cell::Cell;
 use std::sync::Arc;
 
@@ -160,25 +161,20 @@ pub(crate) fn no_values(op: &'static str, device: Device) -> TensorError {
     )
 }
 
-/// The backend of meta devices imitating `kind`.
-pub(crate) struct MetaBackend {
+/// The ops of meta devices imitating `kind`.
+pub(crate) struct MetaOps {
     kind: TargetKind,
 }
 
-static HOST_IMITATION: MetaBackend = MetaBackend { kind: TargetKind::Host };
-static CUDA_IMITATION: MetaBackend = MetaBackend { kind: TargetKind::Cuda };
+static HOST_IMITATION: MetaOps = MetaOps { kind: TargetKind::Host };
+static CUDA_IMITATION: MetaOps = MetaOps { kind: TargetKind::Cuda };
 
-/// The backend of meta device `device`.
-pub(crate) fn backend_for(device: Device) -> Result<&'static MetaBackend> {
+/// The ops of meta device `device`.
+pub(crate) fn ops_for(device: Device) -> Result<&'static MetaOps> {
     Ok(match meta_state(device)?.target.kind() {
         TargetKind::Host => &HOST_IMITATION,
         TargetKind::Cuda => &CUDA_IMITATION,
     })
-}
-
-/// The kind of device meta device `device` imitates.
-pub(crate) fn imitates(device: Device) -> Result<TargetKind> {
-    Ok(meta_state(device)?.target.kind())
 }
 
 /// A new tensor of `shape` and `dtype` on `device`, accounted, never written.
@@ -191,7 +187,7 @@ fn planned_like(op: &'static str, like: &Tensor, dtype: DType) -> Result<Tensor>
     UninitTensor::like(like, dtype, like.device())?.planned(op)
 }
 
-/// The dtype a reduction's result has (see [`Backend::reduce`]).
+/// The dtype a reduction's result has (see [`DeviceOps::reduce`]).
 fn reduced_dtype(op: ReduceOp, dtype: DType) -> DType {
     match op {
         ReduceOp::Max | ReduceOp::Min => dtype,
@@ -213,7 +209,7 @@ fn channel_dtype(dtype: DType) -> DType {
     }
 }
 
-impl Backend for MetaBackend {
+impl DeviceOps for MetaOps {
     fn unary(&self, name: &'static str, _op: UnaryOp, x: &Tensor) -> Result<Tensor> {
         let _op = op_scope(name);
         planned_like(name, x, x.dtype())
@@ -251,6 +247,11 @@ impl Backend for MetaBackend {
 
     fn fill(&self, _name: &'static str, _dst: &Tensor, _value: f64) -> Result<()> {
         Ok(())
+    }
+
+    fn full(&self, name: &'static str, shape: Shape, dtype: DType, device: Device, _value: f64) -> Result<Tensor> {
+        let _op = op_scope(name);
+        planned(name, device, dtype, shape)
     }
 
     fn sequence(&self, name: &'static str, out: UninitTensor, _sequence: Sequence) -> Result<Tensor> {
@@ -337,6 +338,25 @@ impl Backend for MetaBackend {
 
     fn update(&self, _name: &'static str, _op: Update, _dst: &Tensor, _operands: &[&Tensor]) -> Result<()> {
         Ok(())
+    }
+
+    /// No values to check (a plan assumes the indices are in range); what
+    /// the imitated device allocates to check them (a CUDA device's bounds
+    /// reduction) is allocated.
+    fn checked_indices(
+        &self,
+        _op: &'static str,
+        index: &Tensor,
+        _size: usize,
+        keep: bool,
+        _error: &dyn Fn(IndexError) -> TensorError,
+    ) -> Result<Vec<i64>> {
+        if self.kind == TargetKind::Cuda && !keep && index.numel() > 0 {
+            let flat = index.reshape(&[-1])?;
+            let (low, high) = (flat.min(&[0], false)?, flat.max(&[0], false)?);
+            drop(Tensor::stack(&[&low, &high], 0)?);
+        }
+        Ok(Vec::new())
     }
 
     fn index_select(

@@ -1,16 +1,12 @@
-//! CUDA devices (feature `cuda`): one caching allocator per device, created on
-//! first use, and copies between host and device memory. Ops run through the
-//! CUDA backend (`crate::backend::cuda`); op families not behind the seam yet
-//! return an error that says so.
+//! CUDA devices' state (feature `cuda`): one caching allocator per device,
+//! created on first use (it owns the device's context), and the driver
+//! streams made on each device.
 
 use crate::device::Device;
-use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::storage::{Buffer, UninitTensor};
-use crate::tensor::Tensor;
 use brasa_alloc::StreamId;
 use brasa_alloc::{AllocError, AllocatorConfig, BackendError, CachingAllocator, CudaBackend};
-use cudarc::driver::{result, sys, CudaStream};
+use cudarc::driver::CudaStream;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -95,68 +91,8 @@ pub(crate) fn unsupported(op: &'static str) -> TensorError {
     TensorError::Invalid { op, message: "not implemented for CUDA tensors yet; move the tensor to the host".into() }
 }
 
-/// A contiguous copy of `tensor` on `device` with `dtype`, through host memory.
-pub(crate) fn copy_between(tensor: &Tensor, device: Device, dtype: DType) -> Result<Tensor> {
-    // Bring the data to the host, contiguous and converted (a CUDA tensor
-    // is converted and made contiguous on its device first).
-    let host = match tensor.device() {
-        Device::Cpu(_) => tensor.copy_to(tensor.device(), dtype)?,
-        Device::Cuda(index) => {
-            let whole = tensor.is_contiguous() && tensor.layout().offset() == 0;
-            let dense = if whole && tensor.dtype() == dtype {
-                tensor.clone()
-            } else {
-                crate::backend::for_device(tensor.device())?.cast(tensor, dtype)?
-            };
-            let mut out = UninitTensor::new(dense.shape().clone(), dtype, Device::CPU)?;
-            {
-                let _guard = dense.storage().device_read_lock();
-                let Buffer::Cuda(block) = dense.storage().buffer() else {
-                    return Err(TensorError::invalid("copy", "internal error: a CUDA tensor without device memory"));
-                };
-                let dst = out.as_uninit_bytes_mut("copy")?;
-                if !dst.is_empty() {
-                    bind(index)?;
-                    // SAFETY: the device block holds at least `dst.len()`
-                    // bytes (a dense tensor of the same shape and dtype); the
-                    // copy waits for the work queued before it.
-                    unsafe { result::memcpy_dtoh_sync(dst, block.addr() as sys::CUdeviceptr) }
-                        .map_err(|e| driver_error(tensor.device(), "copy to host", e))?;
-                }
-            }
-            // SAFETY: the copy wrote every byte (of a tensor of the same shape and dtype).
-            unsafe { out.assume_init() }
-        }
-        Device::Meta(_) => return Err(crate::backend::meta::no_values("copy", tensor.device())),
-    };
-    match device {
-        Device::Cpu(_) => host.to(device),
-        Device::Cuda(index) => {
-            let out = UninitTensor::new(host.shape().clone(), dtype, device)?;
-            {
-                let src = host.storage().read_bytes("copy")?;
-                if !src.is_empty() {
-                    let Buffer::Cuda(block) = out.buffer() else {
-                        return Err(TensorError::invalid(
-                            "copy",
-                            "internal error: a CUDA tensor without device memory",
-                        ));
-                    };
-                    bind(index)?;
-                    // SAFETY: the new device block holds `src.len()` bytes; the copy is synchronous.
-                    unsafe { result::memcpy_htod_sync(block.addr() as sys::CUdeviceptr, &src) }
-                        .map_err(|e| driver_error(device, "copy from host", e))?;
-                }
-            }
-            // SAFETY: the copy wrote every byte (from a contiguous host tensor
-            // of the same shape and dtype).
-            Ok(unsafe { out.assume_init() })
-        }
-        Device::Meta(_) => Tensor::uninit_like(&host, dtype, device)?.planned("copy"),
-    }
-}
-
-fn bind(index: usize) -> Result<()> {
+/// Makes CUDA device `index`'s context current on this thread.
+pub(super) fn bind(index: usize) -> Result<()> {
     allocator(index)?
         .backend()
         .context()

@@ -1,4 +1,5 @@
-//! The registry of logical host devices and their caching allocators.
+//! The registry of logical host devices and their caching allocators, and
+//! the pool of page-locked host memory they share.
 //!
 //! The number of devices is fixed at first use: from
 //! [`set_host_device_count`], else `BRASA_HOST_DEVICES`, else 1. Each device's
@@ -146,7 +147,7 @@ pub(crate) fn pinned_allocator() -> Result<&'static CachingAllocator<HostBackend
 /// The device driver that pins host memory for its devices, when there is one.
 fn device_pinning() -> Option<std::sync::Arc<dyn brasa_alloc::HostPinning>> {
     #[cfg(feature = "cuda")]
-    if let Ok(pinning) = crate::cuda_pinned::CudaPinning::new() {
+    if let Ok(pinning) = crate::backend::cuda::pinned::CudaPinning::new() {
         return Some(std::sync::Arc::new(pinning));
     }
     None

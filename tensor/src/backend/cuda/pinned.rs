@@ -13,14 +13,24 @@
 //! dropping the source right after the call is safe. Writing to the source
 //! before the stream has run the copy is a data race, as in PyTorch.
 
+use super::device::{allocator, devices_in_use, driver_error, stream, stream_by_id, synchronize};
+use super::CudaOps;
+use crate::backend::current_stream::current_stream_id;
+use crate::backend::Buffer;
 use crate::device::Device;
 use crate::error::{Result, TensorError};
-use crate::storage::{Buffer, UninitTensor};
+use crate::storage::UninitTensor;
 use crate::tensor::Tensor;
 use brasa_alloc::{BackendError, HostPinning, StreamEvent, StreamId};
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream};
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+/// Set once a [`CudaPinning`] exists: the host's pinned pool (created once,
+/// by the first pinning) asks for one, and gets it only when a CUDA device is
+/// present, so from then on `pin_memory`'s memory is registered with CUDA.
+static PINNING_MADE: AtomicBool = AtomicBool::new(false);
 
 /// The pinned allocator's id for stream `id` of CUDA device `index`. Streams
 /// made by [`crate::Stream::new`] have process-wide unique ids (never near
@@ -39,9 +49,9 @@ fn stream_of_key(key: StreamId) -> Option<Arc<CudaStream>> {
     // Keys of default streams: the top 2^16 ids (far above any count of streams made).
     let from_top = u64::MAX - key.0;
     if from_top < 1 << 16 {
-        return crate::cuda::stream(from_top as usize, StreamId::DEFAULT).ok();
+        return stream(from_top as usize, StreamId::DEFAULT).ok();
     }
-    crate::cuda::stream_by_id(key)
+    stream_by_id(key)
 }
 
 /// CUDA's pinning of host memory, for `brasa_alloc::HostBackend::pinned_by`.
@@ -57,7 +67,9 @@ impl CudaPinning {
         if crate::device::cuda_device_count() == 0 {
             return Err(TensorError::Device("no CUDA device: host memory cannot be pinned for one".into()));
         }
-        Ok(CudaPinning { context: crate::cuda::allocator(0)?.backend().context().clone() })
+        let pinning = CudaPinning { context: allocator(0)?.backend().context().clone() };
+        PINNING_MADE.store(true, Ordering::Release);
+        Ok(pinning)
     }
 
     fn bind(&self) -> std::result::Result<(), BackendError> {
@@ -113,30 +125,31 @@ impl HostPinning for CudaPinning {
     }
 
     fn synchronize(&self) -> std::result::Result<(), BackendError> {
-        for index in crate::cuda::devices_in_use() {
-            crate::cuda::synchronize(index).map_err(|e| BackendError::Device(e.to_string()))?;
+        for index in devices_in_use() {
+            synchronize(index).map_err(|e| BackendError::Device(e.to_string()))?;
         }
         Ok(())
     }
 }
 
 /// Whether `pin_memory`'s memory is registered with CUDA (else it is only
-/// `mlock`ed, and copies from it are synchronous).
-pub(crate) fn pinned_for_cuda() -> Result<bool> {
-    Ok(crate::host_devices::pinned_allocator()?.backend().pinning_name().is_some())
+/// `mlock`ed, and copies from it are synchronous). Only the host's pinned
+/// pool makes a [`CudaPinning`], once, for the life of the process.
+fn pinned_for_cuda() -> bool {
+    PINNING_MADE.load(Ordering::Acquire)
 }
 
 /// `src` (a contiguous host tensor in CUDA-registered pinned memory) copied to
 /// CUDA device `index` on its current stream, queued and not waited for.
 /// `Ok(None)` when the pinned memory is not CUDA's.
-pub(crate) fn copy_to_device_async(src: &Tensor, index: usize) -> Result<Option<Tensor>> {
+pub(super) fn copy_to_device_async(src: &Tensor, index: usize) -> Result<Option<Tensor>> {
     const OP: &str = "to_non_blocking";
-    if !src.is_pinned() || !src.is_contiguous() || !pinned_for_cuda()? {
+    if !src.is_pinned() || !src.is_contiguous() || !pinned_for_cuda() {
         return Ok(None);
     }
     let device = Device::Cuda(index);
-    let stream_id = crate::stream::current_stream_id(device);
-    let stream = crate::cuda::stream(index, stream_id)?;
+    let stream_id = current_stream_id(device);
+    let stream = stream(index, stream_id)?;
     // From the pool of the current stream: later ops there run after the copy.
     let out = UninitTensor::new(src.shape().clone(), src.dtype(), device)?;
     let size = src.dtype().size_in_bytes();
@@ -152,14 +165,11 @@ pub(crate) fn copy_to_device_async(src: &Tensor, index: usize) -> Result<Option<
         // Before the copy is queued: from now on the block waits for the stream.
         src.storage().record_stream(stream_key(index, stream_id));
         let span = if brasa_profile::enabled() {
-            Some(crate::backend::cuda::CudaBackend::get(index)?.launch_span("Memcpy HtoD (Pinned -> Device)"))
+            Some(CudaOps::get(index)?.launch_span("Memcpy HtoD (Pinned -> Device)"))
         } else {
             None
         };
-        stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| crate::cuda::driver_error(device, "binding the CUDA context", e))?;
+        stream.context().bind_to_thread().map_err(|e| driver_error(device, "binding the CUDA context", e))?;
         // SAFETY: `from..from + bytes` lies in the source's live pinned block
         // (a contiguous view of its storage), which is not reused before the
         // stream passes this copy (`record_stream` above); `dst` is a fresh
@@ -168,7 +178,7 @@ pub(crate) fn copy_to_device_async(src: &Tensor, index: usize) -> Result<Option<
             sys::cuMemcpyHtoDAsync_v2(dst.addr() as sys::CUdeviceptr, from as *const c_void, bytes, stream.cu_stream())
         }
         .result()
-        .map_err(|e| crate::cuda::driver_error(device, "cuMemcpyHtoDAsync", e))?;
+        .map_err(|e| driver_error(device, "cuMemcpyHtoDAsync", e))?;
         drop(span);
     }
     // SAFETY: the copy queued above writes every byte before later work on
