@@ -16,16 +16,17 @@
 //! pooling and random draws). Kernel scratch the host keeps on the heap
 //! (GEMM packing, im2col panels) is not device memory and is not counted,
 //! on the meta device as on the host. The tests in
-//! `tests/meta_device.rs` check, op by op, that the allocator's history on
-//! a meta device equals the host's.
+//! `tests/meta_device.rs` check, op by op, that the allocator's statistics on
+//! a meta device equal the host's.
 //!
 //! For a CUDA target the same sequences are used except where the CUDA
 //! backend differs in a way listed here: matrix products of half operands
 //! into f32 widen both operands first; fused attention (f16/bf16, head
 //! widths up to 128) allocates its output, log-sum-exp, f32 query gradient
 //! and row deltas; index bounds are checked with a device reduction. Scratch
-//! the CUDA backend takes for split reductions is not yet mirrored (see
-//! `docs/status.md`).
+//! the CUDA backend takes (the convolution's im2col/col2im buffers, split
+//! reductions' partial sums, layer norm's parameter-gradient partials) is
+//! not yet mirrored (see `docs/status.md`).
 //!
 //! Data-dependent behaviour is explicit: reading values (`to_vec`, `item`,
 //! host bytes) is an error naming the op; index bounds are assumed valid
