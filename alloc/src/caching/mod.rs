@@ -48,9 +48,11 @@
 mod allocation;
 mod expandable;
 mod inspect;
+mod recording;
 mod release;
 
 pub use allocation::Allocation;
+use recording::notify;
 
 use crate::backend::{Backend, BackendError, StreamId};
 use crate::block::{Block, BlockArena, BlockId};
@@ -337,85 +339,7 @@ impl<B: Backend> Shared<B> {
     }
 }
 
-#[cold]
-#[inline(never)]
-fn notify(observer: &Observer, entries: Vec<TraceEntry>) {
-    for entry in &entries {
-        observer.on_event(entry);
-    }
-}
-
 impl<E> State<E> {
-    /// Starts an operation under the lock: asks the observer, once, whether
-    /// it wants this operation's events.
-    #[inline]
-    fn begin(&mut self) {
-        self.observing = match &self.observer {
-            Some(observer) => observer.enabled(),
-            None => false,
-        };
-    }
-
-    /// The events for the observer, with it, when there are any.
-    #[inline]
-    fn take_notifications(&mut self) -> Option<(Observer, Vec<TraceEntry>)> {
-        if self.notifications.is_empty() {
-            return None;
-        }
-        let entries = std::mem::take(&mut self.notifications);
-        self.observer.clone().map(|observer| (observer, entries))
-    }
-
-    /// Whether events are built at all: history is on or the observer wants them.
-    #[inline]
-    fn recording(&self) -> bool {
-        self.observing || self.history.max_entries > 0
-    }
-
-    /// Records an event of a block or segment, if anyone wants it.
-    #[inline]
-    fn record(
-        &mut self,
-        action: TraceAction,
-        block: (usize, usize, usize),
-        stream: StreamId,
-        category: MemoryCategory,
-    ) {
-        if self.recording() {
-            self.push_event(action, block, stream, category, 0);
-        }
-    }
-
-    /// Builds an event and gives it to the history and the observer. `block`
-    /// is (address, size, requested size).
-    #[cold]
-    #[inline(never)]
-    fn push_event(
-        &mut self,
-        action: TraceAction,
-        (addr, size, requested_size): (usize, usize, usize),
-        stream: StreamId,
-        category: MemoryCategory,
-        device_free: usize,
-    ) {
-        let entry = TraceEntry {
-            action,
-            addr,
-            size,
-            requested_size,
-            stream,
-            category,
-            time_us: self.created.elapsed().as_micros() as u64,
-            device_free,
-            total_allocated: self.stats.allocated_bytes.all.current as usize,
-            total_reserved: self.stats.reserved_bytes.all.current as usize,
-        };
-        if self.observing {
-            self.notifications.push(entry.clone());
-        }
-        self.history.push(entry);
-    }
-
     #[inline]
     fn free_list(&mut self, pool: PoolKind) -> &mut FreeList {
         match pool {
@@ -938,70 +862,4 @@ impl<E> State<E> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::FailingBackend;
-
-    /// Runs a seeded random workload with segment numbers renumbered every
-    /// `limit` segments (or never) and returns the statistics, each live
-    /// allocation's (offset in its segment, block size) after every step,
-    /// and how many sequence numbers are in use at the end.
-    fn workload(config: &AllocatorConfig, limit: Option<u64>) -> (MemoryStats, Vec<Vec<(usize, usize)>>, u64) {
-        let alloc = CachingAllocator::with_config(FailingBackend::new(40 << 20), config.clone());
-        if let Some(limit) = limit {
-            alloc.shared.lock().sequence_limit = limit;
-        }
-        let sizes = [512, 1536, 64 << 10, 700 << 10, 1 << 20, 3 << 20, 4 << 20];
-        let mut live: Vec<Allocation<FailingBackend>> = Vec::new();
-        let mut layouts = Vec::new();
-        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-        for _ in 0..3000 {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            match seed % 10 {
-                0..=4 => {
-                    let stream = StreamId(seed >> 60 & 1);
-                    if let Ok(block) = alloc.allocate(sizes[(seed >> 8) as usize % sizes.len()], stream) {
-                        live.push(block);
-                    }
-                }
-                5..=8 if !live.is_empty() => drop(live.swap_remove((seed >> 16) as usize % live.len())),
-                _ => alloc.empty_cache(),
-            }
-            let snapshot = alloc.snapshot();
-            layouts.push(
-                live.iter()
-                    .map(|block| {
-                        let segment = snapshot
-                            .segments
-                            .iter()
-                            .find(|s| s.address <= block.addr() && block.addr() < s.address + s.total_size)
-                            .map_or(0, |s| s.address);
-                        (block.addr() - segment, block.block_size())
-                    })
-                    .collect(),
-            );
-        }
-        let in_use = alloc.shared.lock().next_sequence;
-        (alloc.stats(), layouts, in_use)
-    }
-
-    #[test]
-    fn renumbering_segments_changes_no_decision() {
-        // Limits above the most segments alive at once (20 fixed ones of
-        // 2 MiB on the 40 MiB device; an address range per stream and pool).
-        for (config, limit) in [
-            (AllocatorConfig::default(), 32),
-            (AllocatorConfig::builder().memory_fraction(0.6).garbage_collection_threshold(0.5).build().unwrap(), 32),
-            (AllocatorConfig::builder().expandable_segments(true).build().unwrap(), 8),
-        ] {
-            let (stats, layouts, created) = workload(&config, None);
-            let (renumbered_stats, renumbered_layouts, in_use) = workload(&config, Some(limit));
-            assert!(created > 2 * limit, "too few segments to renumber: {created}");
-            assert!(in_use < limit, "numbers were reused: {in_use}");
-            assert_eq!(renumbered_stats, stats);
-            assert_eq!(renumbered_layouts, layouts);
-        }
-    }
-}
+mod tests;
