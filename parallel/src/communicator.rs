@@ -209,6 +209,11 @@ impl Communicator {
                             worker_health.fail(error);
                         }
                     }
+                    // The job's tensor handles go before the waiter wakes:
+                    // a caller that drops its own handle after `wait` frees
+                    // the memory then and there, not whenever this thread
+                    // is next scheduled (memory plans depend on it).
+                    drop(op);
                     completion.complete(result);
                 }
             })

@@ -109,6 +109,32 @@ fn zero2_plans_equal_runs() {
     plans_equal_runs(Some(ZeroStage::Two));
 }
 
+/// A collective's job holds handles on its tensors; they must be gone
+/// when the caller's wait returns, or a tensor the caller drops next is
+/// freed whenever the communication thread is next scheduled, and the
+/// run's peaks depend on thread timing (a DDP plan once missed its run by
+/// the 512-byte block of the bucket order broadcast).
+#[test]
+fn a_collective_keeps_no_handle_after_its_wait() {
+    let devices = fresh_pair(false);
+    run_on_devices(&devices, &options(), |comm| {
+        let device = comm.device();
+        let before = memory::allocated(device)?;
+        for round in 0..200 {
+            let order = Tensor::zeros_on([6], DType::F32, device)?;
+            if round % 2 == 0 {
+                comm.broadcast(&order, 0)?;
+            } else {
+                comm.all_reduce_async(&order, brasa_parallel::ReduceOp::Sum).wait()?;
+            }
+            drop(order);
+            assert_eq!(memory::allocated(device)?, before, "round {round}: the collective still holds the tensor");
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
 #[test]
 fn a_rank_that_does_not_fit_is_named() {
     let small = [MemoryTarget::cuda(64 << 30), MemoryTarget::cuda(1 << 20)];
