@@ -134,7 +134,8 @@ pub mod prelude {
         CrossEntropyOptions, Reduction,
     };
     pub use brasa_nn::optim::{
-        clip_grad_norm_, Adam, AdamConfig, AdamW, GradAccumulator, LrScheduler, Optimizer, Sgd, SgdConfig,
+        clip_grad_norm_, Adam, AdamConfig, AdamW, AutoMicroBatch, GradAccumulator, LrScheduler, Optimizer, Sgd,
+        SgdConfig,
     };
     pub use brasa_nn::{AdaptiveAvgPool2d, AdaptiveMaxPool2d};
     pub use brasa_nn::{

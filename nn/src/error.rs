@@ -70,6 +70,18 @@ pub enum NnError {
         #[source]
         source: SharedError,
     },
+    /// [`AutoMicroBatch`](crate::optim::AutoMicroBatch) could not finish
+    /// a step: out of memory with one row per micro-batch (that error is
+    /// the source), another rank's failure, or a rank with fewer rows than
+    /// the micro-batches the ranks agreed on.
+    #[error("automatic micro-batching: {message}")]
+    MicroBatch {
+        /// What happened, with the split.
+        message: String,
+        /// The error this rank met, if it met one.
+        #[source]
+        source: Option<Box<NnError>>,
+    },
     /// An error of a crate above this one, met inside an `nn` API (a
     /// `brasa-amp` misuse inside an optimizer step, say); the error is the
     /// source, whole.
@@ -93,6 +105,7 @@ impl NnError {
         match self {
             NnError::Tensor(error) => error.as_out_of_memory(),
             NnError::Autograd(error) => error.as_out_of_memory(),
+            NnError::MicroBatch { source: Some(inner), .. } => inner.as_out_of_memory(),
             NnError::External(inner) | NnError::File { source: Some(inner), .. } => {
                 brasa_alloc::find_out_of_memory(inner.as_error())
             }

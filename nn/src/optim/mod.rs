@@ -14,6 +14,8 @@
 //! - [`LrScheduler`]: [`StepLr`], [`CosineAnnealingLr`], [`LinearWarmup`].
 //! - [`clip_grad_norm_`] and [`clip_grad_value_`].
 //! - [`GradAccumulator`]: `k` micro-batches, one optimizer step.
+//! - [`AutoMicroBatch`]: a step over a fixed batch that splits itself into
+//!   micro-batches when it runs out of memory (ranks agree on the split).
 //!
 //! An optimizer's [`Optimizer::state_dict`] holds its state under
 //! PyTorch-like names (`state.{i}.exp_avg`, `param_groups.0.lr`), and
@@ -42,12 +44,16 @@
 
 mod accumulate;
 mod adam;
+mod auto_micro_batch;
 mod clip;
 mod scheduler;
 mod sgd;
 
 pub use accumulate::GradAccumulator;
 pub use adam::{Adam, AdamConfig, AdamW};
+pub use auto_micro_batch::{
+    AutoMicroBatch, AutoMicroBatchConfig, LocalGuard, MicroLoss, SplitOutcome, SplitPeers, SplitReport, SplitRetry,
+};
 pub use clip::{clip_grad_norm_, clip_grad_norm_with, clip_grad_value_, grad_norm};
 pub use scheduler::{CosineAnnealingLr, LinearWarmup, LrScheduler, StepLr};
 pub use sgd::{Sgd, SgdConfig};

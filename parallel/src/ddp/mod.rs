@@ -52,6 +52,7 @@ mod buckets;
 mod config;
 mod flat_params;
 mod reducer;
+mod split_peers;
 mod stats;
 
 pub use buckets::{assign_buckets, BUCKET_CAP_BYTES, FIRST_BUCKET_BYTES};
@@ -79,6 +80,9 @@ pub struct DistributedDataParallel<M: Module> {
     /// where one was. Its buffers are broadcast before each forward, and
     /// once every rank joined, its parameters and buffers to every rank.
     join_authority: std::sync::Mutex<Option<usize>>,
+    /// The one-number tensor ranks all-reduce to agree on a micro-batch's
+    /// outcome under `AutoMicroBatch`, allocated at the first such step.
+    split_flag: std::sync::Mutex<Option<Tensor>>,
 }
 
 impl<M: Module> DistributedDataParallel<M> {
@@ -148,6 +152,7 @@ impl<M: Module> DistributedDataParallel<M> {
             reducer,
             joining: AtomicBool::new(false),
             join_authority: std::sync::Mutex::new(None),
+            split_flag: std::sync::Mutex::new(None),
         })
     }
 

@@ -454,6 +454,32 @@ impl Reducer {
         Ok(())
     }
 
+    /// Reduces the gradients accumulated without synchronising (every
+    /// backward of the step under `no_sync`) as a synchronised backward
+    /// would have: each gradient moves into its bucket slot, every bucket
+    /// is reduced in order, and under ZeRO-2 the full buffers are released.
+    /// `AutoMicroBatch` reduces this way, so that a backward which runs out
+    /// of memory can never leave peers inside a half-launched reduction.
+    pub(crate) fn reduce_accumulated(&self) -> Result<()> {
+        {
+            let mut layout = lock(&self.layout);
+            for bucket in layout.buckets.iter_mut().filter(|b| b.is_released()) {
+                bucket.restore()?;
+            }
+            for index in 0..self.params.len() {
+                self.adopt(&layout, index)?;
+            }
+            *lock(&self.step) = StepState {
+                expecting_backward: true,
+                pending: vec![0; layout.buckets.len()],
+                ready: vec![true; self.params.len()],
+                ready_count: self.params.len(),
+                ..StepState::default()
+            };
+        }
+        self.finish_backward()
+    }
+
     /// A rank that ran out of data mirrors one step of the others'
     /// collectives with zero gradients (see `DistributedDataParallel::join`).
     pub(crate) fn shadow_step(&self) -> Result<()> {
