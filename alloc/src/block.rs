@@ -6,11 +6,20 @@
 use crate::backend::StreamId;
 use crate::category::MemoryCategory;
 use crate::policy::PoolKind;
-use crate::pool::Placement;
 
 /// Index of a block in the [`BlockArena`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct BlockId(pub(crate) u32);
+
+/// Where a block sits, in an order that does not depend on addresses: its
+/// segment's creation sequence number, then its offset in the segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct Placement {
+    /// The segment's creation sequence number (below the free lists' `SEQUENCE_LIMIT`, `pool.rs`).
+    pub sequence: u64,
+    /// Bytes from the segment's start (a multiple of 512).
+    pub offset: usize,
+}
 
 /// A piece of a segment.
 #[derive(Debug, Clone)]

@@ -10,7 +10,7 @@
 //! | `per_process_memory_fraction` | 1 (off) | in (0, 1]: the share of the device's capacity this allocator may reserve |
 //! | `expandable_segments` | False | `True`: one growing segment per stream and pool, backed page by page (needs a backend with address-range mapping; others keep fixed segments) |
 
-use crate::policy::LARGE_BUFFER;
+use crate::sizes::LARGE_BUFFER;
 
 const MIB: usize = 1 << 20;
 

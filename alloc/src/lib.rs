@@ -63,6 +63,7 @@ mod host;
 mod pinning;
 pub mod policy;
 mod pool;
+mod sizes;
 mod snapshot;
 mod stats;
 mod summary;
@@ -71,7 +72,7 @@ mod virtual_backend;
 
 pub use backend::{Backend, BackendError, StreamId};
 pub use caching::{Allocation, CachingAllocator};
-pub use category::{CategoryStats, MemoryCategory};
+pub use category::MemoryCategory;
 pub use config::{AllocatorConfig, AllocatorConfigBuilder, ConfigError, ENV_VAR, VALID_KEYS};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
@@ -81,7 +82,7 @@ pub use host::{HostBackend, HOST_ALIGNMENT};
 pub use pinning::{HostEvent, HostPinning, StreamEvent};
 pub use policy::PoolKind;
 pub use snapshot::{BlockSnapshot, BlockState, FragmentationReport, SegmentSnapshot, Snapshot};
-pub use stats::{MemoryStats, Stat, StatArray};
+pub use stats::{CategoryStats, MemoryStats, Stat, StatArray};
 pub use summary::memory_summary;
 pub use trace::{AllocObserver, Observer, TraceAction, TraceEntry};
 pub use virtual_backend::VirtualBackend;

@@ -36,7 +36,7 @@
 //! of every pair of live segments, and so every later decision, is unchanged.
 
 use crate::backend::StreamId;
-use crate::block::BlockId;
+use crate::block::{BlockId, Placement};
 use crate::policy::MIN_BLOCK_SIZE;
 use std::collections::BTreeMap;
 
@@ -58,16 +58,6 @@ impl StreamSlots {
             }
         }
     }
-}
-
-/// Where a block sits, in an order that does not depend on addresses: its
-/// segment's creation sequence number, then its offset in the segment.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) struct Placement {
-    /// The segment's creation sequence number (below [`SEQUENCE_LIMIT`]).
-    pub sequence: u64,
-    /// Bytes from the segment's start (a multiple of 512).
-    pub offset: usize,
 }
 
 /// Segments created before the allocator renumbers them (see the module docs).

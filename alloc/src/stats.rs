@@ -3,9 +3,9 @@
 //! the small pool; allocated bytes are also kept per [`MemoryCategory`]
 //! ([`MemoryStats::by_category`]).
 
-use crate::category::{CategoryStats, MemoryCategory};
+use crate::category::MemoryCategory;
 use crate::policy::PoolKind;
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 /// One statistic: its current value, its peak, and the cumulative increases
 /// (`allocated`) and decreases (`freed`).
@@ -196,9 +196,89 @@ impl MemoryStats {
     }
 }
 
+/// Allocated bytes per [`MemoryCategory`]: one [`Stat`] each (current,
+/// peak, allocated, freed), counted in block sizes like
+/// `allocated_bytes`. A retag ([`Allocation::set_category`](crate::Allocation::set_category))
+/// counts as a free from the old category and an allocation in the new one.
+/// Serializes as a map from category name to stat.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CategoryStats {
+    stats: [Stat; MemoryCategory::COUNT],
+}
+
+impl CategoryStats {
+    /// The stat of one category.
+    #[inline]
+    pub fn get(&self, category: MemoryCategory) -> &Stat {
+        &self.stats[category.index()]
+    }
+
+    /// Every category with its stat, in [`MemoryCategory::ALL`] order.
+    pub fn iter(&self) -> impl Iterator<Item = (MemoryCategory, &Stat)> + '_ {
+        MemoryCategory::ALL.into_iter().zip(self.stats.iter())
+    }
+
+    /// The sum of the categories' `current` values: always equal to
+    /// `allocated_bytes.all.current`.
+    pub fn total_current(&self) -> i64 {
+        self.stats.iter().map(|s| s.current).sum()
+    }
+
+    /// Whether a category ever held bytes since creation or the last
+    /// `reset_accumulated` (or holds some now).
+    pub fn was_used(&self, category: MemoryCategory) -> bool {
+        let stat = self.get(category);
+        stat.current != 0 || stat.allocated != 0 || stat.peak != 0
+    }
+
+    #[inline]
+    pub(crate) fn increase(&mut self, category: MemoryCategory, amount: u64) {
+        self.stats[category.index()].increase(amount);
+    }
+
+    #[inline]
+    pub(crate) fn decrease(&mut self, category: MemoryCategory, amount: u64) {
+        self.stats[category.index()].decrease(amount);
+    }
+
+    pub(crate) fn for_each(&mut self, f: impl Fn(&mut Stat)) {
+        self.stats.iter_mut().for_each(f);
+    }
+}
+
+impl std::ops::Index<MemoryCategory> for CategoryStats {
+    type Output = Stat;
+
+    fn index(&self, category: MemoryCategory) -> &Stat {
+        self.get(category)
+    }
+}
+
+impl Serialize for CategoryStats {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.iter().map(|(category, stat)| (category.name(), stat)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stats_serialize_as_a_map_by_name() {
+        let mut stats = CategoryStats::default();
+        stats.increase(MemoryCategory::Gradient, 1024);
+        stats.increase(MemoryCategory::Activation, 512);
+        stats.decrease(MemoryCategory::Activation, 512);
+        assert_eq!(stats.total_current(), 1024);
+        assert!(stats.was_used(MemoryCategory::Activation));
+        assert!(!stats.was_used(MemoryCategory::Input));
+        assert_eq!(stats[MemoryCategory::Gradient].peak, 1024);
+        let json = serde_json::to_value(stats).unwrap();
+        assert_eq!(json["gradient"]["current"], 1024);
+        assert_eq!(json["activation"]["freed"], 512);
+        assert_eq!(json["optimizer_state"]["current"], 0);
+    }
 
     #[test]
     fn peak_follows_current_and_resets_to_it() {

@@ -3,7 +3,7 @@
 //! [`crate::GradScaler`] called out of order, FP16 gradients to unscale, a
 //! configuration or state dict that does not fit).
 
-use crate::scaler::OptimizerStage;
+use crate::stage::OptimizerStage;
 use brasa_autograd::AutogradError;
 use brasa_nn::NnError;
 use brasa_tensor::{ErrorBox, TensorError};

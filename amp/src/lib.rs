@@ -55,6 +55,7 @@ mod convert;
 mod error;
 mod policy;
 mod scaler;
+mod stage;
 
 pub use autocast::{
     autocast, autocast_disabled, autocast_dtype, autocast_policy, cached_casts, clear_autocast_cache,
@@ -65,4 +66,5 @@ pub use error::{AmpError, Result};
 pub use policy::{
     Category, Policy, BRASA_FLOAT32, CPU_FLOAT32, CPU_LOWER, CPU_PROMOTE, CUDA_FLOAT32, CUDA_LOWER, CUDA_PROMOTE,
 };
-pub use scaler::{GradScaler, GradScalerConfig, OptimizerStage};
+pub use scaler::{GradScaler, GradScalerConfig};
+pub use stage::OptimizerStage;

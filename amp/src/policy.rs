@@ -12,24 +12,30 @@
 //! alone. Any entry can be overridden with [`Policy::with`].
 //!
 //! Names are those operations pass to `brasa_autograd::autocast_inputs`.
-//! brasa's operations ask under these names (the others in the tables are
-//! there for custom operations that use PyTorch's names):
+//! brasa's operations ask under the constants of [`brasa_autograd::op_names`],
+//! which the tables below use too, so the two cannot drift apart by a typo
+//! (an unknown name would silently mean [`Category::Follow`]); the other
+//! names in the tables are PyTorch's, there for custom operations that use
+//! them:
 //!
 //! | name | asked by | default category |
 //! |---|---|---|
 //! | `matmul` | `Var::matmul` | [`Category::Lower`] |
 //! | `linear` | `Var::linear`, `Linear` | [`Category::Lower`] |
+//! | `addmm`, `baddbmm` | `Var::addmm`, `Var::baddbmm` (all three operands) | [`Category::Lower`] |
 //! | `conv2d` | `Var::conv2d`, `Conv2d` | [`Category::Lower`] |
 //! | `conv1d` | `Var::conv1d`, `Conv1d` | [`Category::Lower`] |
 //! | `conv_transpose1d`, `conv_transpose2d` | `Var::conv_transpose1d/2d`, `ConvTranspose1d/2d` | [`Category::Lower`] |
 //! | `scaled_dot_product_attention` | `Var::scaled_dot_product_attention`, `MultiheadAttention` | [`Category::Lower`] |
 //! | `softmax`, `log_softmax` | `Var::softmax`, `Var::log_softmax` | [`Category::Float32`] |
+//! | `softplus` | `Var::softplus`, `Softplus` | [`Category::Float32`] ([`Policy::cpu`]: [`Category::Follow`]) |
 //! | `exp`, `log`, `rsqrt` | `Var::exp`, `Var::log`, `Var::rsqrt` | [`Category::Float32`] |
 //! | `pow` | `Var::pow`, `Var::powf` | [`Category::Float32`] |
 //! | `sum` | `Var::sum`, `Var::sum_all` | [`Category::Float32`] |
 //! | `mean`, `var`, `std` | `Var::mean(_all)`, `Var::var`, `Var::std` | [`Category::Float32`] (brasa) |
 //! | `cross_entropy`, `nll_loss`, `mse_loss`, `l1_loss`, `binary_cross_entropy_with_logits` | `brasa_nn::functional` | [`Category::Float32`] |
 //! | `layer_norm` | `functional::layer_norm`, `LayerNorm` | [`Category::Float32`] |
+//! | `group_norm` | `functional::group_norm`, `GroupNorm` | [`Category::Float32`] |
 //! | `batch_norm` | `functional::batch_norm`, `BatchNorm1d/2d` | [`Category::Float32`] (brasa; [`Policy::cpu`]: [`Category::Follow`], computed in f32 inside) |
 //! | `cat`, `stack` | `Var::cat`, `Var::stack` | [`Category::Promote`] |
 //!
@@ -39,15 +45,17 @@
 //!
 //! ```
 //! use brasa_amp::{Category, Policy};
+//! use brasa_autograd::op_names as op;
 //! use brasa_tensor::DType;
 //!
-//! let policy = Policy::default().with("softmax", Category::Follow);
-//! assert_eq!(policy.category("linear"), Category::Lower);
+//! let policy = Policy::default().with(op::SOFTMAX, Category::Follow);
+//! assert_eq!(policy.category(op::LINEAR), Category::Lower);
 //! assert_eq!(policy.category("softmax"), Category::Follow);
-//! assert_eq!(policy.target("linear", &[DType::F32, DType::F32], DType::BF16), Some(DType::BF16));
-//! assert_eq!(policy.target("cat", &[DType::BF16, DType::F32], DType::BF16), Some(DType::F32));
+//! assert_eq!(policy.target(op::LINEAR, &[DType::F32, DType::F32], DType::BF16), Some(DType::BF16));
+//! assert_eq!(policy.target(op::CAT, &[DType::BF16, DType::F32], DType::BF16), Some(DType::F32));
 //! ```
 
+use brasa_autograd::op_names as op;
 use brasa_tensor::DType;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -72,30 +80,30 @@ pub enum Category {
 pub const CUDA_LOWER: &[&str] = &[
     "__matmul__",
     "addbmm",
-    "addmm",
+    op::ADDMM,
     "addmv",
     "addr",
-    "baddbmm",
+    op::BADDBMM,
     "bmm",
     "chain_matmul",
     "multi_dot",
-    "linear",
-    "matmul",
+    op::LINEAR,
+    op::MATMUL,
     "mm",
     "mv",
-    "conv1d",
-    "conv2d",
+    op::CONV1D,
+    op::CONV2D,
     "conv3d",
     "conv_tbc",
-    "conv_transpose1d",
-    "conv_transpose2d",
+    op::CONV_TRANSPOSE1D,
+    op::CONV_TRANSPOSE2D,
     "conv_transpose3d",
     "prelu",
     "gru_cell",
     "lstm_cell",
     "rnn_tanh_cell",
     "rnn_relu_cell",
-    "scaled_dot_product_attention",
+    op::SCALED_DOT_PRODUCT_ATTENTION,
 ];
 
 /// PyTorch's CUDA list of operations that run in f32.
@@ -105,9 +113,9 @@ pub const CUDA_FLOAT32: &[&str] = &[
     "__rdiv__",
     "__rpow__",
     "__rtruediv__",
-    "pow",
+    op::POW,
     "reciprocal",
-    "rsqrt",
+    op::RSQRT,
     // Elementwise math.
     "acos",
     "asin",
@@ -115,9 +123,9 @@ pub const CUDA_FLOAT32: &[&str] = &[
     "sinh",
     "tan",
     "erfinv",
-    "exp",
+    op::EXP,
     "expm1",
-    "log",
+    op::LOG,
     "log10",
     "log1p",
     "log2",
@@ -125,34 +133,34 @@ pub const CUDA_FLOAT32: &[&str] = &[
     "cumprod",
     "cumsum",
     "prod",
-    "sum",
+    op::SUM,
     "norm",
     "normalize",
     "renorm",
-    "layer_norm",
-    "group_norm",
+    op::LAYER_NORM,
+    op::GROUP_NORM,
     // The softmax family.
-    "softmax",
+    op::SOFTMAX,
     "softmin",
-    "log_softmax",
-    "softplus",
+    op::LOG_SOFTMAX,
+    op::SOFTPLUS,
     // Distances.
     "cdist",
     "pdist",
     "dist",
     "cosine_similarity",
     // Losses.
-    "binary_cross_entropy_with_logits",
+    op::BINARY_CROSS_ENTROPY_WITH_LOGITS,
     "cosine_embedding_loss",
-    "cross_entropy",
+    op::CROSS_ENTROPY,
     "hinge_embedding_loss",
     "kl_div",
-    "l1_loss",
+    op::L1_LOSS,
     "margin_ranking_loss",
-    "mse_loss",
+    op::MSE_LOSS,
     "multilabel_margin_loss",
     "multi_margin_loss",
-    "nll_loss",
+    op::NLL_LOSS,
     "poisson_nll_loss",
     "smooth_l1_loss",
     "huber_loss",
@@ -174,50 +182,50 @@ pub const CUDA_PROMOTE: &[&str] = &[
     "index_put",
     "scatter_add",
     "tensordot",
-    "cat",
-    "stack",
+    op::CAT,
+    op::STACK,
     "index_copy",
 ];
 
 /// PyTorch's CPU list of operations that run in the low dtype (f16 shares
 /// bf16's lists on the CPU).
 pub const CPU_LOWER: &[&str] = &[
-    "conv1d",
-    "conv2d",
+    op::CONV1D,
+    op::CONV2D,
     "conv3d",
     "conv_tbc",
-    "conv_transpose1d",
-    "conv_transpose2d",
+    op::CONV_TRANSPOSE1D,
+    op::CONV_TRANSPOSE2D,
     "conv_transpose3d",
     "bmm",
     "mm",
     "linalg_vecdot",
-    "baddbmm",
-    "addmm",
+    op::BADDBMM,
+    op::ADDMM,
     "addbmm",
-    "linear",
-    "matmul",
+    op::LINEAR,
+    op::MATMUL,
     "prelu",
-    "scaled_dot_product_attention",
+    op::SCALED_DOT_PRODUCT_ATTENTION,
 ];
 
 /// PyTorch's CPU list of operations that run in f32: losses, FFTs, linear
 /// algebra, 3-d pooling, padding, quantiles.
 pub const CPU_FLOAT32: &[&str] = &[
     // Losses.
-    "binary_cross_entropy_with_logits",
+    op::BINARY_CROSS_ENTROPY_WITH_LOGITS,
     "cosine_embedding_loss",
-    "cross_entropy",
+    op::CROSS_ENTROPY,
     "ctc_loss",
     "hinge_embedding_loss",
     "huber_loss",
     "kl_div",
-    "l1_loss",
+    op::L1_LOSS,
     "margin_ranking_loss",
-    "mse_loss",
+    op::MSE_LOSS,
     "multilabel_margin_loss",
     "multi_margin_loss",
-    "nll_loss",
+    op::NLL_LOSS,
     "nll_loss2d",
     "poisson_nll_loss",
     "smooth_l1_loss",
@@ -293,14 +301,14 @@ pub const CPU_FLOAT32: &[&str] = &[
 ];
 
 /// PyTorch's CPU list of operations that take the widest input dtype.
-pub const CPU_PROMOTE: &[&str] = &["cat", "stack", "index_copy"];
+pub const CPU_PROMOTE: &[&str] = &[op::CAT, op::STACK, "index_copy"];
 
 /// brasa's additions to the default policies: reductions that PyTorch
 /// leaves to follow their input, and batch norm, whose f32 output PyTorch
 /// does not give (pytorch/pytorch#88929; [`Policy::cpu`] leaves batch norm
 /// to follow its input, as PyTorch's CPU autocast does). brasa's f16/bf16 kernels already
 /// accumulate these in f32; in f32 the result keeps its precision too.
-pub const BRASA_FLOAT32: &[&str] = &["mean", "var", "std", "batch_norm", "group_norm"];
+pub const BRASA_FLOAT32: &[&str] = &[op::MEAN, op::VAR, op::STD, op::BATCH_NORM, op::GROUP_NORM];
 
 /// The table autocast consults: an operation name → [`Category`];
 /// unlisted operations [`Category::Follow`] their inputs.
@@ -340,7 +348,7 @@ impl Policy {
     /// (twice the bytes), and leave what comes after it (ReLU, pooling) in
     /// f32 until the next convolution casts back.
     pub fn cpu() -> Policy {
-        Policy::pytorch_cpu().with_all(BRASA_FLOAT32, Category::Float32).with("batch_norm", Category::Follow)
+        Policy::pytorch_cpu().with_all(BRASA_FLOAT32, Category::Float32).with(op::BATCH_NORM, Category::Follow)
     }
 
     /// PyTorch's CUDA lists exactly (batch norm follows its input).

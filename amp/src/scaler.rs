@@ -60,6 +60,7 @@
 //! ```
 
 use crate::error::{AmpError, Result};
+use crate::stage::OptimizerStage;
 use brasa_autograd::{no_grad, Var};
 use brasa_nn::optim::Optimizer;
 use brasa_nn::StateDict;
@@ -138,27 +139,6 @@ impl GradScalerConfig {
             return Err(AmpError::invalid(what, "growth_interval must be positive, got 0"));
         }
         Ok(())
-    }
-}
-
-/// Where an optimizer is between two [`GradScaler::update`]s.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum OptimizerStage {
-    /// Nothing done since the last update.
-    Ready,
-    /// Its gradients were unscaled (and checked for inf/NaN).
-    Unscaled,
-    /// `step` ran (or was skipped).
-    Stepped,
-}
-
-impl std::fmt::Display for OptimizerStage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            OptimizerStage::Ready => "READY",
-            OptimizerStage::Unscaled => "UNSCALED",
-            OptimizerStage::Stepped => "STEPPED",
-        })
     }
 }
 

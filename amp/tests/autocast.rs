@@ -69,6 +69,31 @@ fn lower_ops_run_in_the_low_dtype() -> Result<()> {
 }
 
 #[test]
+fn addmm_with_mixed_dtypes_asks_the_policy() -> Result<()> {
+    // PyTorch 2.15 (`torch.autocast("cpu", torch.bfloat16)`): an f32 input
+    // with a bf16 and an f32 matrix gives bf16, and so does baddbmm with an
+    // f16 batch; without autocast the mixed matrices are refused. Both
+    // device lists put addmm and baddbmm in the low dtype.
+    for policy in [Policy::cpu(), Policy::cuda()] {
+        let _amp = Autocast::new(DType::BF16).policy(policy).enter();
+        let (bias, m2) = (param(&[4, 3])?, param(&[6, 3])?);
+        let m1 = Var::param(randn(&[4, 6])?.to_dtype(DType::BF16)?)?;
+        let out = bias.addmm(&m1, &m2, 0.5, 2.0)?;
+        assert_eq!(out.dtype(), DType::BF16, "addmm");
+        out.to_dtype(DType::F32)?.sum_all()?.backward()?;
+        let grads = [&bias, &m1, &m2].map(|v| v.grad().map(|g| g.dtype()));
+        assert_eq!(grads, [Some(DType::F32), Some(DType::BF16), Some(DType::F32)], "each leaf in its own dtype");
+        let batch = input(&[2, 4, 6])?.to_dtype(DType::F16)?;
+        assert_eq!(param(&[4, 3])?.baddbmm(&batch, &input(&[2, 6, 3])?, 1.0, 1.0)?.dtype(), DType::BF16, "baddbmm");
+    }
+    // f64 is never autocast.
+    let _amp = autocast(DType::BF16);
+    let f64s = |dims: &[usize]| -> Result<Var> { Ok(Var::new(randn(dims)?.to_dtype(DType::F64)?)) };
+    assert_eq!(f64s(&[4, 3])?.addmm(&f64s(&[4, 6])?, &f64s(&[6, 3])?, 1.0, 1.0)?.dtype(), DType::F64);
+    Ok(())
+}
+
+#[test]
 fn float32_ops_run_in_f32() -> Result<()> {
     for low in LOW {
         let _amp = cuda_lists(low);

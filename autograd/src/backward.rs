@@ -192,9 +192,11 @@ fn run_op(
     let _range = brasa_profile::enabled()
         .then(|| brasa_profile::record_function_with_shapes(format!("backward: {}", node.name), &[g.dims()]));
     let needs: Vec<bool> = node.next.iter().map(Option::is_some).collect();
-    let result = match (backward.saved.checked(node.name), &mut backward.f) {
-        (Ok(saved), BackwardFn::Borrowed(f)) => f(&BackwardCtx { grad: &g, saved, needs: &needs }),
-        (Ok(saved), BackwardFn::Owned(f)) => f(g, saved, &needs),
+    // Unpacked (by saved-tensor hooks) for this backward only: dropped as
+    // soon as it returns.
+    let result = match (backward.saved.unpack(node.name), &mut backward.f) {
+        (Ok(saved), BackwardFn::Borrowed(f)) => f(&BackwardCtx { grad: &g, saved: &saved, needs: &needs }),
+        (Ok(saved), BackwardFn::Owned(f)) => f(g, &saved, &needs),
         (Err(e), _) => Err(e),
     };
     if retain_graph || result.is_err() {

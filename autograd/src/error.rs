@@ -107,6 +107,18 @@ pub enum AutogradError {
         /// The tensor's dtype.
         expected: DType,
     },
+    /// A saved-tensor hook failed (see [`crate::saved_tensors_hooks`]): its
+    /// own error, or an unpack that gave back another shape, dtype or
+    /// device than the saved tensor's.
+    #[error("{op}: the saved-tensor {stage} hook failed: {source}")]
+    SavedTensorHook {
+        /// The operation that saved the tensor.
+        op: &'static str,
+        /// Which hook.
+        stage: SavedTensorHookStage,
+        /// Why.
+        source: Box<AutogradError>,
+    },
     /// Any other invalid argument.
     #[error("{op}: {message}")]
     Invalid {
@@ -134,6 +146,9 @@ impl AutogradError {
         match self {
             AutogradError::Tensor(error) => error.as_out_of_memory(),
             AutogradError::External(inner) => brasa_alloc::find_out_of_memory(inner.as_error()),
+            // Offloading hooks allocate: host memory when packing, device
+            // memory when unpacking.
+            AutogradError::SavedTensorHook { source, .. } => source.as_out_of_memory(),
             _ => None,
         }
     }
@@ -149,6 +164,24 @@ impl AutogradError {
     /// An [`AutogradError::Invalid`] for `op` (for custom [`crate::Function`]s too).
     pub fn invalid(op: &'static str, message: impl Into<String>) -> Self {
         AutogradError::Invalid { op, message: message.into() }
+    }
+}
+
+/// Which saved-tensor hook an [`AutogradError::SavedTensorHook`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SavedTensorHookStage {
+    /// `pack`, when the operation saved the tensor (forward).
+    Pack,
+    /// `unpack`, when backward needed it back.
+    Unpack,
+}
+
+impl std::fmt::Display for SavedTensorHookStage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SavedTensorHookStage::Pack => "pack",
+            SavedTensorHookStage::Unpack => "unpack",
+        })
     }
 }
 

@@ -2,23 +2,19 @@
 //! edges to the nodes that produced its inputs, and the tensors it saved for
 //! its backward. Leaves that require grad get one accumulation node each.
 //!
-//! Saved tensors are counted process-wide by storage (two views of one
+//! Saved tensors (`saved.rs`) are counted by storage (two views of one
 //! storage count once), and every live operation node is counted, so a graph
 //! kept alive by mistake (a running loss summed as a `Var`) shows up in
 //! [`crate::live_nodes`] and [`crate::saved_tensor_bytes`].
 
-use crate::error::{AutogradError, Result};
+use crate::error::Result;
+use crate::saved::SavedTensors;
 use crate::var::{Var, VarInner};
-use brasa_tensor::memory::MemoryCategory;
 use brasa_tensor::{DType, Device, Tensor};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 static LIVE_NODES: AtomicUsize = AtomicUsize::new(0);
-static SAVED_BYTES: AtomicUsize = AtomicUsize::new(0);
-/// Saved storages by address: (how many saves hold it, its bytes).
-static SAVED_STORAGES: Mutex<Option<HashMap<usize, (usize, usize)>>> = Mutex::new(None);
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -27,80 +23,6 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Operation nodes alive in this process.
 pub(crate) fn live_node_count() -> usize {
     LIVE_NODES.load(Ordering::Relaxed)
-}
-
-/// Bytes of distinct storages held by saved tensors in this process.
-pub(crate) fn saved_byte_count() -> usize {
-    SAVED_BYTES.load(Ordering::Relaxed)
-}
-
-pub(crate) fn storage_key(t: &Tensor) -> usize {
-    Arc::as_ptr(t.storage()) as usize
-}
-
-fn register_saved(t: &Tensor) {
-    // Kept for backward: an activation, unless it is already counted as
-    // something that outlives the step (a parameter, an input batch).
-    let storage = t.storage();
-    if matches!(storage.category(), MemoryCategory::Other | MemoryCategory::Temporary) {
-        storage.set_category(MemoryCategory::Activation);
-    }
-    let mut map = lock(&SAVED_STORAGES);
-    let entry = map.get_or_insert_with(HashMap::new).entry(storage_key(t)).or_insert((0, t.storage().size_in_bytes()));
-    entry.0 += 1;
-    if entry.0 == 1 {
-        SAVED_BYTES.fetch_add(entry.1, Ordering::Relaxed);
-    }
-}
-
-fn unregister_saved(t: &Tensor) {
-    let mut map = lock(&SAVED_STORAGES);
-    if let Some(map) = map.as_mut() {
-        let key = storage_key(t);
-        if let Some(entry) = map.get_mut(&key) {
-            entry.0 -= 1;
-            if entry.0 == 0 {
-                SAVED_BYTES.fetch_sub(entry.1, Ordering::Relaxed);
-                map.remove(&key);
-            }
-        }
-    }
-}
-
-/// Tensors an operation keeps for its backward, with the storage version
-/// each had when saved.
-pub(crate) struct SavedTensors {
-    tensors: Vec<Tensor>,
-    versions: Vec<u64>,
-}
-
-impl SavedTensors {
-    pub(crate) fn new(tensors: Vec<Tensor>) -> Self {
-        let versions = tensors.iter().map(Tensor::version).collect();
-        tensors.iter().for_each(register_saved);
-        SavedTensors { tensors, versions }
-    }
-
-    /// The tensors, or an error when one was modified in place since.
-    pub(crate) fn checked(&self, op: &'static str) -> Result<&[Tensor]> {
-        for (t, &expected) in self.tensors.iter().zip(&self.versions) {
-            let version = t.version();
-            if version != expected {
-                return Err(AutogradError::ModifiedInPlace { op, version, expected });
-            }
-        }
-        Ok(&self.tensors)
-    }
-
-    pub(crate) fn tensors(&self) -> &[Tensor] {
-        &self.tensors
-    }
-}
-
-impl Drop for SavedTensors {
-    fn drop(&mut self) {
-        self.tensors.iter().for_each(unregister_saved);
-    }
 }
 
 /// What a backward function is given.
@@ -221,13 +143,11 @@ impl Node {
         Arc::as_ptr(node) as usize
     }
 
-    /// The storages this node's saved tensors hold (empty once released).
+    /// The storages this node's saved tensors hold (empty once released;
+    /// tensors packed by saved-tensor hooks hold none).
     pub(crate) fn saved_storages(&self) -> Vec<(usize, usize)> {
         match &self.kind {
-            NodeKind::Op(slot) => lock(slot)
-                .as_ref()
-                .map(|b| b.saved.tensors().iter().map(|t| (storage_key(t), t.storage().size_in_bytes())).collect())
-                .unwrap_or_default(),
+            NodeKind::Op(slot) => lock(slot).as_ref().map(|b| b.saved.kept_storages()).unwrap_or_default(),
             NodeKind::Accumulate(_) => Vec::new(),
         }
     }

@@ -3,7 +3,8 @@
 //! `Var`. A graph kept alive by mistake (a running loss summed as a `Var`
 //! instead of `item()`) shows up here before it shows up as out-of-memory.
 
-use crate::graph::{live_node_count, reachable, reachable_through_recomputation, saved_byte_count, Node, NodeKind};
+use crate::graph::{live_node_count, reachable, reachable_through_recomputation, Node, NodeKind};
+use crate::saved::saved_byte_count;
 use crate::var::Var;
 use std::collections::HashSet;
 
@@ -13,6 +14,8 @@ pub fn live_nodes() -> usize {
 }
 
 /// Bytes of the distinct storages that saved tensors hold in this process.
+/// A tensor that saved-tensor hooks packed ([`crate::save_on_host`]) is not
+/// held by the graph: what its hooks keep is theirs to account for.
 pub fn saved_tensor_bytes() -> usize {
     saved_byte_count()
 }

@@ -28,7 +28,9 @@
 //! ([`Var::register_hook`], [`Var::register_post_accumulate_grad_hook`],
 //! [`Var::retain_grad`]), custom operations through [`Function`],
 //! [`gradcheck`] against finite differences, gradient checkpointing
-//! ([`checkpoint`], [`checkpoint_sequential`]) and live-graph introspection
+//! ([`checkpoint`], [`checkpoint_sequential`]), saved-tensor hooks
+//! ([`saved_tensors_hooks`]) and activation offload to host memory built on
+//! them ([`save_on_host`]), and live-graph introspection
 //! ([`live_nodes`], [`saved_tensor_bytes`], [`Var::graph_stats`]). A tensor
 //! saved for backward and then changed in place makes backward an error that
 //! names the operation, never a wrong gradient.
@@ -47,19 +49,27 @@ mod gradcheck;
 mod graph;
 mod hooks;
 mod introspect;
+mod offload;
+pub mod op_names;
 mod ops;
 mod precision;
+mod saved;
+mod saved_hooks;
 mod var;
 
 pub use backward::grad;
 pub use callbacks::{in_backward, queue_callback};
 pub use checkpoint::{checkpoint, checkpoint_sequential, Layer};
-pub use error::{AutogradError, Result};
+pub use error::{AutogradError, Result, SavedTensorHookStage};
 pub use function::{apply, Function, FunctionCtx};
 pub use grad_mode::{enable_grad, is_grad_enabled, no_grad, set_grad_enabled, GradModeGuard};
 pub use gradcheck::gradcheck;
 pub use graph::BackwardCtx;
 pub use introspect::{leaves_reached, live_nodes, saved_tensor_bytes, GraphStats};
+pub use offload::{save_on_host, save_on_host_with, OffloadOptions};
 pub use ops::SdpaOptions;
 pub use precision::{autocast_inputs, autocast_tensors, precision_hook, set_precision_hook, PrecisionHook};
+pub use saved_hooks::{
+    install_saved_tensor_hooks, saved_tensors_hooks, Packed, SavedTensorHooks, SavedTensorsHooksGuard,
+};
 pub use var::{Var, WeakVar};

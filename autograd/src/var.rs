@@ -3,7 +3,8 @@
 
 use crate::error::{AutogradError, Result};
 use crate::grad_mode::is_grad_enabled;
-use crate::graph::{lock, BackwardCtx, BackwardFn, Node, OpBackward, PostAccumulateHook, SavedTensors, TensorMeta};
+use crate::graph::{lock, BackwardCtx, BackwardFn, Node, OpBackward, PostAccumulateHook, TensorMeta};
+use crate::saved::SavedTensors;
 use brasa_tensor::{DType, Device, Shape, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -404,7 +405,12 @@ fn record_node(
     }
     let next = inputs.iter().map(|v| v.grad_node()).collect();
     let meta = TensorMeta::of(&output);
-    let node = Node::op(name, next, meta, OpBackward { saved: SavedTensors::new(saved()), f });
+    // The operations return what this records as their `Ok` result, so a
+    // saved-tensor pack hook's error cannot end the operation: the node is
+    // recorded without its saved tensors, and backward through it returns
+    // the error (naming the operation and the hook).
+    let saved = SavedTensors::new(name, saved()).unwrap_or_else(SavedTensors::failed);
+    let node = Node::op(name, next, meta, OpBackward { saved, f });
     Var::make(output, true, Some(node))
 }
 

@@ -322,11 +322,84 @@ fn celu_ref(x: f64, alpha: f64) -> f64 {
     }
 }
 
+/// `1 / f32(alpha)`: the reciprocal PyTorch's CELU derivative formula uses
+/// (`1.0 / alpha.toFloat()`) for every dtype; the f64 one where the f32
+/// rounding is 0 or infinite (PyTorch's backward fails there).
+fn celu_grad_scale(alpha: f64) -> f64 {
+    let rounded = f64::from(alpha as f32);
+    if rounded.is_finite() && rounded != 0.0 {
+        1.0 / rounded
+    } else {
+        1.0 / alpha
+    }
+}
+
+/// PyTorch's `elu_backward` with CELU's constants: `(s · alpha) · e^(x · s)`.
 fn celu_grad_ref(x: f64, alpha: f64) -> f64 {
     if x > 0.0 {
         1.0
     } else {
-        (x / alpha).exp()
+        let s = celu_grad_scale(alpha);
+        (s * alpha) * (x * s).exp()
+    }
+}
+
+#[test]
+fn celu_gradients_use_pytorchs_f32_reciprocal_of_alpha() {
+    // d sum(celu(x, alpha)) / dx for f64 x, printed by PyTorch 2.15 on the
+    // CPU (`x.grad.tolist()`, as bits). The f32 rounding of alpha moves them
+    // by 1e-8 relative from e^(x/alpha); the tolerance is a few ulps, for
+    // the exponential (PyTorch's vectorised one is not libm's).
+    const XS: [f64; 6] = [-2.5, -1.0, -0.3, -1e-3, 0.0, 0.5];
+    let pytorch: [(f64, [u64; 6]); 4] = [
+        (
+            0.3,
+            [
+                0x3F2F8176AE996B2B,
+                0x3FA243DCB1E693F2,
+                0x3FD78B56362CEF33,
+                0x3FEFE4BD0C68233D,
+                0x3FEFFFFFEAAAAAB9,
+                0x3FF0000000000000,
+            ],
+        ),
+        (
+            1.7,
+            [
+                0x3FCD69C48FD7E735,
+                0x3FE1C511DB783D50,
+                0x3FEAD2B9E83AC57C,
+                0x3FEFFB2EAF67F5B1,
+                0x3FEFFFFFF0F0F0F8,
+                0x3FF0000000000000,
+            ],
+        ),
+        (
+            -0.7,
+            [
+                0x4041C89F95F154D0,
+                0x4010B0E13248B700,
+                0x3FF88F9E44E72EAE,
+                0x3FF005DB0DDA00B6,
+                0x3FF0000004924926,
+                0x3FF0000000000000,
+            ],
+        ),
+        // An alpha that is an f32 subnormal: its rounding is coarse.
+        (1e-40, [0, 0, 0, 0, 0x3FF00005A6D850BF, 0x3FF0000000000000]),
+    ];
+    for (alpha, bits) in pytorch {
+        let x = Var::param(Tensor::from_vec(XS.to_vec(), [XS.len()]).unwrap()).unwrap();
+        x.celu(alpha).unwrap().sum_all().unwrap().backward().unwrap();
+        let got = x.grad().unwrap().to_vec::<f64>().unwrap();
+        for ((&x, &g), want) in XS.iter().zip(&got).zip(bits.map(f64::from_bits)) {
+            assert!(
+                (g - want).abs() <= 4.0 * f64::EPSILON * want.abs(),
+                "celu({x}, {alpha}): got {g:e}, PyTorch {want:e}"
+            );
+        }
+        // At 0 the exponential is exactly 1: the constant itself, bit for bit.
+        assert_eq!(got[4], bits.map(f64::from_bits)[4], "celu'(0) with alpha {alpha}");
     }
 }
 

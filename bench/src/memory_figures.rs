@@ -13,6 +13,17 @@
 //!   steps of GPT-2 small (124M parameters, context 1024, batch 8, AdamW,
 //!   bf16 autocast) for an 80 GiB CUDA device, and the planning process's
 //!   peak resident memory. Targets ≤ 1 s and ≤ 200 MiB.
+//! - `memory.offload_peak_ratio`: the peak allocated bytes of a logical host
+//!   device over a forward and backward of a 32-layer, 512-wide MLP (Linear
+//!   and ReLU, batch 2048) under `save_on_host` ÷ the same without it.
+//!   Parameters and the batch are on the device in both; host copies are
+//!   pinned where a device driver pins memory, pageable on a host-only
+//!   machine (where pinning is `mlock`, capped by `RLIMIT_MEMLOCK`, and
+//!   the device peak is the same either way). Target ≤ 0.5.
+//! - `memory.auto_split_overhead`: a settled `AutoMicroBatch` step (an MLP
+//!   784-1024-1024-10, batch 1024 in 4 micro-batches, SGD with momentum)
+//!   ÷ the same accumulation written by hand (narrow, forward, loss ÷ 4,
+//!   backward; step), medians of interleaved rounds. Target ≤ 1.02.
 //!
 //! Each runs in a child process (`--memory-worker NAME`): logical host
 //! devices are created there, and the resident memory is the plan's alone.
@@ -20,10 +31,10 @@
 use crate::measure::{median, time, BenchResult, Better, Figure, Options};
 use brasa_alloc::AllocatorConfig;
 use brasa_amp::autocast;
-use brasa_autograd::Var;
+use brasa_autograd::{save_on_host_with, OffloadOptions, Var};
 use brasa_nn::functional::cross_entropy;
 use brasa_nn::models::{Gpt, GptConfig};
-use brasa_nn::optim::{Adam, AdamConfig, Optimizer};
+use brasa_nn::optim::{Adam, AdamConfig, AutoMicroBatch, AutoMicroBatchConfig, Optimizer, Sgd, SgdConfig};
 use brasa_nn::{
     Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module, ModuleExt, Relu, Sequential, TransformerEncoderLayer,
 };
@@ -46,6 +57,14 @@ pub fn run(options: &Options) -> BenchResult<Vec<Figure>> {
         let ratio = worker_value("plan_time_ratio", "ratio")?;
         figures.push(Figure::new("memory.plan_time_ratio", ratio, "x", Better::Lower));
     }
+    if options.wants("memory.offload_peak_ratio") {
+        let ratio = worker_value("offload_peak_ratio", "ratio")?;
+        figures.push(Figure::new("memory.offload_peak_ratio", ratio, "x", Better::Lower));
+    }
+    if options.wants("memory.auto_split_overhead") {
+        let ratio = auto_split_overhead(options.reps(15, 3))?;
+        figures.push(Figure::new("memory.auto_split_overhead", ratio, "x", Better::Lower));
+    }
     if options.wants("memory.plan_gpt2") {
         let report = worker_report("plan_gpt2")?;
         figures.push(Figure::new("memory.plan_gpt2_s", field(&report, "seconds")?, "s", Better::Lower));
@@ -60,6 +79,7 @@ pub fn worker(name: &str) -> BenchResult<()> {
     let report = match name {
         "plan_error" => format!("{{\"error\": {}}}", plan_error()?),
         "plan_time_ratio" => format!("{{\"ratio\": {}}}", plan_time_ratio()?),
+        "offload_peak_ratio" => format!("{{\"ratio\": {}}}", offload_peak_ratio()?),
         "plan_gpt2" => {
             let started = std::time::Instant::now();
             let plan = memory::plan(&MemoryTarget::cuda(80 << 30), |device| gpt2_step(device, 8))?;
@@ -145,6 +165,95 @@ fn plan_time_ratio() -> BenchResult<f64> {
     let (plan_s, real_s) = (median(&mut planned), median(&mut real));
     eprintln!("  CNN batch 256, two steps: planned in {:.2} ms, run in {:.1} ms", plan_s * 1e3, real_s * 1e3);
     Ok(plan_s / real_s)
+}
+
+/// `memory.auto_split_overhead`: settled `AutoMicroBatch` steps ÷
+/// hand-written accumulation of the same 4 micro-batches, interleaved.
+fn auto_split_overhead(rounds: usize) -> BenchResult<f64> {
+    const BATCH: usize = 1024;
+    const MICRO: usize = 4;
+    let device = Device::CPU;
+    let model = || -> brasa_nn::Result<Sequential> {
+        Ok(Sequential::new()
+            .push(Linear::new(784, 1024, device)?)
+            .push(Relu)
+            .push(Linear::new(1024, 1024, device)?)
+            .push(Relu)
+            .push(Linear::new(1024, 10, device)?))
+    };
+    let sgd = |m: &Sequential| Sgd::new(m.parameters(), SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() });
+    let x = Tensor::randn_on([BATCH, 784], DType::F32, device)?;
+    let y = Tensor::from_vec_on((0..BATCH as i64).map(|i| i % 10).collect::<Vec<_>>(), [BATCH], device)?;
+    let loss = |m: &Sequential, start: usize, len: usize| -> brasa_nn::Result<Var> {
+        cross_entropy(&m.forward(&Var::new(x.narrow(0, start, len)?))?, &y.narrow(0, start, len)?)
+    };
+    let (by_hand, wrapped) = (model()?, model()?);
+    let (mut hand_opt, mut auto_opt) = (sgd(&by_hand)?, sgd(&wrapped)?);
+    let mut auto =
+        AutoMicroBatch::with_config(AutoMicroBatchConfig { initial_micro_batches: MICRO, ..Default::default() })?;
+    let mut hand_step = || -> brasa_nn::Result<()> {
+        for k in 0..MICRO {
+            loss(&by_hand, k * BATCH / MICRO, BATCH / MICRO)?.div_scalar(MICRO as f64)?.backward()?;
+        }
+        hand_opt.step()?;
+        hand_opt.zero_grad()
+    };
+    let mut auto_step = || -> brasa_nn::Result<()> {
+        let report = auto.step(BATCH, &mut auto_opt, |rows| loss(&wrapped, rows.start, rows.len()))?;
+        assert_eq!(report.micro_batches, MICRO, "the wrapper must stay settled: {report}");
+        Ok(())
+    };
+    // Warm both (optimizer state, allocator cache), then interleave.
+    hand_step()?;
+    auto_step()?;
+    let (mut hand, mut wrapped_times) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        hand.push(crate::measure::try_time(&mut hand_step)?);
+        wrapped_times.push(crate::measure::try_time(&mut auto_step)?);
+    }
+    let (hand_s, auto_s) = (median(&mut hand), median(&mut wrapped_times));
+    eprintln!("  batch {BATCH} in {MICRO}: by hand {:.2} ms, AutoMicroBatch {:.2} ms", hand_s * 1e3, auto_s * 1e3);
+    Ok(auto_s / hand_s)
+}
+
+/// The batch of `memory.offload_peak_ratio`'s MLP.
+const OFFLOAD_BATCH: usize = 2048;
+
+fn offload_peak_ratio() -> BenchResult<f64> {
+    // Pinned copies pay off where a device driver pins them (asynchronous
+    // copies back); `mlock`ed ones would only be capped by RLIMIT_MEMLOCK.
+    let pin_memory = memory::pinned_memory_driver()?.is_some();
+    let options = OffloadOptions { pin_memory, ..OffloadOptions::default() };
+    let plain = offload_mlp_peak(host_device(60, false)?, None)?;
+    let offloaded = offload_mlp_peak(host_device(61, false)?, Some(options))?;
+    let mib = |bytes: usize| bytes as f64 / f64::from(1 << 20);
+    eprintln!(
+        "  32×512 MLP, batch {OFFLOAD_BATCH}: peak {:.1} MiB with save_on_host ({} host memory), {:.1} MiB without",
+        mib(offloaded),
+        if pin_memory { "pinned" } else { "pageable" },
+        mib(plain)
+    );
+    Ok(offloaded as f64 / plain as f64)
+}
+
+/// The device's peak allocated bytes over a forward and backward of the
+/// 32×512 MLP, offloading with `offload` when given.
+fn offload_mlp_peak(device: Device, offload: Option<OffloadOptions>) -> BenchResult<usize> {
+    let mut model = Sequential::new();
+    for _ in 0..32 {
+        model = model.push(Linear::new(512, 512, device)?).push(Relu);
+    }
+    let x = {
+        let _input = category_scope(MemoryCategory::Input);
+        Var::new(Tensor::randn_on([OFFLOAD_BATCH, 512], DType::F32, device)?)
+    };
+    memory::reset_peak(device)?;
+    let loss = {
+        let _offload = offload.map(save_on_host_with);
+        model.forward(&x)?.mean_all()?
+    };
+    loss.backward()?;
+    Ok(memory::max_allocated(device)?)
 }
 
 /// A batch counted as input, and the step: forward, loss, backward, Adam.

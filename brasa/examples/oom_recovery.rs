@@ -1,16 +1,23 @@
-//! Recovering from an out of memory: catch it, empty the cache, halve the
-//! batch, retry — as a PyTorch user does with `torch.cuda.OutOfMemoryError`.
+//! Training through an out of memory: the step splits itself.
 //!
 //! ```text
 //! cargo run --release --example oom_recovery
 //! ```
 //!
 //! The model trains on logical host device `cpu:1`, limited to 64 MiB, so a
-//! batch of 8192 rows (32 MiB per hidden activation) does not fit. Every
-//! brasa error answers `as_out_of_memory()`: `Some` report (device, bytes
-//! requested, what the allocator held) for an out of memory, wherever in the
-//! step it happened — copying the batch, a layer's forward, backward, the
-//! optimizer's step — and `None` for anything else, which is not retried.
+//! batch of 8192 rows (32 MiB per hidden activation) does not fit.
+//! [`AutoMicroBatch`] keeps the batch at 8192 — the optimizer sees the same
+//! batch, the learning rate needs no change — and when a step runs out of
+//! memory it drops what the attempt held, empties the cache and runs the
+//! step again in twice as many micro-batches, accumulating their
+//! gradients. The split that worked is kept for the following steps.
+//!
+//! Out of memory is recognised by type, not by message: every brasa error
+//! answers `as_out_of_memory()` (`Some` report with the device, the bytes
+//! requested and what the allocator held; `None` for anything else, which
+//! is returned, not retried). The manual version of the same recipe —
+//! catch, `zero_grad`, `empty_cache`, halve — is in the guide's
+//! out-of-memory chapter.
 
 use brasa::alloc::format_size;
 use brasa::prelude::*;
@@ -21,10 +28,10 @@ type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 pub const DEVICE_INDEX: usize = 1;
 /// 64 MiB: a batch of 8192 does not fit, a batch of 2048 does.
 pub const MEMORY_LIMIT: usize = 64 << 20;
-/// The batch the training starts with.
-pub const START_BATCH: usize = 8192;
+/// The device batch, the same for every step.
+pub const BATCH: usize = 8192;
 /// Optimizer steps to complete.
-pub const STEPS: usize = 20;
+pub const STEPS: usize = 5;
 const FEATURES: usize = 256;
 const HIDDEN: usize = 1024;
 const CLASSES: usize = 10;
@@ -33,11 +40,11 @@ const ROWS: usize = 8192;
 /// What happened during training.
 #[derive(Debug)]
 pub struct Report {
-    /// Each out of memory met: the device, the bytes requested and the batch
-    /// that was being tried.
+    /// Each out of memory met: the device, the bytes requested and the
+    /// micro-batches of the attempt that failed.
     pub ooms: Vec<(String, usize, usize)>,
-    /// The batch training ended with.
-    pub final_batch: usize,
+    /// The micro-batches training settled on.
+    pub micro_batches: usize,
     /// Steps completed.
     pub steps: usize,
     /// The loss of the first completed step.
@@ -50,12 +57,12 @@ impl Report {
     /// The line the example ends with.
     pub fn summary(&self) -> String {
         format!(
-            "oom_recovery: trained {} steps after {} out-of-memory retr{}, batch {} -> {}, loss {:.4} -> {:.4}",
+            "oom_recovery: trained {} steps of {BATCH} rows after {} out-of-memory retr{}, in {} micro-batches of {}, loss {:.4} -> {:.4}",
             self.steps,
             self.ooms.len(),
             if self.ooms.len() == 1 { "y" } else { "ies" },
-            START_BATCH,
-            self.final_batch,
+            self.micro_batches,
+            BATCH.div_ceil(self.micro_batches),
             self.first_loss,
             self.last_loss
         )
@@ -84,28 +91,24 @@ fn dataset() -> AnyResult<(Tensor, Tensor)> {
     Ok((Tensor::from_vec_on(x, [ROWS, FEATURES], Device::cpu(0))?, Tensor::from_vec_on(y, [ROWS], Device::cpu(0))?))
 }
 
-/// One step on rows `start..start + batch`: everything that allocates on the
-/// device, so an out of memory anywhere in it comes back as the error.
-fn step(
+/// The loss of rows `rows` of the batch starting at `start` (forward only:
+/// [`AutoMicroBatch`] weighs it and runs backward). Everything that
+/// allocates on the device, copying the rows included, is inside, so an out
+/// of memory anywhere in it comes back as the error.
+fn micro_batch_loss(
     model: &Sequential,
-    opt: &mut Sgd,
     data: &(Tensor, Tensor),
     start: usize,
-    batch: usize,
+    rows: std::ops::Range<usize>,
     dev: Device,
-) -> Result<f64, NnError> {
-    let x = Var::new(data.0.narrow(0, start, batch)?.to(dev)?);
-    let y = data.1.narrow(0, start, batch)?.to(dev)?;
-    let loss = cross_entropy(&model.forward(&x)?, &y)?;
-    loss.backward()?;
-    opt.step()?;
-    opt.zero_grad()?;
-    loss.item().map_err(NnError::from)
+) -> Result<Var, NnError> {
+    let x = Var::new(data.0.narrow(0, start + rows.start, rows.len())?.to(dev)?);
+    let y = data.1.narrow(0, start + rows.start, rows.len())?.to(dev)?;
+    cross_entropy(&model.forward(&x)?, &y)
 }
 
-/// Trains a 256-1024-1024-10 MLP on `dev` for [`STEPS`] steps, starting with
-/// batches of [`START_BATCH`]; on an out of memory it frees what the failed
-/// step left (gradients, cached blocks), halves the batch and retries.
+/// Trains a 256-1024-1024-10 MLP on `dev` for [`STEPS`] steps of [`BATCH`]
+/// rows, each through [`AutoMicroBatch`].
 pub fn train(dev: Device) -> AnyResult<Report> {
     manual_seed(0);
     let data = dataset()?;
@@ -116,42 +119,49 @@ pub fn train(dev: Device) -> AnyResult<Report> {
         .push(Relu)
         .push(Linear::new(HIDDEN, CLASSES, dev)?);
     let mut opt = Sgd::new(model.parameters(), SgdConfig { lr: 0.05, momentum: 0.9, ..Default::default() })?;
-    let mut batch = START_BATCH;
+    let mut auto = AutoMicroBatch::new();
     let mut ooms = Vec::new();
     let mut losses = Vec::new();
-    let mut start = 0;
-    while losses.len() < STEPS {
-        match step(&model, &mut opt, &data, start, batch, dev) {
-            Ok(loss) => {
-                losses.push(loss);
-                start = (start + batch) % ROWS;
+    for step in 0..STEPS {
+        let start = (step * BATCH) % ROWS;
+        // The loss of the whole batch, for the report: each micro-batch's
+        // mean, weighed by its rows (an attempt that fails starts over).
+        let mut loss = 0.0;
+        let report = auto.step(BATCH, &mut opt, |rows| {
+            if rows.start == 0 {
+                loss = 0.0;
             }
-            Err(error) => {
-                // Anything but an out of memory is a real failure.
-                let Some(oom) = error.as_out_of_memory() else { return Err(error.into()) };
+            let share = rows.len() as f64 / BATCH as f64;
+            let micro = micro_batch_loss(&model, &data, start, rows, dev)?;
+            loss += micro.item()? * share;
+            Ok::<_, NnError>(micro)
+        })?;
+        for retry in &report.retries {
+            if let Some(oom) = &retry.out_of_memory {
                 println!(
-                    "step {}: out of memory on {} asking for {} with a batch of {batch} ({} allocated, {} reserved)",
-                    losses.len(),
+                    "step {step}: out of memory on {} asking for {} in {} micro-batch(es) ({} allocated, {} reserved)",
                     oom.device,
                     format_size(oom.requested_bytes),
+                    retry.micro_batches,
                     format_size(oom.allocated_bytes),
                     format_size(oom.reserved_bytes),
                 );
-                ooms.push((oom.device.clone(), oom.requested_bytes, batch));
-                if batch == 1 {
-                    return Err(error.into());
-                }
-                // The failed step's graph is gone with its error; drop the
-                // gradients it may have left and give the cache back.
-                opt.zero_grad()?;
-                memory::empty_cache(dev)?;
-                batch /= 2;
-                println!("  emptied the cache; retrying with a batch of {batch}");
+                ooms.push((oom.device.clone(), oom.requested_bytes, retry.micro_batches));
             }
         }
+        if report.changed_split() {
+            println!("  step {step}: {report}");
+        }
+        losses.push(loss);
     }
     println!("peak on {dev}: {}", format_size(memory::max_allocated(dev)?));
-    Ok(Report { ooms, final_batch: batch, steps: losses.len(), first_loss: losses[0], last_loss: losses[STEPS - 1] })
+    Ok(Report {
+        ooms,
+        micro_batches: auto.micro_batches(),
+        steps: losses.len(),
+        first_loss: losses[0],
+        last_loss: losses[STEPS - 1],
+    })
 }
 
 #[allow(dead_code)] // the test includes this file and runs `train` itself

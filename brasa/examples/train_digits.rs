@@ -8,6 +8,7 @@
 //! cargo run --release --example train_digits -- --model cnn   # a small CNN
 //! cargo run --release --example train_digits -- --profile     # + trace.json and memory.html
 //! cargo run --release --example train_digits -- --devices 2   # DDP over 2 logical host devices
+//! cargo run --release --example train_digits -- --batch-size 1024 --memory-limit 2MiB   # survives OOM
 //! cargo run --release --example train_digits --features cuda -- --device cuda:0   # on a GPU
 //! ```
 //!
@@ -21,12 +22,16 @@
 //! device, found by memory plans and confirmed by one real step), `--lr X`,
 //! `--seed N`, `--workers N`, `--plan` (print the step's memory plan for
 //! the device before training: peaks, categories, the largest tensors),
-//! `--profile [DIR]` (also write the Chrome trace and the memory timeline
+//! `--memory-limit SIZE` (train on logical host device `cpu:1` limited to
+//! SIZE, e.g. `2MiB` — with `--devices N`, on `cpu:1..=N`, each limited —
+//! through `AutoMicroBatch`: a step that runs out of memory is split into
+//! micro-batches and retried, the batch staying what it is, and what it
+//! did is printed), `--profile [DIR]` (also write the Chrome trace and the memory timeline
 //! to DIR, default `target/profile`).
 
 use brasa::nn::data::{DataLoader, Digits, TensorDataset};
 use brasa::nn::functional::cross_entropy;
-use brasa::nn::optim::{Adam, AdamConfig, Optimizer};
+use brasa::nn::optim::{Adam, AdamConfig, AutoMicroBatch, Optimizer};
 use brasa::nn::{Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module, ModuleExt, Relu, Sequential};
 use brasa::prelude::*;
 use brasa::profile::{schedule, Profiler, SortBy, TableOptions};
@@ -36,7 +41,8 @@ use std::time::Instant;
 
 use brasa::nn::Result;
 use brasa::parallel::{
-    ensure_host_devices, run_in_process, Communicator, DdpConfig, DistributedDataParallel, LaunchOptions, ParallelError,
+    ensure_host_devices, run_in_process, run_on_devices, Communicator, DdpConfig, DistributedDataParallel,
+    LaunchOptions, ParallelError,
 };
 
 type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -54,6 +60,7 @@ struct Args {
     seed: u64,
     workers: usize,
     profile: Option<PathBuf>,
+    memory_limit: Option<usize>,
 }
 
 fn parse_args() -> AnyResult<Args> {
@@ -70,6 +77,7 @@ fn parse_args() -> AnyResult<Args> {
         seed: 0,
         workers: 1,
         profile: None,
+        memory_limit: None,
     };
     let mut it = std::env::args().skip(1).peekable();
     while let Some(arg) = it.next() {
@@ -89,6 +97,12 @@ fn parse_args() -> AnyResult<Args> {
                 n => args.batch_size = n.parse()?,
             },
             "--plan" => args.plan = true,
+            "--memory-limit" => {
+                let text = value("--memory-limit")?;
+                let limit = brasa::tensor::parse_byte_size(&text)
+                    .ok_or_else(|| format!("--memory-limit {text}: expected a size such as 2MiB or 512KiB"))?;
+                args.memory_limit = Some(limit);
+            }
             "--lr" => args.lr = value("--lr")?.parse()?,
             "--seed" => args.seed = value("--seed")?.parse()?,
             "--workers" => args.workers = value("--workers")?.parse()?,
@@ -102,7 +116,7 @@ fn parse_args() -> AnyResult<Args> {
             "-h" | "--help" => {
                 println!(
                     "train_digits [--model mlp|cnn] [--bf16] [--device cpu|cuda:N] [--devices N] [--epochs N] [--batch-size N|auto] [--lr X] [--seed N] [--workers N] \
-                     [--plan] [--profile [DIR]]"
+                     [--plan] [--memory-limit SIZE] [--profile [DIR]]"
                 );
                 std::process::exit(0);
             }
@@ -117,6 +131,9 @@ fn parse_args() -> AnyResult<Args> {
     }
     if args.devices > 1 && (args.plan || args.auto_batch) {
         return Err("--plan and --batch-size auto plan one device: leave --devices out".into());
+    }
+    if args.memory_limit.is_some() && !matches!(args.device, Device::Cpu(0)) {
+        return Err("--memory-limit trains on limited logical host devices: leave --device out".into());
     }
     Ok(args)
 }
@@ -213,16 +230,23 @@ fn cnn(dev: Device) -> Result<Sequential> {
         .push(Linear::new(128, 10, dev)?))
 }
 
-/// Accuracy on a whole dataset, in evaluation mode and without a graph.
+/// Accuracy on a whole dataset, in evaluation mode and without a graph, in
+/// chunks of 128 samples (so that it fits wherever a training step does).
 fn accuracy(model: &mut Sequential, data: &TensorDataset) -> Result<f64> {
+    const CHUNK: usize = 128;
     model.eval();
-    let correct = {
+    let device = model.parameters().first().map_or(Device::CPU, |p| p.device());
+    let mut correct = 0.0;
+    {
         let _no_grad = no_grad();
-        let device = model.parameters().first().map_or(Device::CPU, |p| p.device());
-        let logits = model.forward(&Var::new(data.features().to(device)?))?;
-        let predicted = logits.tensor().argmax(&[-1], false)?;
-        predicted.eq(&data.labels().to(device)?)?.to_dtype(DType::F64)?.sum_all()?.item::<f64>()?
-    };
+        for start in (0..data.len()).step_by(CHUNK) {
+            let len = CHUNK.min(data.len() - start);
+            let logits = model.forward(&Var::new(data.features().narrow(0, start, len)?.to(device)?))?;
+            let predicted = logits.tensor().argmax(&[-1], false)?;
+            let labels = data.labels().narrow(0, start, len)?.to(device)?;
+            correct += predicted.eq(&labels)?.to_dtype(DType::F64)?.sum_all()?.item::<f64>()?;
+        }
+    }
     model.train();
     Ok(correct / data.len() as f64)
 }
@@ -262,6 +286,15 @@ fn shard(t: &Tensor, rank: usize, world: usize) -> Result<Tensor> {
 
 fn main() -> AnyResult<()> {
     let mut args = parse_args()?;
+    if let Some(limit) = args.memory_limit {
+        // Logical host devices cpu:1..=N, limited, before the first tensor
+        // (cpu:0, unlimited, holds the data set).
+        ensure_host_devices(args.devices + 1)?;
+        for index in 1..=args.devices {
+            brasa::tensor::set_host_memory_limit(index, Some(limit))?;
+        }
+        args.device = Device::cpu(1);
+    }
     if args.plan || args.auto_batch {
         plan_memory(&mut args, (Digits::LEN as f64 * Digits::TRAIN_FRACTION) as usize)?;
     }
@@ -273,12 +306,18 @@ fn main() -> AnyResult<()> {
     ensure_host_devices(args.devices)?;
     let threads = (std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) / args.devices).max(1);
     let options = LaunchOptions { threads_per_rank: Some(threads), ..LaunchOptions::default() };
-    run_in_process(args.devices, &options, |comm| {
+    let rank_main = |comm| {
         train(&args, Some(comm)).map_err(|e| match e.downcast::<ParallelError>() {
             Ok(parallel) => *parallel,
             Err(other) => ParallelError::invalid("train_digits", other.to_string()),
         })
-    })?;
+    };
+    if args.memory_limit.is_some() {
+        let devices: Vec<Device> = (1..=args.devices).map(Device::cpu).collect();
+        run_on_devices(&devices, &options, rank_main)?;
+    } else {
+        run_in_process(args.devices, &options, rank_main)?;
+    }
     Ok(())
 }
 
@@ -341,6 +380,8 @@ fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<f64> {
         None
     };
     let mut op_table = None;
+    // With --memory-limit: steps that split themselves when they run out of memory.
+    let mut auto = args.memory_limit.map(|_| AutoMicroBatch::new());
 
     let started = Instant::now();
     let style = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")?.progress_chars("=> ");
@@ -358,17 +399,49 @@ fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<f64> {
             let (x, y) = (shard(&x, rank, world)?, shard(&y, rank, world)?);
             let loss = {
                 let _step = brasa::profile::record_function("train_step");
-                let loss = {
-                    // bf16 products and convolutions, f32 softmax and loss (a no-op region without --bf16).
-                    let _amp = autocast(if args.bf16 { DType::BF16 } else { DType::F32 });
-                    cross_entropy(&net.forward(&Var::new(x.contiguous()?))?, &y)?
-                };
-                loss.backward()?; // with DDP: gradients averaged across ranks as backward runs
-                opt.step()?;
-                opt.zero_grad()?;
-                loss
+                // bf16 products and convolutions, f32 softmax and loss (a no-op region without --bf16).
+                let amp = || autocast(if args.bf16 { DType::BF16 } else { DType::F32 });
+                match auto.as_mut() {
+                    None => {
+                        let loss = {
+                            let _amp = amp();
+                            cross_entropy(&net.forward(&Var::new(x.contiguous()?))?, &y)?
+                        };
+                        loss.backward()?; // with DDP: gradients averaged across ranks as backward runs
+                        opt.step()?;
+                        opt.zero_grad()?;
+                        loss.item()?
+                    }
+                    Some(auto) => {
+                        // The batch's loss: each micro-batch's mean weighed by its
+                        // rows (an attempt that runs out of memory starts over).
+                        let (rows, mut loss) = (y.numel(), 0.0);
+                        let micro = |range: std::ops::Range<usize>| {
+                            if range.start == 0 {
+                                loss = 0.0;
+                            }
+                            let (start, len) = (range.start, range.len());
+                            let micro_loss = {
+                                let _amp = amp();
+                                let input = Var::new(x.narrow(0, start, len)?.contiguous()?);
+                                cross_entropy(&net.forward(&input)?, &y.narrow(0, start, len)?)?
+                            };
+                            loss += micro_loss.item()? * len as f64 / rows as f64;
+                            Ok::<_, ParallelError>(micro_loss)
+                        };
+                        let report = match &net {
+                            Net::Ddp(ddp) => auto.step_with_peers(rows, &mut opt, ddp, micro)?,
+                            Net::Local(_) => auto.step(rows, &mut opt, micro)?,
+                        };
+                        if report.changed_split() && lead {
+                            let line = format!("epoch {} step {}: {report}", epoch + 1, bar.position());
+                            bar.suspend(|| println!("{line}"));
+                        }
+                        loss
+                    }
+                }
             };
-            loss_sum += loss.item()? * y.numel() as f64; // a number, not a graph
+            loss_sum += loss * y.numel() as f64; // a number, not a graph
             seen += y.numel();
             if let Some(p) = profiler.as_mut() {
                 p.step();
@@ -417,6 +490,18 @@ fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<f64> {
     }
     let test_accuracy = accuracy(net.model(), &test)?;
     println!("trained in {:.2} s", started.elapsed().as_secs_f64());
+    if let (Some(auto), Some(limit)) = (&auto, args.memory_limit) {
+        let rows = args.batch_size / world;
+        println!(
+            "micro-batching on {} limited to {}: {} out-of-memory retr{}, settled on {} micro-batch(es) of up to {} rows per step of {rows}",
+            if world > 1 { format!("cpu:1..=cpu:{world}") } else { dev.to_string() },
+            mib(limit),
+            auto.retries(),
+            if auto.retries() == 1 { "y" } else { "ies" },
+            auto.micro_batches(),
+            rows.div_ceil(auto.micro_batches()),
+        );
+    }
     if world > 1 {
         for r in 0..world {
             let d = Device::cpu(r);

@@ -33,6 +33,7 @@
 extern crate self as brasa_nn;
 
 mod error;
+mod flags;
 mod module;
 mod scope;
 mod state_dict;
@@ -47,8 +48,9 @@ pub mod optim;
 
 pub use brasa_nn_derive::Parameters;
 pub use error::{NnError, Result};
+pub use flags::{KeepFloat32, Training};
 pub use layers::*;
-pub use module::{KeepFloat32, Module, ModuleExt, Parameters, Training};
+pub use module::{Module, ModuleExt};
 pub use scope::{module_scope, ModuleScope};
 pub use state_dict::{LoadReport, StateDict};
-pub use walk::{Visitor, VisitorMut, Walk, WalkMut};
+pub use walk::{Parameters, Visitor, VisitorMut, Walk, WalkMut};

@@ -1,7 +1,7 @@
-//! The [`Module`] trait, the [`Parameters`] trait it stands on, and
-//! [`ModuleExt`]: everything PyTorch's `nn.Module` offers on a whole model
-//! (parameters, named parameters, train/eval, moving to a device or dtype,
-//! state dicts), written once as walks over the fields.
+//! The [`Module`] trait and [`ModuleExt`]: everything PyTorch's `nn.Module`
+//! offers on a whole model (parameters, named parameters, train/eval, moving
+//! to a device or dtype, state dicts), written once as walks over the fields
+//! ([`Parameters`], in `walk.rs`).
 //!
 //! A custom layer is a struct with `#[derive(Parameters)]` and a `forward`:
 //!
@@ -29,23 +29,12 @@
 //! ```
 
 use crate::error::Result;
+use crate::flags::Training;
 use crate::state_dict::{LoadReport, StateDict};
-use crate::walk::{Visitor, VisitorMut, Walk, WalkMut};
+use crate::walk::{Parameters, Visitor, VisitorMut, Walk, WalkMut};
 use brasa_autograd::Var;
 use brasa_tensor::{DType, Device, Tensor};
 use std::path::Path;
-
-/// A layer's (or model's) parameters, buffers, submodules and train/eval
-/// flag, found by walking its fields. `#[derive(Parameters)]` writes both
-/// methods: every field is visited under its name (`Var` fields are
-/// parameters, `Tensor` fields buffers, [`Training`] the flag, other modules
-/// recursively); mark a field `#[module(skip)]` to leave it out.
-pub trait Parameters {
-    /// Reports every parameter, buffer and flag to `walk`.
-    fn visit(&self, walk: &mut Walk<'_>);
-    /// Reports every parameter, buffer and flag to `walk`, which may replace them.
-    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()>;
-}
 
 /// A differentiable layer or model: `forward` from one input.
 pub trait Module: Parameters + Send + Sync {
@@ -58,68 +47,6 @@ pub trait Module: Parameters + Send + Sync {
         crate::scope::short_type_name(std::any::type_name::<Self>())
     }
 }
-
-/// Whether a layer is in training mode (dropout active, batch norm using
-/// batch statistics). Layers start in training mode, as in PyTorch;
-/// [`ModuleExt::train`] and [`ModuleExt::eval`] set every flag of a model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Training(bool);
-
-impl Training {
-    /// A flag in the given mode.
-    pub const fn new(training: bool) -> Training {
-        Training(training)
-    }
-
-    /// True in training mode.
-    pub const fn get(self) -> bool {
-        self.0
-    }
-
-    /// Sets the mode.
-    pub fn set(&mut self, training: bool) {
-        self.0 = training;
-    }
-}
-
-impl Default for Training {
-    fn default() -> Training {
-        Training(true)
-    }
-}
-
-/// A marker field for layers whose parameters and arithmetic must stay in
-/// f32 under mixed precision (batch norm, layer norm: their statistics lose
-/// too much in f16/bf16). It holds nothing and costs nothing; a walk reports
-/// it ([`crate::Visitor::keep_float32`]) with the path of the layer that
-/// holds it, so a converter such as `brasa_amp::to_half` can leave that
-/// layer's parameters and buffers in f32. [`ModuleExt::to_dtype`] ignores it
-/// (it is the explicit, PyTorch `.half()`-like conversion of everything).
-///
-/// ```
-/// use brasa_nn::{KeepFloat32, Linear, Parameters, Visitor, Walk};
-/// use brasa_tensor::Device;
-///
-/// #[derive(Parameters)]
-/// struct ScaleNorm {
-///     proj: Linear,
-///     keep_float32: KeepFloat32,
-/// }
-///
-/// struct Kept(Vec<String>);
-/// impl Visitor for Kept {
-///     fn keep_float32(&mut self, module_path: &str) {
-///         self.0.push(module_path.to_string());
-///     }
-/// }
-/// let layer = ScaleNorm { proj: Linear::new(2, 2, Device::CPU)?, keep_float32: KeepFloat32 };
-/// let mut kept = Kept(Vec::new());
-/// layer.visit(&mut Walk::new(&mut kept));
-/// assert_eq!(kept.0, [""]); // the root layer itself
-/// # Ok::<(), brasa_nn::NnError>(())
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct KeepFloat32;
 
 /// Whole-model operations for every [`Parameters`] type (and so every
 /// [`Module`]), including `dyn Module`.

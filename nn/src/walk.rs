@@ -1,9 +1,11 @@
-//! Walking a model's fields: [`Walk`] and [`WalkMut`] carry the dotted path
-//! (`encoder.0.weight`) down through submodules and hand every parameter,
-//! buffer and training flag to a [`Visitor`] / [`VisitorMut`]. Everything
-//! that needs the list of parameters — `parameters()`, state dicts, moving a
-//! model to a device, `train()`/`eval()` — is a visitor, so a layer only says
-//! once which fields it has (usually through `#[derive(Parameters)]`).
+//! Walking a model's fields: [`Parameters`] (what can be walked, usually
+//! written by `#[derive(Parameters)]`), and [`Walk`] and [`WalkMut`], which
+//! carry the dotted path (`encoder.0.weight`) down through submodules and
+//! hand every parameter, buffer and training flag to a [`Visitor`] /
+//! [`VisitorMut`]. Everything that needs the list of parameters —
+//! `parameters()`, state dicts, moving a model to a device,
+//! `train()`/`eval()` — is a visitor, so a layer only says once which fields
+//! it has (usually through `#[derive(Parameters)]`).
 //!
 //! ```
 //! use brasa_nn::{Linear, ModuleExt, Visitor, Walk, Parameters};
@@ -24,9 +26,21 @@
 //! ```
 
 use crate::error::Result;
-use crate::module::{KeepFloat32, Parameters, Training};
+use crate::flags::{KeepFloat32, Training};
 use brasa_autograd::Var;
 use brasa_tensor::Tensor;
+
+/// A layer's (or model's) parameters, buffers, submodules and train/eval
+/// flag, found by walking its fields. `#[derive(Parameters)]` writes both
+/// methods: every field is visited under its name (`Var` fields are
+/// parameters, `Tensor` fields buffers, [`Training`] the flag, other modules
+/// recursively); mark a field `#[module(skip)]` to leave it out.
+pub trait Parameters {
+    /// Reports every parameter, buffer and flag to `walk`.
+    fn visit(&self, walk: &mut Walk<'_>);
+    /// Reports every parameter, buffer and flag to `walk`, which may replace them.
+    fn visit_mut(&mut self, walk: &mut WalkMut<'_>) -> Result<()>;
+}
 
 /// Receives what a read-only [`Walk`] finds, with its dotted path.
 pub trait Visitor {

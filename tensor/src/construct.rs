@@ -10,8 +10,9 @@ use crate::backend::{ops_for, runtime_for, Distribution, Sequence};
 use crate::default_generator::with_generator;
 use crate::device::{default_device, Device};
 use crate::dispatch::dispatch_dtype;
-use crate::dtype::{checked_scalar, DType, WithDType};
+use crate::dtype::{DType, WithDType};
 use crate::error::{Result, TensorError};
+use crate::scalar::checked_scalar;
 use crate::shape::Shape;
 use crate::tensor::Tensor;
 

@@ -48,17 +48,6 @@ impl Device {
         matches!(self, Device::Meta(_))
     }
 
-    /// Whether [`Tensor::matmul_out_dtype`](crate::Tensor::matmul_out_dtype)
-    /// multiplies f16/bf16 operands on this device as they are (the host's
-    /// half kernels sum them into f32), rather than widening both to f32
-    /// first. Callers that could either keep a half product or ask for f32
-    /// sums (attention, a linear layer's weight gradient) take the f32 sums
-    /// only where they cost no more. False for a device this build cannot
-    /// run.
-    pub fn multiplies_half_into_f32(&self) -> bool {
-        crate::backend::ops_for(*self).is_ok_and(|backend| backend.multiplies_half_into_f32())
-    }
-
     /// The device's ordinal.
     pub const fn index(&self) -> usize {
         match self {

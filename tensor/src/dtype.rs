@@ -5,7 +5,6 @@ use std::any::TypeId;
 use std::fmt;
 use std::str::FromStr;
 
-use crate::error::TensorError;
 use brasa_kernels::convert::{bf16_to_f32, f32_to_bf16, narrow_bf16_slice, widen_bf16_slice};
 use half::{bf16, f16};
 
@@ -385,25 +384,6 @@ pub(crate) fn is_integral_value(value: f64) -> bool {
     value.is_finite() && value.fract() == 0.0
 }
 
-/// `value` as a `T`, or an error naming `op` when `T`'s dtype cannot hold it
-/// ([`DType::can_hold`]). Integer dtypes drop the fraction and wrap negative
-/// integers into u8, as PyTorch does; the others convert by
-/// [`WithDType::from_f64`].
-pub(crate) fn checked_scalar<T: WithDType>(op: &'static str, value: f64) -> Result<T, TensorError> {
-    if !T::DTYPE.can_hold(value) {
-        return Err(TensorError::ValueOutOfRange { op, value, dtype: T::DTYPE });
-    }
-    // In range, so `as i64` truncates without saturating.
-    Ok(if T::DTYPE.is_integral() { T::from_i64(value as i64) } else { T::from_f64(value) })
-}
-
-/// An integral scalar combined with an integer tensor (it stands for a
-/// Python `int`) as an i64, or an error naming `op` when it is beyond i64
-/// (PyTorch cannot take such an `int` either).
-pub(crate) fn integer_scalar(op: &'static str, value: f64) -> Result<i64, TensorError> {
-    checked_scalar::<i64>(op, value)
-}
-
 /// `value` as an f32 rounded to odd: truncated toward zero, then the lowest
 /// mantissa bit set when the truncation was inexact. A later round-to-nearest
 /// to a format with at least two fewer mantissa bits (f16, bf16) is then
@@ -695,16 +675,6 @@ mod tests {
         for (dtype, value) in overflows {
             assert!(!dtype.can_hold(value), "{value} into {dtype}");
         }
-        assert_eq!(checked_scalar::<u8>("fill_", -1.0).unwrap(), 255);
-        assert_eq!(checked_scalar::<u8>("fill_", 7.9).unwrap(), 7);
-        assert_eq!(checked_scalar::<i64>("fill_", -2.5).unwrap(), -2);
-        assert!(checked_scalar::<bool>("fill_", f64::NAN).unwrap());
-        assert_eq!(
-            checked_scalar::<u8>("full", 300.0).unwrap_err().to_string(),
-            "full: value 300 cannot be converted to u8 without overflow"
-        );
-        assert_eq!(integer_scalar("add_scalar", -9e18).unwrap(), -9_000_000_000_000_000_000);
-        assert!(integer_scalar("add_scalar", 1e19).is_err());
     }
 
     #[test]

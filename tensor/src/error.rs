@@ -167,6 +167,18 @@ pub enum TensorError {
         /// What was wrong.
         message: String,
     },
+    /// A broken internal invariant: a bug in brasa, please report it. An op
+    /// built a view outside its storage, a kernel was handed a dtype or an
+    /// operand its op should have refused, a device's tensor reached another
+    /// device's backend, ... — never a problem with the caller's input (that
+    /// is [`TensorError::Invalid`] or one of the structured variants).
+    #[error("{op}: internal error: {message} (a bug in brasa, please report it)")]
+    Internal {
+        /// The operation.
+        op: &'static str,
+        /// Which invariant broke.
+        message: String,
+    },
     /// A step run by a memory plan ([`crate::memory::plan`]) failed with an
     /// error other than running out of memory: the step's error is the
     /// source (a value read on the meta device, a shape error, ...).
@@ -204,6 +216,11 @@ impl TensorError {
 
     pub(crate) fn invalid(op: &'static str, message: impl Into<String>) -> Self {
         TensorError::Invalid { op, message: message.into() }
+    }
+
+    /// A [`TensorError::Internal`]: a broken invariant in `op`, a bug in brasa.
+    pub(crate) fn internal(op: &'static str, message: impl Into<String>) -> Self {
+        TensorError::Internal { op, message: message.into() }
     }
 
     /// An [`TensorError::UnsupportedDType`] for a float-only `op` given `dtype`.

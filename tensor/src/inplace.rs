@@ -3,8 +3,9 @@
 
 use crate::backend::ops_for;
 use crate::dispatch::dispatch_dtype;
-use crate::dtype::{checked_scalar, WithDType};
+use crate::dtype::WithDType;
 use crate::error::{Result, TensorError};
+use crate::scalar::checked_scalar;
 use crate::tensor::Tensor;
 
 impl Tensor {

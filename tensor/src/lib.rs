@@ -50,6 +50,7 @@ pub mod memory;
 mod ops;
 mod profiling;
 pub mod rng;
+mod scalar;
 pub mod shape;
 mod storage;
 mod stream;

@@ -1,9 +1,184 @@
 //! [`Shape`]: the extents of a tensor's dimensions, negative dim indexing
-//! ([`DimIndex`]) and NumPy broadcasting of two shapes ([`broadcast_shapes`]).
+//! ([`DimIndex`]), NumPy broadcasting of two shapes ([`broadcast_shapes`]), and
+//! [`LayoutError`], why a shape or layout operation failed (re-exported by
+//! [`crate::layout`], whose views build on shapes).
 
 use std::fmt;
 
-use crate::layout::LayoutError;
+/// Why a shape or layout operation failed. Each message names the operation
+/// and the numbers that make it impossible.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LayoutError {
+    /// A dimension index outside `-rank..rank`.
+    #[error("{op}: dim {dim} is out of range for a tensor of rank {rank} ({})", dim_range(*rank))]
+    DimOutOfRange {
+        /// The operation.
+        op: &'static str,
+        /// The dimension asked for (negative counts from the end).
+        dim: isize,
+        /// The tensor's rank.
+        rank: usize,
+    },
+    /// A slice with a step that is not positive.
+    #[error("slice: step must be positive, got {step} (dim {dim})")]
+    SliceStep {
+        /// The dimension sliced.
+        dim: usize,
+        /// The step given.
+        step: usize,
+    },
+    /// `narrow` past the end of a dimension.
+    #[error(
+        "narrow: dim {dim} has size {size} but start {start} + length {len} = {} exceeds it",
+        *start as u128 + *len as u128
+    )]
+    NarrowOutOfRange {
+        /// The dimension narrowed.
+        dim: usize,
+        /// Its size.
+        size: usize,
+        /// The first index kept.
+        start: usize,
+        /// How many indices were asked for.
+        len: usize,
+    },
+    /// An index outside a dimension.
+    #[error("{op}: index {index} is out of range for dim {dim} of size {size}")]
+    IndexOutOfRange {
+        /// The operation.
+        op: &'static str,
+        /// The dimension indexed.
+        dim: usize,
+        /// The index given.
+        index: usize,
+        /// The dimension's size.
+        size: usize,
+    },
+    /// A multi-dimensional index with the wrong number of coordinates.
+    #[error("{op}: expected an index of {rank} coordinates, got {got}")]
+    IndexRankMismatch {
+        /// The operation.
+        op: &'static str,
+        /// The tensor's rank (coordinates needed).
+        rank: usize,
+        /// Coordinates given.
+        got: usize,
+    },
+    /// `permute` given something that is not a permutation of the dims.
+    #[error("permute: expected a permutation of 0..{rank}, got {got:?}")]
+    NotAPermutation {
+        /// The tensor's rank.
+        rank: usize,
+        /// The dims given.
+        got: Vec<usize>,
+    },
+    /// `squeeze` of a dimension whose size is not 1.
+    #[error("squeeze: dim {dim} has size {size}, not 1")]
+    SqueezeNonUnit {
+        /// The dimension.
+        dim: usize,
+        /// Its size.
+        size: usize,
+    },
+    /// A shape that cannot be broadcast to a target shape.
+    #[error("cannot broadcast shape {from} to {to}")]
+    BroadcastTo {
+        /// The shape broadcast.
+        from: Shape,
+        /// The target shape.
+        to: Shape,
+    },
+    /// Two shapes that do not broadcast together.
+    #[error(
+        "cannot broadcast shapes {a} and {b} together: at dim {dim} the sizes are {size_a} and {size_b} (they must match or one must be 1)"
+    )]
+    IncompatibleShapes {
+        /// The first shape.
+        a: Shape,
+        /// The second shape.
+        b: Shape,
+        /// The dimension where they disagree, counted from the end (negative).
+        dim: isize,
+        /// The first shape's size there.
+        size_a: usize,
+        /// The second shape's size there.
+        size_b: usize,
+    },
+    /// `reshape` to a shape with another number of elements.
+    #[error(
+        "reshape: cannot reshape {from} ({} elements) to {to} ({} elements)",
+        from.numel(),
+        to.numel()
+    )]
+    ReshapeElementCount {
+        /// The tensor's shape.
+        from: Shape,
+        /// The shape asked for.
+        to: Shape,
+    },
+    /// A `reshape` specification that cannot be resolved (two `-1`s, a
+    /// `-1` with no size to infer from, a negative size).
+    #[error("reshape: cannot reshape {from} to {spec:?}: {reason}")]
+    InvalidReshape {
+        /// The sizes asked for, `-1` for an inferred one.
+        spec: Vec<isize>,
+        /// The tensor's shape.
+        from: Shape,
+        /// Why it cannot be resolved.
+        reason: &'static str,
+    },
+    /// A layout given a number of strides other than the shape's rank.
+    #[error("layout: {strides} strides given for shape {shape} of rank {}", shape.rank())]
+    StrideCountMismatch {
+        /// The shape.
+        shape: Shape,
+        /// How many strides were given.
+        strides: usize,
+    },
+    /// A layout that addresses storage before its start.
+    #[error(
+        "layout: shape {shape} with strides {strides:?} and offset {offset} addresses storage element {lowest}, before the start of storage"
+    )]
+    BeforeStorageStart {
+        /// The shape.
+        shape: Shape,
+        /// The strides.
+        strides: Vec<isize>,
+        /// The offset of element `[0, 0, ..]`.
+        offset: usize,
+        /// The lowest storage element addressed (negative).
+        lowest: i128,
+    },
+    /// A layout that addresses storage elements beyond `isize::MAX`.
+    #[error("layout: shape {shape} with strides {strides:?} and offset {offset} addresses storage elements beyond isize::MAX")]
+    OffsetOverflow {
+        /// The shape.
+        shape: Shape,
+        /// The strides.
+        strides: Vec<isize>,
+        /// The offset of element `[0, 0, ..]`.
+        offset: usize,
+    },
+    /// A shape with more elements than a tensor can have.
+    #[error(
+        "shape {shape} is too large: the product of its sizes (size-0 dims counted as 1) exceeds isize::MAX = {}, \
+         the most elements a tensor can have",
+        isize::MAX
+    )]
+    TooLarge {
+        /// The shape.
+        shape: Shape,
+    },
+}
+
+fn dim_range(rank: usize) -> String {
+    if rank == 0 {
+        "it has no dims".to_string()
+    } else {
+        format!("expected -{rank}..={}", rank - 1)
+    }
+}
 
 /// The size of each dimension, outermost first. A rank-0 shape (`[]`) is a
 /// scalar and holds one element.

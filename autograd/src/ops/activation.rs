@@ -9,6 +9,7 @@
 //! elementwise ops the composition would leave behind.
 
 use crate::error::{AutogradError, Result};
+use crate::op_names;
 use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 use brasa_tensor::Tensor;
@@ -89,7 +90,7 @@ impl Var {
     /// # Ok::<(), brasa_autograd::AutogradError>(())
     /// ```
     pub fn softplus(&self, beta: f64, threshold: f64) -> Result<Var> {
-        const OP: &str = "softplus";
+        const OP: &str = op_names::SOFTPLUS;
         finite(OP, "beta", beta)?;
         if beta == 0.0 {
             return Err(AutogradError::invalid(OP, "beta must be non-zero (the result divides by it), got 0"));
@@ -151,14 +152,24 @@ impl Var {
     /// ```
     pub fn elu(&self, alpha: f64) -> Result<Var> {
         finite("elu", "alpha", alpha)?;
-        self.elu_family("elu", alpha, 1.0, 1.0)
+        self.elu_family("elu", alpha, 1.0, 1.0, 1.0)
     }
 
     /// `max(0, x) + min(0, alpha · (e^(x/alpha) - 1))` (PyTorch's `F.celu`;
-    /// default `alpha = 1`). The gradient at 0 is 1. `alpha` must be finite
-    /// and non-zero (PyTorch refuses 0 too); a negative `alpha` makes
-    /// `x/alpha` positive for negative `x`, where the result may overflow to
-    /// `-inf` as PyTorch's does.
+    /// default `alpha = 1`). `alpha` must be finite and non-zero (PyTorch
+    /// refuses 0 too); a negative `alpha` makes `x/alpha` positive for
+    /// negative `x`, where the result may overflow to `-inf` as PyTorch's
+    /// does.
+    ///
+    /// The gradient for `x <= 0` is PyTorch's `elu_backward` with its
+    /// constants: `(s · alpha) · e^(x · s)` with `s = 1 / f32(alpha)`, the
+    /// reciprocal of `alpha` rounded to an f32 (PyTorch's derivative formula
+    /// takes `1.0 / alpha.toFloat()` for every dtype), so f64 gradients
+    /// match PyTorch's to the last bits of the exponential rather than being
+    /// `e^(x/alpha)`; at 0 it is `alpha / f32(alpha)`, 1 for an `alpha` that
+    /// an f32 holds. Where that rounding is 0 or infinite (`|alpha|` beyond
+    /// f32's range, where PyTorch's backward fails, or below its smallest
+    /// subnormal, where it gives NaN) the f64 `alpha` is used.
     ///
     /// ```
     /// use brasa_autograd::Var;
@@ -174,7 +185,10 @@ impl Var {
         if alpha == 0.0 {
             return Err(AutogradError::invalid("celu", "alpha must be non-zero (x / alpha is taken), got 0"));
         }
-        self.elu_family("celu", alpha, 1.0, alpha)
+        // PyTorch's derivative formula: `1.0 / alpha.toFloat()`.
+        let rounded = f64::from(alpha as f32);
+        let grad_input_scale = if rounded.is_finite() && rounded != 0.0 { 1.0 / rounded } else { 1.0 / alpha };
+        self.elu_family("celu", alpha, 1.0, alpha, grad_input_scale)
     }
 
     /// `scale · elu(x, alpha)` with SELU's fixed `alpha ≈ 1.6733` and
@@ -190,14 +204,24 @@ impl Var {
     /// # Ok::<(), brasa_autograd::AutogradError>(())
     /// ```
     pub fn selu(&self) -> Result<Var> {
-        self.elu_family("selu", SELU_ALPHA, SELU_SCALE, 1.0)
+        self.elu_family("selu", SELU_ALPHA, SELU_SCALE, 1.0, 1.0)
     }
 
     /// PyTorch's common ELU kernel: `scale · x` for `x > 0`, else
     /// `alpha · scale · (e^(x / input_divisor) - 1)`; the derivative for
-    /// `x <= 0` is `alpha · scale / input_divisor · e^(x / input_divisor)`.
+    /// `x <= 0` is PyTorch's `elu_backward`,
+    /// `(grad_input_scale · alpha · scale) · e^(x · grad_input_scale)`, with
+    /// `grad_input_scale` the reciprocal of `input_divisor` as PyTorch's
+    /// derivative formula computes it (CELU's differs from the forward's).
     /// `x / input_divisor` has either sign (CELU with a negative `alpha`).
-    fn elu_family(&self, op: &'static str, alpha: f64, scale: f64, input_divisor: f64) -> Result<Var> {
+    fn elu_family(
+        &self,
+        op: &'static str,
+        alpha: f64,
+        scale: f64,
+        input_divisor: f64,
+        grad_input_scale: f64,
+    ) -> Result<Var> {
         let x = self.tensor();
         // Only the non-positive side goes through the exponential, so large
         // positive inputs cannot overflow it.
@@ -206,9 +230,9 @@ impl Var {
         Ok(self.pointwise(op, out, move |x| {
             let slope = x
                 .clamp(None, Some(0.0))?
-                .div_scalar(input_divisor)?
+                .mul_scalar(grad_input_scale)?
                 .exp()?
-                .mul_scalar(alpha * scale / input_divisor)?;
+                .mul_scalar(grad_input_scale * alpha * scale)?;
             Ok(x.gt_scalar(0.0)?.where_cond(&scalar(x, scale)?, &slope)?)
         }))
     }

@@ -41,6 +41,7 @@
 //! CUDA (as PyTorch's fused and math kernels differ).
 
 use crate::error::{AutogradError, Result};
+use crate::op_names;
 use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 use brasa_tensor::{
@@ -48,7 +49,7 @@ use brasa_tensor::{
     Shape, Tensor,
 };
 
-const OP: &str = "scaled_dot_product_attention";
+const OP: &str = op_names::SCALED_DOT_PRODUCT_ATTENTION;
 
 /// The number of score elements one chunk may hold by default (64 MiB of
 /// f32): large enough for efficient matrix products, small enough that the

@@ -3,6 +3,7 @@
 
 use super::{mask_as, sum_to};
 use crate::error::Result;
+use crate::op_names;
 use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 use brasa_tensor::Tensor;
@@ -67,7 +68,7 @@ impl Var {
     /// `self ^ rhs` elementwise (broadcasting); the exponent's gradient uses
     /// `ln(self)`, so it needs a positive base.
     pub fn pow(&self, rhs: &Var) -> Result<Var> {
-        if let Some(c) = autocast_inputs("pow", &[self, rhs])? {
+        if let Some(c) = autocast_inputs(op_names::POW, &[self, rhs])? {
             return c[0].pow(&c[1]);
         }
         let out = self.tensor().pow(rhs.tensor())?;

@@ -2,6 +2,7 @@
 //! its slice of the gradient; `split` and `chunk` are `narrow`s.
 
 use crate::error::{AutogradError, Result};
+use crate::op_names;
 use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 use brasa_tensor::{resolve_dim, DType, Tensor, TensorError};
@@ -11,7 +12,7 @@ impl Var {
     /// to the common one, and each input's gradient comes back in its own
     /// dtype (as PyTorch's `cat_tensors_backward` does).
     pub fn cat(vars: &[&Var], dim: isize) -> Result<Var> {
-        if let Some(c) = autocast_inputs("cat", vars)? {
+        if let Some(c) = autocast_inputs(op_names::CAT, vars)? {
             return Var::cat(&c.iter().collect::<Vec<_>>(), dim);
         }
         let tensors: Vec<&Tensor> = vars.iter().map(|v| v.tensor()).collect();
@@ -33,7 +34,7 @@ impl Var {
     /// Stacks `Var`s of one shape along a new dim `dim`; mixed dtypes promote
     /// and each gradient comes back in its input's dtype, as for [`Var::cat`].
     pub fn stack(vars: &[&Var], dim: isize) -> Result<Var> {
-        if let Some(c) = autocast_inputs("stack", vars)? {
+        if let Some(c) = autocast_inputs(op_names::STACK, vars)? {
             return Var::stack(&c.iter().collect::<Vec<_>>(), dim);
         }
         let tensors: Vec<&Tensor> = vars.iter().map(|v| v.tensor()).collect();

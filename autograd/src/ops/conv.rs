@@ -2,6 +2,7 @@
 //! weight and bias.
 
 use crate::error::Result;
+use crate::op_names;
 use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 use brasa_tensor::Conv2dParams;
@@ -11,7 +12,7 @@ impl Var {
     /// input with `weight` and an optional `bias`.
     pub fn conv2d(&self, weight: &Var, bias: Option<&Var>, params: Conv2dParams) -> Result<Var> {
         let inputs: Vec<&Var> = [self, weight].into_iter().chain(bias).collect();
-        if let Some(c) = autocast_inputs("conv2d", &inputs)? {
+        if let Some(c) = autocast_inputs(op_names::CONV2D, &inputs)? {
             return c[0].conv2d(&c[1], c.get(2), params);
         }
         // The gradients are written for a batch: an unbatched input is a

@@ -4,6 +4,7 @@
 //! ops that way too).
 
 use crate::error::Result;
+use crate::op_names;
 use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 use brasa_tensor::{Conv1dParams, ConvTranspose1dParams, Tensor};
@@ -32,7 +33,7 @@ impl Var {
     /// autocast it runs in the low dtype, as PyTorch's does.
     pub fn conv1d(&self, weight: &Var, bias: Option<&Var>, params: Conv1dParams) -> Result<Var> {
         let inputs: Vec<&Var> = [self, weight].into_iter().chain(bias).collect();
-        if let Some(c) = autocast_inputs("conv1d", &inputs)? {
+        if let Some(c) = autocast_inputs(op_names::CONV1D, &inputs)? {
             return c[0].conv1d(&c[1], c.get(2), params);
         }
         if self.rank() == 2 {
@@ -63,7 +64,7 @@ impl Var {
     /// in the low dtype, as PyTorch's does.
     pub fn conv_transpose1d(&self, weight: &Var, bias: Option<&Var>, params: ConvTranspose1dParams) -> Result<Var> {
         let inputs: Vec<&Var> = [self, weight].into_iter().chain(bias).collect();
-        if let Some(c) = autocast_inputs("conv_transpose1d", &inputs)? {
+        if let Some(c) = autocast_inputs(op_names::CONV_TRANSPOSE1D, &inputs)? {
             return c[0].conv_transpose1d(&c[1], c.get(2), params);
         }
         if self.rank() == 2 {

@@ -3,6 +3,7 @@
 //! the convolution's bias gradient (a sum over N, H and W).
 
 use crate::error::Result;
+use crate::op_names;
 use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 use brasa_tensor::ConvTranspose2dParams;
@@ -15,7 +16,7 @@ impl Var {
     /// the low dtype, as PyTorch's does.
     pub fn conv_transpose2d(&self, weight: &Var, bias: Option<&Var>, params: ConvTranspose2dParams) -> Result<Var> {
         let inputs: Vec<&Var> = [self, weight].into_iter().chain(bias).collect();
-        if let Some(c) = autocast_inputs("conv_transpose2d", &inputs)? {
+        if let Some(c) = autocast_inputs(op_names::CONV_TRANSPOSE2D, &inputs)? {
             return c[0].conv_transpose2d(&c[1], c.get(2), params);
         }
         // The gradients are written for a batch: an unbatched input is a

@@ -3,6 +3,7 @@
 
 use super::sum_to;
 use crate::error::{AutogradError, Result};
+use crate::op_names;
 use crate::precision::{autocast_inputs, autocast_tensors};
 use crate::var::{record, Var};
 use brasa_tensor::{DType, Tensor};
@@ -23,7 +24,7 @@ fn to_isize(dims: &[usize]) -> Vec<isize> {
 impl Var {
     /// The matrix product (see `Tensor::matmul`).
     pub fn matmul(&self, rhs: &Var) -> Result<Var> {
-        if let Some(c) = autocast_inputs("matmul", &[self, rhs])? {
+        if let Some(c) = autocast_inputs(op_names::MATMUL, &[self, rhs])? {
             return c[0].matmul(&c[1]);
         }
         let out = self.tensor().matmul(rhs.tensor())?;
@@ -69,7 +70,7 @@ impl Var {
         // Under autocast the node is recorded over the original inputs with
         // their casts as operands, so backward can hand an f32 weight its
         // gradient as f32 sums (see `autocast_tensors`).
-        let cast = autocast_tensors("linear", &inputs)?;
+        let cast = autocast_tensors(op_names::LINEAR, &inputs)?;
         let (x, w, b) = match &cast {
             Some(c) => (&c[0], &c[1], c.get(2)),
             None => (self.tensor(), weight.tensor(), bias.map(Var::tensor)),
@@ -209,7 +210,7 @@ impl Var {
         // Under autocast all three operands take the policy's dtype, as
         // PyTorch casts them (a bf16 product added to an f32 input would
         // otherwise promote the result back to f32).
-        if let Some(c) = autocast_inputs("addmm", &[self, mat1, mat2])? {
+        if let Some(c) = autocast_inputs(op_names::ADDMM, &[self, mat1, mat2])? {
             return c[0].addmm(&c[1], &c[2], beta, alpha);
         }
         let out = check_mm("addmm", mat1.dims(), mat2.dims())?;
@@ -234,7 +235,7 @@ impl Var {
     /// # Ok::<(), brasa_autograd::AutogradError>(())
     /// ```
     pub fn baddbmm(&self, batch1: &Var, batch2: &Var, beta: f64, alpha: f64) -> Result<Var> {
-        if let Some(c) = autocast_inputs("baddbmm", &[self, batch1, batch2])? {
+        if let Some(c) = autocast_inputs(op_names::BADDBMM, &[self, batch1, batch2])? {
             return c[0].baddbmm(&c[1], &c[2], beta, alpha);
         }
         let out = check_bmm("baddbmm", batch1.dims(), batch2.dims())?;

@@ -3,6 +3,7 @@
 
 use super::mask_as;
 use crate::error::Result;
+use crate::op_names;
 use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 use brasa_tensor::{resolve_dim, Tensor, TensorError};
@@ -34,7 +35,7 @@ fn expand_back(grad: &Tensor, kept: &[isize], dims: &[usize]) -> Result<Tensor> 
 impl Var {
     /// The sum over `dims` (empty = all), keeping reduced dims as size 1 with `keepdim`.
     pub fn sum(&self, dims: &[isize], keepdim: bool) -> Result<Var> {
-        if let Some(c) = autocast_inputs("sum", &[self])? {
+        if let Some(c) = autocast_inputs(op_names::SUM, &[self])? {
             return c[0].sum(dims, keepdim);
         }
         let out = self.tensor().sum(dims, keepdim)?;
@@ -47,7 +48,7 @@ impl Var {
 
     /// The sum of every element, a 0-d `Var`.
     pub fn sum_all(&self) -> Result<Var> {
-        if let Some(c) = autocast_inputs("sum", &[self])? {
+        if let Some(c) = autocast_inputs(op_names::SUM, &[self])? {
             return c[0].sum_all();
         }
         self.sum(&[], false)
@@ -55,7 +56,7 @@ impl Var {
 
     /// The mean over `dims` (empty = all).
     pub fn mean(&self, dims: &[isize], keepdim: bool) -> Result<Var> {
-        if let Some(c) = autocast_inputs("mean", &[self])? {
+        if let Some(c) = autocast_inputs(op_names::MEAN, &[self])? {
             return c[0].mean(dims, keepdim);
         }
         let out = self.tensor().mean(dims, keepdim)?;
@@ -68,7 +69,7 @@ impl Var {
 
     /// The mean of every element, a 0-d `Var`.
     pub fn mean_all(&self) -> Result<Var> {
-        if let Some(c) = autocast_inputs("mean", &[self])? {
+        if let Some(c) = autocast_inputs(op_names::MEAN, &[self])? {
             return c[0].mean_all();
         }
         self.mean(&[], false)
@@ -76,7 +77,7 @@ impl Var {
 
     /// The variance over `dims` (empty = all) with `correction` (1: unbiased).
     pub fn var(&self, dims: &[isize], correction: usize, keepdim: bool) -> Result<Var> {
-        if let Some(c) = autocast_inputs("var", &[self])? {
+        if let Some(c) = autocast_inputs(op_names::VAR, &[self])? {
             return c[0].var(dims, correction, keepdim);
         }
         let out = self.tensor().var_with_correction(dims, correction, keepdim)?;
@@ -100,7 +101,7 @@ impl Var {
 
     /// The standard deviation over `dims` (empty = all) with `correction`.
     pub fn std(&self, dims: &[isize], correction: usize, keepdim: bool) -> Result<Var> {
-        if let Some(c) = autocast_inputs("std", &[self])? {
+        if let Some(c) = autocast_inputs(op_names::STD, &[self])? {
             return c[0].std(dims, correction, keepdim);
         }
         self.var(dims, correction, keepdim)?.sqrt()

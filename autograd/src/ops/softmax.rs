@@ -1,6 +1,7 @@
 //! Softmax and log-softmax along a dim, differentiated from their outputs.
 
 use crate::error::Result;
+use crate::op_names;
 use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 use brasa_tensor::{resolve_dim, TensorError};
@@ -8,7 +9,7 @@ use brasa_tensor::{resolve_dim, TensorError};
 impl Var {
     /// Softmax along `dim`: `dx = y (g - Σ g y)`.
     pub fn softmax(&self, dim: isize) -> Result<Var> {
-        if let Some(c) = autocast_inputs("softmax", &[self])? {
+        if let Some(c) = autocast_inputs(op_names::SOFTMAX, &[self])? {
             return c[0].softmax(dim);
         }
         let out = self.tensor().softmax(dim)?;
@@ -29,7 +30,7 @@ impl Var {
 
     /// Log-softmax along `dim`: `dx = g - exp(y) Σ g`.
     pub fn log_softmax(&self, dim: isize) -> Result<Var> {
-        if let Some(c) = autocast_inputs("log_softmax", &[self])? {
+        if let Some(c) = autocast_inputs(op_names::LOG_SOFTMAX, &[self])? {
             return c[0].log_softmax(dim);
         }
         let out = self.tensor().log_softmax(dim)?;

@@ -3,6 +3,7 @@
 
 use super::mask_as;
 use crate::error::Result;
+use crate::op_names;
 use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
 
@@ -31,7 +32,7 @@ impl Var {
 
     /// `e^x`.
     pub fn exp(&self) -> Result<Var> {
-        if let Some(c) = autocast_inputs("exp", &[self])? {
+        if let Some(c) = autocast_inputs(op_names::EXP, &[self])? {
             return c[0].exp();
         }
         let out = self.tensor().exp()?;
@@ -41,7 +42,7 @@ impl Var {
 
     /// Natural logarithm.
     pub fn log(&self) -> Result<Var> {
-        if let Some(c) = autocast_inputs("log", &[self])? {
+        if let Some(c) = autocast_inputs(op_names::LOG, &[self])? {
             return c[0].log();
         }
         let out = self.tensor().log()?;
@@ -57,7 +58,7 @@ impl Var {
 
     /// `1 / sqrt(x)`.
     pub fn rsqrt(&self) -> Result<Var> {
-        if let Some(c) = autocast_inputs("rsqrt", &[self])? {
+        if let Some(c) = autocast_inputs(op_names::RSQRT, &[self])? {
             return c[0].rsqrt();
         }
         let out = self.tensor().rsqrt()?;
@@ -197,7 +198,7 @@ impl Var {
 
     /// `x^exponent`.
     pub fn powf(&self, exponent: f64) -> Result<Var> {
-        if let Some(c) = autocast_inputs("pow", &[self])? {
+        if let Some(c) = autocast_inputs(op_names::POW, &[self])? {
             return c[0].powf(exponent);
         }
         let out = self.tensor().powf(exponent)?;

@@ -28,9 +28,9 @@
 use super::amx_pack::{pack_panel, panel_len, PanelLayout};
 use super::amx_tile::{TileKernel, PAIRS_PER_STEP, TILE_K, TILE_MN};
 use super::buffer::{try_with_buffer, Slot};
-use super::driver::{ranges, Product};
 use super::element::{Bf16Pair, Narrow};
 use super::matrix::RawMut;
+use super::product::{ranges, Product};
 use crate::error::Result;
 use half::bf16;
 use rayon::prelude::*;

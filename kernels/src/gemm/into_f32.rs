@@ -4,10 +4,11 @@
 //! many products into one C (a weight gradient summed over images) keeps
 //! the sum in f32 and rounds it once, at the end.
 
-use super::driver::{self, Plan, Product};
+use super::driver;
 use super::element::Bf16Pair;
 use super::microkernel::{select, HasMicroKernels};
 use super::pack::PackInto;
+use super::product::{Plan, Product};
 use super::{parallel_worth, product_dims, Bf16Route, GemmElement, GemmOptions, MatMut, MatRef, Parallelism};
 use crate::error::Result;
 use half::{bf16, f16};

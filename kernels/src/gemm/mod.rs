@@ -47,6 +47,7 @@ mod pack;
 #[cfg(target_arch = "x86_64")]
 mod pack_avx512;
 mod parallel;
+mod product;
 #[cfg(test)]
 mod test_values;
 
@@ -59,12 +60,12 @@ pub use microkernel::KernelChoice;
 
 use crate::error::{KernelError, Result};
 use buffer::{try_with_buffer, Slot, MAX_CACHED_WORKSPACE};
-use driver::{Plan, Product};
 use element::{Bf16Pair, Compute, Narrow, PackSource, Packed};
 use half::{bf16, f16};
 use matrix::RawMut;
 use microkernel::{select, HasMicroKernels};
 use pack::PackInto;
+use product::{Plan, Product};
 use rayon::prelude::*;
 
 /// Products below this many floating-point operations (`2 m n k`) of f32

@@ -18,9 +18,9 @@
 //! because both add into the same tile of C.
 
 use super::buffer::{with_buffer, Slot};
-use super::driver::{macro_kernel, packed_depth, ranges, Plan, Product};
 use super::element::{Compute, Packed};
 use super::pack::PackInto;
+use super::product::{macro_kernel, packed_depth, ranges, Plan, Product};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// One `(jc, pc)` block of B.

@@ -46,17 +46,22 @@
 mod batch;
 mod dataset;
 mod digits;
+mod epoch;
 pub mod idx;
 mod loader;
 mod sample_order;
 mod shakespeare;
+mod stragglers;
 mod text;
+mod worker;
 
 pub use batch::TensorBatch;
 pub use dataset::{collate, random_split, Dataset, Subset, TensorDataset};
 pub use digits::Digits;
+pub use epoch::Epoch;
 pub use idx::{read_idx, read_idx_images, read_idx_labels, Mnist};
-pub use loader::{DataLoader, DataLoaderBuilder, Epoch, MAX_READ_AHEAD, SHUTDOWN_GRACE};
+pub use loader::{DataLoader, DataLoaderBuilder, MAX_READ_AHEAD};
 pub use sample_order::{permutation, SampleOrder};
 pub use shakespeare::TinyShakespeare;
+pub use stragglers::SHUTDOWN_GRACE;
 pub use text::{CharVocab, TokenWindows};

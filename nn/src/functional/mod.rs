@@ -3,11 +3,9 @@
 //! layer normalisation.
 
 mod attention;
-mod cross_entropy_probs;
 mod loss;
 mod norm;
 
 pub use attention::*;
-pub use cross_entropy_probs::*;
 pub use loss::*;
 pub use norm::*;

@@ -36,7 +36,7 @@
 //! ```
 
 use crate::error::{NnError, Result};
-use brasa_autograd::{apply, autocast_inputs, Function, FunctionCtx, Var};
+use brasa_autograd::{apply, autocast_inputs, op_names, Function, FunctionCtx, Var};
 use brasa_tensor::{DType, Tensor};
 
 /// The dtype a normalisation computes in for inputs of `dtype`.
@@ -99,7 +99,7 @@ pub fn batch_norm(
     eps: f64,
 ) -> Result<Var> {
     let params: Vec<&Var> = [input].into_iter().chain(weight).chain(bias).collect();
-    if let Some(c) = autocast_inputs("batch_norm", &params)? {
+    if let Some(c) = autocast_inputs(op_names::BATCH_NORM, &params)? {
         let (weight, bias) = split_params(&c[1..], weight.is_some(), bias.is_some());
         return batch_norm(&c[0], running_mean, running_var, weight, bias, training, momentum, eps);
     }
@@ -258,7 +258,7 @@ pub fn layer_norm(
     eps: f64,
 ) -> Result<Var> {
     let params: Vec<&Var> = [input].into_iter().chain(weight).chain(bias).collect();
-    if let Some(c) = autocast_inputs("layer_norm", &params)? {
+    if let Some(c) = autocast_inputs(op_names::LAYER_NORM, &params)? {
         let (weight, bias) = split_params(&c[1..], weight.is_some(), bias.is_some());
         return layer_norm(&c[0], normalized_shape, weight, bias, eps);
     }
@@ -369,7 +369,7 @@ impl Function for LayerNormFn {
 /// # Ok::<(), brasa_nn::NnError>(())
 /// ```
 pub fn group_norm(input: &Var, num_groups: usize, weight: Option<&Var>, bias: Option<&Var>, eps: f64) -> Result<Var> {
-    const OP: &str = "group_norm";
+    const OP: &str = op_names::GROUP_NORM;
     let params: Vec<&Var> = [input].into_iter().chain(weight).chain(bias).collect();
     if let Some(c) = autocast_inputs(OP, &params)? {
         let (weight, bias) = split_params(&c[1..], weight.is_some(), bias.is_some());

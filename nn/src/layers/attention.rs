@@ -10,10 +10,11 @@
 //! computed: they are the `[L, S]` matrix this layer exists to avoid.
 
 use crate::error::{NnError, Result};
+use crate::flags::Training;
 use crate::functional::{scaled_dot_product_attention, SdpaOptions};
 use crate::init;
 use crate::layers::Linear;
-use crate::module::{Module, Training};
+use crate::module::Module;
 use brasa_autograd::Var;
 use brasa_tensor::{DType, Device, Tensor};
 

@@ -10,8 +10,9 @@
 //! The arithmetic is [`crate::functional::batch_norm`].
 
 use crate::error::{NnError, Result};
+use crate::flags::{KeepFloat32, Training};
 use crate::functional;
-use crate::module::{KeepFloat32, Module, Training};
+use crate::module::Module;
 use brasa_autograd::Var;
 use brasa_tensor::{DType, Device, Tensor};
 

@@ -3,7 +3,8 @@
 //! (PyTorch's `nn.Dropout`). The mask comes from the seeded generator.
 
 use crate::error::{NnError, Result};
-use crate::module::{Module, Training};
+use crate::flags::Training;
+use crate::module::Module;
 use brasa_autograd::Var;
 
 /// Dropout with probability `p`, active only in training mode.

@@ -4,8 +4,9 @@
 //! [`crate::functional::layer_norm`].
 
 use crate::error::{NnError, Result};
+use crate::flags::KeepFloat32;
 use crate::functional;
-use crate::module::{KeepFloat32, Module};
+use crate::module::Module;
 use brasa_autograd::Var;
 use brasa_tensor::{DType, Device, Shape, Tensor};
 

@@ -3,8 +3,9 @@
 //! (`0.weight`, `2.bias`) match PyTorch's and state dicts move between them.
 
 use crate::error::{NnError, Result};
-use crate::module::{Module, Parameters};
+use crate::module::Module;
 use crate::scope::module_scope;
+use crate::walk::Parameters;
 use crate::walk::{Walk, WalkMut};
 use brasa_autograd::Var;
 use std::ops::Index;

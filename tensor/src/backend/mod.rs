@@ -74,6 +74,21 @@ use crate::error::Result;
 use crate::error::TensorError;
 use brasa_alloc::{Allocation, CachingAllocator, MemoryCategory, StreamId};
 
+// A device's question that only its backend can answer (an inherent method
+// of `Device`, written here so that `device.rs` stays below the backends).
+impl Device {
+    /// Whether [`Tensor::matmul_out_dtype`](crate::Tensor::matmul_out_dtype)
+    /// multiplies f16/bf16 operands on this device as they are (the host's
+    /// half kernels sum them into f32), rather than widening both to f32
+    /// first. Callers that could either keep a half product or ask for f32
+    /// sums (attention, a linear layer's weight gradient) take the f32 sums
+    /// only where they cost no more. False for a device this build cannot
+    /// run.
+    pub fn multiplies_half_into_f32(&self) -> bool {
+        ops_for(*self).is_ok_and(|backend| backend.multiplies_half_into_f32())
+    }
+}
+
 /// The ops of `device`.
 pub(crate) fn ops_for(device: Device) -> Result<&'static dyn DeviceOps> {
     match device {

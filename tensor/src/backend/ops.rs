@@ -251,9 +251,9 @@ pub(crate) trait DeviceOps: Sync {
     /// (contiguous `[n, h, L]`, f32).
     fn attention_forward(&self, operands: &AttentionOperands<'_>) -> Result<(Tensor, Tensor)> {
         let _ = operands;
-        Err(TensorError::invalid(
+        Err(TensorError::internal(
             "fused_attention",
-            "internal error: this device has no fused attention (supports_fused_attention is false)",
+            "this device has no fused attention (supports_fused_attention is false)",
         ))
     }
 
@@ -268,9 +268,9 @@ pub(crate) trait DeviceOps: Sync {
         grad: &Tensor,
     ) -> Result<[Tensor; 3]> {
         let _ = (operands, out, lse, grad);
-        Err(TensorError::invalid(
+        Err(TensorError::internal(
             "fused_attention_backward",
-            "internal error: this device has no fused attention (supports_fused_attention is false)",
+            "this device has no fused attention (supports_fused_attention is false)",
         ))
     }
 

@@ -186,7 +186,7 @@ impl Scatter {
     /// version; the caller checked that `dst` is writable.
     pub(super) fn add_into(&self, op: &'static str, dst: &Tensor) -> Result<()> {
         let Some(src) = &self.src else {
-            return Err(TensorError::invalid(op, "internal: a scatter-add without src"));
+            return Err(TensorError::internal(op, "a scatter-add without src"));
         };
         let ids = Indices { values: &self.ids, tensor: &self.index };
         ops_for(dst.device())?.scatter_add(op, dst, self.dim, ids, src)?;

@@ -64,8 +64,8 @@ fn affine_in_place(name: &'static str, dst: &Tensor, mul: f64, add: f64) -> Resu
     }
     if !dtype.is_float() {
         // Integral scalars within i64 (an error otherwise).
-        crate::dtype::integer_scalar(name, mul)?;
-        crate::dtype::integer_scalar(name, add)?;
+        crate::scalar::integer_scalar(name, mul)?;
+        crate::scalar::integer_scalar(name, add)?;
     }
     run_update(name, Update::Unary(UnaryOp::Affine { mul, add }), dst, &[])
 }
@@ -137,7 +137,7 @@ impl Tensor {
             return Err(TensorError::invalid(name, "is not supported for bool tensors"));
         }
         if !dtype.is_float() {
-            crate::dtype::integer_scalar(name, alpha)?;
+            crate::scalar::integer_scalar(name, alpha)?;
         }
         let x = prepare_in_place(name, self, x)?;
         run_update(name, Update::AddScaled(alpha), self, &[&x])

@@ -96,7 +96,7 @@ impl Scatter {
     /// `src`'s (the last of repeated ones): a new tensor.
     fn overwritten(&self, op: &'static str) -> Result<Tensor> {
         let Some(src) = &self.src else {
-            return Err(TensorError::invalid(op, "internal: a scatter without src"));
+            return Err(TensorError::internal(op, "a scatter without src"));
         };
         if self.ids.is_empty() {
             return self.x.copy_to(self.x.device(), self.x.dtype());

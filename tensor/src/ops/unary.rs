@@ -20,9 +20,10 @@
 
 use crate::backend::ops_for;
 use crate::dtype::is_integral_value;
-use crate::dtype::{integer_scalar, DType};
+use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::ops::elementwise::scalar_result_dtype;
+use crate::scalar::integer_scalar;
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::UnaryOp;
 

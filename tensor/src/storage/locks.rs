@@ -49,7 +49,7 @@ pub(crate) fn lock_storages<'a>(reads: &[&'a Storage], writes: &[&'a Storage]) -
 }
 
 fn not_locked(op: &'static str, what: &str) -> TensorError {
-    TensorError::invalid(op, format!("internal error: a storage {what} by this operation's locks"))
+    TensorError::internal(op, format!("a storage {what} by this operation's locks"))
 }
 
 impl StorageLocks<'_> {
@@ -157,9 +157,9 @@ impl<'r> LockedReads<'r> {
             .position(|h| std::ptr::eq(h.storage, storage))
             .ok_or_else(|| not_locked(op, "not locked"))?;
         if self.written.contains(at) {
-            return Err(TensorError::invalid(
+            return Err(TensorError::internal(
                 op,
-                "internal error: the written storage is read through its `&mut` slice, not as a second slice",
+                "the written storage is read through its `&mut` slice, not as a second slice",
             ));
         }
         let storage = self.held[at].storage;

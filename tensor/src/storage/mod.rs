@@ -34,7 +34,7 @@ use brasa_alloc::{MemoryCategory, StreamId};
 use std::mem::MaybeUninit;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 mod locks;
@@ -55,6 +55,8 @@ pub struct Storage {
     pinned: bool,
     lock: RwLock<()>,
     version: AtomicU64,
+    /// Tensors kept for backward on this storage (brasa-autograd counts them).
+    saved_refs: AtomicUsize,
 }
 
 impl std::fmt::Debug for Storage {
@@ -78,7 +80,16 @@ impl Storage {
         let bytes = byte_count("allocate", dtype, len)?;
         let category = crate::memory::current_category();
         let buffer = crate::backend::allocate(device, dtype, bytes, category)?;
-        Ok(Storage { buffer, dtype, len, device, pinned: false, lock: RwLock::new(()), version: AtomicU64::new(0) })
+        Ok(Storage {
+            buffer,
+            dtype,
+            len,
+            device,
+            pinned: false,
+            lock: RwLock::new(()),
+            version: AtomicU64::new(0),
+            saved_refs: AtomicUsize::new(0),
+        })
     }
 
     /// Like [`Storage::uninit`], in page-locked host memory.
@@ -93,6 +104,7 @@ impl Storage {
             pinned: true,
             lock: RwLock::new(()),
             version: AtomicU64::new(0),
+            saved_refs: AtomicUsize::new(0),
         })
     }
 
@@ -150,6 +162,25 @@ impl Storage {
 
     pub(crate) fn bump_version(&self) {
         self.version.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Counts one more tensor kept for backward on this storage (autograd
+    /// calls it for each tensor a graph saves); `true` when it is the first,
+    /// so that a total of saved bytes counts a storage once however many
+    /// views of it are saved.
+    pub fn add_saved_ref(&self) -> bool {
+        self.saved_refs.fetch_add(1, Ordering::AcqRel) == 0
+    }
+
+    /// Counts one fewer tensor kept for backward; `true` when it was the
+    /// last. A call with none counted changes nothing and returns `false`.
+    pub fn remove_saved_ref(&self) -> bool {
+        self.saved_refs.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)) == Ok(1)
+    }
+
+    /// How many tensors kept for backward hold this storage now.
+    pub fn saved_refs(&self) -> usize {
+        self.saved_refs.load(Ordering::Acquire)
     }
 
     fn read_lock(&self) -> RwLockReadGuard<'_, ()> {
@@ -228,8 +259,7 @@ impl Storage {
         }
         debug_assert!(count * std::mem::size_of::<T>() <= self.size_in_bytes());
         debug_assert_eq!(addr % std::mem::align_of::<T>(), 0);
-        NonNull::new(addr as *mut T)
-            .ok_or_else(|| TensorError::invalid(op, "internal error: a non-empty host storage without memory"))
+        NonNull::new(addr as *mut T).ok_or_else(|| TensorError::internal(op, "a non-empty host storage without memory"))
     }
 
     // ----- the three places a slice is formed from the block's address -----
@@ -269,7 +299,7 @@ impl Storage {
     /// tensor), so no lock is needed.
     fn uninit_mut<T>(&mut self, op: &'static str, count: usize) -> Result<&mut [MaybeUninit<T>]> {
         if count.checked_mul(std::mem::size_of::<T>()).is_none_or(|bytes| bytes > self.size_in_bytes()) {
-            return Err(TensorError::invalid(op, "internal error: a slice beyond its storage"));
+            return Err(TensorError::internal(op, "a slice beyond its storage"));
         }
         let start = self.host_start::<MaybeUninit<T>>(op, count)?;
         // SAFETY: `start` is non-null and aligned and the block holds `count`
@@ -329,7 +359,7 @@ impl<'a, T> WriteGuard<'a, T> {
 }
 
 fn out_of_range(op: &'static str) -> TensorError {
-    TensorError::invalid(op, "internal error: a view outside its storage")
+    TensorError::internal(op, "a view outside its storage")
 }
 
 impl<T> Deref for ReadGuard<'_, T> {

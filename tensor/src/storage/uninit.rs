@@ -80,7 +80,7 @@ impl UninitTensor {
     /// The storage, exclusively: it is never shared before `assume_init`.
     fn storage_mut(&mut self, op: &'static str) -> Result<&mut Storage> {
         Arc::get_mut(&mut self.storage)
-            .ok_or_else(|| TensorError::invalid(op, "internal error: fresh storage shared before it was written"))
+            .ok_or_else(|| TensorError::internal(op, "fresh storage shared before it was written"))
     }
 
     /// The elements to write, as `T` (the dtype, else an error naming `op`).
@@ -110,7 +110,7 @@ impl UninitTensor {
     /// the meta backend's outputs. An error for memory that exists.
     pub(crate) fn planned(self, op: &'static str) -> Result<Tensor> {
         if self.storage.buffer.has_memory() {
-            return Err(TensorError::invalid(op, "internal error: only a meta tensor may skip writing its elements"));
+            return Err(TensorError::internal(op, "only a meta tensor may skip writing its elements"));
         }
         // SAFETY: a meta storage has no elements in memory: nothing can read them.
         Ok(unsafe { self.assume_init() })
@@ -158,10 +158,7 @@ impl UninitTensor {
     pub(crate) fn copy_from_slice<T: WithDType>(mut self, op: &'static str, data: &[T]) -> Result<Tensor> {
         let out = self.as_uninit_mut::<T>(op)?;
         if out.len() != data.len() {
-            return Err(TensorError::invalid(
-                op,
-                format!("internal error: {} values for {} elements", data.len(), out.len()),
-            ));
+            return Err(TensorError::internal(op, format!("{} values for {} elements", data.len(), out.len())));
         }
         for (o, d) in out.iter_mut().zip(data) {
             o.write(*d);

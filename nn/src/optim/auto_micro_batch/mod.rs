@@ -215,7 +215,11 @@ impl AutoMicroBatch {
                 let range = micro_batch_rows(rows, count, index);
                 let len = range.len();
                 let mine = match self.run_micro(range, rows, count, peers, &mut micro) {
-                    Ok(()) if allocator_retries(&devices)? > retries_before => SplitOutcome::Thrashed,
+                    // Only the last micro-batch's outcome decides thrashing
+                    // (the counter covers the whole attempt).
+                    Ok(()) if index + 1 == count && allocator_retries(&devices)? > retries_before => {
+                        SplitOutcome::Thrashed
+                    }
                     Ok(()) => SplitOutcome::Finished,
                     Err(error) if error.as_out_of_memory().is_some() && len > 1 => {
                         own_error = Some(error);

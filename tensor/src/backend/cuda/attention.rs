@@ -72,8 +72,8 @@ struct Common {
 fn common(op: &'static str, a: &AttentionOperands<'_>) -> Result<Common> {
     let (qd, kd, vd) = (a.q.dims(), a.k.dims(), a.v.dims());
     let (e, ev) = (qd[3], vd[3]);
-    let d = head_dim(e, ev)
-        .ok_or_else(|| crate::error::TensorError::invalid(op, "internal error: no attention kernel for this width"))?;
+    let d =
+        head_dim(e, ev).ok_or_else(|| crate::error::TensorError::internal(op, "no attention kernel for this width"))?;
     let (q, k, v) = (address(op, a.q)?, address(op, a.k)?, address(op, a.v)?);
     let (mask, mask_strides) = match a.mask {
         Some(m) => {

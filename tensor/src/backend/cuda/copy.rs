@@ -25,7 +25,7 @@ pub(super) fn to_host(tensor: &Tensor, dtype: DType) -> Result<Tensor> {
     {
         let _guard = dense.storage().device_read_lock();
         let Buffer::Cuda(block) = dense.storage().buffer() else {
-            return Err(TensorError::invalid("copy", "internal error: a CUDA tensor without device memory"));
+            return Err(TensorError::internal("copy", "a CUDA tensor without device memory"));
         };
         let dst = out.as_uninit_bytes_mut("copy")?;
         if !dst.is_empty() {
@@ -49,7 +49,7 @@ pub(super) fn from_host(host: &Tensor, device: Device) -> Result<Tensor> {
         let src = host.storage().read_bytes("copy")?;
         if !src.is_empty() {
             let Buffer::Cuda(block) = out.buffer() else {
-                return Err(TensorError::invalid("copy", "internal error: a CUDA tensor without device memory"));
+                return Err(TensorError::internal("copy", "a CUDA tensor without device memory"));
             };
             bind(device.index())?;
             // SAFETY: the new device block holds `src.len()` bytes; the copy is synchronous.

@@ -215,5 +215,5 @@ pub(super) fn check_on_device(
     }
     // Out of range: read them all to name the first bad one.
     crate::backend::read_checked_indices(index, size, error)?;
-    Err(TensorError::invalid(op, format!("internal: the device saw indices in {bounds:?} outside 0..{size}")))
+    Err(TensorError::internal(op, format!("the device saw indices in {bounds:?} outside 0..{size}")))
 }

@@ -81,8 +81,8 @@ fn prepare(t: &Tensor, rows: usize, cols: usize) -> Result<Prepared> {
         return Ok(Prepared { tensor: t.clone(), matrix, batch_stride });
     }
     let copy = t.contiguous()?;
-    let (matrix, batch_stride) = describe(&copy)
-        .ok_or_else(|| TensorError::invalid(OP, "internal error: a contiguous operand has no cuBLAS description"))?;
+    let (matrix, batch_stride) =
+        describe(&copy).ok_or_else(|| TensorError::internal(OP, "a contiguous operand has no cuBLAS description"))?;
     Ok(Prepared { tensor: copy, matrix, batch_stride })
 }
 

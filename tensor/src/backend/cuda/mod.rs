@@ -122,7 +122,7 @@ impl CudaOps {
                 Some(m) => m.clone(),
                 None => {
                     let ptx = MODULES.iter().find(|m| m.name == module).ok_or_else(|| {
-                        TensorError::invalid(op, format!("internal error: no PTX module `{module}` in brasa-kernels"))
+                        TensorError::internal(op, format!("no PTX module `{module}` in brasa-kernels"))
                     })?;
                     let loaded = self
                         .context
@@ -190,7 +190,7 @@ fn storage_address(op: &'static str, storage: &Storage) -> Result<u64> {
     match storage.buffer() {
         Buffer::Cuda(block) => Ok(block.addr() as u64),
         Buffer::Host(_) | Buffer::Meta(_) => {
-            Err(TensorError::invalid(op, "internal error: a tensor of another device reached the CUDA backend"))
+            Err(TensorError::internal(op, "a tensor of another device reached the CUDA backend"))
         }
     }
 }
@@ -206,7 +206,7 @@ fn output_address(op: &'static str, out: &UninitTensor) -> Result<u64> {
     match out.buffer() {
         Buffer::Cuda(block) => Ok(block.addr() as u64),
         Buffer::Host(_) | Buffer::Meta(_) => {
-            Err(TensorError::invalid(op, "internal error: an output of another device on the CUDA backend"))
+            Err(TensorError::internal(op, "an output of another device on the CUDA backend"))
         }
     }
 }

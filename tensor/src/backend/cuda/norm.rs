@@ -28,7 +28,7 @@ fn optional_address(op: &'static str, t: Option<&Tensor>) -> Result<u64> {
 fn check_dtype(op: &'static str, dtype: DType) -> Result<()> {
     match dtype {
         DType::F32 | DType::F64 => Ok(()),
-        other => Err(TensorError::invalid(op, format!("internal: computes in f32 or f64, got {other}"))),
+        other => Err(TensorError::internal(op, format!("computes in f32 or f64, got {other}"))),
     }
 }
 

@@ -73,7 +73,7 @@ pub(super) fn sgd_step(backend: &CudaOps, updates: &[&SgdUpdate<'_>]) -> Result<
         let buffer = update.momentum_buffer.map_or(Ok(0), |t| address(SGD_OP, t))?;
         let c = update.coefficients;
         if c.momentum != 0.0 && buffer == 0 {
-            return Err(crate::error::TensorError::invalid(SGD_OP, "internal: momentum without its buffer"));
+            return Err(crate::error::TensorError::internal(SGD_OP, "momentum without its buffer"));
         }
         let flags = i32::from(c.nesterov) | (i32::from(c.maximize) << 1) | (i32::from(c.first_step) << 2);
         let n_ = n as i64;

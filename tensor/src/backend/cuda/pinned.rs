@@ -156,10 +156,10 @@ pub(super) fn copy_to_device_async(src: &Tensor, index: usize) -> Result<Option<
     let bytes = src.numel() * size;
     if bytes > 0 {
         let Buffer::Host(block) = src.storage().buffer() else {
-            return Err(TensorError::invalid(OP, "internal error: pinned memory that is not host memory"));
+            return Err(TensorError::internal(OP, "pinned memory that is not host memory"));
         };
         let Buffer::Cuda(dst) = out.buffer() else {
-            return Err(TensorError::invalid(OP, "internal error: a CUDA tensor without device memory"));
+            return Err(TensorError::internal(OP, "a CUDA tensor without device memory"));
         };
         let from = block.addr() + src.layout().offset() * size;
         // Before the copy is queued: from now on the block waits for the stream.

@@ -54,7 +54,7 @@ fn recorded(event: &dyn DeviceEvent) -> Result<&RecordedEvent> {
     event
         .as_any()
         .downcast_ref::<RecordedEvent>()
-        .ok_or_else(|| TensorError::invalid("Event", "internal error: an event of another device on a CUDA stream"))
+        .ok_or_else(|| TensorError::internal("Event", "an event of another device on a CUDA stream"))
 }
 
 impl DeviceRuntime for CudaRuntime {

@@ -36,9 +36,9 @@ pub(super) fn update(
         Update::Addcmul(value) => (format!("ternary_addcmul_{t}"), vec![value], 2),
         Update::Addcdiv(value) => (format!("ternary_addcdiv_{t}"), vec![value], 2),
     };
-    let others = operands.get(..inputs).ok_or_else(|| {
-        crate::error::TensorError::invalid(name, format!("internal error: {kernel} needs {inputs} operand(s)"))
-    })?;
+    let others = operands
+        .get(..inputs)
+        .ok_or_else(|| crate::error::TensorError::internal(name, format!("{kernel} needs {inputs} operand(s)")))?;
     // Operand 0 is the output (dst), then the inputs: dst itself, then the others.
     let mut strides: Vec<&[isize]> = vec![dst.layout().strides(), dst.layout().strides()];
     strides.extend(others.iter().map(|t| t.layout().strides()));

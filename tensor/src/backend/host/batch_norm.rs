@@ -80,7 +80,7 @@ fn per_run<T: Send>(
 
 /// See [`crate::backend::DeviceOps::batch_norm_stats`].
 pub(super) fn batch_norm_stats(x: &Tensor) -> Result<(Tensor, Tensor)> {
-    dispatch_float!(x.dtype(), T => stats::<T>(x), Err(TensorError::invalid(STATS, format!("internal: float input, got {}", x.dtype()))))
+    dispatch_float!(x.dtype(), T => stats::<T>(x), Err(TensorError::internal(STATS, format!("float input, got {}", x.dtype()))))
 }
 
 fn stats<T: BnElement>(x: &Tensor) -> Result<(Tensor, Tensor)> {
@@ -93,7 +93,7 @@ fn stats<T: BnElement>(x: &Tensor) -> Result<(Tensor, Tensor)> {
 
 /// See [`crate::backend::DeviceOps::batch_norm_elemt`].
 pub(super) fn batch_norm_elemt(x: &Tensor, mean: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
-    dispatch_float!(x.dtype(), T => elemt::<T>(x, mean, scale, shift), Err(TensorError::invalid(ELEMT, format!("internal: float input, got {}", x.dtype()))))
+    dispatch_float!(x.dtype(), T => elemt::<T>(x, mean, scale, shift), Err(TensorError::internal(ELEMT, format!("float input, got {}", x.dtype()))))
 }
 
 fn elemt<T: BnElement>(x: &Tensor, mean: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
@@ -120,7 +120,7 @@ fn elemt<T: BnElement>(x: &Tensor, mean: &Tensor, scale: &Tensor, shift: &Tensor
 
 /// See [`crate::backend::DeviceOps::batch_norm_backward_reduce`].
 pub(super) fn batch_norm_backward_reduce(dy: &Tensor, x: &Tensor, mean: &Tensor) -> Result<(Tensor, Tensor)> {
-    dispatch_float!(x.dtype(), T => backward_reduce::<T>(dy, x, mean), Err(TensorError::invalid(REDUCE, format!("internal: float input, got {}", x.dtype()))))
+    dispatch_float!(x.dtype(), T => backward_reduce::<T>(dy, x, mean), Err(TensorError::internal(REDUCE, format!("float input, got {}", x.dtype()))))
 }
 
 fn backward_reduce<T: BnElement>(dy: &Tensor, x: &Tensor, mean: &Tensor) -> Result<(Tensor, Tensor)> {
@@ -136,7 +136,7 @@ fn backward_reduce<T: BnElement>(dy: &Tensor, x: &Tensor, mean: &Tensor) -> Resu
 /// See [`crate::backend::DeviceOps::batch_norm_backward_elemt`].
 pub(super) fn batch_norm_backward_elemt(args: BatchNormBackwardElemt<'_>) -> Result<Tensor> {
     let dtype = args.dy.dtype();
-    dispatch_float!(dtype, T => backward_elemt::<T>(args), Err(TensorError::invalid(BACKWARD_ELEMT, format!("internal: float input, got {dtype}"))))
+    dispatch_float!(dtype, T => backward_elemt::<T>(args), Err(TensorError::internal(BACKWARD_ELEMT, format!("float input, got {dtype}"))))
 }
 
 fn backward_elemt<T: BnElement>(args: BatchNormBackwardElemt<'_>) -> Result<Tensor> {

@@ -7,8 +7,9 @@ use super::integer::IntElement;
 use super::strided::{map_binary, map_ternary, map_unary, Cost};
 use crate::backend::CompareOp;
 use crate::dispatch::{dispatch_dtype, dispatch_float, dispatch_int};
-use crate::dtype::{integer_scalar, WithDType};
+use crate::dtype::WithDType;
 use crate::error::{Result, TensorError};
+use crate::scalar::integer_scalar;
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::{binary, map1, map2, map3, unary, BinaryOp, UnaryOp};
 
@@ -17,7 +18,7 @@ pub(super) fn unary_op(name: &'static str, op: UnaryOp, x: &Tensor) -> Result<Te
     let cost = if op.is_expensive() { Cost::Expensive } else { Cost::Cheap };
     dispatch_float!(x.dtype(), T => map_unary::<T, T>(name, x, cost, |src, dst| unary(op, src, dst)),
         dispatch_int!(x.dtype(), T => int_unary::<T>(name, op, x),
-            Err(TensorError::invalid(name, "internal error: a bool tensor reached the unary kernels"))))
+            Err(TensorError::internal(name, "a bool tensor reached the unary kernels"))))
 }
 
 /// The integer forms of the unary ops (wrapping, like PyTorch).
@@ -43,7 +44,7 @@ fn int_unary<T: IntElement>(name: &'static str, op: UnaryOp, x: &Tensor) -> Resu
             let (m, a) = (T::from_i64(integer_scalar(name, mul)?), T::from_i64(integer_scalar(name, add)?));
             int_map::<T>(x, name, move |v| v.wrapping_mul(m).wrapping_add(a))
         }
-        other => Err(TensorError::invalid(name, format!("internal error: {} has no integer kernel", other.name()))),
+        other => Err(TensorError::internal(name, format!("{} has no integer kernel", other.name()))),
     }
 }
 
@@ -74,9 +75,9 @@ fn int_binary<T: IntElement>(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Ten
         BinaryOp::ReluBackward => map_binary::<T, T, T>(name, a, b, cost, |x, y, o| {
             map2(x, y, o, |g, out| if out > T::default() { g } else { T::default() })
         }),
-        BinaryOp::Div => Err(TensorError::invalid(name, "internal error: integer true division reached the kernel")),
+        BinaryOp::Div => Err(TensorError::internal(name, "integer true division reached the kernel")),
         BinaryOp::GeluBackward | BinaryOp::GeluTanhBackward => {
-            Err(TensorError::invalid(name, "internal error: an integer tensor reached a float-only kernel"))
+            Err(TensorError::internal(name, "an integer tensor reached a float-only kernel"))
         }
     }
 }
@@ -97,7 +98,7 @@ fn bool_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         | BinaryOp::ReluBackward
         | BinaryOp::GeluBackward
         | BinaryOp::GeluTanhBackward => {
-            Err(TensorError::invalid(name, "internal error: this bool op should have been refused or promoted"))
+            Err(TensorError::internal(name, "this bool op should have been refused or promoted"))
         }
     }
 }

@@ -27,7 +27,7 @@ fn kernel_error(op: &'static str) -> impl Fn(IndexError) -> TensorError {
 /// Slice `start..start + len` of `data`, or an error (never a panic).
 fn span<'a, T>(op: &'static str, data: &'a [T], start: usize, len: usize) -> Result<&'a [T]> {
     data.get(start..start.saturating_add(len))
-        .ok_or_else(|| TensorError::invalid(op, format!("internal: {start}+{len} is past {} elements", data.len())))
+        .ok_or_else(|| TensorError::internal(op, format!("{start}+{len} is past {} elements", data.len())))
 }
 
 /// Layout over `x`'s storage with the index's shape: the strides of `x`,

@@ -32,7 +32,7 @@ fn zero<F: NormFloat>() -> F {
 pub(super) fn elements<'a, F: WithDType>(op: &'static str, t: &Tensor, data: &'a [F]) -> Result<&'a [F]> {
     let offset = t.layout().offset();
     data.get(offset..offset + t.numel())
-        .ok_or_else(|| TensorError::invalid(op, format!("internal: {offset}+{} is past {}", t.numel(), data.len())))
+        .ok_or_else(|| TensorError::internal(op, format!("{offset}+{} is past {}", t.numel(), data.len())))
 }
 
 /// See [`crate::backend::DeviceOps::layer_norm`].
@@ -45,7 +45,7 @@ pub(super) fn layer_norm(
     match x.dtype() {
         DType::F32 => forward::<f32>(x, weight, bias, eps),
         DType::F64 => forward::<f64>(x, weight, bias, eps),
-        other => Err(TensorError::invalid(OP, format!("internal: computes in f32 or f64, got {other}"))),
+        other => Err(TensorError::internal(OP, format!("computes in f32 or f64, got {other}"))),
     }
 }
 
@@ -112,7 +112,7 @@ pub(super) fn layer_norm_backward(args: LayerNormBackward<'_>, needs: [bool; 3])
     match args.x.dtype() {
         DType::F32 => backward::<f32>(args, needs),
         DType::F64 => backward::<f64>(args, needs),
-        other => Err(TensorError::invalid(BACKWARD, format!("internal: computes in f32 or f64, got {other}"))),
+        other => Err(TensorError::internal(BACKWARD, format!("computes in f32 or f64, got {other}"))),
     }
 }
 

@@ -36,7 +36,7 @@ fn window<'a, T>(op: &'static str, data: &'a mut [T], t: &Tensor) -> Result<&'a 
     let (offset, n) = (t.layout().offset(), t.numel());
     let len = data.len();
     data.get_mut(offset..offset + n)
-        .ok_or_else(|| TensorError::invalid(op, format!("internal: {offset}+{n} is past {len} elements")))
+        .ok_or_else(|| TensorError::internal(op, format!("{offset}+{n} is past {len} elements")))
 }
 
 /// Locks `written` for writing and `grad` for reading, then runs `update`
@@ -55,7 +55,7 @@ fn with_update_slices<T: WithDType>(
     let offset = grad.layout().offset();
     let grad_elements = grad_data
         .get(offset..offset + grad.numel())
-        .ok_or_else(|| TensorError::invalid(op, "internal: the gradient is past its storage"))?;
+        .ok_or_else(|| TensorError::internal(op, "the gradient is past its storage"))?;
     let mut views = Vec::with_capacity(slices.len());
     for (data, t) in slices.into_iter().zip(written) {
         views.push(window(op, data, t)?);
@@ -70,7 +70,7 @@ fn step<T: WithDType + FloatElement>(update: &AdamUpdate<'_>) -> Result<()> {
     with_update_slices::<T>(OP, &update.grad, &written, |grad, views| {
         let mut views = views.into_iter();
         let (Some(param), Some(exp_avg), Some(exp_avg_sq)) = (views.next(), views.next(), views.next()) else {
-            return Err(TensorError::invalid(OP, "internal: a parameter without its two moments"));
+            return Err(TensorError::internal(OP, "a parameter without its two moments"));
         };
         let max = views.next();
         if grad.len() < PARALLEL_MIN_WORK {
@@ -103,7 +103,7 @@ fn sgd<T: WithDType + FloatElement>(update: &SgdUpdate<'_>) -> Result<()> {
     with_update_slices::<T>(SGD_OP, &update.grad, &written, |grad, views| {
         let mut views = views.into_iter();
         let Some(param) = views.next() else {
-            return Err(TensorError::invalid(SGD_OP, "internal: an update without its parameter"));
+            return Err(TensorError::internal(SGD_OP, "an update without its parameter"));
         };
         let buffer = views.next();
         if grad.len() < PARALLEL_MIN_WORK {

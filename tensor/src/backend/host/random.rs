@@ -74,7 +74,7 @@ pub(super) fn random(
             })
         }?,
         (_, Distribution::Bernoulli { .. }) => {
-            return Err(crate::error::TensorError::invalid(op, "internal error: Bernoulli draws take the path above"))
+            return Err(crate::error::TensorError::internal(op, "Bernoulli draws take the path above"))
         }
     };
     values.to_dtype(dtype)

@@ -298,7 +298,7 @@ fn reduce_rows<T: WithDType, R: Reduction<T>>(
     // below cannot fail.
     let end = bases.required_storage_len().saturating_sub(1).saturating_add(len);
     if end > src.len() {
-        return Err(TensorError::invalid(op, format!("internal: rows reach element {end} of {}", src.len())));
+        return Err(TensorError::internal(op, format!("rows reach element {end} of {}", src.len())));
     }
     if out.len() < 2 || out.len().saturating_mul(len) < PARALLEL_MIN_WORK {
         for (o, base) in out.iter_mut().zip(bases.offsets()) {

@@ -122,7 +122,7 @@ fn run_blocks_widened<T: Widen>(
 /// `data[offset..offset + len]`, or an error (never a panic).
 fn within<'a, T>(op: &'static str, data: &'a [T], offset: usize, len: usize) -> Result<&'a [T]> {
     data.get(offset..offset.saturating_add(len))
-        .ok_or_else(|| TensorError::invalid(op, format!("internal: {offset}+{len} is past {} elements", data.len())))
+        .ok_or_else(|| TensorError::internal(op, format!("{offset}+{len} is past {} elements", data.len())))
 }
 
 /// See [`crate::backend::DeviceOps::softmax`]: `x` is contiguous, `[outer, n,

@@ -299,9 +299,9 @@ pub(crate) fn update_in_place<T: WithDType, const N: usize>(
         // Nothing to write; the version still counts the in-place op (as PyTorch's does).
     } else if dst.is_contiguous() {
         let start = dst.layout().offset();
-        let span = data.get_mut(start..start + numel).ok_or_else(|| {
-            TensorError::invalid(op, format!("internal error: view {start}..{} outside its storage", start + numel))
-        })?;
+        let span = data
+            .get_mut(start..start + numel)
+            .ok_or_else(|| TensorError::internal(op, format!("view {start}..{} outside its storage", start + numel)))?;
         let layouts: Vec<&Layout> = operands.iter().map(|t| t.layout()).collect();
         let plan = Plan::new(dst.dims(), &layouts);
         plan.run(span, cost, |starts, row| {

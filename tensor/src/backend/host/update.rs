@@ -7,8 +7,9 @@ use super::integer::IntElement;
 use super::strided::{update_in_place, Cost};
 use crate::backend::Update;
 use crate::dispatch::{dispatch_float, dispatch_int};
-use crate::dtype::{integer_scalar, WithDType};
+use crate::dtype::WithDType;
 use crate::error::{Result, TensorError};
+use crate::scalar::integer_scalar;
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::{
     addcdiv, addcmul, axpy, binary_update, binary_update_self, unary_update, update0, update1, BinaryOp, Float,
@@ -17,9 +18,8 @@ use brasa_kernels::elementwise::{
 
 /// See [`crate::backend::DeviceOps::update`].
 pub(super) fn update(name: &'static str, op: Update, dst: &Tensor, operands: &[&Tensor]) -> Result<()> {
-    let operand = |k: usize| {
-        operands.get(k).copied().ok_or_else(|| TensorError::invalid(name, "internal error: an operand is missing"))
-    };
+    let operand =
+        |k: usize| operands.get(k).copied().ok_or_else(|| TensorError::internal(name, "an operand is missing"));
     let not_float = || TensorError::not_float(name, dst.dtype());
     match op {
         Update::Unary(op) => {
@@ -46,14 +46,14 @@ pub(super) fn update(name: &'static str, op: Update, dst: &Tensor, operands: &[&
                     BinaryOp::Mul => T::wrapping_mul,
                     BinaryOp::Maximum => Ord::max,
                     BinaryOp::Minimum => Ord::min,
-                    _ => return Err(TensorError::invalid(name, "internal error: unsupported integer in-place op")),
+                    _ => return Err(TensorError::internal(name, "unsupported integer in-place op")),
                 };
                 apply_with(name, dst, x, itself, f)
             }, {
                 let f: fn(bool, bool) -> bool = match op {
                     BinaryOp::Add | BinaryOp::Maximum => |p, q| p | q,
                     BinaryOp::Mul | BinaryOp::Minimum => |p, q| p & q,
-                    _ => return Err(TensorError::invalid(name, "internal error: unsupported bool in-place op")),
+                    _ => return Err(TensorError::internal(name, "unsupported bool in-place op")),
                 };
                 apply_with(name, dst, x, itself, f)
             }))
@@ -108,7 +108,7 @@ fn int_unary<T: IntElement>(name: &'static str, op: UnaryOp, dst: &Tensor) -> Re
             let (m, a) = (T::from_i64(integer_scalar(name, mul)?), T::from_i64(integer_scalar(name, add)?));
             apply(&move |v: T| v.wrapping_mul(m).wrapping_add(a))
         }
-        other => Err(TensorError::invalid(name, format!("internal error: {} has no integer kernel", other.name()))),
+        other => Err(TensorError::internal(name, format!("{} has no integer kernel", other.name()))),
     }
 }
 

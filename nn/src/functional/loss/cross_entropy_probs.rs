@@ -10,9 +10,9 @@
 //! gives the target its gradient (`−w·log p`, PyTorch differentiates it
 //! too) with no backward of its own to get wrong.
 
+use super::options::{CrossEntropyOptions, Reduction};
 use crate::error::{NnError, Result};
-use crate::functional::{CrossEntropyOptions, Reduction};
-use brasa_autograd::{autocast_inputs, Var};
+use brasa_autograd::{autocast_inputs, op_names, Var};
 
 /// PyTorch's default `ignore_index`, which probability targets accept only
 /// because it is the default.
@@ -51,7 +51,7 @@ const DEFAULT_IGNORE_INDEX: i64 = -100;
 /// # Ok::<(), brasa_nn::NnError>(())
 /// ```
 pub fn cross_entropy_probs(logits: &Var, target: &Var, options: &CrossEntropyOptions) -> Result<Var> {
-    const WHAT: &str = "cross_entropy";
+    const WHAT: &str = op_names::CROSS_ENTROPY;
     if let Some(c) = autocast_inputs(WHAT, &[logits, target])? {
         return cross_entropy_probs(&c[0], &c[1], options);
     }
