@@ -293,3 +293,32 @@ fn steps_in_which_the_allocator_thrashes_split_further() {
     }
     assert_eq!(thrashing, [(1, false), (1, true), (2, false)]);
 }
+
+#[test]
+fn checkpointed_micro_batches_equal_hand_written_accumulation() {
+    use brasa::autograd::{checkpoint, AutogradError};
+    use std::sync::Arc;
+    let device = fresh_device(None);
+    let run = Run { dtype: DType::F32, kind: Opt::SgdMomentum, rows: ROWS, steps: 2, bf16_autocast: false };
+    let data = data(device, run.dtype, run.rows);
+    // The model's forward, recomputed in backward (checkpointing).
+    let checkpointed = |model: &Arc<Sequential>, rows: Range<usize>| -> Result<Var, NnError> {
+        let model = Arc::clone(model);
+        let input = Var::new(data.0.narrow(0, rows.start, rows.len())?);
+        let logits = checkpoint(move |x| model.forward(&x[0]).map_err(AutogradError::external), &[&input])?;
+        cross_entropy(&logits, &data.1.narrow(0, rows.start, rows.len())?)
+    };
+    let (by_hand, wrapped) = (Arc::new(mlp(device, run.dtype)), Arc::new(mlp(device, run.dtype)));
+    let (mut hand_opt, mut auto_opt) = (optimizer(run.kind, &by_hand), optimizer(run.kind, &wrapped));
+    let config = AutoMicroBatchConfig { initial_micro_batches: 2, ..Default::default() };
+    let mut auto = AutoMicroBatch::with_config(config).unwrap();
+    for _ in 0..run.steps {
+        for half in [0..ROWS / 2, ROWS / 2..ROWS] {
+            checkpointed(&by_hand, half).unwrap().mul_scalar(0.5).unwrap().backward().unwrap();
+        }
+        hand_opt.step().unwrap();
+        hand_opt.zero_grad().unwrap();
+        auto.step(ROWS, auto_opt.as_mut(), |rows| checkpointed(&wrapped, rows)).unwrap();
+    }
+    assert_eq!(values(&wrapped), values(&by_hand));
+}
