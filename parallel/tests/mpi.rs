@@ -16,20 +16,25 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use brasa_nn::functional::cross_entropy;
-use brasa_nn::optim::{Optimizer, Sgd, SgdConfig};
-use brasa_nn::{Linear, Module, ModuleExt, Relu, Sequential};
+use brasa_nn::optim::Optimizer;
+use brasa_nn::{Module, ModuleExt};
 use brasa_parallel::{
-    abort_job_on_panic, init_from_env, launched_by_mpi, CommOptions, Communicator, DdpConfig, DistributedDataParallel,
-    ParallelError, ReduceOp, Result,
+    init_from_env, CommOptions, Communicator, DdpConfig, DistributedDataParallel, ParallelError, ReduceOp, Result,
 };
 use brasa_tensor::{DType, Device, Tensor};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+#[path = "support/ddp_case.rs"]
+mod ddp_case;
+#[path = "support/job.rs"]
+mod job;
 #[path = "support/launch.rs"]
 mod launch;
-use launch::{launcher, CASE, CHILD};
+use ddp_case::{ddp_batch, ddp_model, parameter_values, sgd};
+use job::{case, is_child, join, local_mpirun, run, Job, Log};
+use launch::launcher;
 
 const FLOATS: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
 const SIZES: [usize; 5] = [0, 1, 17, 4097, 300_007];
@@ -37,140 +42,7 @@ const REDUCE_OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, 
 
 // ---------------------------------------------------------------- parent side
 
-fn is_child() -> bool {
-    std::env::var_os(CHILD).is_some()
-}
-
-fn case() -> String {
-    std::env::var(CASE).unwrap_or_default()
-}
-
-/// How a job ended.
-struct Job {
-    status: ExitStatus,
-    output: String,
-    elapsed: Duration,
-}
-
-impl Job {
-    fn describe(&self) -> String {
-        format!("exit {:?} after {:.1?}; output:\n{}", self.status.code(), self.elapsed, self.output)
-    }
-
-    fn assert_success(&self) {
-        assert!(self.status.success(), "the MPI job failed: {}", self.describe());
-    }
-
-    /// The job failed by itself: a non-zero exit of mpirun, not the outer
-    /// `timeout` killing a hung job (124, or 137 after -k).
-    fn assert_failed_without_hanging(&self, within: Duration) {
-        let code = self.status.code();
-        assert!(!self.status.success(), "the job should have failed: {}", self.describe());
-        assert!(
-            !matches!(code, Some(124) | Some(137) | None),
-            "the job hung until the outer timeout killed it: {}",
-            self.describe()
-        );
-        assert!(
-            !self.output.contains("time limit for job execution has been reached"),
-            "the job hung until mpirun --timeout ended it: {}",
-            self.describe()
-        );
-        assert!(self.elapsed < within, "the job took {:.1?}, expected < {within:?}: {}", self.elapsed, self.describe());
-    }
-
-    fn assert_marker(&self, marker: &str) {
-        assert!(self.output.contains(marker), "no `{marker}` line from the ranks: {}", self.describe());
-    }
-}
-
-/// The shared-memory launch of mpi.md: 2 ranks on this machine.
-fn local_mpirun(test: &str, case: &str) -> Command {
-    launcher(
-        "mpirun",
-        &[
-            "-np",
-            "2",
-            "--oversubscribe",
-            "--bind-to",
-            "none",
-            "--timeout",
-            "60",
-            "--mca",
-            "pml",
-            "ob1",
-            "--mca",
-            "btl",
-            "self,vader",
-            "--mca",
-            "oob_tcp_if_include",
-            "lo",
-        ],
-        test,
-        case,
-    )
-}
-
-/// Where a job's output goes: a file rather than a pipe, so that a process
-/// the job leaves behind (a daemon cut off from mpirun) holding the output
-/// open can never make the test wait for end-of-file.
-struct Log(PathBuf);
-
-impl Log {
-    fn new() -> Log {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, Ordering::SeqCst);
-        Log(std::env::temp_dir().join(format!("brasa-mpi-test-{}-{n}.log", std::process::id())))
-    }
-
-    fn attach(&self, command: &mut Command) {
-        let file = std::fs::File::create(&self.0).expect("creating the job's log file");
-        let err = file.try_clone().expect("cloning the log file handle");
-        command.stdout(Stdio::from(file)).stderr(Stdio::from(err));
-    }
-
-    fn read(&self) -> String {
-        String::from_utf8_lossy(&std::fs::read(&self.0).unwrap_or_default()).into_owned()
-    }
-}
-
-impl Drop for Log {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn run(mut command: Command) -> Job {
-    let log = Log::new();
-    log.attach(&mut command);
-    let start = Instant::now();
-    let status = command.status().expect("cannot start timeout/mpirun: is Open MPI installed (see .ci/run)?");
-    let job = Job { status, output: log.read(), elapsed: start.elapsed() };
-    let args: Vec<_> = command.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
-    let case =
-        command.get_envs().find(|(k, _)| *k == CASE).and_then(|(_, v)| v).map(|v| v.to_string_lossy().into_owned());
-    println!(
-        "job {} (case {:?}): exit {:?} after {:.1?}",
-        args.iter().rev().nth(3).map_or("?", |s| s.as_str()),
-        case.unwrap_or_default(),
-        job.status.code(),
-        job.elapsed
-    );
-    job
-}
-
 // ------------------------------------------------------------------ rank side
-
-/// This rank's communicator, after the panic hook that makes a failed
-/// assertion end the whole job.
-fn join(timeout: Duration) -> Communicator {
-    abort_job_on_panic();
-    assert!(launched_by_mpi(), "the child runs under mpirun");
-    let comm = init_from_env(&CommOptions::default().timeout(timeout)).expect("init_from_env under mpirun");
-    assert_eq!(comm.backend(), "mpi");
-    comm
-}
 
 /// Rank `rank`'s input at element `i`: small integers and halves, exact in
 /// every dtype, as are their sums.
@@ -504,43 +376,6 @@ fn a_rank_that_returns_early_fails_its_peer_fast() {
 }
 
 // ------------------------------------------------------- DDP across processes
-
-const DDP_BATCH: usize = 16;
-
-/// A small MLP with parameters from a formula (the same in every process
-/// and in the single-process reference).
-fn ddp_model() -> Result<Sequential> {
-    let dev = Device::CPU;
-    let model = Sequential::new().push(Linear::new(6, 16, dev)?).push(Relu).push(Linear::new(16, 3, dev)?);
-    for (k, p) in model.parameters().iter().enumerate() {
-        let scale = 1.0 / (p.dims().last().copied().unwrap_or(1) as f32).sqrt();
-        let v: Vec<f32> = (0..p.numel()).map(|i| (((i * 31 + k * 17) % 41) as f32 - 20.0) / 20.0 * scale).collect();
-        p.tensor().copy_(&Tensor::from_vec_on(v, p.dims().to_vec(), dev)?)?;
-    }
-    Ok(model)
-}
-
-/// Rank `rank`'s rows of the batch of `step` (`world` 1: the full batch).
-fn ddp_batch(step: usize, rank: usize, world: usize) -> Result<(Tensor, Tensor)> {
-    let x: Vec<f32> = (0..DDP_BATCH * 6).map(|i| (((i * 37 + step * 11) % 29) as f32 - 14.0) / 7.0).collect();
-    let y: Vec<i64> = (0..DDP_BATCH).map(|i| ((i * 5 + step) % 3) as i64).collect();
-    let (x, y) =
-        (Tensor::from_vec_on(x, [DDP_BATCH, 6], Device::CPU)?, Tensor::from_vec_on(y, [DDP_BATCH], Device::CPU)?);
-    let rows = DDP_BATCH / world;
-    Ok((x.narrow(0, rank * rows, rows)?.contiguous()?, y.narrow(0, rank * rows, rows)?.contiguous()?))
-}
-
-fn sgd(params: Vec<brasa_autograd::Var>) -> Result<Sgd> {
-    Ok(Sgd::new(params, SgdConfig { lr: 0.1, momentum: 0.9, ..Default::default() })?)
-}
-
-fn parameter_values(model: &Sequential) -> Result<Vec<f32>> {
-    let mut all = Vec::new();
-    for p in model.parameters() {
-        all.extend(p.tensor().to_vec::<f32>()?);
-    }
-    Ok(all)
-}
 
 /// Rank's part: DDP over the job's ranks, step for step equal to one
 /// process on the full batch (computed here too), with small buckets (so
@@ -877,63 +712,4 @@ fn two_hosts_over_network_namespaces() {
         job.describe()
     );
     drop(hosts);
-}
-
-// ------------------------------------- automatic micro-batching across processes
-
-/// Rank's part: `AutoMicroBatch` over the job's ranks, where rank 0 alone
-/// runs out of memory whenever it is given the whole batch (a real
-/// allocator error: a request larger than the limit of logical device
-/// `cpu:1`). Both ranks must retry with two micro-batches, settle there,
-/// and end equal to one process's unsplit steps on the whole batch.
-fn check_auto_micro_batch(comm: &Communicator, steps: usize) -> Result<()> {
-    use brasa_nn::optim::AutoMicroBatch;
-    let (rank, world) = (comm.rank(), comm.world_size());
-    let reference = ddp_model()?;
-    let mut reference_opt = sgd(reference.parameters())?;
-    let ddp = DistributedDataParallel::new(ddp_model()?, comm.clone(), DdpConfig::default())?;
-    let mut opt = sgd(ddp.module().parameters())?;
-    let mut auto = AutoMicroBatch::new();
-    let rows = DDP_BATCH / world;
-    for step in 0..steps {
-        let (full_x, full_y) = ddp_batch(step, 0, 1)?;
-        cross_entropy(&reference.forward(&brasa_autograd::Var::new(full_x))?, &full_y)?.backward()?;
-        reference_opt.step()?;
-        reference_opt.zero_grad()?;
-        let (x, y) = ddp_batch(step, rank, world)?;
-        let report = auto.step_with_peers(rows, &mut opt, &ddp, |range| {
-            if rank == 0 && range.len() == rows {
-                // More than cpu:1 may ever hold: an out of memory, as a
-                // too-large batch would give.
-                Tensor::zeros_on([1 << 20], DType::F32, Device::cpu(1))?;
-            }
-            let len = range.len();
-            let logits = ddp.forward(&brasa_autograd::Var::new(x.narrow(0, range.start, len)?))?;
-            Ok::<_, ParallelError>(cross_entropy(&logits, &y.narrow(0, range.start, len)?)?)
-        })?;
-        assert_eq!(report.micro_batches, 2, "rank {rank} step {step}: {report}");
-        assert_eq!(report.retries.len(), usize::from(step == 0), "rank {rank} step {step}: {report}");
-        let (got, want) = (parameter_values(ddp.module())?, parameter_values(&reference)?);
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()), "rank {rank} step {step} parameter {i}: {g} vs {w}");
-        }
-    }
-    println!("BRASA-AUTO-MICRO-BATCH-OK rank={rank} steps={steps}");
-    Ok(())
-}
-
-#[test]
-fn auto_micro_batch_over_two_processes_retries_together() {
-    if is_child() {
-        brasa_tensor::set_host_device_count(2).unwrap();
-        brasa_tensor::set_host_memory_limit(1, Some(1 << 20)).unwrap();
-        let comm = join(Duration::from_secs(40));
-        check_auto_micro_batch(&comm, 3).unwrap();
-        drop(comm);
-        return;
-    }
-    let job = run(local_mpirun("auto_micro_batch_over_two_processes_retries_together", ""));
-    job.assert_success();
-    job.assert_marker("BRASA-AUTO-MICRO-BATCH-OK rank=0");
-    job.assert_marker("BRASA-AUTO-MICRO-BATCH-OK rank=1");
 }
