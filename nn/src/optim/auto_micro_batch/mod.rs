@@ -107,8 +107,7 @@ impl AutoMicroBatch {
     /// Starts with the whole batch, splits after 2 thrashing steps,
     /// weighs mean losses.
     pub fn new() -> AutoMicroBatch {
-        AutoMicroBatch::with_config(AutoMicroBatchConfig::default())
-            .unwrap_or_else(|_| unreachable!("the default configuration is valid"))
+        AutoMicroBatch::from_valid(AutoMicroBatchConfig::default())
     }
 
     /// A wrapper with `config`; 0 initial micro-batches is an error.
@@ -116,8 +115,12 @@ impl AutoMicroBatch {
         if config.initial_micro_batches == 0 {
             return Err(NnError::invalid("AutoMicroBatch", "initial_micro_batches must be at least 1"));
         }
+        Ok(AutoMicroBatch::from_valid(config))
+    }
+
+    fn from_valid(config: AutoMicroBatchConfig) -> AutoMicroBatch {
         let micro_batches = config.initial_micro_batches;
-        Ok(AutoMicroBatch { config, micro_batches, thrashed_steps: 0, steps: 0, retries: 0 })
+        AutoMicroBatch { config, micro_batches, thrashed_steps: 0, steps: 0, retries: 0 }
     }
 
     /// Micro-batches the next step starts with: the split that last worked.
@@ -214,33 +217,12 @@ impl AutoMicroBatch {
             for index in 0..count {
                 let range = micro_batch_rows(rows, count, index);
                 let len = range.len();
-                let mine = match self.run_micro(range, rows, count, peers, &mut micro) {
-                    // Only the last micro-batch's outcome decides thrashing
-                    // (the counter covers the whole attempt).
-                    Ok(()) if index + 1 == count && allocator_retries(&devices)? > retries_before => {
-                        SplitOutcome::Thrashed
-                    }
-                    Ok(()) => SplitOutcome::Finished,
-                    Err(error) if error.as_out_of_memory().is_some() && len > 1 => {
-                        own_error = Some(error);
-                        SplitOutcome::OutOfMemory
-                    }
-                    Err(error) => {
-                        own_error = Some(if error.as_out_of_memory().is_some() {
-                            NnError::MicroBatch {
-                                message: format!(
-                                    "out of memory in a micro-batch of {len} row{} ({count} micro-batches of a \
-                                     {rows}-row batch): splitting cannot help",
-                                    if len == 1 { "" } else { "s" }
-                                ),
-                                source: Some(Box::new(error)),
-                            }
-                        } else {
-                            error
-                        });
-                        SplitOutcome::Failed { rank: peers.map_or(0, |p| p.rank()) }
-                    }
-                };
+                let outcome = self.run_micro(range, rows, count, peers, &mut micro);
+                // Only the last micro-batch's outcome tells thrashing (the
+                // counter covers the whole attempt).
+                let thrashed = outcome.is_ok() && index + 1 == count && allocator_retries(&devices)? > retries_before;
+                let (mine, error) = classify(outcome, thrashed, len, count, rows, peers.map_or(0, |p| p.rank()));
+                own_error = error;
                 agreed = match peers.map(|p| p.agree(mine)) {
                     Some(Ok(agreed)) => agreed,
                     Some(Err(error)) => {
@@ -337,6 +319,36 @@ impl AutoMicroBatch {
         loss.backward()?;
         Ok(())
     }
+}
+
+/// How this rank's micro-batch of `len` rows (of `count` over `rows`)
+/// went, and its error: an out of memory is retried unless the
+/// micro-batch is a single row, where splitting cannot help.
+fn classify(
+    outcome: Result<()>,
+    thrashed: bool,
+    len: usize,
+    count: usize,
+    rows: usize,
+    rank: usize,
+) -> (SplitOutcome, Option<NnError>) {
+    let error = match outcome {
+        Ok(()) if thrashed => return (SplitOutcome::Thrashed, None),
+        Ok(()) => return (SplitOutcome::Finished, None),
+        Err(error) => error,
+    };
+    if error.as_out_of_memory().is_none() {
+        return (SplitOutcome::Failed { rank }, Some(error));
+    }
+    if len > 1 {
+        return (SplitOutcome::OutOfMemory, Some(error));
+    }
+    let message = format!(
+        "out of memory in a micro-batch of {len} row{} ({count} micro-batches of a {rows}-row batch): \
+         splitting cannot help",
+        if len == 1 { "" } else { "s" }
+    );
+    (SplitOutcome::Failed { rank }, Some(NnError::MicroBatch { message, source: Some(Box::new(error)) }))
 }
 
 /// Drops the gradients of an attempt that will not be used.
