@@ -294,6 +294,29 @@ impl GradScaler {
         Ok(())
     }
 
+    /// Replaces the inf/NaN verdict [`GradScaler::unscale_`] recorded for
+    /// `opt`. For sharded training, where each rank's check sees only its
+    /// own shards and every rank must take the same decision (PyTorch's
+    /// `ShardedGradScaler` all-reduces it): pass whether *any* rank found
+    /// one, e.g. `FullyShardedDataParallel::any_rank_nonfinite`. An error
+    /// unless `unscale_` was called on `opt` since the last update and
+    /// `step` was not.
+    pub fn set_found_inf(&mut self, opt: &dyn Optimizer, found_inf: bool) -> Result<()> {
+        if !self.config.enabled {
+            return Ok(());
+        }
+        let stage = self.stage(opt);
+        if stage != OptimizerStage::Unscaled {
+            return Err(AmpError::ScalerOrder {
+                call: "set_found_inf",
+                message: "set_found_inf() needs unscale_() first, and cannot follow step()",
+                stage,
+            });
+        }
+        self.entry_mut(opt.params()).found_inf = Some(found_inf);
+        Ok(())
+    }
+
     /// Unscales `opt`'s gradients (unless [`GradScaler::unscale_`] already
     /// did) and steps it if every gradient is finite; returns whether it
     /// stepped. Once per optimizer between updates.

@@ -18,6 +18,7 @@ mod cuda_attention_figures;
 #[cfg(feature = "cuda")]
 mod cuda_figures;
 mod ddp_figures;
+mod fsdp_figures;
 mod gpt_figures;
 mod measure;
 mod memory_figures;

@@ -12,6 +12,8 @@
 //! - `parallel.allreduce_*`, `parallel.ddp_*`, `parallel.zero2_*`: see
 //!   `ddp_figures`.
 //!
+//! - `parallel.fsdp_*`: see `fsdp_figures`.
+//!
 //! - `parallel.pipeline_*`: see `pipeline_figures`.
 //!
 //! Each figure runs in a child process (`brasa-bench --parallel-worker
@@ -20,6 +22,7 @@
 //! function `fn(quick) -> Result<f64, String>` and list it in [`FIGURES`].
 
 use crate::ddp_figures;
+use crate::fsdp_figures;
 use crate::measure::{Better, Figure, Options};
 use crate::pipeline_figures;
 use brasa_nn::functional::cross_entropy;
@@ -73,6 +76,24 @@ const FIGURES: &[ParallelFigure] = &[
         unit: "x",
         better: Better::Lower,
         measure: ddp_figures::zero2_memory_ratio_4,
+    },
+    ParallelFigure {
+        name: "parallel.fsdp_memory_ratio_4",
+        unit: "x",
+        better: Better::Lower,
+        measure: fsdp_figures::fsdp_memory_ratio_4,
+    },
+    ParallelFigure {
+        name: "parallel.fsdp_overlap",
+        unit: "share",
+        better: Better::Higher,
+        measure: fsdp_figures::fsdp_overlap,
+    },
+    ParallelFigure {
+        name: "parallel.fsdp_step_ratio",
+        unit: "x",
+        better: Better::Lower,
+        measure: fsdp_figures::fsdp_step_ratio,
     },
     ParallelFigure { name: "parallel.dp_device0_share", unit: "x", better: Better::Lower, measure: dp_device0_share },
     ParallelFigure {

@@ -122,6 +122,44 @@ pub mod guide_samples {
 }
 
 /// The names a training program uses most, in one import.
+///
+/// Training on several devices is in it too (`brasa-parallel`): the
+/// [`Communicator`](brasa_parallel::Communicator) and its launchers,
+/// `DataParallel`, `DistributedDataParallel` (with ZeRO) and `Pipeline`.
+/// Its engine trait, `brasa::parallel::CollectiveEngine`, is left out: it
+/// is for those who write an engine, not a training program.
+///
+/// ```
+/// use brasa::prelude::*;
+///
+/// // One rank per thread and logical host device, as under `torchrun`.
+/// let sums = run_in_process(2, &LaunchOptions::default(), |comm: Communicator| {
+///     let x = Tensor::full_on([2], (comm.rank() + 1) as f64, DType::F32, comm.device())?;
+///     comm.all_reduce(&x, ReduceOp::Sum)?;
+///     Ok(x.to_vec::<f32>()?)
+/// })?;
+/// assert_eq!(sums, [vec![3.0f32; 2], vec![3.0; 2]]);
+///
+/// // One process, two devices: PyTorch's `nn.DataParallel`, balanced.
+/// ensure_host_devices(2)?;
+/// let mut dp = DataParallel::with_config(
+///     &[Device::cpu(0), Device::cpu(1)],
+///     |device| Ok(Sequential::new().push(Linear::new(4, 3, device)?)),
+///     |params| Sgd::new(params, SgdConfig { lr: 0.1, ..Default::default() }),
+///     DataParallelConfig::default(),
+/// )?;
+/// let x = Tensor::randn([5, 4], DType::F32)?;
+/// let y = Tensor::from_vec(vec![0i64, 1, 2, 0, 1], [5])?;
+/// dp.step(&x, &y, cross_entropy)?;
+/// assert_eq!(dp.forward(&x)?.dims(), [5, 3]); // gathered on device 0
+///
+/// // Across processes: DDP (optionally ZeRO), pipelines.
+/// let _ddp = DdpConfig { zero: Some(ZeroStage::One), ..Default::default() };
+/// let _pipe = PipelineConfig::new(Partition::Boundaries(vec![1]), 4).schedule(Schedule::GPipe);
+/// let _comm: fn(&CommOptions) -> Result<Communicator, ParallelError> = init_from_env;
+/// fn _wrappers(_: &DistributedDataParallel<Sequential>, _: &ZeroOptimizer<Sgd>, _: &Pipeline) {}
+/// # Ok::<(), ParallelError>(())
+/// ```
 pub mod prelude {
     pub use brasa_amp::{autocast, autocast_disabled, to_bf16, to_half, GradScaler};
     pub use brasa_autograd::{
@@ -145,6 +183,11 @@ pub mod prelude {
     };
     pub use brasa_nn::{
         Conv1d, Conv1dConfig, ConvTranspose1d, ConvTranspose1dConfig, ConvTranspose2d, ConvTranspose2dConfig,
+    };
+    pub use brasa_parallel::{
+        ensure_host_devices, init_from_env, run_in_process, CommOptions, Communicator, DataParallel,
+        DataParallelConfig, DdpConfig, DistributedDataParallel, LaunchOptions, ParallelError, Partition, Pipeline,
+        PipelineConfig, ReduceOp, Schedule, ZeroOptimizer, ZeroStage,
     };
     pub use brasa_tensor::ScatterReduce;
     pub use brasa_tensor::{manual_seed, memory, DType, Device, Tensor};

@@ -1,6 +1,6 @@
-//! [`Communicator`]: one rank's handle on a process group, and [`Backend`],
-//! the narrow interface an engine (in-process threads, Open MPI, later
-//! NCCL) implements to execute collectives.
+//! [`Communicator`]: one rank's handle on a process group, and
+//! [`CollectiveEngine`], the narrow interface an engine (in-process
+//! threads, Open MPI, later NCCL) implements to execute collectives.
 //!
 //! Every communicator owns one worker thread, its *communication stream*:
 //! operations run there one after another in submission order, so a
@@ -27,7 +27,7 @@ use std::time::Duration;
 /// operation at a time, already validated for this rank alone. It compares
 /// [`Collective::signature`]s with its peers before moving data and never
 /// blocks longer than its timeout.
-pub trait Backend {
+pub trait CollectiveEngine {
     /// Executes `op` to completion.
     fn run(&mut self, op: &Collective) -> Result<()>;
 }
@@ -178,7 +178,7 @@ impl Communicator {
         info: RankInfo,
         options: &CommOptions,
         abort: Option<Arc<dyn Abort>>,
-        make_backend: impl FnOnce() -> Result<Box<dyn Backend>> + Send + 'static,
+        make_backend: impl FnOnce() -> Result<Box<dyn CollectiveEngine>> + Send + 'static,
     ) -> Result<Communicator> {
         options.check()?;
         let (jobs, queue) = mpsc::channel::<Job>();

@@ -388,16 +388,43 @@ impl<M: Module, O: Optimizer> DataParallel<M, O> {
         Ok(self.first_failure(OP, outcomes)?.iter().sum())
     }
 
+    /// The model's output for the whole batch, gathered on device 0: the
+    /// shape of PyTorch's `nn.DataParallel(model)(input)`, for evaluation
+    /// and metrics. `input` is scattered along dim 0 as for training (see
+    /// [`chunk_sizes`]; a batch smaller than the number of devices leaves
+    /// the last ones idle), every replica runs its forward at once on its
+    /// own thread and device, and the outputs are concatenated along dim 0
+    /// on the first device, in row order.
+    ///
+    /// It runs without recording a graph (as under `no_grad`): the output
+    /// has no gradient history and nothing accumulates into the gradients;
+    /// training goes through [`DataParallel::step`]. Replicas run in their
+    /// current mode (see [`DataParallel::set_training`]: call it with
+    /// `false` first for dropout and batch-norm evaluation behaviour).
+    /// [`DataParallel::predict`] gathers on another device.
+    ///
+    /// A 0-d or empty `input`, rows the model refuses (a wrong feature
+    /// size, named by the replica that failed), or an output without one
+    /// row per input row are errors that say so.
+    pub fn forward(&self, input: &Tensor) -> Result<Tensor> {
+        self.gather_outputs("DataParallel::forward", input, self.replicas[0].device)
+    }
+
     /// The model's output for `input` (scattered as for training, computed
     /// in every replica without recording a graph), concatenated along dim
     /// 0 on `device`. Only this gathered output lands on one device.
+    /// [`DataParallel::forward`] is this on device 0.
     pub fn predict(&self, input: &Tensor, device: Device) -> Result<Tensor> {
-        const OP: &str = "DataParallel::predict";
-        let (_, rows) = self.split(OP, input, None)?;
+        self.gather_outputs("DataParallel::predict", input, device)
+    }
+
+    /// [`DataParallel::predict`] for `op` (named in errors).
+    fn gather_outputs(&self, op: &'static str, input: &Tensor, device: Device) -> Result<Tensor> {
+        let (_, rows) = self.split(op, input, None)?;
         let replicas: Vec<&Replica<M>> = self.replicas.iter().collect();
         let outcomes =
-            run_on_devices(&self.pools, replicas, |rank, replica| replica.predict(input, rows[rank].clone()));
-        let outputs = self.first_failure(OP, outcomes)?;
+            run_on_devices(&self.pools, replicas, |rank, replica| replica.predict(op, input, rows[rank].clone()));
+        let outputs = self.first_failure(op, outcomes)?;
         let moved = outputs.into_iter().flatten().map(|t| t.to(device)).collect::<brasa_tensor::Result<Vec<_>>>()?;
         let parts: Vec<&Tensor> = moved.iter().collect();
         Ok(Tensor::cat(&parts, 0)?)
@@ -482,13 +509,20 @@ impl<M: Module, O: Optimizer> DataParallel<M, O> {
     /// The gradients accumulated so far, summed over replicas, by parameter
     /// name, on device 0: what the next optimizer step will apply (before
     /// clipping). For inspection and tests: unlike training, this puts a
-    /// full copy of the gradients on device 0.
+    /// full copy of the gradients on device 0. The tensors are fresh copies:
+    /// neither this call nor changes to its result touch the gradients the
+    /// optimizer step will use.
     pub fn gradients(&self) -> Result<Vec<(String, Tensor)>> {
         const OP: &str = "DataParallel::gradients";
         let device = self.replicas[0].device;
         let mut out = Vec::with_capacity(self.layout.slots.len());
         for (index, slot) in self.layout.slots.iter().enumerate() {
-            let sum = self.replicas[0].grad_views[index].contiguous()?;
+            // A new buffer, never the live gradient view (`contiguous` would
+            // return the view itself, and the sum would land in replica 0's
+            // gradient, applying the others' share twice).
+            let ours = &self.replicas[0].grad_views[index];
+            let sum = ours.zeros_like()?;
+            sum.copy_(ours)?;
             for replica in &self.replicas[1..] {
                 let theirs = replica.grad_views[index]
                     .to(device)

@@ -6,7 +6,7 @@
 use crate::communicator::{CommOptions, Communicator};
 use crate::error::{ParallelError, Result};
 use crate::in_process::in_process_group;
-use brasa_tensor::{host_device_count, set_host_device_count, Device, SharedError};
+use brasa_tensor::{host_device_count, planned_host_device_count, set_host_device_count, Device, SharedError};
 
 /// How [`run_in_process`] starts its ranks.
 #[derive(Clone, Debug, Default)]
@@ -18,9 +18,15 @@ pub struct LaunchOptions {
     pub threads_per_rank: Option<usize>,
 }
 
-/// Makes sure there are at least `world` logical host devices: sets the
-/// count if host devices are not initialized yet, else checks it.
+/// Makes sure there are at least `world` logical host devices: raises the
+/// count while host devices are not in use yet, else checks it. It never
+/// lowers the count the process asked for (with
+/// [`brasa_tensor::set_host_device_count`] or `BRASA_HOST_DEVICES`): a
+/// larger one is kept.
 pub fn ensure_host_devices(world: usize) -> Result<()> {
+    if planned_host_device_count().is_some_and(|planned| planned >= world) {
+        return Ok(());
+    }
     if set_host_device_count(world).is_ok() && host_device_count()? >= world {
         return Ok(());
     }

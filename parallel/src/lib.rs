@@ -89,6 +89,7 @@ mod data_parallel;
 mod ddp;
 mod deadline;
 mod error;
+mod fsdp;
 mod health;
 mod in_process;
 mod launch;
@@ -103,13 +104,14 @@ mod zero;
 #[cfg(feature = "mpi")]
 pub use self::mpi::abort_job_on_panic;
 pub use collective::{Collective, ReduceOp, Signature};
-pub use communicator::{Backend, CommOptions, Communicator, RankInfo, COMM_TIMEOUT_ENV, DEFAULT_COMM_TIMEOUT};
+pub use communicator::{CollectiveEngine, CommOptions, Communicator, RankInfo, COMM_TIMEOUT_ENV, DEFAULT_COMM_TIMEOUT};
 pub use data_parallel::{chunk_sizes, DataParallel, DataParallelConfig, LossReduction};
 pub use ddp::{
     assign_buckets, Compression, DdpConfig, DdpStats, DistributedDataParallel, NoSync, ZeroStage, BUCKET_CAP_BYTES,
     FIRST_BUCKET_BYTES,
 };
 pub use error::{ParallelError, Result};
+pub use fsdp::{FsdpConfig, FsdpNoSync, FsdpStats, FullyShardedDataParallel, MixedPrecision};
 pub use health::Abort;
 pub use in_process::in_process_group;
 pub use launch::{ensure_host_devices, init_from_env, launched_by_mpi, run_in_process, run_on_devices, LaunchOptions};

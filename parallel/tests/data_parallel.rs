@@ -9,7 +9,7 @@
 use brasa_autograd::Var;
 use brasa_nn::functional::cross_entropy;
 use brasa_nn::optim::{clip_grad_norm_, Adam, AdamConfig, AdamW, Optimizer, Sgd, SgdConfig};
-use brasa_nn::{BatchNorm1d, Linear, Module, ModuleExt, NnError, Sequential, StateDict, Tanh};
+use brasa_nn::{BatchNorm1d, Linear, Module, ModuleExt, NnError, Parameters, Sequential, StateDict, Tanh};
 use brasa_parallel::{
     chunk_sizes, CommOptions, DataParallel, DataParallelConfig, LossReduction, ParallelError, Result,
 };
@@ -260,6 +260,108 @@ fn predict_and_evaluate_match_one_device() -> Result<()> {
     let want = cross_entropy(&want, &y)?.item()?;
     assert!((loss - want).abs() <= 1e-5 * want.abs(), "evaluate {loss} vs {want}");
     assert!(dp.gradients()?.iter().all(|(_, g)| values(g).iter().all(|v| *v == 0.0)), "no graph was recorded");
+    Ok(())
+}
+
+#[test]
+fn gradients_are_a_copy_and_leave_the_step_unchanged() -> Result<()> {
+    let _serial = setup();
+    let sgd = |params| Sgd::new(params, SgdConfig { lr: 0.1, momentum: 0.9, ..Default::default() });
+    for (world, rows) in [(2, 9), (4, 10)] {
+        let what = format!("{world} devices, {rows} rows");
+        let (x, y) = batch(rows, 5)?;
+        let mut inspected = DataParallel::with_config(&devices(world), mlp, sgd, config())?;
+        let mut plain = DataParallel::with_config(&devices(world), mlp, sgd, config())?;
+        inspected.forward_backward(&x, &y, cross_entropy)?;
+        plain.forward_backward(&x, &y, cross_entropy)?;
+        let grads = |dp: &DataParallel<Sequential, Sgd>| -> Result<Vec<Vec<f64>>> {
+            Ok(dp.gradients()?.iter().map(|(_, g)| values(g)).collect())
+        };
+        let first = grads(&inspected)?;
+        assert_eq!(grads(&inspected)?, first, "{what}: gradients() twice gives the same values");
+        // The result is a copy: writing into it changes nothing.
+        let live = inspected.module().parameters()[0].grad().unwrap();
+        for (name, grad) in inspected.gradients()? {
+            assert!(!grad.shares_storage_with(&live), "{what}: {name} is the live gradient");
+            grad.fill_(1e3)?;
+        }
+        assert_eq!(grads(&inspected)?, first, "{what}: after writing into the copies");
+        assert_eq!(grads(&plain)?, first, "{what}: equal to the uninspected run's");
+        // The step applies each replica's share once, as without gradients().
+        inspected.optimizer_step()?;
+        plain.optimizer_step()?;
+        for rank in 0..world {
+            let got = inspected.replica(rank).unwrap().named_parameters();
+            let want = plain.replica(rank).unwrap().named_parameters();
+            for ((name, g), (_, w)) in got.iter().zip(&want) {
+                assert_eq!(values(g.tensor()), values(w.tensor()), "{what}: replica {rank} {name} after the step");
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn forward_gathers_outputs_on_device_zero_like_one_device() -> Result<()> {
+    let _serial = setup();
+    let reference = mlp(Device::CPU)?;
+    let sgd = |params| Sgd::new(params, SgdConfig::default());
+    // Uneven (10 over 4: 3, 3, 3, 1; 7 over 2), fewer rows than devices,
+    // a batch of one, and a batch that lives on another device.
+    for (world, rows, on) in [(2, 7, 0), (4, 10, 0), (4, 3, 0), (2, 1, 0), (4, 1, 0), (4, 6, 3)] {
+        let what = format!("{world} devices, {rows} rows on cpu:{on}");
+        let dp = DataParallel::with_config(&devices(world), mlp, sgd, config())?;
+        let (x, _) = batch(rows, rows + world)?;
+        let want = reference.forward(&Var::new(x.clone()))?;
+        let got = dp.forward(&x.to(Device::cpu(on))?)?;
+        assert_eq!(got.device(), Device::cpu(0), "{what}: gathered on device 0");
+        assert_eq!(got.dims(), [rows, CLASSES], "{what}");
+        assert_close(&got, want.tensor(), 1e-6, 1e-5, &format!("{what}: forward"));
+        let dims = dp.predict(&x, Device::cpu(world - 1))?.dims().to_vec();
+        assert_eq!(dims, [rows, CLASSES], "{what}: predict");
+        assert!(
+            dp.gradients()?.iter().all(|(_, g)| values(g).iter().all(|v| *v == 0.0)),
+            "{what}: forward records no graph"
+        );
+    }
+    Ok(())
+}
+
+/// A model whose output is not one row per input row.
+#[derive(Parameters)]
+struct MeanOverRows {
+    inner: Linear,
+}
+
+impl Module for MeanOverRows {
+    fn forward(&self, x: &Var) -> brasa_nn::Result<Var> {
+        Ok(self.inner.forward(x)?.mean_all()?)
+    }
+}
+
+#[test]
+fn forward_errors_name_the_problem() -> Result<()> {
+    let _serial = setup();
+    let sgd = |params| Sgd::new(params, SgdConfig::default());
+    let dp = DataParallel::with_config(&devices(2), mlp, sgd, config())?;
+    let scalar = Tensor::full([], 1.0, DType::F32)?;
+    let error = dp.forward(&scalar).unwrap_err().to_string();
+    assert!(error.contains("DataParallel::forward") && error.contains("0-d"), "{error}");
+    let empty = Tensor::zeros([0, IN], DType::F32)?;
+    let error = dp.forward(&empty).unwrap_err().to_string();
+    assert!(error.contains("empty"), "{error}");
+    let wide = Tensor::zeros([5, IN + 1], DType::F32)?;
+    let error = dp.forward(&wide).unwrap_err();
+    assert!(matches!(error, ParallelError::Replica { rank: 0, .. }), "{error}");
+    let message = error.to_string();
+    assert!(message.contains("DataParallel::forward") && message.contains("replica 0 on cpu:0"), "{message}");
+    assert!(message.contains(&(IN + 1).to_string()), "the error names the wrong size: {message}");
+
+    let mean =
+        |device: Device| -> brasa_nn::Result<MeanOverRows> { Ok(MeanOverRows { inner: Linear::new(IN, 2, device)? }) };
+    let dp = DataParallel::with_config(&devices(2), mean, sgd, config())?;
+    let error = dp.forward(&Tensor::zeros([3, IN], DType::F32)?).unwrap_err().to_string();
+    assert!(error.contains("one row per input row") && error.contains("2 input rows"), "{error}");
     Ok(())
 }
 

@@ -28,11 +28,14 @@ use std::time::{Duration, Instant};
 
 #[path = "support/ddp_case.rs"]
 mod ddp_case;
+#[path = "support/fsdp_case.rs"]
+mod fsdp_case;
 #[path = "support/job.rs"]
 mod job;
 #[path = "support/launch.rs"]
 mod launch;
 use ddp_case::{ddp_batch, ddp_model, parameter_values, sgd};
+use fsdp_case::check_fsdp;
 use job::{case, is_child, join, local_mpirun, run, Job, Log};
 use launch::launcher;
 
@@ -623,6 +626,10 @@ fn two_hosts_over_network_namespaces() {
                 check_ddp(&comm, 6).unwrap();
                 drop(comm);
             }
+            "fsdp" => {
+                check_fsdp(&comm, 4, brasa_parallel::FsdpConfig::default()).unwrap();
+                drop(comm);
+            }
             "cut" => {
                 // DDP training until the parent cuts the link; then a step
                 // must fail (or Open MPI ends the job), never hang.
@@ -678,7 +685,13 @@ fn two_hosts_over_network_namespaces() {
     job.assert_marker("BRASA-DDP-OK rank=0");
     job.assert_marker("BRASA-DDP-OK rank=1");
 
-    // 3. Cut the link while they train: the job ends with an error.
+    // 3. FSDP across the two hosts: the same parameters as one process.
+    let job = run(hosts.mpirun(TEST, "fsdp"));
+    job.assert_success();
+    job.assert_marker("BRASA-FSDP-OK rank=0 world=2");
+    job.assert_marker("BRASA-FSDP-OK rank=1 world=2");
+
+    // 4. Cut the link while they train: the job ends with an error.
     let log = Log::new();
     let mut command = hosts.mpirun(TEST, "cut");
     log.attach(&mut command);

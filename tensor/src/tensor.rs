@@ -215,6 +215,42 @@ impl Tensor {
         }
     }
 
+    /// A view of this tensor's storage with `dims`, `strides` (in elements)
+    /// and `offset` (elements from the storage's start), as PyTorch's
+    /// `as_strided`: no copy, writes go through. An error naming the sizes
+    /// when the view would address elements beyond the storage.
+    ///
+    /// ```
+    /// use brasa_tensor::Tensor;
+    ///
+    /// let flat = Tensor::from_vec(vec![0.0f32, 1.0, 2.0, 3.0, 4.0, 5.0], [6])?;
+    /// let view = flat.as_strided(&[2, 2], &[1, 2], 1)?; // columns of [[1, 3], [2, 4]]
+    /// assert_eq!(view.to_vec::<f32>()?, [1.0, 3.0, 2.0, 4.0]);
+    /// assert!(flat.as_strided(&[4], &[2], 0).is_err()); // element 6 is past the end
+    /// # Ok::<(), brasa_tensor::TensorError>(())
+    /// ```
+    pub fn as_strided(&self, dims: &[usize], strides: &[isize], offset: usize) -> Result<Tensor> {
+        if dims.len() != strides.len() {
+            return Err(TensorError::shape(
+                "as_strided",
+                format!("{} sizes but {} strides ({dims:?}, {strides:?})", dims.len(), strides.len()),
+            ));
+        }
+        let layout = Layout::new(dims.to_vec(), strides.to_vec(), offset)?;
+        let needed = layout.required_storage_len();
+        if needed > self.storage.len() {
+            return Err(TensorError::shape(
+                "as_strided",
+                format!(
+                    "sizes {dims:?}, strides {strides:?} and offset {offset} address {needed} elements but the \
+                     storage holds {}",
+                    self.storage.len()
+                ),
+            ));
+        }
+        Ok(self.with_layout(layout))
+    }
+
     /// Like [`Tensor::reshape`], but an error when a view is impossible.
     pub fn view(&self, shape: &[isize]) -> Result<Tensor> {
         let target = self.shape().infer_reshape(shape)?;

@@ -54,6 +54,12 @@ impl Sequential {
         self.layers.push(layer);
     }
 
+    /// The layers, in order, taken out of the chain (to wrap or shard each
+    /// on its own, as fully sharded data parallelism does with its units).
+    pub fn into_layers(self) -> Vec<Box<dyn Module>> {
+        self.layers
+    }
+
     /// The number of layers.
     pub fn len(&self) -> usize {
         self.layers.len()

@@ -211,14 +211,28 @@ impl<M: Module> Replica<M> {
         self.loss(input, target, rows, metric)?.item().map_err(ParallelError::from)
     }
 
-    /// The model's output for rows `rows`, without recording a graph.
-    pub(crate) fn predict(&self, input: &Tensor, rows: Range<usize>) -> Result<Option<Tensor>> {
+    /// The model's output for rows `rows`, without recording a graph; an
+    /// error for `op` unless it has one row per input row (the outputs are
+    /// gathered along dim 0).
+    pub(crate) fn predict(&self, op: &'static str, input: &Tensor, rows: Range<usize>) -> Result<Option<Tensor>> {
         if rows.is_empty() {
             return Ok(None);
         }
         let _grad_mode = brasa_autograd::no_grad();
         let x = input.narrow(0, rows.start, rows.len())?.to(self.device)?;
-        Ok(Some(self.module.forward(&Var::new(x))?.tensor().clone()))
+        let output = self.module.forward(&Var::new(x))?.tensor().clone();
+        if output.dims().first() != Some(&rows.len()) {
+            return Err(ParallelError::invalid(
+                op,
+                format!(
+                    "the model's output for {} input rows has shape {:?}; the outputs are gathered along dim 0, so \
+                     the model must return one row per input row",
+                    rows.len(),
+                    output.dims()
+                ),
+            ));
+        }
+        Ok(Some(output))
     }
 
     fn loss<F>(&self, input: &Tensor, target: &Tensor, rows: Range<usize>, loss_fn: &F) -> Result<Var>

@@ -4,7 +4,8 @@
 
 use crate::error::Result;
 use brasa_autograd::Var;
-use brasa_tensor::{DType, Tensor};
+use brasa_tensor::memory::{category_scope, MemoryCategory};
+use brasa_tensor::{DType, Device, Tensor};
 
 /// Default size of the first bucket (`kDefaultFirstBucketBytes`).
 pub const FIRST_BUCKET_BYTES: usize = 1 << 20;
@@ -78,7 +79,7 @@ impl Bucket {
             numel += all[p].numel();
         }
         let numel = numel.div_ceil(pad_to.max(1)) * pad_to.max(1);
-        let flat = Tensor::zeros_on([numel], first.dtype(), first.device())?;
+        let flat = gradient_buffer(numel, first.dtype(), first.device())?;
         Ok(Bucket { flat, params, offsets, numel })
     }
 
@@ -95,7 +96,7 @@ impl Bucket {
 
     /// Allocates a zeroed buffer again after [`Bucket::release`].
     pub(crate) fn restore(&mut self) -> Result<()> {
-        self.flat = Tensor::zeros_on([self.numel], self.flat.dtype(), self.flat.device())?;
+        self.flat = gradient_buffer(self.numel, self.flat.dtype(), self.flat.device())?;
         Ok(())
     }
 
@@ -110,6 +111,13 @@ impl Bucket {
     pub(crate) fn bytes(&self) -> usize {
         self.numel * self.flat.dtype().size_in_bytes()
     }
+}
+
+/// A zeroed 1-D buffer counted as gradients by the device's allocator
+/// (memory statistics, snapshots and plans show it as such).
+pub(crate) fn gradient_buffer(numel: usize, dtype: DType, device: Device) -> Result<Tensor> {
+    let _gradients = category_scope(MemoryCategory::Gradient);
+    Ok(Tensor::zeros_on([numel], dtype, device)?)
 }
 
 #[cfg(test)]

@@ -343,7 +343,7 @@ impl<M: Module> DistributedDataParallel<M> {
 /// parameters, so every rank returns the same verdict: an error naming the
 /// first parameter that differs from rank 0's and the first rank it differs
 /// on (this rank and that one, or rank 0 when this rank is the one).
-fn verify_same_model(comm: &Communicator, named: &[(String, Var)]) -> Result<()> {
+pub(crate) fn verify_same_model(comm: &Communicator, named: &[(String, Var)]) -> Result<()> {
     let (rank, world) = (comm.rank(), comm.world_size());
     // First the counts (so that the descriptors below have one size): how
     // many parameters, how many elements, the most dims of one.

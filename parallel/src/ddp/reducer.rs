@@ -130,7 +130,9 @@ impl Reducer {
                         let len = bucket.numel / world;
                         let grad = match stage {
                             ZeroStage::One => bucket.flat.narrow(0, rank * len, len)?,
-                            ZeroStage::Two => Tensor::zeros_on([len], bucket.flat.dtype(), bucket.flat.device())?,
+                            ZeroStage::Two => {
+                                super::buckets::gradient_buffer(len, bucket.flat.dtype(), bucket.flat.device())?
+                            }
                         };
                         let param = Var::param(flat_param.narrow(0, rank * len, len)?)?;
                         Ok(Shard { flat_param: flat_param.clone(), param, grad })

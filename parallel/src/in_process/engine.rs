@@ -1,7 +1,7 @@
-//! The in-process [`Backend`]: one rank per thread, exchanging through the
-//! memory the ranks' tensors already occupy. Each rank locks its own
-//! storages, lends their addresses through the [`Group`], and does its share
-//! of the work directly in its peers' buffers:
+//! The in-process [`CollectiveEngine`]: one rank per thread, exchanging
+//! through the memory the ranks' tensors already occupy. Each rank locks its
+//! own storages, lends their addresses through the [`Group`], and does its
+//! share of the work directly in its peers' buffers:
 //!
 //! - all-reduce: rank r reduces share r of every buffer and writes the
 //!   result into every buffer (one read and one write per byte and rank,
@@ -14,7 +14,7 @@
 use super::group::{Group, Posted};
 use super::kernels;
 use crate::collective::Collective;
-use crate::communicator::Backend;
+use crate::communicator::CollectiveEngine;
 use crate::error::{ParallelError, Result};
 use crate::health::Abort;
 use brasa_tensor::{HostBytes, HostBytesMut, Tensor};
@@ -237,7 +237,7 @@ fn on_meta(op: &Collective) -> bool {
     tensor.device().is_meta()
 }
 
-impl Backend for InProcessBackend {
+impl CollectiveEngine for InProcessBackend {
     fn run(&mut self, op: &Collective) -> Result<()> {
         if on_meta(op) {
             return self.without_data(op);

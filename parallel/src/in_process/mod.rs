@@ -8,7 +8,7 @@ mod engine;
 mod group;
 mod kernels;
 
-use crate::communicator::{Backend, CommOptions, Communicator, RankInfo};
+use crate::communicator::{CollectiveEngine, CommOptions, Communicator, RankInfo};
 use crate::error::{ParallelError, Result};
 use brasa_tensor::Device;
 use engine::{InProcessBackend, LeaveGroup};
@@ -50,7 +50,7 @@ pub fn in_process_group(devices: &[Device], options: &CommOptions) -> Result<Vec
             let info = RankInfo { rank, world_size: devices.len(), device: *device, backend: "in-process" };
             let abort = Arc::new(LeaveGroup { group: Arc::clone(&group), rank });
             let backend = InProcessBackend { group: Arc::clone(&group), rank, timeout: options.timeout };
-            Communicator::start(info, options, Some(abort), move || Ok(Box::new(backend) as Box<dyn Backend>))
+            Communicator::start(info, options, Some(abort), move || Ok(Box::new(backend) as Box<dyn CollectiveEngine>))
         })
         .collect()
 }

@@ -1,5 +1,5 @@
-//! The MPI [`Backend`]: runs on the communicator's worker thread, which
-//! makes every MPI call of the process after `MPI_Init_thread`.
+//! The MPI [`CollectiveEngine`]: runs on the communicator's worker thread,
+//! which makes every MPI call of the process after `MPI_Init_thread`.
 //!
 //! Each operation has two phases:
 //!
@@ -34,7 +34,7 @@ use super::descriptor::{encode, verdict, Posted, Role, Verdict, WORDS};
 use super::ffi::{self as raw, Abandoned, Interrupt};
 use super::ops::{copy_datatype, scale_for_average, Reductions};
 use crate::collective::{Collective, ReduceOp};
-use crate::communicator::Backend;
+use crate::communicator::CollectiveEngine;
 use crate::deadline::Deadline;
 use crate::error::{ParallelError, Result};
 use crate::health::Abort;
@@ -536,7 +536,7 @@ impl Drop for MpiBackend {
     }
 }
 
-impl Backend for MpiBackend {
+impl CollectiveEngine for MpiBackend {
     fn run(&mut self, op: &Collective) -> Result<()> {
         if self.shared.leaving.load(Ordering::SeqCst) {
             return Err(ParallelError::Broken {

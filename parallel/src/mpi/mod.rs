@@ -52,7 +52,7 @@ mod engine;
 mod ffi;
 mod ops;
 
-use crate::communicator::{Backend, CommOptions, Communicator, RankInfo};
+use crate::communicator::{CollectiveEngine, CommOptions, Communicator, RankInfo};
 use crate::error::{ParallelError, Result};
 use ::mpi::environment::Threading;
 use ::mpi::topology::SimpleCommunicator;
@@ -144,7 +144,7 @@ pub(crate) fn world(options: &CommOptions) -> Result<Communicator> {
     let abort = Arc::new(MpiAbort { shared: Arc::clone(&shared) });
     let timeout = options.timeout;
     let started = Communicator::start(info, options, Some(abort), move || {
-        Ok(Box::new(MpiBackend::new(universe, rank, world_size, timeout, shared)?) as Box<dyn Backend>)
+        Ok(Box::new(MpiBackend::new(universe, rank, world_size, timeout, shared)?) as Box<dyn CollectiveEngine>)
     });
     if started.is_err() {
         ended();

@@ -96,6 +96,23 @@ pub fn set_host_allocator_config(index: usize, allocator_config: Option<Allocato
     Ok(())
 }
 
+/// The number of logical host devices the process will have, without
+/// fixing it: the count in use once a host tensor exists, else the one set
+/// by [`set_host_device_count`], else a valid `BRASA_HOST_DEVICES`, else
+/// `None` (one device unless something sets it first). For code that must
+/// raise the count but never lower what the program asked for.
+pub fn planned_host_device_count() -> Option<usize> {
+    if let Some(devices) = HOST_DEVICES.get() {
+        return Some(devices.allocators.len());
+    }
+    config().count.or_else(|| {
+        std::env::var(HOST_DEVICES_ENV)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .filter(|n| (1..=MAX_HOST_DEVICES).contains(n))
+    })
+}
+
 /// The number of logical host devices (initializing the registry if needed).
 pub fn host_device_count() -> Result<usize> {
     Ok(host_devices()?.allocators.len())
