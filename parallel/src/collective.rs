@@ -117,6 +117,20 @@ impl std::fmt::Display for Signature {
 }
 
 impl Collective {
+    /// The tensors it reads or writes.
+    pub fn tensors(&self) -> Vec<&Tensor> {
+        match self {
+            Collective::AllReduce { tensor, .. }
+            | Collective::Broadcast { tensor, .. }
+            | Collective::Send { tensor, .. }
+            | Collective::Recv { tensor, .. } => vec![tensor],
+            Collective::AllGather { input, output } | Collective::ReduceScatter { input, output, .. } => {
+                vec![input, output]
+            }
+            Collective::Barrier => vec![],
+        }
+    }
+
     /// The collective's name (`all_reduce`, `broadcast`, ...).
     pub fn name(&self) -> &'static str {
         match self {

@@ -289,6 +289,18 @@ impl Communicator {
         if let Err(error) = self.check_submission(&op) {
             return Work::finished(Err(error), health, name, rank);
         }
+        // CUDA tensors: the engines move host bytes (see staging.rs).
+        let (op, staged) = if crate::staging::needs_staging(&op) {
+            match crate::staging::stage(&op) {
+                Ok(staged) => {
+                    let op = staged.op.clone();
+                    (op, Some(staged))
+                }
+                Err(error) => return Work::finished(Err(error), health, name, rank),
+            }
+        } else {
+            (op, None)
+        };
         let completion = Arc::new(Completion::default());
         let sent = match &*self.inner.jobs.lock().unwrap_or_else(|e| e.into_inner()) {
             Some(jobs) => jobs.send((op, Arc::clone(&completion))).is_ok(),
@@ -299,22 +311,18 @@ impl Communicator {
                 ParallelError::Broken { rank, cause: "the communication worker has stopped".into(), source: None };
             return Work::finished(Err(error), health, name, rank);
         }
-        Work::new(completion, health, name, rank, self.inner.timeout)
+        let work = Work::new(completion, health, name, rank, self.inner.timeout);
+        match staged {
+            Some(staged) => work.then(move || staged.finish()),
+            None => work,
+        }
     }
 
     fn check_submission(&self, op: &Collective) -> Result<()> {
         self.inner.health.check()?;
         op.validate(self.rank(), self.world_size())?;
         let device = self.device();
-        let tensors: Vec<&Tensor> = match op {
-            Collective::AllReduce { tensor, .. }
-            | Collective::Broadcast { tensor, .. }
-            | Collective::Send { tensor, .. }
-            | Collective::Recv { tensor, .. } => vec![tensor],
-            Collective::AllGather { input, output } => vec![input, output],
-            Collective::ReduceScatter { input, output, .. } => vec![input, output],
-            Collective::Barrier => vec![],
-        };
+        let tensors = op.tensors();
         for tensor in tensors {
             if tensor.device() != device {
                 return Err(ParallelError::invalid(

@@ -98,6 +98,7 @@ mod memory;
 mod mpi;
 pub mod pipeline;
 mod plan;
+mod staging;
 mod work;
 mod zero;
 

@@ -28,6 +28,8 @@ impl Completion {
 ///
 /// Dropping a `Work` without waiting does not cancel the operation: it still
 /// runs, and its failure, if any, makes the communicator refuse later work.
+/// On CUDA tensors (staged through host memory) the results reach the
+/// device in `wait`: wait before reading them.
 #[must_use = "a collective's outcome is only known by waiting on its Work"]
 pub struct Work {
     completion: Arc<Completion>,
@@ -35,6 +37,8 @@ pub struct Work {
     op: &'static str,
     rank: usize,
     timeout: Duration,
+    /// Runs after a successful wait (copies staged results back to a device).
+    finish: Option<Box<dyn FnOnce() -> Result<()> + Send>>,
 }
 
 impl std::fmt::Debug for Work {
@@ -51,14 +55,20 @@ impl Work {
         rank: usize,
         timeout: Duration,
     ) -> Work {
-        Work { completion, health, op, rank, timeout }
+        Work { completion, health, op, rank, timeout, finish: None }
+    }
+
+    /// This work with `finish` run after it succeeded, in the waiting thread.
+    pub(crate) fn then(mut self, finish: impl FnOnce() -> Result<()> + Send + 'static) -> Work {
+        self.finish = Some(Box::new(finish));
+        self
     }
 
     /// A `Work` that is already done with `result` (work refused at submission).
     pub(crate) fn finished(result: Result<()>, health: Arc<Health>, op: &'static str, rank: usize) -> Work {
         let completion = Arc::new(Completion::default());
         completion.complete(result);
-        Work { completion, health, op, rank, timeout: Duration::ZERO }
+        Work { completion, health, op, rank, timeout: Duration::ZERO, finish: None }
     }
 
     /// The collective's name.
@@ -83,12 +93,17 @@ impl Work {
     /// [`Work::wait`] with a timeout of its own: any duration, zero to poll
     /// (an unfinished operation then times out), `Duration::MAX` to wait
     /// without end.
-    pub fn wait_timeout(self, timeout: Duration) -> Result<()> {
+    pub fn wait_timeout(mut self, timeout: Duration) -> Result<()> {
         let deadline = Deadline::after(timeout);
         let mut slot = self.completion.result.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(result) = slot.take() {
-                return result;
+                drop(slot);
+                result?;
+                return match self.finish.take() {
+                    Some(finish) => finish(),
+                    None => Ok(()),
+                };
             }
             if deadline.passed() {
                 drop(slot);

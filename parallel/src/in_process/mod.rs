@@ -23,19 +23,24 @@ pub fn in_process_group(devices: &[Device], options: &CommOptions) -> Result<Vec
     if devices.is_empty() {
         return Err(ParallelError::invalid("in_process_group", "a group needs at least one device"));
     }
-    // Host devices, or meta devices for a plan of the group's step; not a mix.
-    let meta = devices[0].is_meta();
+    // Host devices, CUDA devices (tensors staged through host memory, see
+    // staging.rs), or meta devices for a plan of the group's step; one kind.
+    let kind = |d: &Device| (d.is_cpu(), d.is_meta());
     for (rank, device) in devices.iter().enumerate() {
-        if !(device.is_cpu() || device.is_meta()) || device.is_meta() != meta {
+        if kind(device) != kind(&devices[0]) {
             return Err(ParallelError::invalid(
                 "in_process_group",
                 format!(
-                    "rank {rank}'s device is {device}; the in-process backend works on host devices (or, to plan \
-                     memory, on meta devices), all of one kind"
+                    "rank {rank}'s device is {device} but rank 0's is {}; the in-process backend works on host \
+                     devices, CUDA devices or (to plan memory) meta devices, all of one kind",
+                    devices[0]
                 ),
             ));
         }
-        if let Some(other) = devices[..rank].iter().position(|d| d == device) {
+        // Several ranks may share a GPU (each its own part of its memory);
+        // a logical host device is one rank's.
+        let shareable = matches!(device, Device::Cuda(_));
+        if let Some(other) = devices[..rank].iter().position(|d| d == device).filter(|_| !shareable) {
             return Err(ParallelError::invalid(
                 "in_process_group",
                 format!("ranks {other} and {rank} are both on {device}; give each rank its own device"),
