@@ -87,19 +87,19 @@
 //! `DistributedDataParallel` does; dropout draws differ from a single-device
 //! run.
 
-mod layout;
+mod chunks;
 mod replica;
 
-pub use layout::chunk_sizes;
+pub use chunks::chunk_sizes;
 
 use crate::communicator::CommOptions;
 use crate::error::{ParallelError, Result};
 use crate::in_process::in_process_group;
+use crate::sharding::layout::FlatLayout;
 use brasa_autograd::Var;
 use brasa_nn::optim::Optimizer;
 use brasa_nn::{LoadReport, Module, ModuleExt, StateDict};
 use brasa_tensor::{Device, ErrorBox, SharedError, Tensor};
-use layout::FlatLayout;
 use replica::{loss_weight, Replica};
 use std::ops::Range;
 

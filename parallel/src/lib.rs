@@ -89,7 +89,6 @@ mod data_parallel;
 mod ddp;
 mod deadline;
 mod error;
-mod fsdp;
 mod health;
 mod in_process;
 mod launch;
@@ -98,9 +97,9 @@ mod memory;
 mod mpi;
 pub mod pipeline;
 mod plan;
+mod sharding;
 mod staging;
 mod work;
-mod zero;
 
 #[cfg(feature = "mpi")]
 pub use self::mpi::abort_job_on_panic;
@@ -112,12 +111,12 @@ pub use ddp::{
     FIRST_BUCKET_BYTES,
 };
 pub use error::{ParallelError, Result};
-pub use fsdp::{FsdpConfig, FsdpNoSync, FsdpStats, FullyShardedDataParallel, MixedPrecision};
 pub use health::Abort;
 pub use in_process::in_process_group;
 pub use launch::{ensure_host_devices, init_from_env, launched_by_mpi, run_in_process, run_on_devices, LaunchOptions};
 pub use memory::MemoryBreakdown;
 pub use pipeline::{Partition, Pipeline, PipelineConfig, PipelineReport, Schedule};
 pub use plan::plan_in_process;
+pub use sharding::fsdp::{FsdpConfig, FsdpNoSync, FsdpStats, FullyShardedDataParallel, MixedPrecision};
+pub use sharding::ZeroOptimizer;
 pub use work::Work;
-pub use zero::ZeroOptimizer;

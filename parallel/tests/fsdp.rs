@@ -27,8 +27,14 @@ fn options() -> LaunchOptions {
     LaunchOptions { comm: CommOptions::default().timeout(Duration::from_secs(30)), threads_per_rank: Some(1) }
 }
 
-fn setup() {
+/// The tests share logical host devices `cpu:0..4`; the memory test
+/// watches every allocation on them, so they run one at a time.
+static DEVICES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[must_use]
+fn setup() -> std::sync::MutexGuard<'static, ()> {
     brasa_parallel::ensure_host_devices(4).unwrap();
+    DEVICES.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Five layers (three with parameters, of odd sizes so that shards cut
@@ -201,7 +207,7 @@ fn check(case: Case, config: FsdpConfig, tolerance: f32) -> Result<()> {
 
 #[test]
 fn fsdp_matches_one_process_step_for_step() -> Result<()> {
-    setup();
+    let _devices = setup();
     for kind in [Opt::SgdMomentum, Opt::AdamW] {
         for world in [2, 4] {
             check(Case::new(world, kind), FsdpConfig::default(), 1e-5)?;
@@ -212,14 +218,14 @@ fn fsdp_matches_one_process_step_for_step() -> Result<()> {
 
 #[test]
 fn without_resharding_or_prefetch_it_still_matches() -> Result<()> {
-    setup();
+    let _devices = setup();
     let config = FsdpConfig { reshard_after_forward: false, prefetch: false, ..FsdpConfig::default() };
     check(Case::new(2, Opt::SgdMomentum), config, 1e-5)
 }
 
 #[test]
 fn checkpointed_units_match() -> Result<()> {
-    setup();
+    let _devices = setup();
     let config = FsdpConfig { checkpoint: true, ..FsdpConfig::default() };
     check(Case::new(2, Opt::AdamW), config.clone(), 1e-5)?;
     check(Case::new(4, Opt::SgdMomentum), config, 1e-5)
@@ -227,14 +233,14 @@ fn checkpointed_units_match() -> Result<()> {
 
 #[test]
 fn no_sync_accumulation_matches_summed_micro_batches() -> Result<()> {
-    setup();
+    let _devices = setup();
     check(Case { micro: 2, ..Case::new(2, Opt::SgdMomentum) }, FsdpConfig::default(), 1e-5)?;
     check(Case { micro: 3, ..Case::new(4, Opt::AdamW) }, FsdpConfig::default(), 1e-5)
 }
 
 #[test]
 fn tied_weights_form_a_shared_unit_and_match() -> Result<()> {
-    setup();
+    let _devices = setup();
     let units = run_in_process(2, &options(), |comm| {
         let fsdp = FullyShardedDataParallel::new(model(comm.device(), true)?, comm.clone(), FsdpConfig::default())?;
         Ok(fsdp.units())
@@ -251,7 +257,7 @@ fn tied_weights_form_a_shared_unit_and_match() -> Result<()> {
 
 #[test]
 fn global_norm_clipping_matches_one_process() -> Result<()> {
-    setup();
+    let _devices = setup();
     check(Case { clip: Some(0.05), ..Case::new(4, Opt::SgdMomentum) }, FsdpConfig::default(), 1e-5)
 }
 
@@ -285,7 +291,7 @@ fn reference_bf16(case: Case) -> Result<Vec<State>> {
 
 #[test]
 fn bf16_mixed_precision_matches_the_same_mixed_precision_on_one_process() -> Result<()> {
-    setup();
+    let _devices = setup();
     // SGD: unlike Adam, its step scales with the gradient, so a wrong
     // reduction (a sum for a mean) shows.
     let case = Case::new(2, Opt::SgdMomentum);
@@ -329,7 +335,7 @@ fn bf16_mixed_precision_matches_the_same_mixed_precision_on_one_process() -> Res
 
 #[test]
 fn full_and_sharded_state_dicts_round_trip_exactly() -> Result<()> {
-    setup();
+    let _devices = setup();
     let dir = std::env::temp_dir().join(format!("brasa-fsdp-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.clone();
@@ -391,7 +397,7 @@ fn full_and_sharded_state_dicts_round_trip_exactly() -> Result<()> {
 
 #[test]
 fn a_failing_rank_ends_every_rank_in_an_err() -> Result<()> {
-    setup();
+    let _devices = setup();
     let options =
         LaunchOptions { comm: CommOptions::default().timeout(Duration::from_secs(3)), threads_per_rank: Some(1) };
     let started = Instant::now();
@@ -412,7 +418,7 @@ fn a_failing_rank_ends_every_rank_in_an_err() -> Result<()> {
 
 #[test]
 fn bad_models_are_refused_with_the_reason() -> Result<()> {
-    setup();
+    let _devices = setup();
     let errors = run_in_process(2, &options(), |comm| {
         let dev = comm.device();
         let frozen = model(dev, false)?;
@@ -481,7 +487,7 @@ impl Drop for ModelStatesPeak {
 
 #[test]
 fn peak_model_states_are_a_shard_of_the_model_plus_the_gathered_units() -> Result<()> {
-    setup();
+    let _devices = setup();
     const UNITS: usize = 8;
     const WIDTH: usize = 128;
     for world in [2, 4] {
@@ -535,7 +541,7 @@ fn peak_model_states_are_a_shard_of_the_model_plus_the_gathered_units() -> Resul
 
 #[test]
 fn most_communication_overlaps_computation() -> Result<()> {
-    setup();
+    let _devices = setup();
     let stats = run_in_process(2, &options(), |comm| {
         let dev = comm.device();
         let mut seq = Sequential::new();
@@ -579,7 +585,7 @@ fn most_communication_overlaps_computation() -> Result<()> {
 #[test]
 fn an_inf_on_one_rank_makes_every_rank_skip_the_step() -> Result<()> {
     use brasa_amp::{GradScaler, GradScalerConfig};
-    setup();
+    let _devices = setup();
     let outcomes = run_in_process(2, &options(), |comm| {
         let dev = comm.device();
         let fsdp = FullyShardedDataParallel::new(model(dev, false)?, comm.clone(), FsdpConfig::default())?;

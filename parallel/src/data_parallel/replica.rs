@@ -3,10 +3,10 @@
 //! per-dtype buffers, the shard of gradients and parameters it owns, and
 //! the parameter elements it updates.
 
-use super::layout::FlatLayout;
 use super::{DataParallelConfig, LossReduction};
 use crate::communicator::Communicator;
 use crate::error::{ParallelError, Result};
+use crate::sharding::layout::FlatLayout;
 use crate::{ReduceOp, Work};
 use brasa_autograd::Var;
 use brasa_nn::optim::{grad_norm, Optimizer};

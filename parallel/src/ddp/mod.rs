@@ -50,7 +50,6 @@
 
 mod buckets;
 mod config;
-mod flat_params;
 mod reducer;
 mod split_peers;
 mod stats;
@@ -141,8 +140,8 @@ impl<M: Module> DistributedDataParallel<M> {
                         "ZeRO sharding and gradient compression cannot be combined",
                     ));
                 }
-                let (views, flats) = flat_params::flatten(&params, &assignment, comm.world_size())?;
-                flat_params::replace_parameters(&mut module, &params, &views)?;
+                let (views, flats) = crate::sharding::flat_params::flatten(&params, &assignment, comm.world_size())?;
+                crate::sharding::flat_params::replace_parameters(&mut module, &params, &views)?;
                 (views, flats)
             }
         };

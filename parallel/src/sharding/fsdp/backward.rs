@@ -206,13 +206,13 @@ impl Shared {
                 Some(full) => full.clone(),
                 None => {
                     let _gradients = category_scope(MemoryCategory::Gradient);
-                    let full = Tensor::zeros_on([unit.layout.padded], reduce_dtype, self.comm.device())?;
+                    let full = Tensor::zeros_on([unit.padded()], reduce_dtype, self.comm.device())?;
                     grads.full = Some(full.clone());
                     full
                 }
             };
             let place = &unit.layout.slots[slot];
-            let target = full.narrow(0, place.offset, place.numel)?;
+            let target = full.narrow(0, place.offset, place.numel())?;
             let grad = grad.reshape(&[-1])?;
             let grad = if grad.dtype() == reduce_dtype { grad } else { grad.to_dtype(reduce_dtype)? };
             target.add_(&grad)?;
@@ -264,7 +264,7 @@ impl Shared {
         let _no_grad = no_grad();
         let output = {
             let _gradients = category_scope(MemoryCategory::Gradient);
-            Tensor::zeros_on([unit.layout.shard_len()], full.dtype(), self.comm.device())?
+            Tensor::zeros_on([unit.shard_len()], full.dtype(), self.comm.device())?
         };
         let work = self.comm.reduce_scatter_async(&output, &full, ReduceOp::Avg);
         // Overlapped when another unit still has gradients to come.

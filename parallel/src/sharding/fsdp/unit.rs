@@ -1,78 +1,18 @@
 //! One unit of a sharded model: its parameters laid end to end in a flat
-//! buffer padded to a multiple of the world size ([`FlatLayout`]), this
+//! buffer padded to a multiple of the world size (the sharding module's
+//! [`FlatLayout`], one dtype group), this
 //! rank's 1/N of it (the shard the optimizer updates), the module with
 //! stand-ins in place of its parameters between uses, and the state of its
 //! gathered copy and of its gradients during a step.
 
 use crate::error::{ParallelError, Result};
+pub(crate) use crate::sharding::layout::FlatLayout;
 use crate::work::Work;
 use brasa_autograd::Var;
 use brasa_nn::{Module, VisitorMut, WalkMut};
 use brasa_tensor::Tensor;
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
-
-/// One parameter's place in its unit's flat buffer.
-#[derive(Clone, Debug)]
-pub(crate) struct Slot {
-    /// The parameter's name in the unwrapped model (`3.weight`).
-    pub(crate) name: String,
-    pub(crate) dims: Vec<usize>,
-    pub(crate) offset: usize,
-    pub(crate) numel: usize,
-}
-
-/// Where each parameter of a unit lies in its flat buffer, and how the
-/// buffer is cut into equal shards.
-#[derive(Clone, Debug)]
-pub(crate) struct FlatLayout {
-    pub(crate) slots: Vec<Slot>,
-    /// The parameters' elements, then zeros up to a multiple of `world`.
-    pub(crate) padded: usize,
-    pub(crate) world: usize,
-}
-
-impl FlatLayout {
-    /// Parameters end to end in the order given.
-    pub(crate) fn new(params: &[(String, Var)], world: usize) -> FlatLayout {
-        let mut offset = 0;
-        let slots = params
-            .iter()
-            .map(|(name, param)| {
-                let slot = Slot { name: name.clone(), dims: param.dims().to_vec(), offset, numel: param.numel() };
-                offset += param.numel();
-                slot
-            })
-            .collect();
-        FlatLayout { slots, padded: offset.div_ceil(world).max(1) * world, world }
-    }
-
-    /// Elements of one rank's shard.
-    pub(crate) fn shard_len(&self) -> usize {
-        self.padded / self.world
-    }
-
-    /// The elements of the flat buffer that `rank` owns.
-    pub(crate) fn shard_range(&self, rank: usize) -> Range<usize> {
-        rank * self.shard_len()..(rank + 1) * self.shard_len()
-    }
-
-    /// Copies the parts of `tensors` (one per slot, in slot order) that
-    /// fall in `rank`'s range into `shard`.
-    pub(crate) fn copy_to_shard(&self, rank: usize, shard: &Tensor, tensors: &[Tensor]) -> Result<()> {
-        let range = self.shard_range(rank);
-        for (tensor, slot) in tensors.iter().zip(&self.slots) {
-            let start = slot.offset.max(range.start);
-            let end = (slot.offset + slot.numel).min(range.end);
-            if start < end {
-                let flat = tensor.reshape(&[-1])?;
-                let part = flat.narrow(0, start - slot.offset, end - start)?;
-                shard.narrow(0, start - range.start, end - start)?.copy_(&part)?;
-            }
-        }
-        Ok(())
-    }
-}
 
 /// The gathered copy of a unit's parameters.
 pub(crate) enum Gathered {
@@ -143,6 +83,25 @@ impl Unit {
             grads: Mutex::new(UnitGrads { full: None, expected: vec![0; slots], arrived: vec![0; slots] }),
         }
     }
+
+    /// Elements of the flat buffer, padding included (0 without parameters).
+    pub(crate) fn padded(&self) -> usize {
+        if self.layout.groups.is_empty() {
+            0
+        } else {
+            self.layout.padded_len(0)
+        }
+    }
+
+    /// Elements of one rank's shard.
+    pub(crate) fn shard_len(&self) -> usize {
+        self.layout.groups.first().map_or(0, |g| g.shard_len)
+    }
+
+    /// The elements of the flat buffer that `rank` owns.
+    pub(crate) fn shard_range(&self, rank: usize) -> Range<usize> {
+        rank * self.shard_len()..(rank + 1) * self.shard_len()
+    }
 }
 
 /// Locks `mutex`, taking the data of a poisoned one (a panicking rank is
@@ -191,14 +150,14 @@ mod tests {
     use brasa_tensor::{DType, Tensor};
 
     #[test]
-    fn a_layout_pads_to_equal_shards() -> Result<()> {
-        let a = Var::param(Tensor::zeros([3, 2], DType::F32)?)?;
-        let b = Var::param(Tensor::zeros([5], DType::F32)?)?;
-        let layout = FlatLayout::new(&[("w".into(), a), ("b".into(), b)], 4);
-        assert_eq!(layout.padded, 12);
-        assert_eq!(layout.shard_len(), 3);
-        assert_eq!(layout.shard_range(3), 9..12);
-        assert_eq!((layout.slots[1].offset, layout.slots[1].numel), (6, 5));
+    fn a_unit_pads_to_equal_shards() -> Result<()> {
+        let layout = FlatLayout::new(&[("w".into(), DType::F32, vec![3, 2]), ("b".into(), DType::F32, vec![5])], 4);
+        let shard = Var::param(Tensor::zeros([3], DType::F32)?)?;
+        let unit = Unit::new("0".into(), None, layout, Vec::new(), shard);
+        assert_eq!(unit.padded(), 12);
+        assert_eq!(unit.shard_len(), 3);
+        assert_eq!(unit.shard_range(3), 9..12);
+        assert_eq!((unit.layout.slots[1].offset, unit.layout.slots[1].numel()), (6, 5));
         Ok(())
     }
 }

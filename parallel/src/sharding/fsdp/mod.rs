@@ -215,7 +215,9 @@ impl FullyShardedDataParallel {
                     ),
                 ));
             }
-            let layout = FlatLayout::new(&params, comm.world_size());
+            let described: Vec<(String, DType, Vec<usize>)> =
+                params.iter().map(|(n, p)| (n.clone(), p.dtype(), p.dims().to_vec())).collect();
+            let layout = FlatLayout::new(&described, comm.world_size());
             let shard = shard_of(&params, &layout, comm.rank(), dtype)?;
             let placeholders = params
                 .iter()
@@ -280,7 +282,7 @@ impl FullyShardedDataParallel {
     /// Elements of each unit's flat buffer (padded to a multiple of the
     /// world size).
     pub fn unit_numels(&self) -> Vec<usize> {
-        self.shared.units.iter().map(|u| u.layout.padded).collect()
+        self.shared.units.iter().map(|u| u.padded()).collect()
     }
 
     /// What the last finished step moved and overlapped.
@@ -434,9 +436,9 @@ impl Shared {
         let _no_grad = no_grad();
         let full = {
             let _parameters = category_scope(MemoryCategory::Parameter);
-            Tensor::zeros_on([unit.layout.padded], self.param_dtype(unit), self.comm.device())?
+            Tensor::zeros_on([unit.padded()], self.param_dtype(unit), self.comm.device())?
         };
-        let range = unit.layout.shard_range(self.comm.rank());
+        let range = unit.shard_range(self.comm.rank());
         let mine = full.narrow(0, range.start, range.len())?;
         mine.copy_(unit.shard.tensor())?;
         let work = self.comm.all_gather_async(&full, &mine);
@@ -505,7 +507,7 @@ impl Shared {
             .enumerate()
             .map(|(k, slot)| {
                 let dims: Vec<isize> = slot.dims.iter().map(|&d| d as isize).collect();
-                let view = full.narrow(0, slot.offset, slot.numel)?.reshape(&dims)?;
+                let view = full.narrow(0, slot.offset, slot.numel())?.reshape(&dims)?;
                 if record {
                     backward::record_param_use(self, i, k, view)
                 } else {
@@ -593,9 +595,13 @@ fn shard_of(params: &[(String, Var)], layout: &FlatLayout, rank: usize, dtype: D
     let _no_grad = no_grad();
     let device = params.first().map_or(brasa_tensor::Device::CPU, |(_, p)| p.device());
     let _parameters = category_scope(MemoryCategory::Parameter);
-    let shard = Tensor::zeros_on([layout.shard_len()], dtype, device)?;
-    let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.tensor().clone()).collect();
-    layout.copy_to_shard(rank, &shard, &tensors)?;
+    // A unit without parameters keeps a one-element shard nobody trains.
+    let len = layout.groups.first().map_or(1, |g| g.shard_len.max(1));
+    let shard = Tensor::zeros_on([len], dtype, device)?;
+    if !layout.groups.is_empty() {
+        let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.tensor().clone()).collect();
+        layout.copy_to_shard(0, rank, &shard, &tensors)?;
+    }
     Ok(Var::param(shard)?)
 }
 

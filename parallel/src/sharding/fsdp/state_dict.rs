@@ -75,14 +75,17 @@ impl FullyShardedDataParallel {
         let _no_grad = no_grad();
         let mut dict = StateDict::new();
         for unit in self.shared.units.iter().filter(|u| !u.layout.slots.is_empty()) {
-            let full = Tensor::zeros_on([unit.layout.padded], unit.shard.dtype(), comm.device())?;
+            let full = Tensor::zeros_on([unit.padded()], unit.shard.dtype(), comm.device())?;
             comm.all_gather(&full, unit.shard.tensor())?;
             if comm.rank() != 0 {
                 continue;
             }
             for slot in &unit.layout.slots {
                 let dims: Vec<isize> = slot.dims.iter().map(|&d| d as isize).collect();
-                dict.insert(slot.name.clone(), full.narrow(0, slot.offset, slot.numel)?.reshape(&dims)?.contiguous()?);
+                dict.insert(
+                    slot.name.clone(),
+                    full.narrow(0, slot.offset, slot.numel())?.reshape(&dims)?.contiguous()?,
+                );
             }
         }
         if comm.rank() != 0 {
@@ -142,7 +145,7 @@ impl FullyShardedDataParallel {
                 .map(|slot| dict.get(&slot.name).cloned())
                 .collect::<Option<Vec<Tensor>>>()
                 .ok_or_else(|| ParallelError::invalid(OP, "an entry vanished"))?;
-            unit.layout.copy_to_shard(comm.rank(), unit.shard.tensor(), &tensors)?;
+            unit.layout.copy_to_shard(0, comm.rank(), unit.shard.tensor(), &tensors)?;
         }
         copy_matching(OP, &buffers, &only_buffers, &[])
     }

@@ -1,12 +1,14 @@
-//! Parameters moved into flat per-bucket buffers, for ZeRO: a rank's shard
+//! Parameters moved into flat per-bucket buffers (the sharding module's
+//! [`FlatLayout`], one per bucket), for ZeRO-1/2: a rank's shard
 //! of a bucket is then one contiguous view its optimizer updates in place,
 //! and the all-gather after the step writes every rank's shard straight
 //! into the parameters the module uses.
 
+use super::layout::FlatLayout;
 use crate::error::{ParallelError, Result};
 use brasa_autograd::{no_grad, Var};
 use brasa_nn::{Module, VisitorMut, WalkMut};
-use brasa_tensor::Tensor;
+use brasa_tensor::{DType, Tensor};
 
 /// One flat buffer per bucket (same layout as the gradient buckets, padded
 /// to a multiple of `world`), holding the parameters' values, and new
@@ -16,18 +18,20 @@ pub(crate) fn flatten(params: &[Var], assignment: &[Vec<usize>], world: usize) -
     let mut views: Vec<Option<Var>> = vec![None; params.len()];
     let mut flats = Vec::with_capacity(assignment.len());
     for members in assignment {
+        let described: Vec<(String, DType, Vec<usize>)> =
+            members.iter().map(|&p| (p.to_string(), params[p].dtype(), params[p].dims().to_vec())).collect();
+        let layout = FlatLayout::new(&described, world);
+        if layout.groups.len() != 1 {
+            return Err(ParallelError::invalid("ZeRO", "a bucket holds parameters of more than one dtype"));
+        }
         let first = &params[members[0]];
-        let numel: usize = members.iter().map(|&p| params[p].numel()).sum();
-        let padded = numel.div_ceil(world) * world;
-        let flat = Tensor::zeros_on([padded], first.dtype(), first.device())?;
-        let mut offset = 0;
-        for &p in members {
+        let flat = Tensor::zeros_on([layout.padded_len(0)], first.dtype(), first.device())?;
+        for (&p, slot) in members.iter().zip(&layout.slots) {
             let param = &params[p];
-            let dims: Vec<isize> = param.dims().iter().map(|d| *d as isize).collect();
-            let view = flat.narrow(0, offset, param.numel())?.reshape(&dims)?;
+            let dims: Vec<isize> = slot.dims.iter().map(|d| *d as isize).collect();
+            let view = flat.narrow(0, slot.offset, slot.numel())?.reshape(&dims)?;
             view.copy_(param.tensor())?;
             views[p] = Some(Var::param(view)?);
-            offset += param.numel();
         }
         flats.push(flat);
     }

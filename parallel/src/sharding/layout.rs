@@ -1,16 +1,19 @@
-//! Where every trainable parameter lives in the flat buffers of a
-//! [`DataParallel`](super::DataParallel) replica, and which device owns
-//! which elements.
+//! The flat-shard layout every sharded engine uses ([`DataParallel`]'s
+//! replicas, ZeRO-1/2's buckets, FSDP's units): where every parameter
+//! lives in a flat buffer, and which rank owns which elements.
 //!
-//! Parameters are grouped by dtype; each group is one flat buffer per
-//! replica, its parameters packed back to back in `named_parameters` order
-//! and zero-padded to a multiple of the number of devices so that it splits
-//! into equal shards. Device `r` owns shard `r` of every group: it receives
-//! the summed gradients of those elements and runs the optimizer on them.
-//! Shards are by element, not by whole parameter, so the optimizer state is
-//! spread evenly even when one weight matrix is most of the model.
+//! Parameters are grouped by dtype; each group is one flat buffer, its
+//! parameters packed back to back in the order given and zero-padded to a
+//! multiple of the number of ranks so that it splits into equal shards.
+//! Rank `r` owns shard `r` of every group: it receives the reduced
+//! gradients of those elements and runs the optimizer on them. Shards are
+//! by element, not by whole parameter, so the optimizer state is spread
+//! evenly even when one weight matrix is most of the model.
+//!
+//! [`DataParallel`]: crate::DataParallel
 
-use brasa_tensor::DType;
+use crate::error::Result;
+use brasa_tensor::{DType, Tensor};
 use std::ops::Range;
 
 /// One trainable parameter's place in its group's flat buffer.
@@ -118,20 +121,24 @@ impl FlatLayout {
         pieces
     }
 
+    /// Copies the parts of `tensors` (one per slot, in slot order, all of
+    /// group `group`'s dtype) that fall in `rank`'s shard of group `group`
+    /// into `shard`.
+    pub(crate) fn copy_to_shard(&self, group: usize, rank: usize, shard: &Tensor, tensors: &[Tensor]) -> Result<()> {
+        let range = self.shard(group, rank);
+        for piece in self.pieces(rank).into_iter().filter(|p| p.group == group) {
+            let slot = &self.slots[piece.slot];
+            let flat = tensors[piece.slot].reshape(&[-1])?;
+            let part = flat.narrow(0, piece.flat.start - slot.offset, piece.flat.len())?;
+            shard.narrow(0, piece.flat.start - range.start, piece.flat.len())?.copy_(&part)?;
+        }
+        Ok(())
+    }
+
     /// Parameter elements (padding excluded) that device `rank` owns.
     pub(crate) fn owned_elements(&self, rank: usize) -> usize {
         self.pieces(rank).iter().map(|p| p.flat.len()).sum()
     }
-}
-
-/// How a batch of `batch` rows is split over `world` devices: as
-/// `torch.chunk` does, chunks of `ceil(batch / world)` rows in device order,
-/// the last one smaller, and devices past the last chunk get 0 rows (10 rows
-/// over 4 devices: 3, 3, 3, 1; 5 rows: 2, 2, 1, 0).
-pub fn chunk_sizes(batch: usize, world: usize) -> Vec<usize> {
-    let world = world.max(1);
-    let chunk = batch.div_ceil(world);
-    (0..world).map(|rank| batch.saturating_sub(rank * chunk).min(chunk)).collect()
 }
 
 #[cfg(test)]
@@ -140,21 +147,6 @@ mod tests {
 
     fn params(shapes: &[(DType, &[usize])]) -> Vec<(String, DType, Vec<usize>)> {
         shapes.iter().enumerate().map(|(i, (dtype, dims))| (format!("p{i}"), *dtype, dims.to_vec())).collect()
-    }
-
-    #[test]
-    fn chunks_follow_torch_chunk() {
-        assert_eq!(chunk_sizes(8, 4), [2, 2, 2, 2]);
-        assert_eq!(chunk_sizes(10, 4), [3, 3, 3, 1]);
-        assert_eq!(chunk_sizes(5, 4), [2, 2, 1, 0]);
-        assert_eq!(chunk_sizes(1, 3), [1, 0, 0]);
-        assert_eq!(chunk_sizes(0, 2), [0, 0]);
-        assert_eq!(chunk_sizes(7, 1), [7]);
-        for batch in 0..40 {
-            for world in 1..6 {
-                assert_eq!(chunk_sizes(batch, world).iter().sum::<usize>(), batch, "{batch} over {world}");
-            }
-        }
     }
 
     #[test]
