@@ -515,22 +515,20 @@ fn peak_model_states_are_a_shard_of_the_model_plus_the_gathered_units() -> Resul
             Ok((watch.peak(), shards, fsdp.unit_numels()[0] * 4))
         })?;
         for (rank, &(extra, shards, unit)) in peaks.iter().enumerate() {
-            // Held before watching: shards and momentum (2 × shards). On top,
-            // at the peak: the shards' gradients (1 × shards), two units'
-            // gathered parameters (the running one, the prefetched one) and
-            // the running unit's unsharded gradients, plus those of the unit
-            // before it while its reduce-scatter is in flight (one at most:
-            // none when it finished before the next unit's first gradient).
+            // Held before watching: shards and momentum (2 × shards).
             let held = 2 * shards;
             let total = held + extra;
+            // Exactly, at the peak (the backward of unit 1): units 1 and 0
+            // gathered (running, prefetched), unit 1's unsharded gradients
+            // and unit 2's (its reduce-scatter in flight), and the
+            // averaged shards of units 7..2 (each a 512-byte-rounded block
+            // of the small pool).
+            let shard_block = (shards / UNITS).div_ceil(512) * 512;
+            let want = held + 4 * unit + (UNITS - 2) * shard_block;
+            assert_eq!(total, want, "world {world} rank {rank}");
+            // The formula a plan may count on (every shard's gradient):
             let high = held + shards + 4 * unit;
-            // The upper end is what a plan may count on; the peak falls
-            // short of it by the in-flight reduction or prefetch that had
-            // not started yet at that moment (timing), never by more than 10 %.
-            assert!(
-                total as f64 <= high as f64 * 1.01 && total as f64 >= high as f64 * 0.9,
-                "world {world} rank {rank}: peak {total} bytes, formula {high}"
-            );
+            assert!(total <= high);
             // And against every rank holding everything (DDP: P + G + K·P).
             let everything = 3 * shards * world;
             assert!((total as f64) < everything as f64 * (1.0 / world as f64 + 4.0 / UNITS as f64) * 1.05);

@@ -1,5 +1,5 @@
 //! Plans of distributed steps equal the runs they predict, rank by rank and
-//! to the byte: DDP and DDP with ZeRO-1 and ZeRO-2 over two logical host
+//! to the byte: DDP, DDP with ZeRO-1 and ZeRO-2, and FSDP over two logical host
 //! devices, each rank planned on a meta device imitating its own device,
 //! then run there. A pipeline's stages, whose hand-offs depend on thread
 //! timing, are exact up to the messages in flight.
@@ -14,15 +14,15 @@ use brasa_nn::optim::{Sgd, SgdConfig};
 use brasa_nn::{Linear, ModuleExt, Relu, Sequential};
 use brasa_parallel::pipeline::{Partition, Pipeline, PipelineConfig, Schedule};
 use brasa_parallel::{
-    plan_in_process, run_on_devices, CommOptions, Communicator, DdpConfig, DistributedDataParallel, LaunchOptions,
-    Result, ZeroOptimizer, ZeroStage,
+    plan_in_process, run_on_devices, CommOptions, Communicator, DdpConfig, DistributedDataParallel, FsdpConfig,
+    FullyShardedDataParallel, LaunchOptions, Result, ZeroOptimizer, ZeroStage,
 };
 use brasa_tensor::memory::{self, category_scope, MemoryCategory, PLANNED_STEPS};
 use brasa_tensor::{DType, Device, MemoryTarget, Tensor};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-const HOST_DEVICES: usize = 32;
+const HOST_DEVICES: usize = 48;
 static NEXT_DEVICE: AtomicUsize = AtomicUsize::new(1);
 
 fn options() -> LaunchOptions {
@@ -71,14 +71,44 @@ fn rank_setup(comm: Communicator, zero: Option<ZeroStage>, batch: usize) -> Resu
     }))
 }
 
+/// A rank's FSDP model (each linear layer a unit), Adam over its shards,
+/// and its batch.
+fn fsdp_setup(comm: Communicator, batch: usize) -> Result<Step> {
+    let device = comm.device();
+    let model = Sequential::new()
+        .push(Linear::new(128, 512, device)?)
+        .push(Relu)
+        .push(Linear::new(512, 512, device)?)
+        .push(Relu)
+        .push(Linear::new(512, 512, device)?)
+        .push(Relu)
+        .push(Linear::new(512, 10, device)?);
+    let fsdp = FullyShardedDataParallel::new(model, comm, FsdpConfig::default())?;
+    let mut opt = Adam::new(fsdp.parameters(), AdamConfig { lr: 0.01, ..Default::default() })?;
+    let (x, y) = {
+        let _input = category_scope(MemoryCategory::Input);
+        (Tensor::randn_on([batch, 128], DType::F32, device)?, Tensor::zeros_on([batch], DType::I64, device)?)
+    };
+    Ok(Box::new(move || {
+        cross_entropy(&fsdp.forward(&Var::new(x.clone()))?, &y)?.backward()?;
+        opt.step()?;
+        opt.zero_grad()?;
+        Ok(())
+    }))
+}
+
 fn plans_equal_runs(zero: Option<ZeroStage>) {
+    plans_equal_runs_of(&format!("{zero:?}"), |comm, batch| rank_setup(comm, zero, batch));
+}
+
+fn plans_equal_runs_of(what: &str, setup: impl Fn(Communicator, usize) -> Result<Step> + Sync) {
     for batch in [16, 256] {
         for expandable in [false, true] {
             let devices = fresh_pair(expandable);
             let targets = devices.map(|d| MemoryTarget::like(d).unwrap());
-            let plans = plan_in_process(&targets, &options(), |comm| rank_setup(comm, zero, batch)).unwrap();
+            let plans = plan_in_process(&targets, &options(), |comm| setup(comm, batch)).unwrap();
             run_on_devices(&devices, &options(), |comm| {
-                let mut step = rank_setup(comm, zero, batch)?;
+                let mut step = setup(comm, batch)?;
                 for _ in 0..PLANNED_STEPS {
                     step()?;
                 }
@@ -86,7 +116,7 @@ fn plans_equal_runs(zero: Option<ZeroStage>) {
             })
             .unwrap();
             for (rank, (plan, device)) in plans.iter().zip(devices).enumerate() {
-                let label = format!("{zero:?}, batch {batch}, expandable {expandable}, rank {rank}");
+                let label = format!("{what}, batch {batch}, expandable {expandable}, rank {rank}");
                 assert_eq!(plan.peak_allocated, memory::max_allocated(device).unwrap(), "{label}\n{plan}");
                 assert_eq!(plan.peak_reserved, memory::max_reserved(device).unwrap(), "{label}\n{plan}");
             }
@@ -107,6 +137,11 @@ fn zero1_plans_equal_runs() {
 #[test]
 fn zero2_plans_equal_runs() {
     plans_equal_runs(Some(ZeroStage::Two));
+}
+
+#[test]
+fn fsdp_plans_equal_runs() {
+    plans_equal_runs_of("FSDP", fsdp_setup);
 }
 
 /// A collective's job holds handles on its tensors; they must be gone

@@ -29,8 +29,13 @@ pub(super) struct PendingReduce {
     unit: usize,
     /// This rank's averaged slice, in the reduction dtype.
     output: Tensor,
-    /// `None` once waited for (its unsharded input is then freed).
+    /// `None` once waited for.
     work: Option<Work>,
+    /// The unsharded gradients it reads: held until the wait, so that they
+    /// are freed at a point of this thread's program (the next unit's
+    /// reduction, or the end of backward), never when the communication
+    /// thread happens to finish; memory plans then equal runs.
+    input: Option<Tensor>,
 }
 
 /// One use of one gathered parameter in the graph.
@@ -257,9 +262,12 @@ impl Shared {
         // input is freed before this one starts, so a step never holds
         // more than two units' unsharded gradients (this one's and the one
         // being computed), however slow the communication.
-        let previous = lock(&self.step).pending.last_mut().and_then(|p| p.work.take());
-        if let Some(work) = previous {
-            self.wait_timed(work)?;
+        let previous = lock(&self.step).pending.last_mut().map(|p| (p.work.take(), p.input.take()));
+        if let Some((work, input)) = previous {
+            if let Some(work) = work {
+                self.wait_timed(work)?;
+            }
+            drop(input);
         }
         let _no_grad = no_grad();
         let output = {
@@ -277,7 +285,7 @@ impl Shared {
         if more_to_come {
             step.stats.overlapped_reduce_bytes += bytes;
         }
-        step.pending.push(PendingReduce { unit: unit_index, output, work: Some(work) });
+        step.pending.push(PendingReduce { unit: unit_index, output, work: Some(work), input: Some(full) });
         Ok(())
     }
 
@@ -307,6 +315,7 @@ impl Shared {
             if let Some(work) = reduce.work {
                 self.wait_timed(work)?;
             }
+            drop(reduce.input);
             let shard = &self.units[reduce.unit].shard;
             let output = if reduce.output.dtype() == shard.dtype() {
                 reduce.output
@@ -364,5 +373,40 @@ fn close_order(step: &mut Step) {
             step.recorded_order = Some(order);
         }
         Some(_) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_order_is_recorded_and_a_change_is_counted_and_followed() {
+        let mut step = Step { backward_order: vec![3, 2, 1, 0], ..Step::default() };
+        close_order(&mut step);
+        assert_eq!(step.recorded_order.as_deref(), Some(&[3, 2, 1, 0][..]));
+        assert_eq!(step.stats.order_changes, 0);
+        // Prefetch follows the recorded order, skipping units already seen.
+        step.backward_order = vec![3];
+        assert_eq!(next_in_backward(&step, 3, |_| true), Some(2));
+        step.backward_order = vec![3, 1];
+        assert_eq!(next_in_backward(&step, 1, |_| true), Some(0));
+        step.backward_order = vec![3, 2, 1, 0];
+        assert_eq!(next_in_backward(&step, 1, |_| true), None);
+        // The same order again: nothing to report.
+        step.backward_order = vec![3, 2, 1, 0];
+        close_order(&mut step);
+        assert_eq!(step.stats.order_changes, 0);
+        // Another order: counted, described, and recorded for the next step.
+        step.backward_order = vec![3, 1, 2, 0];
+        close_order(&mut step);
+        assert_eq!(step.stats.order_changes, 1);
+        let message = step.stats.last_order_change.clone().unwrap();
+        assert!(message.contains("[3, 1, 2, 0]") && message.contains("[3, 2, 1, 0]"), "{message}");
+        step.backward_order = vec![3];
+        assert_eq!(next_in_backward(&step, 3, |_| true), Some(1));
+        // Before any record: the layer before, among those that gather.
+        let fresh = Step::default();
+        assert_eq!(next_in_backward(&fresh, 3, |u| u != 2), Some(1));
     }
 }
