@@ -31,7 +31,6 @@ fn options() -> LaunchOptions {
 /// watches every allocation on them, so they run one at a time.
 static DEVICES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-#[must_use]
 fn setup() -> std::sync::MutexGuard<'static, ()> {
     brasa_parallel::ensure_host_devices(4).unwrap();
     DEVICES.lock().unwrap_or_else(|e| e.into_inner())
