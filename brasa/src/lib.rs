@@ -89,6 +89,8 @@ pub mod guide_samples {
     pub struct Checkpointing;
     #[doc = include_str!("../../docs/guide/src/data-parallel.md")]
     pub struct DataParallel;
+    #[doc = include_str!("../../docs/guide/src/fsdp.md")]
+    pub struct Fsdp;
     #[doc = include_str!("../../docs/guide/src/model-parallel.md")]
     pub struct ModelParallel;
     #[doc = include_str!("../../docs/guide/src/cuda-events.md")]

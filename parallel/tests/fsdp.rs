@@ -612,3 +612,54 @@ fn an_inf_on_one_rank_makes_every_rank_skip_the_step() -> Result<()> {
     assert_eq!(outcomes[1], (true, false, true, 512.0));
     Ok(())
 }
+
+#[test]
+fn autocast_inside_fsdp_matches_autocast_on_one_process() -> Result<()> {
+    use brasa_amp::autocast;
+    let _devices = setup();
+    let case = Case::new(2, Opt::SgdMomentum);
+    let want = {
+        let dev = Device::cpu(0);
+        let m = model(dev, false)?;
+        let mut opt = optimizer(case.kind, m.parameters())?;
+        let mut trajectory = Vec::new();
+        for step in 0..case.steps {
+            let (x, y) = batch(step, dev)?;
+            let loss = {
+                let _bf16 = autocast(DType::BF16);
+                cross_entropy(&m.forward(&Var::new(x))?, &y)?
+            };
+            loss.backward()?;
+            opt.step()?;
+            opt.zero_grad()?;
+            trajectory.push(values(&m.state_dict())?);
+        }
+        trajectory
+    };
+    let ranks = run_in_process(2, &options(), |comm| {
+        let dev = comm.device();
+        let (rank, world) = (comm.rank(), comm.world_size());
+        let fsdp = FullyShardedDataParallel::new(model(dev, false)?, comm.clone(), FsdpConfig::default())?;
+        let mut opt = optimizer(case.kind, fsdp.parameters())?;
+        let mut trajectory = Vec::new();
+        for step in 0..case.steps {
+            let (x, y) = batch(step, dev)?;
+            let loss = {
+                let _bf16 = autocast(DType::BF16);
+                let logits = fsdp.forward(&Var::new(rows(&x, rank, world)?))?;
+                cross_entropy(&logits, &rows(&y, rank, world)?)?
+            };
+            loss.backward()?;
+            opt.step()?;
+            opt.zero_grad()?;
+            if let Some(dict) = fsdp.full_state_dict()? {
+                trajectory.push(values(&dict)?);
+            }
+        }
+        Ok(trajectory)
+    })?;
+    for (step, (g, w)) in ranks[0].iter().zip(&want).enumerate() {
+        assert_close(g, w, 2e-2, &format!("autocast step {step}"));
+    }
+    Ok(())
+}
