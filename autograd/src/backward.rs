@@ -7,8 +7,8 @@
 
 use crate::error::{AutogradError, Result};
 use crate::grad_mode::no_grad;
-use crate::graph::{lock, reachable, BackwardCtx, BackwardFn, Node, NodeKind};
-use crate::var::{check_grad_fits, check_grad_meta, Var, VarInner};
+use crate::graph::{lock, reachable, BackwardCtx, BackwardFn, Node, NodeKind, VarInner};
+use crate::var::{check_grad_fits, check_grad_meta, Var};
 use brasa_tensor::Tensor;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -56,9 +56,8 @@ pub(crate) fn accumulate_into(slot: &mut Option<Tensor>, g: Tensor, tensor: &Ten
 fn accumulate_leaf(var: &Arc<VarInner>, g: Tensor) -> Result<()> {
     accumulate_into(&mut lock(&var.grad), g, &var.tensor)?;
     let hooks = lock(&var.post_accumulate_hooks).clone();
-    let handle = Var(Arc::clone(var));
     for hook in hooks {
-        hook(&handle)?;
+        hook(var)?;
     }
     Ok(())
 }

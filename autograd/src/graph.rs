@@ -9,10 +9,9 @@
 
 use crate::error::Result;
 use crate::saved::SavedTensors;
-use crate::var::{Var, VarInner};
 use brasa_tensor::{DType, Device, Tensor};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 static LIVE_NODES: AtomicUsize = AtomicUsize::new(0);
 
@@ -64,8 +63,23 @@ pub(crate) struct OpBackward {
 
 /// A gradient hook: may return a replacement gradient.
 pub(crate) type GradHook = Arc<dyn Fn(&Tensor) -> Result<Option<Tensor>> + Send + Sync>;
-/// Runs after a leaf's gradient was accumulated.
-pub(crate) type PostAccumulateHook = Arc<dyn Fn(&Var) -> Result<()> + Send + Sync>;
+/// Runs after a leaf's gradient was accumulated, given the leaf (a user's
+/// `Fn(&Var)` hook, wrapped by `Var::register_post_accumulate_grad_hook`).
+pub(crate) type PostAccumulateHook = Arc<dyn Fn(&Arc<VarInner>) -> Result<()> + Send + Sync>;
+
+/// A variable: what its `Var` handles (var.rs) share, and what the nodes
+/// that accumulate or retain its gradient point to (weakly). Defined with
+/// the nodes because each refers to the other: a variable holds the node that
+/// made it and its leaf accumulator, an accumulator the variable it feeds.
+pub(crate) struct VarInner {
+    pub(crate) tensor: Tensor,
+    pub(crate) requires_grad: AtomicBool,
+    pub(crate) grad: Mutex<Option<Tensor>>,
+    pub(crate) grad_fn: Option<Arc<Node>>,
+    /// A leaf's accumulation node, made on first use so all consumers share it.
+    pub(crate) accumulator: OnceLock<Arc<Node>>,
+    pub(crate) post_accumulate_hooks: Mutex<Vec<PostAccumulateHook>>,
+}
 
 pub(crate) enum NodeKind {
     /// An operation; `None` once its saved tensors were released.
@@ -105,7 +119,7 @@ pub(crate) struct Node {
     /// checkpoint's function read from outside its inputs (parameters
     /// above all), which its recomputation gives gradients to. Followed by
     /// [`reachable_through_recomputation`] only, never by backward itself.
-    pub(crate) recomputed_reads: std::sync::OnceLock<Vec<Arc<Node>>>,
+    pub(crate) recomputed_reads: OnceLock<Vec<Arc<Node>>>,
 }
 
 impl Node {
@@ -123,7 +137,7 @@ impl Node {
             kind: NodeKind::Op(Mutex::new(Some(backward))),
             pre_hooks: Mutex::new(Vec::new()),
             retained: Mutex::new(None),
-            recomputed_reads: std::sync::OnceLock::new(),
+            recomputed_reads: OnceLock::new(),
         })
     }
 
@@ -135,7 +149,7 @@ impl Node {
             kind: NodeKind::Accumulate(var),
             pre_hooks: Mutex::new(Vec::new()),
             retained: Mutex::new(None),
-            recomputed_reads: std::sync::OnceLock::new(),
+            recomputed_reads: OnceLock::new(),
         })
     }
 

@@ -5,7 +5,7 @@
 //! keeps a non-leaf's gradient in its `.grad`.
 
 use crate::error::{AutogradError, Result};
-use crate::graph::lock;
+use crate::graph::{lock, VarInner};
 use crate::var::Var;
 use brasa_tensor::Tensor;
 use std::sync::Arc;
@@ -35,7 +35,7 @@ impl Var {
                 "only leaves that require grad accumulate gradients",
             ));
         }
-        lock(&self.0.post_accumulate_hooks).push(Arc::new(hook));
+        lock(&self.0.post_accumulate_hooks).push(Arc::new(move |leaf: &Arc<VarInner>| hook(&Var(Arc::clone(leaf)))));
         Ok(())
     }
 

@@ -3,21 +3,11 @@
 
 use crate::error::{AutogradError, Result};
 use crate::grad_mode::is_grad_enabled;
-use crate::graph::{lock, BackwardCtx, BackwardFn, Node, OpBackward, PostAccumulateHook, TensorMeta};
+use crate::graph::{lock, BackwardCtx, BackwardFn, Node, OpBackward, TensorMeta, VarInner};
 use crate::saved::SavedTensors;
 use brasa_tensor::{DType, Device, Shape, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-
-pub(crate) struct VarInner {
-    pub(crate) tensor: Tensor,
-    pub(crate) requires_grad: AtomicBool,
-    pub(crate) grad: Mutex<Option<Tensor>>,
-    pub(crate) grad_fn: Option<Arc<Node>>,
-    /// A leaf's accumulation node, made on first use so all consumers share it.
-    pub(crate) accumulator: OnceLock<Arc<Node>>,
-    pub(crate) post_accumulate_hooks: Mutex<Vec<PostAccumulateHook>>,
-}
 
 /// A tensor that takes part in automatic differentiation.
 ///

@@ -27,17 +27,14 @@
 //! them on rayon's threads (`brasa-tensor` does), since only they know how
 //! their rows map to memory.
 
-mod gelu_simd;
-mod math;
 mod ops;
 mod strided;
 
-pub use crate::scalar::{Float, FloatElement};
-pub use gelu_simd::{gelu_backward_f32, gelu_f32, gelu_tanh_backward_f32, MAX_ULP_ERROR};
-pub use math::{erf, erfc};
+pub use crate::math::{erf, erfc, MAX_ULP_ERROR};
+pub use crate::scalar::{gelu_tanh, gelu_tanh_backward, Float, FloatElement};
 pub use ops::{
-    addcdiv, addcmul, axpy, binary, binary_update, binary_update_self, gelu_tanh, gelu_tanh_backward, maximum, minimum,
-    sigmoid, unary, unary_update, BinaryOp, UnaryOp,
+    addcdiv, addcmul, axpy, binary, binary_update, binary_update_self, gelu_backward_f32, gelu_f32,
+    gelu_tanh_backward_f32, maximum, minimum, sigmoid, unary, unary_update, BinaryOp, UnaryOp,
 };
 pub use strided::{
     map1, map1_blocks, map2, map2_blocks, map3, same_len, update0, update1, update2, Strided, StridedMut,

@@ -44,6 +44,7 @@ pub mod elementwise;
 mod error;
 pub mod gemm;
 pub mod index;
+mod math;
 pub mod norm;
 pub mod optim;
 pub mod peak;

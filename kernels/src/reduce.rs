@@ -34,6 +34,7 @@
 mod columns;
 mod softmax;
 
+pub use crate::math::{exp_f32, exp_shifted_f32};
 /// The floating-point accumulators (`f32`, `f64`): [`Float`],
 /// under the name the reductions have used.
 pub use crate::scalar::Float as FloatAccumulator;
@@ -41,7 +42,7 @@ pub use crate::scalar::{Accumulator, ReduceElement, BLOCK};
 pub use columns::{
     argmax_columns, argmin_columns, max_columns, min_columns, sq_dev_columns, sum_columns, COLUMN_MIN_ROWS_PAIRWISE,
 };
-pub use softmax::{exp_f32, exp_shifted_f32, log_softmax_columns, log_softmax_row, softmax_columns, softmax_row};
+pub use softmax::{log_softmax_columns, log_softmax_row, softmax_columns, softmax_row};
 
 use crate::scalar::Float;
 use rayon::prelude::*;

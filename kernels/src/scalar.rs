@@ -14,8 +14,10 @@
 //! (or use the block as it is when no widening is needed), so the inner loops
 //! run on plain `f32`/`f64`/`i64` slices that the compiler vectorises.
 
+use crate::math::{erf, erfc, exp_f32, exp_shifted_f32, gelu_backward_f32, gelu_f32, gelu_tanh_backward_f32};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
+use std::f64::consts::FRAC_1_SQRT_2;
 use std::fmt::Debug;
 use std::ops::{Add, Div, Mul, Neg, Sub};
 
@@ -96,7 +98,7 @@ pub trait Float:
     /// e^x (libm's).
     fn exp(self) -> Self;
     /// e^x for loops that must vectorise: for `f32`,
-    /// [`exp_f32`](crate::reduce::exp_f32) (within 2 ulp); for `f64`, libm's.
+    /// [`exp_f32`] (within 2 ulp); for `f64`, libm's.
     fn fast_exp(self) -> Self;
     /// Natural logarithm.
     fn ln(self) -> Self;
@@ -123,27 +125,22 @@ pub trait Float:
     /// Computed in f64 and rounded once for `f32`.
     fn gelu_backward(grad: Self, x: Self) -> Self;
     /// `out[i] = x[i].gelu()` over the common length. For `f32`, the
-    /// vectorised [`gelu_f32`] (within a few
+    /// vectorised [`gelu_f32`](crate::elementwise::gelu_f32) (within a few
     /// ulp, not correctly rounded).
     fn gelu_slice(x: &[Self], out: &mut [Self]) {
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = v.gelu();
-        }
+        gelu_each(x, out);
     }
     /// `out[i] = gelu_backward(grad[i], x[i])` over the common length; for
-    /// `f32` the vectorised [`gelu_backward_f32`].
+    /// `f32` the vectorised
+    /// [`gelu_backward_f32`](crate::elementwise::gelu_backward_f32).
     fn gelu_backward_slice(grad: &[Self], x: &[Self], out: &mut [Self]) {
-        for ((o, &g), &v) in out.iter_mut().zip(grad).zip(x) {
-            *o = Self::gelu_backward(g, v);
-        }
+        gelu_backward_each(grad, x, out);
     }
     /// `out[i] = gelu_tanh_backward(grad[i], x[i])` over the common length;
     /// for `f32` the vectorised
-    /// [`gelu_tanh_backward_f32`].
+    /// [`gelu_tanh_backward_f32`](crate::elementwise::gelu_tanh_backward_f32).
     fn gelu_tanh_backward_slice(grad: &[Self], x: &[Self], out: &mut [Self]) {
-        for ((o, &g), &v) in out.iter_mut().zip(grad).zip(x) {
-            *o = crate::elementwise::gelu_tanh_backward(g, v);
-        }
+        gelu_tanh_backward_each(grad, x, out);
     }
     /// `out[i] = fast_exp(x[i] - shift)` for the common length, on the widest
     /// vectors this CPU has (for `f32`).
@@ -151,6 +148,58 @@ pub trait Float:
         for (o, &v) in out.iter_mut().zip(x) {
             *o = (v - shift).fast_exp();
         }
+    }
+}
+
+/// GELU's tanh approximation.
+#[inline(always)]
+pub fn gelu_tanh<T: Float>(x: T) -> T {
+    let k = T::from_f64(0.797_884_560_802_865_4); // √(2/π)
+    let c = T::from_f64(0.044_715);
+    T::HALF * x * (T::ONE + (k * (x + c * x * x * x)).tanh())
+}
+
+/// `grad` times the derivative of [`gelu_tanh`] at `x`. With
+/// `u = √(2/π)(x + 0.044715 x³)` the derivative is
+/// `(1 + tanh u)/2 + x/2 (1 - tanh² u) u'`; it is computed from
+/// `e = e^(-2|u|) <= 1` as `σ(2u) + 2x σ(2|u|) σ(-2|u|) u'`, so that neither
+/// term cancels (`1 + tanh u` for very negative `u`) or overflows. NaN at
+/// `x = ±inf` (`inf · 0`), as PyTorch's formula gives.
+#[inline(always)]
+pub fn gelu_tanh_backward<T: Float>(grad: T, x: T) -> T {
+    let k = T::from_f64(0.797_884_560_802_865_4); // √(2/π)
+    let kc = T::from_f64(0.797_884_560_802_865_4 * 0.044_715);
+    let kc3 = T::from_f64(3.0 * 0.797_884_560_802_865_4 * 0.044_715);
+    let x2 = x * x;
+    let u = x * (k + kc * x2);
+    let du = k + kc3 * x2;
+    let e = (-(u.abs() + u.abs())).exp();
+    let big = T::ONE / (T::ONE + e);
+    let small = e * big;
+    let sigma = if u < <T as Accumulator>::ZERO { small } else { big };
+    grad * (sigma + x * (big * small) * (du + du))
+}
+
+/// The scalar loops of [`Float`]'s GELU slice methods: their default
+/// bodies, and `f32`'s path on the CPUs its vectorised kernels do not serve
+/// (x86-64 without AVX2 + FMA).
+fn gelu_each<F: Float>(x: &[F], out: &mut [F]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = v.gelu();
+    }
+}
+
+/// See [`gelu_each`].
+fn gelu_backward_each<F: Float>(grad: &[F], x: &[F], out: &mut [F]) {
+    for ((o, &g), &v) in out.iter_mut().zip(grad).zip(x) {
+        *o = F::gelu_backward(g, v);
+    }
+}
+
+/// See [`gelu_each`].
+fn gelu_tanh_backward_each<F: Float>(grad: &[F], x: &[F], out: &mut [F]) {
+    for ((o, &g), &v) in out.iter_mut().zip(grad).zip(x) {
+        *o = gelu_tanh_backward(g, v);
     }
 }
 
@@ -224,9 +273,6 @@ macro_rules! impl_float {
     };
 }
 
-use crate::elementwise::{erf, erfc, gelu_backward_f32, gelu_f32, gelu_tanh_backward_f32};
-use std::f64::consts::FRAC_1_SQRT_2;
-
 /// `1/√(2π)`, the normal density at 0.
 const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 
@@ -244,10 +290,11 @@ impl_float!(
     gelu_backward: |grad, x| grad * gelu_derivative_f64(x)
 );
 // f32's erf family evaluates the f64 one and rounds once; its fast
-// exponential and its GELU slices are the vectorised ones.
+// exponential and its GELU slices are the vectorised ones (with the scalar
+// loops where the GELU kernels do not run).
 impl_float!(
     f32,
-    fast_exp: crate::reduce::exp_f32,
+    fast_exp: exp_f32,
     erf: |x| erf(f64::from(x)) as f32,
     erfc: |x| erfc(f64::from(x)) as f32,
     gelu: |x| {
@@ -255,8 +302,12 @@ impl_float!(
         (0.5 * x * erfc(-x * FRAC_1_SQRT_2)) as f32
     },
     gelu_backward: |grad, x| (f64::from(grad) * gelu_derivative_f64(f64::from(x))) as f32,
-    exp_shifted: crate::reduce::exp_shifted_f32,
-    gelu_slices: (gelu_f32, gelu_backward_f32, gelu_tanh_backward_f32)
+    exp_shifted: exp_shifted_f32,
+    gelu_slices: (
+        |x, out| gelu_f32(x, out, gelu_each::<f32>),
+        |grad, x, out| gelu_backward_f32(grad, x, out, gelu_backward_each::<f32>),
+        |grad, x, out| gelu_tanh_backward_f32(grad, x, out, gelu_tanh_backward_each::<f32>)
+    )
 );
 
 /// An element type the kernels accept: `f32`, `f64`, `f16`, `bf16`, `i64`,
@@ -470,11 +521,11 @@ mod tests {
 
     #[test]
     fn fast_exp_is_the_vectorisable_one_for_f32_and_libm_for_f64() {
-        assert_eq!(1.0f32.fast_exp(), crate::reduce::exp_f32(1.0));
+        assert_eq!(1.0f32.fast_exp(), exp_f32(1.0));
         assert_eq!(Float::exp(1.0f32), 1.0f32.exp());
         assert_eq!(1.0f64.fast_exp(), 1.0f64.exp());
         let mut out = [0.0f32; 3];
         f32::exp_shifted(&[1.0, 2.0, 3.0], 1.0, &mut out);
-        assert_eq!(out, [1.0, crate::reduce::exp_f32(1.0), crate::reduce::exp_f32(2.0)]);
+        assert_eq!(out, [1.0, exp_f32(1.0), exp_f32(2.0)]);
     }
 }

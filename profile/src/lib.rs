@@ -55,12 +55,13 @@ mod range;
 mod result;
 mod schedule;
 mod session;
+mod timer;
 mod units;
 mod user_code;
 mod utilization;
 
 pub use clock::{Clock, HostClock, ManualClock};
-pub use device::{device_span, DeviceSpan, DeviceTimer, HostTimer, Marker};
+pub use device::{device_span, DeviceSpan};
 pub use error::ProfileError;
 pub use event::{
     DeviceId, DeviceInterval, MemoryBaseline, MemoryEvent, MemoryRecord, MemoryRetag, RangeEvent, RangeKind, ThreadInfo,
@@ -76,6 +77,7 @@ pub use range::{record_function, record_function_with_shapes, record_op, RangeGu
 pub use result::{ProfileResult, RangeStats};
 pub use schedule::{schedule, ProfilerAction, Schedule};
 pub use session::enabled;
+pub use timer::{DeviceTimer, HostTimer, Marker};
 pub use units::{format_bytes, format_memory, format_percent, format_time_ns, format_time_us};
 pub use utilization::{
     host_memory, register_device_monitor, unregister_device_monitor, utilization, utilization_of, DeviceMonitor,

@@ -4,13 +4,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::clock::{Clock, HostClock};
-use crate::device::DeviceTimer;
 use crate::error::ProfileError;
 use crate::event::RangeKind;
 use crate::range::{open_range, OpenRange};
 use crate::result::ProfileResult;
 use crate::schedule::{ProfilerAction, Schedule};
 use crate::session::{begin_session, enabled, end_session, Session, SessionConfig};
+use crate::timer::DeviceTimer;
 use crate::user_code::{call_user, drop_user};
 use crate::utilization::memory_baselines;
 

@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use crate::clock::{unix_now_ns, Clock};
-use crate::device::{DeviceTimer, Marker};
 use crate::event::{DeviceInterval, MemoryBaseline, MemoryEvent, MemoryRecord, RangeEvent, RangeKind, ThreadInfo};
 use crate::result::ProfileResult;
+use crate::timer::{DeviceTimer, Marker};
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 /// Bumped on every session start and end; thread-local caches compare against it.

@@ -6,9 +6,7 @@
 //! device count is the precedent). Their number comes from
 //! `BRASA_HOST_DEVICES` or [`crate::set_host_device_count`], fixed at first use.
 
-use crate::error::{Result, TensorError};
 use std::fmt;
-use std::str::FromStr;
 use std::sync::Mutex;
 
 /// Where a tensor's memory lives and its ops run.
@@ -54,28 +52,14 @@ impl Device {
             Device::Cpu(i) | Device::Cuda(i) | Device::Meta(i) => *i,
         }
     }
-}
 
-impl fmt::Display for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Device::Cpu(i) => write!(f, "cpu:{i}"),
-            Device::Cuda(i) => write!(f, "cuda:{i}"),
-            Device::Meta(i) => write!(f, "meta:{i}"),
-        }
-    }
-}
-
-impl FromStr for Device {
-    type Err = TensorError;
-
-    /// Parses `cpu`, `cpu:3`, `cuda`, `cuda:1`, `meta:2`.
-    fn from_str(text: &str) -> Result<Self> {
+    /// The device `text` names (`cpu`, `cpu:3`, `cuda`, `cuda:1`, `meta:2`),
+    /// or what is wrong with it: `str::parse` (`FromStr`, in error.rs) wraps
+    /// the message in a [`TensorError::Device`](crate::TensorError::Device).
+    pub(crate) fn parse_name(text: &str) -> std::result::Result<Device, String> {
         let (kind, index) = match text.split_once(':') {
             Some((kind, index)) => {
-                let index = index
-                    .parse()
-                    .map_err(|_| TensorError::Device(format!("bad device `{text}`: the index must be a number")))?;
+                let index = index.parse().map_err(|_| format!("bad device `{text}`: the index must be a number"))?;
                 (kind, index)
             }
             None => (text, 0),
@@ -84,7 +68,17 @@ impl FromStr for Device {
             "cpu" => Ok(Device::Cpu(index)),
             "cuda" => Ok(Device::Cuda(index)),
             "meta" => Ok(Device::Meta(index)),
-            _ => Err(TensorError::Device(format!("bad device `{text}`: expected cpu, cpu:N, cuda, cuda:N or meta:N"))),
+            _ => Err(format!("bad device `{text}`: expected cpu, cpu:N, cuda, cuda:N or meta:N")),
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu(i) => write!(f, "cpu:{i}"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+            Device::Meta(i) => write!(f, "meta:{i}"),
         }
     }
 }
@@ -135,8 +129,12 @@ mod tests {
         assert_eq!(Device::cpu(3).to_string(), "cpu:3");
         assert_eq!("cuda:1".parse::<Device>().unwrap(), Device::cuda(1));
         assert_eq!("cpu".parse::<Device>().unwrap(), Device::CPU);
-        assert!("tpu:0".parse::<Device>().is_err());
-        assert!("cpu:x".parse::<Device>().is_err());
+        let bad = |text: &str| match text.parse::<Device>() {
+            Err(crate::TensorError::Device(message)) => message,
+            other => panic!("{text}: {other:?}"),
+        };
+        assert!(bad("tpu:0").contains("expected cpu, cpu:N"));
+        assert!(bad("cpu:x").contains("the index must be a number"));
     }
 
     #[test]

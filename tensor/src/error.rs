@@ -10,6 +10,7 @@ use brasa_kernels::index::IndexError;
 use brasa_kernels::scratch::ScratchError;
 use brasa_kernels::KernelError;
 use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 
 /// Why a tensor operation failed.
@@ -251,6 +252,19 @@ impl TensorError {
             TensorError::Alloc(error) => error.as_out_of_memory(),
             _ => None,
         }
+    }
+}
+
+// Here rather than in device.rs: `TensorError` names devices (`DeviceMismatch`,
+// `DeviceCall`, `Plan`), so device.rs sits below this module and only says
+// what is wrong with a name (`Device::parse_name`).
+impl FromStr for Device {
+    type Err = TensorError;
+
+    /// Parses `cpu`, `cpu:3`, `cuda`, `cuda:1`, `meta:2`; anything else is a
+    /// [`TensorError::Device`] saying what is wrong.
+    fn from_str(text: &str) -> Result<Self> {
+        Device::parse_name(text).map_err(TensorError::Device)
     }
 }
 

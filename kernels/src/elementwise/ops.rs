@@ -10,7 +10,7 @@ use super::strided::{
     map1, map1_blocks, map2, map2_blocks, update0, update1, update1_blocks, update2, Strided, StridedMut,
 };
 use crate::error::Result;
-use crate::scalar::{Accumulator, Float, FloatElement};
+use crate::scalar::{gelu_tanh, gelu_tanh_backward, Accumulator, Float, FloatElement};
 use crate::widest::{on_widest_if, WideLoop};
 
 /// A one-operand floating-point op.
@@ -181,33 +181,26 @@ pub fn sigmoid<T: Float>(x: T) -> T {
     T::ONE / (T::ONE + (-x).exp())
 }
 
-/// GELU's tanh approximation.
-#[inline(always)]
-pub fn gelu_tanh<T: Float>(x: T) -> T {
-    let k = T::from_f64(0.797_884_560_802_865_4); // √(2/π)
-    let c = T::from_f64(0.044_715);
-    T::HALF * x * (T::ONE + (k * (x + c * x * x * x)).tanh())
+/// `out[i] = gelu(x[i])` (exact GELU, within
+/// [`MAX_ULP_ERROR`](crate::elementwise::MAX_ULP_ERROR) ulp) over the common
+/// length: `f32`'s [`Float::gelu_slice`], branch-free vectorised code but on
+/// x86-64 CPUs without AVX2 + FMA, which take the scalar path.
+pub fn gelu_f32(x: &[f32], out: &mut [f32]) {
+    f32::gelu_slice(x, out);
 }
 
-/// `grad` times the derivative of [`gelu_tanh`] at `x`. With
-/// `u = √(2/π)(x + 0.044715 x³)` the derivative is
-/// `(1 + tanh u)/2 + x/2 (1 - tanh² u) u'`; it is computed from
-/// `e = e^(-2|u|) <= 1` as `σ(2u) + 2x σ(2|u|) σ(-2|u|) u'`, so that neither
-/// term cancels (`1 + tanh u` for very negative `u`) or overflows. NaN at
-/// `x = ±inf` (`inf · 0`), as PyTorch's formula gives.
-#[inline(always)]
-pub fn gelu_tanh_backward<T: Float>(grad: T, x: T) -> T {
-    let k = T::from_f64(0.797_884_560_802_865_4); // √(2/π)
-    let kc = T::from_f64(0.797_884_560_802_865_4 * 0.044_715);
-    let kc3 = T::from_f64(3.0 * 0.797_884_560_802_865_4 * 0.044_715);
-    let x2 = x * x;
-    let u = x * (k + kc * x2);
-    let du = k + kc3 * x2;
-    let e = (-(u.abs() + u.abs())).exp();
-    let big = T::ONE / (T::ONE + e);
-    let small = e * big;
-    let sigma = if u < <T as Accumulator>::ZERO { small } else { big };
-    grad * (sigma + x * (big * small) * (du + du))
+/// `out[i] = grad[i] · (Φ(x[i]) + x[i] φ(x[i]))` over the common length
+/// (PyTorch's `gelu_backward`): `f32`'s [`Float::gelu_backward_slice`],
+/// vectorised as [`gelu_f32`] is.
+pub fn gelu_backward_f32(grad: &[f32], x: &[f32], out: &mut [f32]) {
+    f32::gelu_backward_slice(grad, x, out);
+}
+
+/// `out[i] = grad[i] · gelu_tanh'(x[i])` over the common length (PyTorch's
+/// `gelu_backward(approximate='tanh')`): `f32`'s
+/// [`Float::gelu_tanh_backward_slice`], vectorised as [`gelu_f32`] is.
+pub fn gelu_tanh_backward_f32(grad: &[f32], x: &[f32], out: &mut [f32]) {
+    f32::gelu_tanh_backward_slice(grad, x, out);
 }
 
 /// Binds `$f` to the scalar function of `$op` computed in `$T`, then evaluates
@@ -556,7 +549,7 @@ mod tests {
             UnaryOp::Tanh => x.tanh(),
             UnaryOp::Sigmoid => 1.0 / (1.0 + (-x).exp()),
             UnaryOp::Relu => x.max(0.0),
-            UnaryOp::Gelu => x * 0.5 * (1.0 + super::super::math::erf(x / 2f64.sqrt())),
+            UnaryOp::Gelu => x * 0.5 * (1.0 + crate::math::erf(x / 2f64.sqrt())),
             UnaryOp::GeluTanh => {
                 0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
             }

@@ -33,7 +33,9 @@ fn coordinates(dims: &[usize], mut position: usize) -> Vec<usize> {
 }
 
 /// Turns a kernel's error into one naming the op, the dim and where the bad
-/// index sits in the index tensor of shape `index_dims`.
+/// index sits in the index tensor of shape `index_dims` (a
+/// [`TensorError::Index`]); a refusal other than a bad index is a
+/// [`TensorError::Internal`].
 pub(super) fn index_error(op: &'static str, what: &str, index_dims: &[usize], error: IndexError) -> TensorError {
     match &error {
         &IndexError::OutOfRange { position, index, size } => {
@@ -48,7 +50,12 @@ pub(super) fn index_error(op: &'static str, what: &str, index_dims: &[usize], er
                 source: error,
             }
         }
-        _ => TensorError::Index { op, message: format!("internal error in a kernel: {error}"), source: error },
+        // Any other refusal means the op handed the kernel operands that do
+        // not fit: a broken invariant, not the caller's bad index.
+        _ => TensorError::internal(
+            op,
+            format!("the index kernel refused the operands for {what} (index shape {index_dims:?}): {error}"),
+        ),
     }
 }
 

@@ -30,12 +30,9 @@ pub(super) fn concat(tensors: &[&Tensor], d: usize, shape: &Shape) -> Result<Ten
                     // `len * inner` elements, `total * inner` apart.
                     let block = Layout::new([outer, len * inner], vec![(total * inner) as isize, 1], start * inner)?;
                     let src = t.storage().read::<T>(OP)?;
+                    // The blocks were built from the checked shapes: a refusal is a bug.
                     copy_runs(&src, t.layout().contiguous_runs(), &mut *dst, block.contiguous_runs()).map_err(
-                        |source| TensorError::Index {
-                            op: OP,
-                            message: format!("internal error in a kernel: {source}"),
-                            source,
-                        },
+                        |source| TensorError::internal(OP, format!("copying an input into its block failed: {source}")),
                     )?;
                 }
                 start += len;

@@ -18,10 +18,10 @@ use rayon::prelude::*;
 /// Indices per parallel task of a large embedding lookup.
 const IDS_PER_TASK: usize = 256;
 
-/// A kernel's index error: the indices were checked, so a bug; still an
-/// error naming the op, never a panic.
+/// A kernel's index error: the indices were checked, so a bug in brasa (a
+/// [`TensorError::Internal`] naming the op), never a panic.
 fn kernel_error(op: &'static str) -> impl Fn(IndexError) -> TensorError {
-    move |source| TensorError::Index { op, message: format!("internal error in a kernel: {source}"), source }
+    move |source| TensorError::internal(op, format!("a host index kernel refused indices already checked: {source}"))
 }
 
 /// Slice `start..start + len` of `data`, or an error (never a panic).

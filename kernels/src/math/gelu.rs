@@ -43,16 +43,18 @@
 //! compile it to FMA instructions; elsewhere it is the portable body, which
 //! gives the same bits (a fused multiply-add is exact-then-rounded on every
 //! target). On x86-64 without FMA, `mul_add` would be a library call per
-//! operation, so those CPUs keep the scalar path for the forward.
+//! operation, so those CPUs keep the scalar path: each kernel takes it as its
+//! `fallback` (the [`Float`](crate::scalar::Float) implementation for `f32`
+//! passes its scalar loops), as this module sits below the scalar traits.
 
 // The fitted coefficients are kept as printed by the fit.
 #![allow(clippy::excessive_precision)]
 
-use crate::scalar::Float;
-
-/// The largest error, in ulp of the exact value, of [`gelu_f32`] (and of
-/// [`gelu_backward_f32`]'s derivative, in ulp of its larger term) over the
-/// f32 inputs the tests sweep: the measured maxima are 3.28 and 2.25 ulp.
+/// The largest error, in ulp of the exact value, of
+/// [`gelu_f32`](crate::elementwise::gelu_f32) (and of
+/// [`gelu_backward_f32`](crate::elementwise::gelu_backward_f32)'s
+/// derivative, in ulp of its larger term) over the f32 inputs the tests
+/// sweep: the measured maxima are 3.28 and 2.25 ulp.
 pub const MAX_ULP_ERROR: f64 = 3.5;
 
 /// Past `|x| = TAIL_END`, `|x| Φ(-|x|) < 2^-150`: GELU of a negative `x`
@@ -275,12 +277,13 @@ fn gelu_tanh_backward_body(grad: &[f32], x: &[f32], out: &mut [f32]) {
 }
 
 /// The instruction-set variants of one body and the function that picks one
-/// at run time. `$fallback` runs on x86-64 CPUs without AVX2 + FMA.
+/// at run time; the function's last argument, `fallback`, runs instead on
+/// x86-64 CPUs without AVX2 + FMA.
 macro_rules! dispatched {
     (
         $(#[$doc:meta])*
         pub fn $name:ident($($arg:ident: $ty:ty),*) = $body:ident,
-        avx512: $avx512:ident, avx2: $avx2:ident, x86_fallback: $fallback:expr
+        avx512: $avx512:ident, avx2: $avx2:ident
     ) => {
         /// The body compiled for AVX-512 (16 lanes).
         ///
@@ -303,7 +306,7 @@ macro_rules! dispatched {
         }
 
         $(#[$doc])*
-        pub fn $name($($arg: $ty),*) {
+        pub fn $name($($arg: $ty,)* fallback: impl FnOnce($($ty),*)) {
             #[cfg(target_arch = "x86_64")]
             {
                 let features = crate::cpu_features::cpu_features();
@@ -315,11 +318,13 @@ macro_rules! dispatched {
                     // SAFETY: AVX2 and FMA were detected on this CPU.
                     return unsafe { $avx2($($arg),*) };
                 }
-                let fallback: fn($($ty),*) = $fallback;
                 fallback($($arg),*)
             }
             #[cfg(not(target_arch = "x86_64"))]
-            $body($($arg),*)
+            {
+                let _ = fallback;
+                $body($($arg),*)
+            }
         }
     };
 }
@@ -328,42 +333,30 @@ dispatched! {
     /// `out[i] = gelu(x[i])` (exact GELU, within [`MAX_ULP_ERROR`] ulp) over
     /// the common length.
     pub fn gelu_f32(x: &[f32], out: &mut [f32]) = gelu_body,
-    avx512: gelu_avx512, avx2: gelu_avx2,
-    x86_fallback: |x, out| {
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = v.gelu();
-        }
-    }
+    avx512: gelu_avx512, avx2: gelu_avx2
 }
 
 dispatched! {
     /// `out[i] = grad[i] · (Φ(x[i]) + x[i] φ(x[i]))` over the common length
     /// (PyTorch's `gelu_backward`).
     pub fn gelu_backward_f32(grad: &[f32], x: &[f32], out: &mut [f32]) = gelu_backward_body,
-    avx512: gelu_backward_avx512, avx2: gelu_backward_avx2,
-    x86_fallback: |grad, x, out| {
-        for ((o, &g), &v) in out.iter_mut().zip(grad).zip(x) {
-            *o = f32::gelu_backward(g, v);
-        }
-    }
+    avx512: gelu_backward_avx512, avx2: gelu_backward_avx2
 }
 
 dispatched! {
     /// `out[i] = grad[i] · gelu_tanh'(x[i])` over the common length (PyTorch's
     /// `gelu_backward(approximate='tanh')`).
     pub fn gelu_tanh_backward_f32(grad: &[f32], x: &[f32], out: &mut [f32]) = gelu_tanh_backward_body,
-    avx512: gelu_tanh_backward_avx512, avx2: gelu_tanh_backward_avx2,
-    x86_fallback: |grad, x, out| {
-        for ((o, &g), &v) in out.iter_mut().zip(grad).zip(x) {
-            *o = super::ops::gelu_tanh_backward(g, v);
-        }
-    }
+    avx512: gelu_tanh_backward_avx512, avx2: gelu_tanh_backward_avx2
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::elementwise::gelu_tanh_backward;
+    // The public entry points (these kernels with the scalar path as their
+    // fallback), in place of the glob's.
+    use crate::elementwise::{erfc, gelu_backward_f32, gelu_f32, gelu_tanh_backward, gelu_tanh_backward_f32};
+    use crate::scalar::Float;
 
     /// The spacing of f32 values at the magnitude of `w` (the least
     /// subnormal's below the normal range): one ulp of an f32 result that
@@ -435,7 +428,7 @@ mod tests {
     /// terms `Φ(x)` and `|x φ(x)|` (the sum's condition). Elsewhere that is
     /// within a factor ~3 of the result.
     fn derivative_scale(x: f64) -> f64 {
-        let cdf = 0.5 * crate::elementwise::erfc(-x / std::f64::consts::SQRT_2);
+        let cdf = 0.5 * erfc(-x / std::f64::consts::SQRT_2);
         let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
         cdf.max((x * pdf).abs())
     }

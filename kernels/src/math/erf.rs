@@ -1,5 +1,6 @@
-//! The error function for the elementwise kernels (`erf`, `erfc`, and the
-//! exact GELU built on them in [`Float`](crate::scalar::Float)).
+//! The error function, `erf` and `erfc` in f64 (the elementwise kernels'
+//! `erf`, `erfc` and exact GELU in [`Float`](crate::scalar::Float) are built
+//! on them).
 //!
 //! `erf` and `erfc` are fdlibm's (`s_erf.c`): rational approximations on
 //! four intervals, each within 1 ulp in f64. The f32 versions evaluate the
