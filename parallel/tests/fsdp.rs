@@ -663,3 +663,84 @@ fn autocast_inside_fsdp_matches_autocast_on_one_process() -> Result<()> {
     }
     Ok(())
 }
+
+/// Identity in forward; its backward fails while `FAIL` is set.
+struct FailingBackward;
+
+static FAIL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl brasa_autograd::Function for FailingBackward {
+    fn forward(&mut self, _ctx: &mut brasa_autograd::FunctionCtx, inputs: &[Tensor]) -> brasa_autograd::Result<Tensor> {
+        Ok(inputs[0].clone())
+    }
+    fn backward(&mut self, _: &[Tensor], grad: &Tensor, _: &[bool]) -> brasa_autograd::Result<Vec<Option<Tensor>>> {
+        if FAIL.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(brasa_autograd::AutogradError::invalid("test", "this backward fails"));
+        }
+        Ok(vec![Some(grad.clone())])
+    }
+}
+
+#[derive(brasa_nn::Parameters)]
+struct FailingLayer;
+
+impl Module for FailingLayer {
+    fn forward(&self, x: &Var) -> brasa_nn::Result<Var> {
+        Ok(brasa_autograd::apply(FailingBackward, &[x])?)
+    }
+}
+
+#[test]
+fn a_backward_that_fails_midway_leaves_the_next_step_whole() -> Result<()> {
+    let _devices = setup();
+    let case = Case::new(2, Opt::SgdMomentum);
+    let want = reference(case)?;
+    let got = run_in_process(2, &options(), |comm| {
+        let dev = comm.device();
+        let (rank, world) = (comm.rank(), comm.world_size());
+        // The failing layer sits between the second and third linear
+        // layers: backward fails after the last unit's gradients were
+        // reduce-scattered, with the first units still gathered.
+        let mut layers = model(dev, false)?.into_layers();
+        layers.insert(4, Box::new(FailingLayer));
+        let mut seq = Sequential::new();
+        for layer in layers {
+            seq.append(layer);
+        }
+        let fsdp = FullyShardedDataParallel::new(seq, comm.clone(), FsdpConfig::default())?;
+        let mut opt = optimizer(case.kind, fsdp.parameters())?;
+        let (x, y) = batch(0, dev)?;
+        FAIL.store(true, std::sync::atomic::Ordering::SeqCst);
+        let failed =
+            cross_entropy(&fsdp.forward(&Var::new(rows(&x, rank, world)?))?, &rows(&y, rank, world)?)?.backward();
+        comm.barrier()?;
+        FAIL.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert!(failed.is_err());
+        opt.zero_grad()?;
+        let mut trajectory = Vec::new();
+        for step in 0..case.steps {
+            let (x, y) = batch(step, dev)?;
+            cross_entropy(&fsdp.forward(&Var::new(rows(&x, rank, world)?))?, &rows(&y, rank, world)?)?.backward()?;
+            opt.step()?;
+            opt.zero_grad()?;
+            if let Some(dict) = fsdp.full_state_dict()? {
+                // The failing layer shifted the later layers' names by one.
+                let renamed = dict.iter().map(|(name, t)| {
+                    let (index, rest) = name.split_once('.').unwrap();
+                    let index: usize = index.parse().unwrap();
+                    (format!("{}.{rest}", if index > 4 { index - 1 } else { index }), t.clone())
+                });
+                let mut fixed = StateDict::new();
+                for (name, t) in renamed {
+                    fixed.insert(name, t);
+                }
+                trajectory.push(values(&fixed)?);
+            }
+        }
+        Ok(trajectory)
+    })?;
+    for (step, (g, w)) in got[0].iter().zip(&want).enumerate() {
+        assert_close(g, w, 1e-5, &format!("after a failed backward, step {step}"));
+    }
+    Ok(())
+}

@@ -348,6 +348,38 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Clears everything a step holds between forward and the end of
+    /// backward — gathered units, unsharded gradients, reductions in
+    /// flight (waited for), the queued-callback mark — after a backward
+    /// that failed midway (its end-of-backward callback never ran).
+    pub(super) fn reset_step(&self) -> Result<()> {
+        let pending = {
+            let mut step = lock(&self.step);
+            step.callback_queued = false;
+            step.backward_order.clear();
+            step.shared_vars = None;
+            std::mem::take(&mut step.pending)
+        };
+        let mut first_error = None;
+        for reduce in pending {
+            if let Some(work) = reduce.work {
+                if let Err(error) = work.wait() {
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        for unit in &self.units {
+            let mut grads = lock(&unit.grads);
+            grads.full = None;
+            grads.arrived.iter_mut().for_each(|a| *a = 0);
+            grads.expected.iter_mut().for_each(|e| *e = 0);
+        }
+        self.release_all()?;
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
 /// The unit to prefetch after `unit` in backward: the next one in the
 /// recorded order, or the layer before it when nothing is recorded yet.
 fn next_in_backward(step: &Step, unit: usize, gathers: impl Fn(usize) -> bool) -> Option<usize> {

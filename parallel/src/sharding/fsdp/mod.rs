@@ -295,6 +295,11 @@ impl FullyShardedDataParallel {
     pub fn forward(&self, input: &Var) -> Result<Var> {
         let shared = &self.shared;
         if !in_backward() {
+            if lock(&shared.step).callback_queued {
+                // The last backward failed before its end (its queued
+                // callback was dropped): clear what it left.
+                shared.reset_step()?;
+            }
             // Whatever a forward without backward left gathered is stale
             // once an optimizer may have stepped.
             shared.release_all()?;
