@@ -8,6 +8,8 @@
 //! cargo run --release --example train_digits -- --model cnn   # a small CNN
 //! cargo run --release --example train_digits -- --profile     # + trace.json and memory.html
 //! cargo run --release --example train_digits -- --devices 2   # DDP over 2 logical host devices
+//! cargo run --release --example train_digits -- --devices 4 --shard zero2   # DDP + ZeRO-2 over 4
+//! cargo run --release --example train_digits -- --devices 4 --shard full    # FSDP over 4
 //! cargo run --release --example train_digits -- --batch-size 1024 --memory-limit 2MiB   # survives OOM
 //! cargo run --release --example train_digits --features cuda -- --device cuda:0   # on a GPU
 //! ```
@@ -17,7 +19,15 @@
 //! bf16 autocast), `--devices N` (DistributedDataParallel over N logical
 //! host devices in this process, one thread each; every global batch is
 //! split across them, so hyperparameters and accuracy stay those of one
-//! device), `--epochs N`,
+//! device), `--shard none|zero2|full` (with `--devices N`, how the ranks
+//! share the model states — parameters, gradients, Adam's state: `none`,
+//! plain DDP, every rank holds all of them; `zero2`, DDP with
+//! `ZeroStage::Two` and a `ZeroOptimizer`, every rank keeps 1/N of the
+//! gradients and of Adam's state; `full`, `FullyShardedDataParallel`
+//! (ZeRO-3), every rank keeps 1/N of all three and gathers each layer's
+//! parameters just before it runs; the same mathematics, so the same
+//! accuracy, and at the end each rank's model states are printed, to
+//! compare the modes), `--epochs N`,
 //! `--batch-size N|auto` (`auto`: the largest batch whose step fits the
 //! device, found by memory plans and confirmed by one real step), `--lr X`,
 //! `--seed N`, `--workers N`, `--plan` (print the step's memory plan for
@@ -41,16 +51,47 @@ use std::time::Instant;
 
 use brasa::nn::Result;
 use brasa::parallel::{
-    ensure_host_devices, run_in_process, run_on_devices, Communicator, DdpConfig, DistributedDataParallel,
-    LaunchOptions, ParallelError,
+    ensure_host_devices, run_in_process, run_on_devices, Communicator, DdpConfig, DistributedDataParallel, FsdpConfig,
+    FullyShardedDataParallel, LaunchOptions, MemoryBreakdown, ParallelError, ZeroOptimizer, ZeroStage,
 };
 
 type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// How the ranks of `--devices N` share the model states (`--shard`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shard {
+    /// DDP: every rank holds the parameters, gradients and Adam's state.
+    None,
+    /// DDP with ZeRO-2: gradients and Adam's state sharded.
+    Zero2,
+    /// FSDP (ZeRO-3): parameters, gradients and Adam's state sharded.
+    Full,
+}
+
+impl Shard {
+    /// How the header line names the data parallelism.
+    fn describe(self) -> &'static str {
+        match self {
+            Shard::None => "DDP",
+            Shard::Zero2 => "DDP + ZeRO-2",
+            Shard::Full => "FSDP",
+        }
+    }
+
+    fn flag(self) -> &'static str {
+        match self {
+            Shard::None => "none",
+            Shard::Zero2 => "zero2",
+            Shard::Full => "full",
+        }
+    }
+}
 
 struct Args {
     cnn: bool,
     bf16: bool,
     devices: usize,
+    shard: Shard,
     device: Device,
     epochs: usize,
     batch_size: usize,
@@ -63,11 +104,13 @@ struct Args {
     memory_limit: Option<usize>,
 }
 
-fn parse_args() -> AnyResult<Args> {
+/// The options of the command line `cli` (without the program's name).
+fn parse_args(cli: Vec<String>) -> AnyResult<Args> {
     let mut args = Args {
         cnn: false,
         bf16: false,
         devices: 1,
+        shard: Shard::None,
         device: Device::CPU,
         epochs: 30,
         batch_size: 32,
@@ -79,7 +122,7 @@ fn parse_args() -> AnyResult<Args> {
         profile: None,
         memory_limit: None,
     };
-    let mut it = std::env::args().skip(1).peekable();
+    let mut it = cli.into_iter().peekable();
     while let Some(arg) = it.next() {
         let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
         match arg.as_str() {
@@ -90,6 +133,12 @@ fn parse_args() -> AnyResult<Args> {
             },
             "--bf16" => args.bf16 = true,
             "--devices" => args.devices = value("--devices")?.parse()?,
+            "--shard" => match value("--shard")?.as_str() {
+                "none" => args.shard = Shard::None,
+                "zero2" => args.shard = Shard::Zero2,
+                "full" => args.shard = Shard::Full,
+                other => return Err(format!("--shard {other}: expected none, zero2 or full").into()),
+            },
             "--device" => args.device = value("--device")?.parse()?,
             "--epochs" => args.epochs = value("--epochs")?.parse()?,
             "--batch-size" => match value("--batch-size")?.as_str() {
@@ -115,8 +164,12 @@ fn parse_args() -> AnyResult<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "train_digits [--model mlp|cnn] [--bf16] [--device cpu|cuda:N] [--devices N] [--epochs N] [--batch-size N|auto] [--lr X] [--seed N] [--workers N] \
-                     [--plan] [--memory-limit SIZE] [--profile [DIR]]"
+                    "train_digits [--model mlp|cnn] [--bf16] [--device cpu|cuda:N] [--devices N] [--shard none|zero2|full] [--epochs N] [--batch-size N|auto] [--lr X] [--seed N] [--workers N] \
+                     [--plan] [--memory-limit SIZE] [--profile [DIR]]\n\
+                     --shard, with --devices N (how the N ranks share parameters, gradients and Adam's state):\n  \
+                     none   DistributedDataParallel: every rank holds all of them (default)\n  \
+                     zero2  DDP + ZeroOptimizer (ZeRO-2): every rank keeps 1/N of the gradients and of Adam's state\n  \
+                     full   FullyShardedDataParallel (ZeRO-3): every rank keeps 1/N of all three"
                 );
                 std::process::exit(0);
             }
@@ -125,6 +178,16 @@ fn parse_args() -> AnyResult<Args> {
     }
     if args.devices == 0 {
         return Err("--devices must be at least 1".into());
+    }
+    if args.shard != Shard::None && args.devices < 2 {
+        return Err(format!(
+            "--shard {} shards the model states over data-parallel ranks: it needs --devices N (N >= 2)",
+            args.shard.flag()
+        )
+        .into());
+    }
+    if args.shard == Shard::Full && args.memory_limit.is_some() {
+        return Err("--memory-limit splits steps through DDP's no_sync: use it without --shard full".into());
     }
     if args.devices > 1 && args.device != Device::CPU {
         return Err("--devices N runs DDP over logical host devices: leave --device out".into());
@@ -232,22 +295,23 @@ fn cnn(dev: Device) -> Result<Sequential> {
 
 /// Accuracy on a whole dataset, in evaluation mode and without a graph, in
 /// chunks of 128 samples (so that it fits wherever a training step does).
-fn accuracy(model: &mut Sequential, data: &TensorDataset) -> Result<f64> {
+/// With FSDP a collective: every rank evaluates (see [`Net::evaluate`]).
+fn accuracy(net: &mut Net, data: &TensorDataset) -> Result<f64> {
     const CHUNK: usize = 128;
-    model.eval();
-    let device = model.parameters().first().map_or(Device::CPU, |p| p.device());
+    net.set_training(false);
+    let device = net.parameters().first().map_or(Device::CPU, |p| p.device());
     let mut correct = 0.0;
     {
         let _no_grad = no_grad();
         for start in (0..data.len()).step_by(CHUNK) {
             let len = CHUNK.min(data.len() - start);
-            let logits = model.forward(&Var::new(data.features().narrow(0, start, len)?.to(device)?))?;
+            let logits = net.evaluate(&Var::new(data.features().narrow(0, start, len)?.to(device)?))?;
             let predicted = logits.tensor().argmax(&[-1], false)?;
             let labels = data.labels().narrow(0, start, len)?.to(device)?;
             correct += predicted.eq(&labels)?.to_dtype(DType::F64)?.sum_all()?.item::<f64>()?;
         }
     }
-    model.train();
+    net.set_training(true);
     Ok(correct / data.len() as f64)
 }
 
@@ -255,10 +319,12 @@ fn mib(bytes: usize) -> String {
     brasa::alloc::format_size(bytes)
 }
 
-/// The model, alone on one device or replicated by DDP on every rank.
+/// The model, alone on one device, replicated by DDP on every rank (its
+/// gradients and Adam's state sharded with ZeRO-2), or sharded by FSDP.
 enum Net {
     Local(Sequential),
     Ddp(DistributedDataParallel<Sequential>),
+    Fsdp(FullyShardedDataParallel),
 }
 
 impl Net {
@@ -266,15 +332,144 @@ impl Net {
         match self {
             Net::Local(model) => Ok(model.forward(x)?),
             Net::Ddp(ddp) => ddp.forward(x),
+            Net::Fsdp(fsdp) => fsdp.forward(x),
         }
     }
 
-    fn model(&mut self) -> &mut Sequential {
+    /// The forward of an evaluation (no graph): the replica itself, which
+    /// rank 0 runs alone; with FSDP the sharded model, whose every forward
+    /// gathers each layer from all ranks, so every rank runs it.
+    fn evaluate(&self, x: &Var) -> Result<Var> {
         match self {
-            Net::Local(model) => model,
-            Net::Ddp(ddp) => ddp.module_mut(),
+            Net::Local(model) => model.forward(x),
+            Net::Ddp(ddp) => ddp.module().forward(x),
+            Net::Fsdp(fsdp) => Ok(fsdp.forward(x)?),
         }
     }
+
+    /// Whether evaluating is a collective that every rank takes part in.
+    fn evaluates_on_every_rank(&self) -> bool {
+        matches!(self, Net::Fsdp(_))
+    }
+
+    fn set_training(&mut self, on: bool) {
+        match self {
+            Net::Local(model) if on => model.train(),
+            Net::Local(model) => model.eval(),
+            Net::Ddp(ddp) if on => ddp.module_mut().train(),
+            Net::Ddp(ddp) => ddp.module_mut().eval(),
+            Net::Fsdp(fsdp) if on => fsdp.train(),
+            Net::Fsdp(fsdp) => fsdp.eval(),
+        }
+    }
+
+    /// What the optimizer updates: the model's parameters, or with FSDP
+    /// this rank's shards.
+    fn parameters(&self) -> Vec<Var> {
+        match self {
+            Net::Local(model) => model.parameters(),
+            Net::Ddp(ddp) => ddp.module().parameters(),
+            Net::Fsdp(fsdp) => fsdp.parameters(),
+        }
+    }
+
+    /// This rank's model states (parameters, gradients, optimizer state)
+    /// and communication buffers now.
+    fn model_states(&self, opt: &Optim) -> MemoryBreakdown {
+        match (self, opt) {
+            (Net::Fsdp(fsdp), _) => fsdp.memory_breakdown(&**opt),
+            (_, Optim::Zero(zero)) => zero.memory_breakdown(),
+            (net, opt) => MemoryBreakdown::measure(&net.parameters(), &[], &**opt, 0),
+        }
+    }
+}
+
+/// Adam, over the whole model (or FSDP's shards), or over this rank's
+/// shards of DDP's buckets with ZeRO.
+enum Optim {
+    Adam(Adam),
+    Zero(ZeroOptimizer<Adam>),
+}
+
+impl std::ops::Deref for Optim {
+    type Target = dyn Optimizer;
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Optim::Adam(adam) => adam,
+            Optim::Zero(zero) => zero,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Optim {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        match self {
+            Optim::Adam(adam) => adam,
+            Optim::Zero(zero) => zero,
+        }
+    }
+}
+
+/// Every rank's `states` on rank 0 (a collective: every rank calls it);
+/// `None` for a rank that measured none.
+fn gather_model_states(comm: &Communicator, states: Option<MemoryBreakdown>) -> Result<Vec<Option<MemoryBreakdown>>> {
+    let mine = match states {
+        Some(m) => [m.parameters, m.gradients, m.optimizer_state, m.communication_buffers].map(|b| b as f64),
+        None => [-1.0; 4],
+    };
+    let input = Tensor::from_vec_on(mine.to_vec(), [4], comm.device())?;
+    let all = Tensor::zeros_on([4 * comm.world_size()], DType::F64, comm.device())?;
+    comm.all_gather(&all, &input)?;
+    Ok(all
+        .to_vec::<f64>()?
+        .chunks(4)
+        .map(|b| {
+            (b[0] >= 0.0).then(|| MemoryBreakdown {
+                parameters: b[0] as usize,
+                gradients: b[1] as usize,
+                optimizer_state: b[2] as usize,
+                communication_buffers: b[3] as usize,
+            })
+        })
+        .collect())
+}
+
+/// The model states of `--shard` of each rank (on `devices[rank]`) as a
+/// table, each also as a share of one unsharded replica's (`replica`:
+/// P + G + 2P, f32 Adam).
+fn print_model_states(
+    shard: Shard,
+    devices: &[Device],
+    per_rank: &[Option<MemoryBreakdown>],
+    replica: usize,
+    after_zero_grad: bool,
+) {
+    println!(
+        "model states per rank, --shard {} ({}), after an optimizer step of the last epoch{}:",
+        shard.flag(),
+        shard.describe(),
+        if after_zero_grad { " and its zero_grad (gradients not counted)" } else { ", before zero_grad" }
+    );
+    println!(
+        "  {:<6}{:>13}{:>13}{:>17}{:>15}{:>15}{:>12}",
+        "rank", "parameters", "gradients", "optimizer state", "comm buffers", "model states", "of replica"
+    );
+    for (device, states) in devices.iter().zip(per_rank) {
+        let name = device.to_string();
+        match states {
+            Some(m) => println!(
+                "  {name:<6}{:>13}{:>13}{:>17}{:>15}{:>15}{:>11.1}%",
+                mib(m.parameters),
+                mib(m.gradients),
+                mib(m.optimizer_state),
+                mib(m.communication_buffers),
+                mib(m.model_states()),
+                100.0 * m.model_states() as f64 / replica.max(1) as f64
+            ),
+            None => println!("  {name:<6} no step measured"),
+        }
+    }
+    println!("  one unsharded replica: P + G + 2P (f32 Adam) = {}", mib(replica));
 }
 
 /// This rank's rows of a global batch: rows [rank·b/n, (rank+1)·b/n).
@@ -285,7 +480,32 @@ fn shard(t: &Tensor, rank: usize, world: usize) -> Result<Tensor> {
 }
 
 fn main() -> AnyResult<()> {
-    let mut args = parse_args()?;
+    run(std::env::args().skip(1).collect())?;
+    Ok(())
+}
+
+/// What a run measured, as rank 0 saw it (`tests/train_digits_shard.rs`
+/// compares the `--shard` modes with it).
+#[derive(Clone, Debug, Default)]
+#[allow(dead_code)] // read by the test, not by `main`
+pub(crate) struct Outcome {
+    /// Accuracy on the held-out 20 % after training.
+    pub(crate) test_accuracy: f64,
+    /// The mean training loss of the last epoch.
+    pub(crate) last_loss: f64,
+    /// Each rank's model states after a step of the last epoch (empty on
+    /// one device).
+    pub(crate) model_states: Vec<Option<MemoryBreakdown>>,
+    /// One unsharded replica's model states, P + G + 2P (f32 Adam).
+    pub(crate) replica_bytes: usize,
+    /// With FSDP: the test accuracy of the unsharded model loaded from the
+    /// full state dict.
+    pub(crate) unsharded: Option<f64>,
+}
+
+/// Trains as the command line `cli` (without the program's name) says.
+pub(crate) fn run(cli: Vec<String>) -> AnyResult<Outcome> {
+    let mut args = parse_args(cli)?;
     if let Some(limit) = args.memory_limit {
         // Logical host devices cpu:1..=N, limited, before the first tensor
         // (cpu:0, unlimited, holds the data set).
@@ -299,8 +519,7 @@ fn main() -> AnyResult<()> {
         plan_memory(&mut args, (Digits::LEN as f64 * Digits::TRAIN_FRACTION) as usize)?;
     }
     if args.devices == 1 {
-        train(&args, None)?;
-        return Ok(());
+        return train(&args, None);
     }
     // Logical host devices must exist before the first tensor.
     ensure_host_devices(args.devices)?;
@@ -312,18 +531,18 @@ fn main() -> AnyResult<()> {
             Err(other) => ParallelError::invalid("train_digits", other.to_string()),
         })
     };
-    if args.memory_limit.is_some() {
+    let outcomes = if args.memory_limit.is_some() {
         let devices: Vec<Device> = (1..=args.devices).map(Device::cpu).collect();
-        run_on_devices(&devices, &options, rank_main)?;
+        run_on_devices(&devices, &options, rank_main)?
     } else {
-        run_in_process(args.devices, &options, rank_main)?;
-    }
-    Ok(())
+        run_in_process(args.devices, &options, rank_main)?
+    };
+    Ok(outcomes.into_iter().next().unwrap_or_default())
 }
 
 /// Trains on this rank's share of every batch (the whole batch without a
-/// communicator); rank 0 reports.
-fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<f64> {
+/// communicator); rank 0 reports (the other ranks' outcomes are empty).
+fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<Outcome> {
     let (rank, world) = comm.as_ref().map(|c| (c.rank(), c.world_size())).unwrap_or((0, 1));
     let lead = rank == 0;
     let dev = comm.as_ref().map(|c| c.device()).unwrap_or(args.device);
@@ -345,12 +564,36 @@ fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<f64> {
     if let (Some(comm), true) = (&comm, lead) {
         comm.barrier()?;
     }
-    let mut net = match &comm {
-        // Rank 0's initial weights are broadcast to every rank.
-        Some(comm) => Net::Ddp(DistributedDataParallel::new(model, comm.clone(), DdpConfig::default())?),
-        None => Net::Local(model),
+    let num_parameters = model.num_parameters();
+    // One unsharded replica's parameter bytes (P), for the model states at the end.
+    let param_bytes: usize = model.parameters().iter().map(|p| p.tensor().numel() * p.dtype().size_in_bytes()).sum();
+    let adam = AdamConfig { lr: args.lr, ..Default::default() };
+    // Rank 0's initial weights are broadcast to every rank.
+    let (mut net, mut opt) = match (&comm, args.shard) {
+        (None, _) => {
+            let net = Net::Local(model);
+            let opt = Optim::Adam(Adam::new(net.parameters(), adam)?);
+            (net, opt)
+        }
+        (Some(comm), Shard::None) => {
+            let net = Net::Ddp(DistributedDataParallel::new(model, comm.clone(), DdpConfig::default())?);
+            let opt = Optim::Adam(Adam::new(net.parameters(), adam)?);
+            (net, opt)
+        }
+        (Some(comm), Shard::Zero2) => {
+            let config = DdpConfig { zero: Some(ZeroStage::Two), ..DdpConfig::default() };
+            let ddp = DistributedDataParallel::new(model, comm.clone(), config)?;
+            // Adam over this rank's shards of DDP's buckets.
+            let opt = Optim::Zero(ZeroOptimizer::new(&ddp, |shards| Adam::new(shards, adam))?);
+            (Net::Ddp(ddp), opt)
+        }
+        (Some(comm), Shard::Full) => {
+            // Each layer of the Sequential is a unit, sharded over the ranks.
+            let fsdp = FullyShardedDataParallel::new(model, comm.clone(), FsdpConfig::default())?;
+            let opt = Optim::Adam(Adam::new(fsdp.parameters(), adam)?);
+            (Net::Fsdp(fsdp), opt)
+        }
     };
-    let mut opt = Adam::new(net.model().parameters(), AdamConfig { lr: args.lr, ..Default::default() })?;
     let loader = DataLoader::builder(train.clone())
         .batch_size(args.batch_size)
         .shuffle(true)
@@ -364,10 +607,16 @@ fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<f64> {
             train.len(),
             test.len(),
             if args.cnn { "CNN" } else { "MLP 64-128-10" },
-            net.model().num_parameters(),
+            num_parameters,
             args.epochs,
             loader.len(),
-            if world > 1 { format!(" · DDP over {world} devices (cpu:0..cpu:{})", world - 1) } else { String::new() }
+            if world > 1 {
+                // Rank r works on cpu:r, or on cpu:r+1 with --memory-limit.
+                let first = usize::from(args.memory_limit.is_some());
+                format!(" · {} over {world} devices (cpu:{first}..cpu:{})", args.shard.describe(), first + world - 1)
+            } else {
+                String::new()
+            }
         );
     }
 
@@ -382,6 +631,9 @@ fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<f64> {
     let mut op_table = None;
     // With --memory-limit: steps that split themselves when they run out of memory.
     let mut auto = args.memory_limit.map(|_| AutoMicroBatch::new());
+    // This rank's model states after the first step of the last epoch.
+    let mut states = None;
+    let mut last_loss = 0.0;
 
     let started = Instant::now();
     let style = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")?.progress_chars("=> ");
@@ -397,6 +649,7 @@ fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<f64> {
                 continue; // too few rows to give every rank one (same on every rank)
             }
             let (x, y) = (shard(&x, rank, world)?, shard(&y, rank, world)?);
+            let measure = epoch + 1 == args.epochs && states.is_none();
             let loss = {
                 let _step = brasa::profile::record_function("train_step");
                 // bf16 products and convolutions, f32 softmax and loss (a no-op region without --bf16).
@@ -409,6 +662,9 @@ fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<f64> {
                         };
                         loss.backward()?; // with DDP: gradients averaged across ranks as backward runs
                         opt.step()?;
+                        if measure {
+                            states = Some(net.model_states(&opt));
+                        }
                         opt.zero_grad()?;
                         loss.item()?
                     }
@@ -430,9 +686,13 @@ fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<f64> {
                             Ok::<_, ParallelError>(micro_loss)
                         };
                         let report = match &net {
-                            Net::Ddp(ddp) => auto.step_with_peers(rows, &mut opt, ddp, micro)?,
-                            Net::Local(_) => auto.step(rows, &mut opt, micro)?,
+                            Net::Ddp(ddp) => auto.step_with_peers(rows, &mut *opt, ddp, micro)?,
+                            Net::Local(_) => auto.step(rows, &mut *opt, micro)?,
+                            Net::Fsdp(_) => return Err("--memory-limit does not support --shard full".into()),
                         };
+                        if measure {
+                            states = Some(net.model_states(&opt));
+                        }
                         if report.changed_split() && lead {
                             let line = format!("epoch {} step {}: {report}", epoch + 1, bar.position());
                             bar.suspend(|| println!("{line}"));
@@ -469,8 +729,10 @@ fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<f64> {
                 );
             }
         }
+        last_loss = loss_sum / seen.max(1) as f64;
+        // With FSDP every rank evaluates (its forward is a collective).
+        let val = if lead || net.evaluates_on_every_rank() { accuracy(&mut net, &test)? } else { 0.0 };
         if lead {
-            let val = accuracy(net.model(), &test)?;
             println!(
                 "epoch {:>2}/{}  loss {:.4}  val_acc {:.4}  {:.0} samples/s  memory {}: allocated {}, reserved {}, peak {}",
                 epoch + 1,
@@ -485,11 +747,22 @@ fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<f64> {
             );
         }
     }
+    let test_accuracy = if lead || net.evaluates_on_every_rank() { accuracy(&mut net, &test)? } else { 0.0 };
+    let trained = started.elapsed();
+    // Collectives, so every rank takes part: the model states of every
+    // rank, and with FSDP the whole model gathered on rank 0.
+    let per_rank_states = match &comm {
+        Some(comm) => Some(gather_model_states(comm, states)?),
+        None => None,
+    };
+    let full_dict = match &net {
+        Net::Fsdp(fsdp) => fsdp.full_state_dict()?,
+        _ => None,
+    };
     if !lead {
-        return Ok(0.0);
+        return Ok(Outcome::default());
     }
-    let test_accuracy = accuracy(net.model(), &test)?;
-    println!("trained in {:.2} s", started.elapsed().as_secs_f64());
+    println!("trained in {:.2} s", trained.as_secs_f64());
     if let (Some(auto), Some(limit)) = (&auto, args.memory_limit) {
         let rows = args.batch_size / world;
         println!(
@@ -503,14 +776,40 @@ fn train(args: &Args, comm: Option<Communicator>) -> AnyResult<f64> {
         );
     }
     if world > 1 {
-        for r in 0..world {
+        let first = usize::from(args.memory_limit.is_some());
+        for r in first..first + world {
             let d = Device::cpu(r);
             println!("  {d}: peak {}, reserved {}", mib(memory::max_allocated(d)?), mib(memory::reserved(d)?));
         }
+    }
+    let replica_bytes = 4 * param_bytes;
+    if let Some(per_rank) = &per_rank_states {
+        // Rank r works on cpu:r, or on cpu:r+1 with --memory-limit.
+        let first = usize::from(args.memory_limit.is_some());
+        let devices: Vec<Device> = (first..first + world).map(Device::cpu).collect();
+        print_model_states(args.shard, &devices, per_rank, replica_bytes, auto.is_some());
+    }
+    let mut unsharded = None;
+    if let Some(dict) = full_dict {
+        // The sharded model gathered whole loads into the unsharded one.
+        let model = if args.cnn { cnn(dev)? } else { mlp(dev)? };
+        model.load_state_dict(&dict, true)?;
+        let accuracy = accuracy(&mut Net::Local(model), &test)?;
+        unsharded = Some(accuracy);
+        println!(
+            "full state dict on rank 0 ({} tensors): the unsharded model's test accuracy {accuracy:.4}",
+            dict.len()
+        );
     }
     if let Some(table) = op_table {
         println!("\nprofile of three training steps (ops and backward nodes, by self CPU time):\n{table}");
     }
     println!("test_accuracy={test_accuracy:.4}");
-    Ok(test_accuracy)
+    Ok(Outcome {
+        test_accuracy,
+        last_loss,
+        model_states: per_rank_states.unwrap_or_default(),
+        replica_bytes,
+        unsharded,
+    })
 }
