@@ -19,22 +19,14 @@ use brasa_nn::optim::{clip_grad_norm_, AdamConfig, AdamW, CosineAnnealingLr, Lin
 use brasa_nn::{Module, ModuleExt};
 use brasa_tensor::{DType, Device, Generator, Tensor};
 
+#[path = "support/gpt_inputs.rs"]
+mod gpt_inputs;
+use gpt_inputs::{random_ids, values};
+
 const DEV: Device = Device::CPU;
 
 fn tiny(vocab: usize) -> GptConfig {
     GptConfig::new(vocab, 16, 2, 2, 32).init_seed(7)
-}
-
-/// `[n, t]` ids from a local generator.
-fn random_ids(n: usize, t: usize, vocab: usize, seed: u64) -> Tensor {
-    let mut draws = vec![0f64; n * t];
-    Generator::new(seed).fill_uniform_f64(&mut draws, 0.0, vocab as f64).unwrap();
-    let ids: Vec<i64> = draws.iter().map(|&u| (u as i64).min(vocab as i64 - 1)).collect();
-    Tensor::from_vec(ids, [n, t]).unwrap()
-}
-
-fn values(t: &Tensor) -> Vec<f32> {
-    t.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap()
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

@@ -744,3 +744,33 @@ fn a_backward_that_fails_midway_leaves_the_next_step_whole() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn shard_masks_pick_the_selected_parameters_elements() -> Result<()> {
+    let _devices = setup();
+    let plain = model(Device::cpu(0), false)?;
+    let matrices: usize = plain.parameters().iter().filter(|p| p.rank() == 2).map(|p| p.numel()).sum();
+    let all: usize = plain.num_parameters();
+    for world in [2, 4] {
+        let counts = run_in_process(world, &options(), |comm| {
+            let fsdp =
+                FullyShardedDataParallel::new(model(comm.device(), false)?, comm.clone(), FsdpConfig::default())?;
+            let masks = fsdp.shard_masks(|_, dims| dims.len() == 2)?;
+            let biases = fsdp.shard_masks(|name, _| name.ends_with("bias"))?;
+            let mut picked = (0.0, 0.0, 0.0);
+            for ((mask, bias), shard) in masks.iter().zip(&biases).zip(fsdp.parameters()) {
+                assert_eq!(mask.dims(), shard.dims());
+                picked.0 += mask.sum_all()?.item::<f64>()?;
+                picked.1 += bias.sum_all()?.item::<f64>()?;
+                // Never both.
+                picked.2 += mask.mul(bias)?.sum_all()?.item::<f64>()?;
+            }
+            Ok(picked)
+        })?;
+        let total = |f: fn(&(f64, f64, f64)) -> f64| counts.iter().map(f).sum::<f64>() as usize;
+        assert_eq!(total(|c| c.0), matrices, "world {world}");
+        assert_eq!(total(|c| c.0) + total(|c| c.1), all, "world {world}");
+        assert_eq!(total(|c| c.2), 0);
+    }
+    Ok(())
+}

@@ -21,6 +21,10 @@
 //! block is an activation checkpoint ([`brasa_autograd::checkpoint`]): it
 //! keeps only its input for backward and runs again during backward.
 //! [`Gpt::generate`] samples text with a temperature and top-k.
+//! [`Gpt::into_units`] turns the model into a [`Sequential`] of units
+//! ([`GptEmbedding`], the blocks, [`GptHead`], the tied table shared by the
+//! first and the last) with the same logits, the shape fully sharded data
+//! parallelism shards unit by unit.
 //!
 //! ```
 //! use brasa_nn::models::{Gpt, GptConfig, SampleOptions};
@@ -44,11 +48,13 @@
 
 use crate::error::{NnError, Result};
 use crate::functional::cross_entropy;
+use crate::layers::Sequential;
 use crate::layers::{
     AttentionMasks, Dropout, Embedding, LayerNorm, LayerNormConfig, Linear, MultiheadAttention,
     MultiheadAttentionConfig,
 };
 use crate::module::{Module, ModuleExt};
+use crate::state_dict::{LoadReport, StateDict};
 use brasa_autograd::{checkpoint, is_grad_enabled, no_grad, AutogradError, Var};
 use brasa_tensor::{DType, Device, Generator, SharedError, Tensor, TensorError};
 
@@ -334,28 +340,12 @@ impl Gpt {
     /// The logits `[N, T, vocab_size]` of the next token after each prefix
     /// of `ids` (`[N, T]` `i64`, `1 ≤ T ≤ block_size`).
     pub fn logits(&self, ids: &Tensor) -> Result<Var> {
-        let block_size = self.wpe.num_embeddings();
-        if ids.dtype() != DType::I64 || ids.rank() != 2 || ids.dims()[1] == 0 || ids.dims()[1] > block_size {
-            return Err(NnError::invalid(
-                "Gpt",
-                format!(
-                    "expected i64 token ids [N, T] with 1 <= T <= {block_size} (the context), got a {} tensor of shape \
-                     {:?}",
-                    ids.dtype(),
-                    ids.dims()
-                ),
-            ));
-        }
-        let t = ids.dims()[1];
-        let positions = Tensor::arange_on(0.0, t as f64, 1.0, DType::I64, ids.device())?;
-        let tokens = self.wte.lookup(ids)?;
-        let mut x = self.drop.forward(&tokens.add(&self.wpe.lookup(&positions)?)?)?;
+        let mut x = embed("Gpt", &self.wte, &self.wpe, &self.drop, ids)?;
         let checkpointing = self.config.checkpoint && is_grad_enabled();
         for block in &self.blocks {
             x = if checkpointing { checkpointed(block, &x)? } else { block.forward(&x)? };
         }
-        // The head is the token embedding: its gradient gets both uses.
-        Ok(self.ln_f.forward(&x)?.linear(&self.wte.weight, None)?)
+        project("Gpt", &self.ln_f, &self.wte.weight, &x)
     }
 
     /// The mean cross entropy of the next-token predictions for `ids`
@@ -415,6 +405,217 @@ impl Module for Gpt {
     fn forward(&self, input: &Var) -> Result<Var> {
         self.logits(input.tensor())
     }
+}
+
+/// The first unit of [`Gpt::into_units`]: the token and position
+/// embeddings and the dropout on their sum, `dropout(wte[ids] + wpe[0..T])`.
+/// Its input is a `Var` wrapping `[N, T]` `i64` token ids
+/// (`1 ≤ T ≤ block_size`); its output the hidden states `[N, T, n_embd]`.
+#[derive(crate::Parameters)]
+pub struct GptEmbedding {
+    /// Token embedding `[vocab_size, n_embd]`; [`GptHead::wte`] is the same
+    /// table (one `Var`).
+    pub wte: Embedding,
+    /// Position embedding `[block_size, n_embd]`.
+    pub wpe: Embedding,
+    /// Dropout on the summed embeddings.
+    pub drop: Dropout,
+}
+
+impl Module for GptEmbedding {
+    /// `dropout(wte[ids] + wpe[0..T])` for the ids in `input`, as
+    /// [`Gpt::logits`] begins; an error names the expected input otherwise.
+    fn forward(&self, input: &Var) -> Result<Var> {
+        embed("GptEmbedding", &self.wte, &self.wpe, &self.drop, input.tensor())
+    }
+}
+
+/// The last unit of [`Gpt::into_units`]: the final norm and the output
+/// projection tied to the token embedding, `ln_f(x) · wteᵀ`, from the
+/// hidden states `[N, T, n_embd]` to the logits `[N, T, vocab_size]`.
+#[derive(crate::Parameters)]
+pub struct GptHead {
+    /// The final norm.
+    pub ln_f: LayerNorm,
+    /// The token embedding, used as the output projection: a handle on
+    /// [`GptEmbedding::wte`] (its `weight` is the same `Var`, so its
+    /// gradient gets both uses).
+    pub wte: Embedding,
+}
+
+impl Module for GptHead {
+    /// `ln_f(x) · wteᵀ`, as [`Gpt::logits`] ends.
+    fn forward(&self, x: &Var) -> Result<Var> {
+        project("GptHead", &self.ln_f, &self.wte.weight, x)
+    }
+}
+
+impl Gpt {
+    /// The model as a [`Sequential`] of `n_layer + 2` units,
+    /// `[GptEmbedding, block 0, ..., block n_layer-1, GptHead]`, the shape
+    /// fully sharded data parallelism takes (each layer a unit). Its `forward` on a `Var` wrapping `[N, T]` `i64` ids gives
+    /// the logits of [`Gpt::logits`] with the same ops in the same order
+    /// (the same values bit for bit, in training mode too from the same
+    /// generator state); the loss is `cross_entropy` of the logits
+    /// reshaped to `[N·T, vocab_size]` against the targets reshaped to
+    /// `[N·T]`, as [`Gpt::loss`] computes it.
+    ///
+    /// The parameters are the model's own (moved, not copied), and the
+    /// head holds the same `wte.weight` `Var` as the embedding unit: the
+    /// tie survives, and a sharded wrapper sees one parameter in two
+    /// layers. [`GptConfig::checkpoint`] does not carry over: checkpoint
+    /// the units with the wrapper (for example FSDP's `checkpoint`
+    /// setting, which gathers a unit's parameters again to recompute it).
+    ///
+    /// Names: the Sequential's layers are `0`, `1`, ..., so its
+    /// parameters are the model's with the unit's index in front of the
+    /// embedding's and the head's names and in place of `blocks.<i>` for a
+    /// block: `0.wte.weight`, `0.wpe.weight`, `<i+1>.ln_1.weight` (for
+    /// `blocks.<i>.ln_1.weight`), `<n_layer+1>.ln_f.weight`. The tied
+    /// table is listed once, under its first name `0.wte.weight` (as
+    /// every state dict lists a shared parameter).
+    /// [`Gpt::name_from_units`] and [`Gpt::name_in_units`] translate;
+    /// [`Gpt::load_units_state_dict`] loads such a dict (a gathered
+    /// sharded model's, say) into a `Gpt`, and [`Gpt::units_state_dict`]
+    /// gives a `Gpt`'s under the units' names.
+    ///
+    /// ```
+    /// use brasa_nn::models::{Gpt, GptConfig};
+    /// use brasa_nn::{Module, ModuleExt};
+    /// use brasa_autograd::Var;
+    /// use brasa_tensor::{Device, Tensor};
+    ///
+    /// let config = GptConfig::new(16, 8, 2, 2, 32);
+    /// let reference = Gpt::new(config, Device::CPU)?;
+    /// let units = Gpt::new(config, Device::CPU)?.into_units(); // the same weights (the same seed)
+    /// assert_eq!(units.len(), 4); // embedding, 2 blocks, head
+    /// let ids = Tensor::from_vec((0..16).collect::<Vec<i64>>(), [2, 8])?;
+    /// let logits = units.forward(&Var::new(ids.clone()))?;
+    /// assert_eq!(logits.tensor().to_vec::<f32>()?, reference.logits(&ids)?.tensor().to_vec::<f32>()?);
+    /// // Back into a Gpt, by name.
+    /// let fresh = Gpt::new(config.init_seed(1), Device::CPU)?;
+    /// fresh.load_units_state_dict(&units.state_dict(), true)?;
+    /// assert_eq!(fresh.logits(&ids)?.tensor().to_vec::<f32>()?, logits.tensor().to_vec::<f32>()?);
+    /// # Ok::<(), brasa_nn::NnError>(())
+    /// ```
+    pub fn into_units(self) -> Sequential {
+        let Gpt { wte, wpe, drop, blocks, ln_f, config: _ } = self;
+        let head = GptHead { ln_f, wte: wte.clone() };
+        let mut units = Sequential::new().push(GptEmbedding { wte, wpe, drop });
+        for block in blocks {
+            units = units.push(block);
+        }
+        units.push(head)
+    }
+
+    /// The model's name (`blocks.1.attn.in_proj_weight`) of the parameter
+    /// or buffer named `name` in the [`Gpt::into_units`] Sequential of a
+    /// model of `n_layer` blocks (`2.attn.in_proj_weight`); `None` when no
+    /// parameter of such a model has that name.
+    pub fn name_from_units(name: &str, n_layer: usize) -> Option<String> {
+        let (index, rest) = name.split_once('.')?;
+        let index: usize = index.parse().ok()?;
+        let field = rest.split('.').next()?;
+        match index {
+            0 if matches!(field, "wte" | "wpe") => Some(rest.to_string()),
+            i if (1..=n_layer).contains(&i) && BLOCK_FIELDS.contains(&field) => {
+                Some(format!("blocks.{}.{rest}", i - 1))
+            }
+            i if i == n_layer + 1 && matches!(field, "ln_f" | "wte") => Some(rest.to_string()),
+            _ => None,
+        }
+    }
+
+    /// The name in the [`Gpt::into_units`] Sequential of a model of
+    /// `n_layer` blocks of the model's parameter or buffer `name`: the
+    /// inverse of [`Gpt::name_from_units`] (`wte.weight` is `0.wte.weight`,
+    /// its first name there); `None` for a name the model does not have.
+    pub fn name_in_units(name: &str, n_layer: usize) -> Option<String> {
+        let (field, rest) = name.split_once('.')?;
+        match field {
+            "wte" | "wpe" => Some(format!("0.{name}")),
+            "ln_f" => Some(format!("{}.{name}", n_layer + 1)),
+            "blocks" => {
+                let (index, rest) = rest.split_once('.')?;
+                let index: usize = index.parse().ok()?;
+                let block_field = rest.split('.').next()?;
+                (index < n_layer && BLOCK_FIELDS.contains(&block_field)).then(|| format!("{}.{rest}", index + 1))
+            }
+            _ => None,
+        }
+    }
+
+    /// Copies `dict`, a state dict under the names of the
+    /// [`Gpt::into_units`] Sequential (its `state_dict()`, or a sharded
+    /// model's gathered full state dict), into this model, renamed by
+    /// [`Gpt::name_from_units`]. `strict` as in
+    /// [`ModuleExt::load_state_dict`]: a name that maps to none of the
+    /// model's (reported under its own name), a missing one, or another
+    /// shape or dtype is an error naming it, and nothing is copied.
+    pub fn load_units_state_dict(&self, dict: &StateDict, strict: bool) -> Result<LoadReport> {
+        let n_layer = self.blocks.len();
+        let mut renamed = StateDict::new();
+        for (name, tensor) in dict.iter() {
+            let target = Gpt::name_from_units(name, n_layer).unwrap_or_else(|| name.to_string());
+            // The head's handle on the tied table (in a dict of the head
+            // alone) is the table itself: the first entry stands.
+            if renamed.get(&target).is_none() {
+                renamed.insert(target, tensor.clone());
+            }
+        }
+        self.load_state_dict(&renamed, strict)
+    }
+
+    /// This model's state dict under the names of its [`Gpt::into_units`]
+    /// Sequential (sharing storage with the model), to load into the
+    /// Sequential or a sharded model of it.
+    pub fn units_state_dict(&self) -> StateDict {
+        let n_layer = self.blocks.len();
+        let mut renamed = StateDict::new();
+        for (name, tensor) in self.state_dict().iter() {
+            // Every name of the model has a place in the units.
+            let target = Gpt::name_in_units(name, n_layer).unwrap_or_else(|| name.to_string());
+            renamed.insert(target, tensor.clone());
+        }
+        renamed
+    }
+}
+
+/// The fields of a [`GptBlock`], the first part of its parameters' names.
+const BLOCK_FIELDS: [&str; 6] = ["ln_1", "attn", "ln_2", "mlp_fc", "mlp_proj", "resid_dropout"];
+
+/// `dropout(wte[ids] + wpe[0..T])`, after checking the ids (`[N, T]` `i64`,
+/// `1 ≤ T ≤ block_size`); `what` names the caller in the error.
+fn embed(what: &'static str, wte: &Embedding, wpe: &Embedding, drop: &Dropout, ids: &Tensor) -> Result<Var> {
+    let block_size = wpe.num_embeddings();
+    if ids.dtype() != DType::I64 || ids.rank() != 2 || ids.dims()[1] == 0 || ids.dims()[1] > block_size {
+        return Err(NnError::invalid(
+            what,
+            format!(
+                "expected i64 token ids [N, T] with 1 <= T <= {block_size} (the context), got a {} tensor of shape {:?}",
+                ids.dtype(),
+                ids.dims()
+            ),
+        ));
+    }
+    let t = ids.dims()[1];
+    let positions = Tensor::arange_on(0.0, t as f64, 1.0, DType::I64, ids.device())?;
+    let tokens = wte.lookup(ids)?;
+    drop.forward(&tokens.add(&wpe.lookup(&positions)?)?)
+}
+
+/// `ln_f(x) · wteᵀ` for hidden states `x` (`[N, T, n_embd]`); `what` names
+/// the caller in the error.
+fn project(what: &'static str, ln_f: &LayerNorm, wte: &Var, x: &Var) -> Result<Var> {
+    let n_embd = wte.dims()[1];
+    if x.rank() != 3 || x.dims()[2] != n_embd {
+        return Err(NnError::invalid(
+            what,
+            format!("expected hidden states [N, T, {n_embd}], got a {} tensor of shape {:?}", x.dtype(), x.dims()),
+        ));
+    }
+    // The head is the token embedding: its gradient gets both uses.
+    Ok(ln_f.forward(x)?.linear(wte, None)?)
 }
 
 /// `block` on `x` as an activation checkpoint.

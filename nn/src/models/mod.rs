@@ -3,4 +3,4 @@
 
 mod gpt;
 
-pub use gpt::{Gpt, GptBlock, GptConfig, SampleOptions};
+pub use gpt::{Gpt, GptBlock, GptConfig, GptEmbedding, GptHead, SampleOptions};

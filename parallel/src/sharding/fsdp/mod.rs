@@ -259,6 +259,32 @@ impl FullyShardedDataParallel {
         self.shared.units.iter().filter(|u| !u.layout.slots.is_empty()).map(|u| u.shard.clone()).collect()
     }
 
+    /// For each of this rank's shards (in [`parameters`](Self::parameters)'
+    /// order), a tensor of the shard's shape and dtype holding 1 where the
+    /// element belongs to a parameter `select` picks (given its name in the
+    /// unwrapped model and its shape) and 0 elsewhere (other parameters,
+    /// padding). A shard is a flat slice of a whole unit — matrices, norm
+    /// gains and biases together — so settings that differ per parameter
+    /// go through such masks: weight decay on the matrices only is
+    /// `shard.add_scaled_(-lr * wd, &shard.mul(&mask)?)` before the step.
+    pub fn shard_masks(&self, select: impl Fn(&str, &[usize]) -> bool) -> Result<Vec<Tensor>> {
+        let _no_grad = no_grad();
+        let rank = self.shared.comm.rank();
+        let mut masks = Vec::new();
+        for unit in self.shared.units.iter().filter(|u| !u.layout.slots.is_empty()) {
+            let mask = Tensor::zeros_on([unit.shard_len()], unit.shard.dtype(), unit.shard.device())?;
+            let start = unit.shard_range(rank).start;
+            for piece in unit.layout.pieces(rank) {
+                let slot = &unit.layout.slots[piece.slot];
+                if select(&slot.name, &slot.dims) {
+                    mask.narrow(0, piece.flat.start - start, piece.flat.len())?.fill_(1.0)?;
+                }
+            }
+            masks.push(mask);
+        }
+        Ok(masks)
+    }
+
     /// The communicator the model is sharded over.
     pub fn communicator(&self) -> &Communicator {
         &self.shared.comm
