@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use brasa_alloc::{
-    Backend, BackendError, BlockState, CachingAllocator, HostBackend, HostPinning, StreamEvent, StreamId,
+    AllocError, Backend, BackendError, BlockState, CachingAllocator, HostBackend, HostPinning, StreamEvent, StreamId,
 };
 
 const MIB: usize = 1 << 20;
@@ -186,8 +186,13 @@ fn without_an_event_the_free_waits_for_the_whole_device() {
 fn a_driver_that_refuses_to_pin_is_an_error_that_names_it() {
     let (driver, alloc) = pinned();
     driver.fail_register.store(true, Ordering::SeqCst);
-    let error = alloc.allocate(MIB, StreamId::DEFAULT).err().unwrap().to_string();
-    assert!(error.contains("fake driver") && error.contains("register refused"), "{error}");
+    let error = alloc.allocate(MIB, StreamId::DEFAULT).err().unwrap();
+    // A backend error (not an out-of-memory) whose words name the driver.
+    let AllocError::Backend { device, source: BackendError::Device(message) } = &error else {
+        panic!("expected a backend error, got {error:?}")
+    };
+    assert_eq!(device, "cpu:pinned");
+    assert!(message.contains("fake driver") && message.contains("register refused"), "{message}");
     assert_eq!(alloc.backend().bytes_in_use(), 0, "the mapping was given back");
     assert_eq!(alloc.reserved_bytes(), 0);
 }

@@ -1,6 +1,8 @@
 //! One test per rule of the caching policy, observed through the allocator.
 
-use brasa_alloc::{AllocatorConfig, BlockState, CachingAllocator, FailingBackend, HostBackend, PoolKind, StreamId};
+use brasa_alloc::{
+    AllocError, AllocatorConfig, BlockState, CachingAllocator, FailingBackend, HostBackend, PoolKind, StreamId,
+};
 
 const MIB: usize = 1 << 20;
 const S0: StreamId = StreamId::DEFAULT;
@@ -195,8 +197,10 @@ fn memory_fraction_caps_reserved_memory() {
     alloc.set_memory_fraction(0.3).unwrap();
     let _a = alloc.allocate(20 * MIB, S0).unwrap();
     let error = alloc.allocate(20 * MIB, S0).unwrap_err();
+    assert!(matches!(error, AllocError::OutOfMemory(_)), "{error:?}");
     let oom = error.as_out_of_memory().expect("an OOM");
     assert_eq!(oom.allowed_bytes, Some(30 * MIB));
+    // The hint names the limit to raise.
     assert!(error.to_string().contains("allowed by the memory fraction"), "{error}");
     assert!(alloc.set_memory_fraction(1.5).is_err());
 }

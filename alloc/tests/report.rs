@@ -1,6 +1,6 @@
 //! Statistics resets, the summary table, snapshots and history as JSON.
 
-use brasa_alloc::{CachingAllocator, HostBackend, StreamId, TraceAction};
+use brasa_alloc::{AllocError, CachingAllocator, HostBackend, StreamId, TraceAction};
 
 const MIB: usize = 1 << 20;
 const S0: StreamId = StreamId::DEFAULT;
@@ -82,7 +82,10 @@ fn config_comes_from_the_environment_variable() {
     let alloc = CachingAllocator::from_env(HostBackend::new()).unwrap();
     assert_eq!(alloc.config().max_split_size, 64 * MIB);
     std::env::set_var("BRASA_ALLOC_CONF", "max_split:64");
-    let error = CachingAllocator::from_env(HostBackend::new()).err().unwrap().to_string();
+    let error = CachingAllocator::from_env(HostBackend::new()).err().unwrap();
+    assert!(matches!(error, AllocError::Config(_)), "{error:?}");
+    // A `ConfigError` is words only: they name the variable and the valid keys.
+    let error = error.to_string();
     assert!(error.contains("BRASA_ALLOC_CONF") && error.contains("valid keys"), "{error}");
     std::env::remove_var("BRASA_ALLOC_CONF");
 }

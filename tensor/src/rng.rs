@@ -421,21 +421,24 @@ mod tests {
     fn invalid_arguments_are_refused_without_drawing() {
         let mut generator = Generator::new(0);
         let mut out = [0f32; 4];
+        let error = generator.fill_uniform_f32(&mut out, 1.0, 0.0).unwrap_err();
+        assert_eq!(error, RngError::InvalidRange { op: "uniform_f32", low: 1.0, high: 0.0 });
+        assert_eq!(error.to_string(), "uniform_f32: expected finite low <= high, got low = 1, high = 0");
+        let error = generator.fill_uniform_f32(&mut out, 0.0, f32::INFINITY).unwrap_err();
+        assert!(matches!(error, RngError::InvalidRange { op: "uniform_f32", .. }), "{error:?}");
+        let error = generator.fill_normal_f32(&mut out, 0.0, -1.0).unwrap_err();
+        assert_eq!(error, RngError::InvalidNormal { op: "normal_f32", mean: 0.0, std: -1.0 });
         assert_eq!(
-            generator.fill_uniform_f32(&mut out, 1.0, 0.0).unwrap_err().to_string(),
-            "uniform_f32: expected finite low <= high, got low = 1, high = 0"
-        );
-        assert!(generator.fill_uniform_f32(&mut out, 0.0, f32::INFINITY).is_err());
-        assert_eq!(
-            generator.fill_normal_f32(&mut out, 0.0, -1.0).unwrap_err().to_string(),
+            error.to_string(),
             "normal_f32: expected a finite mean and a finite std >= 0, got mean = 0, std = -1"
         );
-        assert!(generator.fill_normal_f64(&mut [0.0], f64::NAN, 1.0).is_err());
-        assert_eq!(
-            generator.fill_bernoulli(&mut out, 1.5).unwrap_err().to_string(),
-            "bernoulli: expected a probability in [0, 1], got 1.5"
-        );
-        assert!(generator.fill_bernoulli(&mut out, f64::NAN).is_err());
+        let error = generator.fill_normal_f64(&mut [0.0], f64::NAN, 1.0).unwrap_err();
+        assert!(matches!(error, RngError::InvalidNormal { op: "normal_f64", .. }), "{error:?}");
+        let error = generator.fill_bernoulli(&mut out, 1.5).unwrap_err();
+        assert_eq!(error, RngError::InvalidProbability { p: 1.5 });
+        assert_eq!(error.to_string(), "bernoulli: expected a probability in [0, 1], got 1.5");
+        let error = generator.fill_bernoulli(&mut out, f64::NAN).unwrap_err();
+        assert!(matches!(error, RngError::InvalidProbability { p } if p.is_nan()), "{error:?}");
         assert_eq!(generator.offset(), 0);
         assert_eq!(out, [0.0; 4]);
     }

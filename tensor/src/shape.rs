@@ -493,12 +493,12 @@ mod tests {
         assert_eq!(shape.dim(2usize).unwrap(), 4);
         assert_eq!(shape.axis(-2isize, "sum").unwrap(), 1);
         let err = shape.dim(3).unwrap_err();
+        assert_eq!(err, LayoutError::DimOutOfRange { op: "dim", dim: 3, rank: 3 });
         assert_eq!(err.to_string(), "dim: dim 3 is out of range for a tensor of rank 3 (expected -3..=2)");
-        assert!(shape.dim(-4).is_err());
-        assert_eq!(
-            Shape::scalar().dim(0).unwrap_err().to_string(),
-            "dim: dim 0 is out of range for a tensor of rank 0 (it has no dims)"
-        );
+        assert_eq!(shape.dim(-4), Err(LayoutError::DimOutOfRange { op: "dim", dim: -4, rank: 3 }));
+        let err = Shape::scalar().dim(0).unwrap_err();
+        assert_eq!(err, LayoutError::DimOutOfRange { op: "dim", dim: 0, rank: 0 });
+        assert_eq!(err.to_string(), "dim: dim 0 is out of range for a tensor of rank 0 (it has no dims)");
     }
 
     #[test]
@@ -506,16 +506,19 @@ mod tests {
         let shape = Shape::from([2, 3, 4]);
         assert_eq!(shape.infer_reshape(&[-1, 4]).unwrap(), Shape::from([6, 4]));
         assert_eq!(shape.infer_reshape(&[24]).unwrap(), Shape::from([24]));
+        let err = shape.infer_reshape(&[5, -1]).unwrap_err();
+        assert!(matches!(&err, LayoutError::InvalidReshape { spec, from, .. } if spec == &[5, -1] && *from == shape));
         assert_eq!(
-            shape.infer_reshape(&[5, -1]).unwrap_err().to_string(),
+            err.to_string(),
             "reshape: cannot reshape [2, 3, 4] to [5, -1]: no size for -1 makes the element counts match"
         );
-        assert!(shape.infer_reshape(&[-1, -1]).is_err());
-        assert!(shape.infer_reshape(&[-2, 12]).is_err());
-        assert_eq!(
-            shape.infer_reshape(&[5, 5]).unwrap_err().to_string(),
-            "reshape: cannot reshape [2, 3, 4] (24 elements) to [5, 5] (25 elements)"
-        );
+        for spec in [[-1, -1], [-2, 12]] {
+            let err = shape.infer_reshape(&spec).unwrap_err();
+            assert!(matches!(&err, LayoutError::InvalidReshape { spec: s, .. } if s == &spec), "{err:?}");
+        }
+        let err = shape.infer_reshape(&[5, 5]).unwrap_err();
+        assert_eq!(err, LayoutError::ReshapeElementCount { from: shape.clone(), to: Shape::from([5, 5]) });
+        assert_eq!(err.to_string(), "reshape: cannot reshape [2, 3, 4] (24 elements) to [5, 5] (25 elements)");
         assert_eq!(Shape::from([0, 3]).infer_reshape(&[3, 0]).unwrap(), Shape::from([3, 0]));
     }
 
@@ -525,8 +528,19 @@ mod tests {
         assert_eq!(b(&[2, 1, 4], &[3, 1]).unwrap(), Shape::from([2, 3, 4]));
         assert_eq!(b(&[], &[3]).unwrap(), Shape::from([3]));
         assert_eq!(b(&[0], &[1]).unwrap(), Shape::from([0]));
+        let err = b(&[2, 3], &[4, 2]).unwrap_err();
         assert_eq!(
-            b(&[2, 3], &[4, 2]).unwrap_err().to_string(),
+            err,
+            LayoutError::IncompatibleShapes {
+                a: Shape::from([2, 3]),
+                b: Shape::from([4, 2]),
+                dim: -1,
+                size_a: 3,
+                size_b: 2
+            }
+        );
+        assert_eq!(
+            err.to_string(),
             "cannot broadcast shapes [2, 3] and [4, 2] together: at dim -1 the sizes are 3 and 2 (they must match or one must be 1)"
         );
     }

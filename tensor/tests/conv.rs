@@ -8,7 +8,7 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use brasa_tensor::{set_host_device_count, Conv2dParams, DType, Device, Tensor};
+use brasa_tensor::{set_host_device_count, Conv2dParams, DType, Device, KernelError, Tensor, TensorError};
 use proptest::prelude::*;
 
 fn init() {
@@ -385,63 +385,93 @@ fn unbatched_and_empty_convolutions() {
     assert_eq!(gw.to_vec::<f64>().unwrap(), [0.0; 54]);
 }
 
+/// The message of `result`'s error, after checking that the error is a
+/// [`TensorError::Shape`] of `op` (the variant says no more than that: the
+/// shapes are in the message).
+fn shape_message<T: std::fmt::Debug>(result: brasa_tensor::Result<T>, op: &str) -> String {
+    let error = result.unwrap_err();
+    assert!(matches!(&error, TensorError::Shape { op: o, .. } if *o == op), "{error:?}");
+    error.to_string()
+}
+
+/// The message of `result`'s error, after checking that the error is a
+/// [`TensorError::Invalid`] of `op`.
+fn invalid_message<T: std::fmt::Debug>(result: brasa_tensor::Result<T>, op: &str) -> String {
+    let error = result.unwrap_err();
+    assert!(matches!(&error, TensorError::Invalid { op: o, .. } if *o == op), "{error:?}");
+    error.to_string()
+}
+
 #[test]
 fn conv_errors_name_shapes_dtypes_and_devices() {
     let p = Conv2dParams::default();
-    let msg = |r: brasa_tensor::Result<Tensor>| r.unwrap_err().to_string();
     let x = tensor(&[1, 3, 5, 5], DType::F32, 0);
     let w = tensor(&[4, 3, 3, 3], DType::F32, 0);
     assert_eq!(
-        msg(x.conv2d(&tensor(&[4, 2, 3, 3], DType::F32, 0), None, p)),
+        shape_message(x.conv2d(&tensor(&[4, 2, 3, 3], DType::F32, 0), None, p), "conv2d"),
         "conv2d: input [1, 3, 5, 5] has 3 channels but weight [4, 2, 3, 3] with groups = 1 expects 2 x 1 = 2"
     );
     assert_eq!(
-        msg(x.conv2d(&tensor(&[4, 1, 3, 3], DType::F32, 0), None, p.with_groups(3))),
+        shape_message(x.conv2d(&tensor(&[4, 1, 3, 3], DType::F32, 0), None, p.with_groups(3)), "conv2d"),
         "conv2d: weight [4, 1, 3, 3] has 4 output channels, which groups = 3 does not divide"
     );
-    assert_eq!(msg(x.conv2d(&w, None, p.with_groups(0))), "conv2d: groups must be positive, got 0");
     assert_eq!(
-        msg(x.conv2d(&tensor(&[4, 3, 7, 3], DType::F32, 0), None, p)),
+        invalid_message(x.conv2d(&w, None, p.with_groups(0)), "conv2d"),
+        "conv2d: groups must be positive, got 0"
+    );
+    assert_eq!(
+        shape_message(x.conv2d(&tensor(&[4, 3, 7, 3], DType::F32, 0), None, p), "conv2d"),
         "conv2d: input [1, 3, 5, 5] and weight [4, 3, 7, 3] with stride (1, 1), padding (0, 0), dilation (1, 1): \
          height: kernel 7 with dilation 1 spans 7, more than the padded input (5 + 2 x 0 = 5)"
     );
-    assert!(msg(x.conv2d(&w, None, p.with_stride((0, 1)))).contains("stride 0"));
-    assert!(msg(x.conv2d(&w, None, p.with_dilation((1, 0)))).contains("dilation 0"));
+    let message = shape_message(x.conv2d(&w, None, p.with_stride((0, 1))), "conv2d");
+    assert!(message.contains("stride 0"), "{message}");
+    let message = shape_message(x.conv2d(&w, None, p.with_dilation((1, 0))), "conv2d");
+    assert!(message.contains("dilation 0"), "{message}");
     assert_eq!(
-        msg(tensor(&[5, 5], DType::F32, 0).conv2d(&w, None, p)),
+        shape_message(tensor(&[5, 5], DType::F32, 0).conv2d(&w, None, p), "conv2d"),
         "conv2d: expected a 4-d input [N, C_in, H, W], got shape [5, 5]"
     );
     assert_eq!(
-        msg(x.conv2d(&tensor(&[4, 3, 3], DType::F32, 0), None, p)),
+        shape_message(x.conv2d(&tensor(&[4, 3, 3], DType::F32, 0), None, p), "conv2d"),
         "conv2d: expected a 4-d weight [C_out, C_in / groups, kH, kW], got shape [4, 3, 3]"
     );
     assert_eq!(
-        msg(x.conv2d(&w, Some(&tensor(&[3], DType::F32, 0)), p)),
+        shape_message(x.conv2d(&w, Some(&tensor(&[3], DType::F32, 0)), p), "conv2d"),
         "conv2d: expected a bias of shape [4] (C_out), got [3]"
     );
-    assert_eq!(msg(x.conv2d(&w.to_dtype(DType::F64).unwrap(), None, p)), "conv2d: expected dtype f32, got f64");
-    assert_eq!(
-        msg(x.to_dtype(DType::I64).unwrap().conv2d(&w, None, p)),
-        "conv2d: needs a floating-point tensor, got i64"
+    let error = x.conv2d(&w.to_dtype(DType::F64).unwrap(), None, p).unwrap_err();
+    assert!(
+        matches!(error, TensorError::DTypeMismatch { op: "conv2d", expected: DType::F32, got: DType::F64 }),
+        "{error:?}"
     );
+    let error = x.to_dtype(DType::I64).unwrap().conv2d(&w, None, p).unwrap_err();
+    assert!(matches!(error, TensorError::UnsupportedDType { op: "conv2d", dtype: DType::I64, .. }), "{error:?}");
+    let error = x.conv2d(&w.to(Device::cpu(1)).unwrap(), None, p).unwrap_err();
+    assert!(
+        matches!(error, TensorError::DeviceMismatch { op: "conv2d", lhs: Device::Cpu(0), rhs: Device::Cpu(1) }),
+        "{error:?}"
+    );
+    // The message says how to fix it.
     assert_eq!(
-        msg(x.conv2d(&w.to(Device::cpu(1)).unwrap(), None, p)),
+        error.to_string(),
         "conv2d: operands are on different devices, cpu:0 and cpu:1; move one with .to(&device)"
     );
     let gy = tensor(&[1, 4, 3, 3], DType::F32, 0);
     assert_eq!(
-        msg(gy.conv2d_backward_input(&w, [1, 3, 6, 6], p)),
+        shape_message(gy.conv2d_backward_input(&w, [1, 3, 6, 6], p), "conv2d_backward_input"),
         "conv2d_backward_input: grad_output has shape [1, 4, 3, 3] but input [1, 3, 6, 6] and weight [4, 3, 3, 3] \
          give an output of shape [1, 4, 4, 4]"
     );
     assert_eq!(
-        msg(x.conv2d_backward_weight(&gy, [4, 3, 2, 2], p)),
+        shape_message(x.conv2d_backward_weight(&gy, [4, 3, 2, 2], p), "conv2d_backward_weight"),
         "conv2d_backward_weight: grad_output has shape [1, 4, 3, 3] but input [1, 3, 5, 5] and weight [4, 3, 2, 2] \
          give an output of shape [1, 4, 4, 4]"
     );
-    assert_eq!(
-        msg(gy.conv2d_backward_bias().unwrap().conv2d_backward_bias()),
-        "conv2d_backward_bias: expected a 4-d tensor, got shape [4]"
+    let error = gy.conv2d_backward_bias().unwrap().conv2d_backward_bias().unwrap_err();
+    assert!(
+        matches!(&error, TensorError::RankMismatch { op: "conv2d_backward_bias", expected: 4, got } if got == &[4]),
+        "{error:?}"
     );
     // Operands together on the second logical device work there.
     let y1 = x.to(Device::cpu(1)).unwrap().conv2d(&w.to(Device::cpu(1)).unwrap(), None, p).unwrap();
@@ -637,48 +667,61 @@ fn max_pool_ties_and_nan_follow_pytorch() {
 #[test]
 fn pool_errors_name_the_values() {
     let x = tensor(&[1, 2, 5, 5], DType::F32, 0);
-    let msg = |r: brasa_tensor::Result<Tensor>| r.unwrap_err().to_string();
     assert_eq!(
-        msg(x.avg_pool2d((2, 2), (2, 2), (0, 2), true)),
+        invalid_message(x.avg_pool2d((2, 2), (2, 2), (0, 2), true), "avg_pool2d"),
         "avg_pool2d: input [1, 2, 5, 5] with kernel (2, 2), stride (2, 2), padding (0, 2): width: padding 2 must be \
          at most half the kernel size 2 (1)"
     );
     assert_eq!(
-        msg(x.max_pool2d((6, 2), (1, 1), (0, 0)).map(|r| r.0)),
+        invalid_message(x.max_pool2d((6, 2), (1, 1), (0, 0)), "max_pool2d"),
         "max_pool2d: input [1, 2, 5, 5] with kernel (6, 2), stride (1, 1), padding (0, 0): height: kernel 6 is larger \
          than the padded input (5 + 2 x 0 = 5)"
     );
-    assert!(msg(x.max_pool2d((2, 2), (0, 2), (0, 0)).map(|r| r.0)).contains("stride 0 must be positive"));
-    assert!(msg(tensor(&[1, 2, 0, 5], DType::F32, 0).max_pool2d((1, 1), (1, 1), (0, 0)).map(|r| r.0))
-        .contains("the input has size 0"));
-    assert!(msg(x.to_dtype(DType::Bool).unwrap().max_pool2d((2, 2), (2, 2), (0, 0)).map(|r| r.0)).contains("got bool"));
-    assert_eq!(
-        msg(x.to_dtype(DType::I64).unwrap().avg_pool2d((2, 2), (2, 2), (0, 0), true)),
-        "avg_pool2d: needs a floating-point tensor, got i64"
-    );
+    let message = invalid_message(x.max_pool2d((2, 2), (0, 2), (0, 0)), "max_pool2d");
+    assert!(message.contains("stride 0 must be positive"), "{message}");
+    let message =
+        invalid_message(tensor(&[1, 2, 0, 5], DType::F32, 0).max_pool2d((1, 1), (1, 1), (0, 0)), "max_pool2d");
+    assert!(message.contains("the input has size 0"), "{message}");
+    // bool has no order: refused by name (an `Invalid`, not an `UnsupportedDType`).
+    let bools = x.to_dtype(DType::Bool).unwrap();
+    invalid_message(bools.max_pool2d((2, 2), (2, 2), (0, 0)), "max_pool2d");
+    let error = x.to_dtype(DType::I64).unwrap().avg_pool2d((2, 2), (2, 2), (0, 0), true).unwrap_err();
+    assert!(matches!(error, TensorError::UnsupportedDType { op: "avg_pool2d", dtype: DType::I64, .. }), "{error:?}");
     let (v, i) = x.max_pool2d((2, 2), (2, 2), (0, 0)).unwrap();
-    assert_eq!(
-        msg(v.max_pool2d_backward(&i.to_dtype(DType::F32).unwrap(), [1, 2, 5, 5])),
-        "max_pool2d_backward: expected dtype i64, got f32"
+    let error = v.max_pool2d_backward(&i.to_dtype(DType::F32).unwrap(), [1, 2, 5, 5]).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            TensorError::DTypeMismatch { op: "max_pool2d_backward", expected: DType::I64, got: DType::F32 }
+        ),
+        "{error:?}"
     );
     assert_eq!(
-        msg(v.max_pool2d_backward(&i.narrow(3, 0, 1).unwrap(), [1, 2, 5, 5])),
+        shape_message(v.max_pool2d_backward(&i.narrow(3, 0, 1).unwrap(), [1, 2, 5, 5]), "max_pool2d_backward"),
         "max_pool2d_backward: indices have shape [1, 2, 2, 1] but grad_output has shape [1, 2, 2, 2]"
     );
-    assert!(msg(v.max_pool2d_backward(&i, [1, 3, 5, 5])).contains("input shape [1, 3, 5, 5] does not fit"));
+    let message = shape_message(v.max_pool2d_backward(&i, [1, 3, 5, 5]), "max_pool2d_backward");
+    assert!(message.contains("input shape [1, 3, 5, 5] does not fit"), "{message}");
     // Indices that point outside the input plane are an error, not a wild write.
-    let wild = msg(v.max_pool2d_backward(&i, [1, 2, 2, 2]));
+    let wild = v.max_pool2d_backward(&i, [1, 2, 2, 2]).unwrap_err();
     assert!(
-        wild.starts_with("max_pool2d_backward: shape mismatch: index ")
-            && wild.ends_with(" is outside an input plane of 4 elements"),
-        "{wild}"
+        matches!(
+            &wild,
+            TensorError::Kernel { op: "max_pool2d_backward", source: KernelError::ShapeMismatch { detail } }
+                if detail.ends_with(" is outside an input plane of 4 elements")
+        ),
+        "{wild:?}"
     );
     assert_eq!(
-        msg(v.avg_pool2d_backward([1, 2, 6, 6], (2, 2), (2, 2), (0, 0), true)),
+        shape_message(v.avg_pool2d_backward([1, 2, 6, 6], (2, 2), (2, 2), (0, 0), true), "avg_pool2d_backward"),
         "avg_pool2d_backward: grad_output has shape [1, 2, 2, 2] but pooling an input of shape [1, 2, 6, 6] gives [1, 2, 3, 3]"
     );
-    assert_eq!(
-        msg(v.max_pool2d_backward(&i.to(Device::cpu(1)).unwrap(), [1, 2, 5, 5])),
-        "max_pool2d_backward: operands are on different devices, cpu:0 and cpu:1; move one with .to(&device)"
+    let error = v.max_pool2d_backward(&i.to(Device::cpu(1)).unwrap(), [1, 2, 5, 5]).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            TensorError::DeviceMismatch { op: "max_pool2d_backward", lhs: Device::Cpu(0), rhs: Device::Cpu(1) }
+        ),
+        "{error:?}"
     );
 }

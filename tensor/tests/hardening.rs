@@ -8,7 +8,7 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use brasa_tensor::{DType, Device, Tensor, TensorError};
+use brasa_tensor::{DType, Device, LayoutError, Tensor, TensorError};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -25,8 +25,13 @@ fn returns_in_time<R: Send + 'static>(what: &str, f: impl FnOnce() -> R + Send +
     receiver.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| panic!("{what} did not return"))
 }
 
-fn err_text<T: std::fmt::Debug>(result: Result<T, TensorError>) -> String {
-    result.expect_err("expected an error").to_string()
+fn err<T: std::fmt::Debug>(result: Result<T, TensorError>) -> TensorError {
+    result.expect_err("expected an error")
+}
+
+/// Whether `error` is a [`LayoutError::TooLarge`] naming `dims`.
+fn too_large(error: &TensorError, dims: &[usize]) -> bool {
+    matches!(error, TensorError::Layout(LayoutError::TooLarge { shape }) if shape.dims() == dims)
 }
 
 fn ints(values: &[i64]) -> Tensor {
@@ -43,8 +48,8 @@ fn scalar() -> Tensor {
 fn shapes_whose_element_count_overflows_are_errors() {
     for dims in [vec![usize::MAX, 2], vec![1 << 32, 1 << 32], vec![HUGE, 4], vec![0, usize::MAX], vec![3, 0, HUGE, 4]] {
         for dtype in [DType::U8, DType::F32] {
-            let error = err_text(Tensor::zeros_on(dims.as_slice(), dtype, CPU));
-            assert!(error.contains("too large") && error.contains(&format!("{dims:?}")), "{dims:?}: {error}");
+            let error = err(Tensor::zeros_on(dims.as_slice(), dtype, CPU));
+            assert!(too_large(&error, &dims), "{dims:?}: {error:?}");
             assert!(Tensor::full_on(dims.as_slice(), 1.0, dtype, CPU).is_err());
             assert!(Tensor::ones_on(dims.as_slice(), dtype, CPU).is_err());
         }
@@ -54,8 +59,10 @@ fn shapes_whose_element_count_overflows_are_errors() {
         assert!(Tensor::from_slice_on(&[1f32], dims.as_slice(), CPU).is_err());
     }
     // A count that fits but whose bytes do not: 2^62 f32 are 2^64 bytes.
-    let error = err_text(Tensor::zeros_on([HUGE], DType::F32, CPU));
-    assert!(error.contains("4611686018427387904") && error.contains("f32"), "{error}");
+    let error = err(Tensor::zeros_on([HUGE], DType::F32, CPU));
+    assert!(matches!(error, TensorError::Invalid { .. }), "{error:?}");
+    // The variant says no more: the message names the count and the dtype.
+    assert!(error.to_string().contains("4611686018427387904 elements of f32"), "{error}");
     // A count whose bytes fit a usize but no memory: out of memory.
     let error = Tensor::zeros_on([HUGE], DType::U8, CPU).unwrap_err();
     assert!(error.as_out_of_memory().is_some(), "{error}");
@@ -63,21 +70,23 @@ fn shapes_whose_element_count_overflows_are_errors() {
 
 #[test]
 fn huge_ranges_and_identities_are_errors() {
-    for result in [
-        Tensor::arange_on(0.0, 1e30, 1.0, DType::F32, CPU),
-        Tensor::arange_on(0.0, 1.0, 1e-30, DType::F32, CPU),
-        Tensor::arange_on(0.0, HUGE as f64, 1.0, DType::U8, CPU),
-        Tensor::linspace_on(0.0, 1.0, usize::MAX, DType::F32, CPU),
-        Tensor::linspace_on(0.0, 1.0, HUGE, DType::U8, CPU),
-        Tensor::eye_on(1 << 32, DType::F32, CPU),
-        Tensor::eye_on(usize::MAX, DType::U8, CPU),
+    // arange's element count does not fit (PyTorch: "invalid size, possible overflow").
+    let overflow: fn(&TensorError) -> bool = |error| matches!(error, TensorError::Invalid { op: "arange", .. });
+    let out_of_memory: fn(&TensorError) -> bool = |error| error.as_out_of_memory().is_some();
+    let count_too_large: fn(&TensorError) -> bool = |error| too_large(error, &[usize::MAX]);
+    let square_too_large: fn(&TensorError) -> bool =
+        |error| too_large(error, &[1 << 32, 1 << 32]) || too_large(error, &[usize::MAX, usize::MAX]);
+    for (result, expected) in [
+        (Tensor::arange_on(0.0, 1e30, 1.0, DType::F32, CPU), overflow),
+        (Tensor::arange_on(0.0, 1.0, 1e-30, DType::F32, CPU), overflow),
+        (Tensor::arange_on(0.0, HUGE as f64, 1.0, DType::U8, CPU), out_of_memory),
+        (Tensor::linspace_on(0.0, 1.0, usize::MAX, DType::F32, CPU), count_too_large),
+        (Tensor::linspace_on(0.0, 1.0, HUGE, DType::U8, CPU), out_of_memory),
+        (Tensor::eye_on(1 << 32, DType::F32, CPU), square_too_large),
+        (Tensor::eye_on(usize::MAX, DType::U8, CPU), square_too_large),
     ] {
         let error = result.unwrap_err();
-        let text = error.to_string();
-        assert!(
-            text.contains("too large") || text.contains("overflow") || error.as_out_of_memory().is_some(),
-            "{text}"
-        );
+        assert!(expected(&error), "{error:?}");
     }
 }
 
@@ -85,15 +94,19 @@ fn huge_ranges_and_identities_are_errors() {
 fn views_expanded_to_huge_shapes() {
     let one = scalar();
     // The element count itself overflows: refused when the view is made.
-    let error = err_text(one.expand([1 << 40, 1 << 40]));
-    assert!(error.contains("too large") && error.contains("[1099511627776, 1099511627776]"), "{error}");
+    let error = err(one.expand([1 << 40, 1 << 40]));
+    assert!(too_large(&error, &[1 << 40, 1 << 40]), "{error:?}");
     assert!(one.expand([usize::MAX]).is_err());
     let row = Tensor::zeros_on([1, 3], DType::F32, CPU).unwrap();
     assert!(row.expand([usize::MAX / 2, 3]).is_err());
     // Broadcasting two valid views to a shape that is not.
     let column = one.expand([1 << 40, 1]).unwrap();
     let line = one.expand([1, 1 << 40]).unwrap();
-    assert!(err_text(&column + &line).contains("too large"));
+    let error = err(&column + &line);
+    assert!(
+        matches!(&error, TensorError::OpLayout { op: "add", source } if matches!(**source, LayoutError::TooLarge { .. })),
+        "{error:?}"
+    );
     assert!(column.maximum(&line).is_err());
     assert!(column.lt(&line).is_err());
     assert!(column.add_(&line).is_err());
@@ -124,12 +137,15 @@ fn pooling_and_convolution_windows_too_large_to_count_are_errors() {
     // Padding at most half the kernel makes a huge kernel legal on a 1x1
     // input; its window has more elements than a usize counts.
     let k = (1usize << 40) + 1;
-    let error = err_text(x.max_pool2d((k, k), (1, 1), (1 << 39, 1 << 39)));
-    assert!(error.contains("kernel (1099511627777, 1099511627777)"), "{error}");
+    let error = err(x.max_pool2d((k, k), (1, 1), (1 << 39, 1 << 39)));
+    assert!(matches!(error, TensorError::Invalid { op: "max_pool2d", .. }), "{error:?}");
+    assert!(error.to_string().contains("kernel (1099511627777, 1099511627777)"), "{error}");
     assert!(x.avg_pool2d((k, k), (1, 1), (1 << 39, 1 << 39), true).is_err());
     let w = Tensor::ones_on([1, 1, 1, 1], DType::F32, CPU).unwrap();
     let padded = brasa_tensor::Conv2dParams::default().with_padding((1 << 40, 1 << 40));
-    assert!(err_text(x.conv2d(&w, None, padded)).contains("overflows"));
+    let error = err(x.conv2d(&w, None, padded));
+    assert!(matches!(error, TensorError::Shape { op: "conv2d", .. }), "{error:?}");
+    assert!(error.to_string().contains("overflows"), "{error}");
     let huge = [1usize, 1, 1 << 40, 1 << 40];
     assert!(x.conv2d_backward_input(&w, huge, brasa_tensor::Conv2dParams::default()).is_err());
 }
@@ -156,8 +172,10 @@ fn integer_powers_at_the_extremes_return() {
     // PyTorch's integer power: negative exponents give 1 / base^|e| truncated.
     assert_eq!(got.unwrap(), [1, 1, 0, 0, -1, pow_wrapping(3, i64::MAX), 0]);
     // With a scalar exponent PyTorch refuses negative integers.
-    let message = negative.unwrap_err().to_string();
-    assert!(message.contains("Integers to negative integer powers are not allowed"), "{message}");
+    let error = negative.unwrap_err();
+    assert!(matches!(error, TensorError::Invalid { op: "powf", .. }), "{error:?}");
+    // PyTorch's words.
+    assert!(error.to_string().contains("Integers to negative integer powers are not allowed"), "{error}");
     for exponent in [-1.0, i64::MIN as f64, -1e300] {
         assert!(ints(&[2]).powf(exponent).is_err(), "{exponent}");
         assert!(Tensor::from_slice_on(&[7u8], [1], CPU).unwrap().powf(exponent).is_err());
@@ -222,10 +240,14 @@ fn fill_values_that_do_not_fit_the_dtype_are_errors() {
         (1e39, DType::F32),
     ];
     for (value, dtype) in cases {
-        let error = err_text(Tensor::full_on([2], value, dtype, CPU));
+        let error = err(Tensor::full_on([2], value, dtype, CPU));
         assert!(
-            error.contains(&format!("value {value} cannot be converted to {dtype} without overflow")),
-            "{value} into {dtype}: {error}"
+            matches!(
+                error,
+                TensorError::ValueOutOfRange { op: "full", value: v, dtype: d }
+                    if d == dtype && (v == value || v.is_nan() && value.is_nan())
+            ),
+            "{value} into {dtype}: {error:?}"
         );
         let target = Tensor::zeros_on([2], dtype, CPU).unwrap();
         assert!(target.full_like(value).is_err());
@@ -262,12 +284,8 @@ fn fill_values_that_do_not_fit_the_dtype_are_errors() {
 #[test]
 fn contradictory_constructor_arguments_are_errors() {
     for (start, end, step) in [(0.0, 10.0, -1.0), (10.0, 0.0, 1.0), (0.0, 10.0, 0.0), (0.0, -1e-300, 1.0)] {
-        let error = err_text(Tensor::arange_on(start, end, step, DType::F32, CPU));
-        assert!(
-            error.contains("upper bound and larger bound inconsistent with step sign")
-                || error.contains("step must be nonzero"),
-            "{start} {end} {step}: {error}"
-        );
+        let error = err(Tensor::arange_on(start, end, step, DType::F32, CPU));
+        assert!(matches!(error, TensorError::Invalid { op: "arange", .. }), "{start} {end} {step}: {error:?}");
     }
     for (start, end, step) in [(f64::NAN, 1.0, 1.0), (0.0, f64::INFINITY, 1.0), (0.0, 1.0, f64::NAN)] {
         assert!(Tensor::arange_on(start, end, step, DType::F32, CPU).is_err());
@@ -334,16 +352,16 @@ fn zero_dim_tensors_go_through_every_shape_routine() {
         }
     }
     assert!(s.sum(&[1], false).is_err());
-    let error = err_text(s.sum(&[0, -1], false));
-    assert!(error.contains("more than once"), "{error}");
+    let error = err(s.sum(&[0, -1], false));
+    assert!(matches!(error, TensorError::Invalid { op: "sum", .. }), "{error:?}");
     assert!(s.var(&[], false).unwrap().item::<f32>().unwrap().is_nan());
     assert_eq!(s.softmax(-1).unwrap().item::<f32>().unwrap(), 1.0);
     assert_eq!(s.log_softmax(0).unwrap().item::<f32>().unwrap(), 0.0);
     let index = Tensor::scalar_on(0i64, CPU).unwrap();
     assert_eq!(s.index_select(0, &index).unwrap().dims(), [] as [usize; 0]);
     assert_eq!(s.index_select(-1, &ints(&[0])).unwrap().item::<f32>().unwrap(), 3.0);
-    let error = err_text(s.index_select(0, &ints(&[0, 0])));
-    assert!(error.contains("can have only 1 value, got 2"), "{error}");
+    let error = err(s.index_select(0, &ints(&[0, 0])));
+    assert!(matches!(error, TensorError::Shape { op: "index_select", .. }), "{error:?}");
     assert!(s.index_select(0, &ints(&[1])).is_err());
     assert!(s.index_select(1, &index).is_err());
     assert_eq!(s.gather(0, &index).unwrap().item::<f32>().unwrap(), 3.0);
@@ -366,7 +384,10 @@ fn writes_into_expanded_views_are_errors() {
     let base = Tensor::zeros_on([1, 3], DType::F32, CPU).unwrap();
     let expanded = base.expand([2, 3]).unwrap();
     let src = Tensor::arange_on(0.0, 6.0, 1.0, DType::F32, CPU).unwrap().reshape(&[2, 3]).unwrap();
-    let error = err_text(expanded.copy_(&src));
+    let error = err(expanded.copy_(&src));
+    assert!(matches!(error, TensorError::Invalid { op: "copy_", .. }), "{error:?}");
+    // PyTorch's words, and the view's shape and strides.
+    let error = error.to_string();
     assert!(
         error.contains("more than one element of the written-to tensor refers to a single memory location"),
         "{error}"
@@ -410,7 +431,7 @@ fn strided_slices_are_views_with_python_bounds() {
     assert_eq!(x.slice(1, 3, 1, 1).unwrap().dims(), &[3, 0]);
     assert_eq!(x.slice(1, 2, 4, 10).unwrap().to_vec::<f32>().unwrap(), [-1.0, 6.0, -1.0]);
     // A zero step and a bad dim are errors naming them.
-    let err = x.slice(0, 0, 3, 0).unwrap_err().to_string();
-    assert!(err.contains("step must be positive, got 0 (dim 0)"), "{err}");
+    let error = x.slice(0, 0, 3, 0).unwrap_err();
+    assert!(matches!(error, TensorError::Layout(LayoutError::SliceStep { dim: 0, step: 0 })), "{error:?}");
     assert!(x.slice(2, 0, 1, 1).is_err());
 }

@@ -5,7 +5,7 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use brasa_tensor::{set_host_device_count, DType, Device, Tensor};
+use brasa_tensor::{set_host_device_count, DType, Device, IndexError, Tensor, TensorError};
 use proptest::prelude::*;
 
 const CPU: Device = Device::CPU;
@@ -78,9 +78,14 @@ proptest! {
         let d = dim_pick % dims.len();
         let index = ids(&raw, &[raw.len()]);
         let result = x.index_select(d as isize - dims.len() as isize, &index);
-        if let Some(bad) = raw.iter().find(|&&i| i as usize >= dims[d]) {
-            let message = result.unwrap_err().to_string();
-            prop_assert!(message.contains(&format!("index {bad}")) && message.contains(&format!("dim {d} of size {}", dims[d])), "{}", message);
+        if let Some(bad) = raw.iter().position(|&i| i as usize >= dims[d]) {
+            let error = result.unwrap_err();
+            let named = matches!(
+                &error,
+                TensorError::Index { op: "index_select", source: IndexError::OutOfRange { position, index, size }, .. }
+                    if *position == bad && *index == raw[bad] && *size == dims[d]
+            );
+            prop_assert!(named, "{:?}", error);
             return Ok(());
         }
         let out = result.unwrap();
@@ -128,8 +133,13 @@ proptest! {
         let src = source(&index_dims, dtype, !strided);
         let scattered = x.scatter_add(d, &index, &src);
         if out_of_range {
-            for message in [gathered.unwrap_err().to_string(), scattered.unwrap_err().to_string()] {
-                prop_assert!(message.contains(&format!("index {}", dims[d] + 1)) && message.contains(&format!("dim {d} of size {}", dims[d])), "{}", message);
+            for (error, name) in [(gathered.unwrap_err(), "gather"), (scattered.unwrap_err(), "scatter_add_")] {
+                let named = matches!(
+                    &error,
+                    TensorError::Index { op, source: IndexError::OutOfRange { index, size, .. }, .. }
+                        if *op == name && *index == dims[d] as i64 + 1 && *size == dims[d]
+                );
+                prop_assert!(named, "{:?}", error);
             }
             return Ok(());
         }
@@ -282,8 +292,10 @@ fn scatter_add_in_place_accumulates_repeats_and_bumps_the_version() {
     assert!(x.scatter_add_(1, &ids(&[0, 3], &[1, 2]), &src).is_err());
     assert_eq!(x.to_vec::<f32>().unwrap(), [3.0, 0.0, 1.0, 0.0, 4.0, 0.0]);
     let expanded = Tensor::zeros_on([3], DType::F32, CPU).unwrap().unsqueeze(0).unwrap().expand([2, 3]).unwrap();
-    let message = expanded.scatter_add_(1, &ids(&[0], &[1, 1]), &src).unwrap_err().to_string();
-    assert!(message.contains("expanded"), "{message}");
+    let error = expanded.scatter_add_(1, &ids(&[0], &[1, 1]), &src).unwrap_err();
+    assert!(matches!(&error, TensorError::Invalid { op: "scatter_add_", .. }), "{error:?}");
+    // The message says why and what to do instead.
+    assert!(error.to_string().contains("expanded"), "{error}");
 }
 
 #[test]
@@ -293,50 +305,93 @@ fn errors_name_what_differs() {
     let x = Tensor::zeros_on([2, 3], DType::F32, CPU).unwrap();
     let elsewhere = Tensor::zeros_on([2, 3], DType::F32, other).unwrap();
     let index_elsewhere = Tensor::from_slice_on(&[0i64], [1], other).unwrap();
-    let message = x.index_select(0, &index_elsewhere).unwrap_err().to_string();
-    assert!(message.contains("index_select") && message.contains("cpu:0") && message.contains("cpu:1"), "{message}");
-    let message = x.gather(0, &Tensor::from_slice_on(&[0i64, 0], [1, 2], other).unwrap()).unwrap_err().to_string();
-    assert!(message.contains("gather") && message.contains("cpu:1"), "{message}");
-    let message = Tensor::embedding(&x, &index_elsewhere).unwrap_err().to_string();
-    assert!(message.contains("embedding") && message.contains("cpu:1"), "{message}");
-    let message = Tensor::cat(&[&x, &x, &elsewhere], 0).unwrap_err().to_string();
-    assert!(message.contains("tensor 2 is on cpu:1 but tensor 0 is on cpu:0"), "{message}");
-    let message = Tensor::stack(&[&x, &elsewhere], 0).unwrap_err().to_string();
-    assert!(message.contains("tensor 1 is on cpu:1"), "{message}");
+    let error = x.index_select(0, &index_elsewhere).unwrap_err();
+    assert!(
+        matches!(error, TensorError::DeviceMismatch { op: "index_select", lhs: CPU, rhs: Device::Cpu(1) }),
+        "{error:?}"
+    );
+    let error = x.gather(0, &Tensor::from_slice_on(&[0i64, 0], [1, 2], other).unwrap()).unwrap_err();
+    assert!(matches!(error, TensorError::DeviceMismatch { op: "gather", lhs: CPU, rhs: Device::Cpu(1) }), "{error:?}");
+    let error = Tensor::embedding(&x, &index_elsewhere).unwrap_err();
+    assert!(
+        matches!(error, TensorError::DeviceMismatch { op: "embedding", lhs: CPU, rhs: Device::Cpu(1) }),
+        "{error:?}"
+    );
+    // cat and stack name which tensor of the list is elsewhere.
+    let error = Tensor::cat(&[&x, &x, &elsewhere], 0).unwrap_err();
+    assert!(matches!(error, TensorError::Invalid { op: "cat", .. }), "{error:?}");
+    assert!(error.to_string().contains("tensor 2 is on cpu:1 but tensor 0 is on cpu:0"), "{error}");
+    let error = Tensor::stack(&[&x, &elsewhere], 0).unwrap_err();
+    assert!(matches!(error, TensorError::Invalid { op: "stack", .. }), "{error:?}");
+    assert!(error.to_string().contains("tensor 1 is on cpu:1"), "{error}");
 
     let doubles = Tensor::zeros_on([2, 3], DType::F64, CPU).unwrap();
     // Mixed dtypes are no error: they promote as in torch.cat.
     let promoted = Tensor::cat(&[&x, &doubles], 1).unwrap();
     assert_eq!((promoted.dtype(), promoted.dims()), (DType::F64, &[2usize, 6][..]));
-    let message = Tensor::stack(&[&x, &x.t().unwrap()], 0).unwrap_err().to_string();
-    assert!(message.contains("tensor 1 has shape [3, 2]"), "{message}");
-    let message = Tensor::cat(&[&x, &Tensor::zeros_on([6], DType::F32, CPU).unwrap()], 0).unwrap_err().to_string();
-    assert!(message.contains("tensor 1 has shape [6] (1 dims)"), "{message}");
-    let message = x.scatter_add(1, &ids(&[0], &[1, 1]), &doubles).unwrap_err().to_string();
-    assert!(message.contains("scatter_add_") && message.contains("f64"), "{message}");
+    // Shape problems name the tensor of the list and its shape.
+    let error = Tensor::stack(&[&x, &x.t().unwrap()], 0).unwrap_err();
+    assert!(matches!(error, TensorError::Shape { op: "stack", .. }), "{error:?}");
+    assert!(error.to_string().contains("tensor 1 has shape [3, 2]"), "{error}");
+    let error = Tensor::cat(&[&x, &Tensor::zeros_on([6], DType::F32, CPU).unwrap()], 0).unwrap_err();
+    assert!(matches!(error, TensorError::Shape { op: "cat", .. }), "{error:?}");
+    assert!(error.to_string().contains("tensor 1 has shape [6] (1 dims)"), "{error}");
+    let error = x.scatter_add(1, &ids(&[0], &[1, 1]), &doubles).unwrap_err();
+    assert!(
+        matches!(error, TensorError::DTypeMismatch { op: "scatter_add_", expected: DType::F32, got: DType::F64 }),
+        "{error:?}"
+    );
 
     let float_ids = Tensor::zeros_on([2], DType::F32, CPU).unwrap();
-    let message = x.index_select(0, &float_ids).unwrap_err().to_string();
-    assert!(message.contains("expected dtype i64, got f32"), "{message}");
-    let message = x.index_select(0, &ids(&[0, 0], &[1, 2])).unwrap_err().to_string();
-    assert!(message.contains("0-d or 1-d"), "{message}");
-    let message = x.index_select(0, &ids(&[-1], &[1])).unwrap_err().to_string();
-    assert!(message.contains("index -1 at position 0 is out of range for dim 0 of size 2"), "{message}");
-    let message = x.gather(1, &ids(&[0; 6], &[3, 2])).unwrap_err().to_string();
-    assert!(message.contains("index has size 3 in dim 0 but input has size 2"), "{message}");
-    let message = x.gather(1, &ids(&[0; 2], &[2])).unwrap_err().to_string();
-    assert!(message.contains("same rank"), "{message}");
-    let message =
-        Tensor::embedding(&Tensor::zeros_on([4], DType::F32, CPU).unwrap(), &ids(&[0], &[1])).unwrap_err().to_string();
-    assert!(message.contains("embedding") && message.contains("2-d"), "{message}");
-    let message = ids(&[0, 1, 7], &[3]).one_hot(4).unwrap_err().to_string();
-    assert!(message.contains("class 7 at position 2 is out of range for 4 classes"), "{message}");
-    let message = float_ids.one_hot(4).unwrap_err().to_string();
-    assert!(message.contains("one_hot") && message.contains("f32"), "{message}");
-    let message = x.split(0, 1).unwrap_err().to_string();
-    assert!(message.contains("split_size 0"), "{message}");
-    let message = x.chunk(0, 1).unwrap_err().to_string();
-    assert!(message.contains("chunks must be at least 1"), "{message}");
-    let message = Tensor::cat(&[&Tensor::scalar_on(1f32, CPU).unwrap()], 0).unwrap_err().to_string();
-    assert!(message.contains("0-d"), "{message}");
+    let error = x.index_select(0, &float_ids).unwrap_err();
+    assert!(
+        matches!(error, TensorError::DTypeMismatch { op: "index_select", expected: DType::I64, got: DType::F32 }),
+        "{error:?}"
+    );
+    let error = x.index_select(0, &ids(&[0, 0], &[1, 2])).unwrap_err();
+    assert!(matches!(error, TensorError::Shape { op: "index_select", .. }), "{error:?}");
+    // A bad index: its value, its position and the dim it indexes.
+    let error = x.index_select(0, &ids(&[-1], &[1])).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            TensorError::Index {
+                op: "index_select",
+                source: IndexError::OutOfRange { position: 0, index: -1, size: 2 },
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("index -1 at position 0 is out of range for dim 0 of size 2"), "{error}");
+    let error = x.gather(1, &ids(&[0; 6], &[3, 2])).unwrap_err();
+    assert!(matches!(error, TensorError::Shape { op: "gather", .. }), "{error:?}");
+    assert!(error.to_string().contains("index has size 3 in dim 0 but input has size 2"), "{error}");
+    let error = x.gather(1, &ids(&[0; 2], &[2])).unwrap_err();
+    assert!(matches!(error, TensorError::Shape { op: "gather", .. }), "{error:?}");
+    let error = Tensor::embedding(&Tensor::zeros_on([4], DType::F32, CPU).unwrap(), &ids(&[0], &[1])).unwrap_err();
+    assert!(
+        matches!(&error, TensorError::RankMismatch { op: "embedding", expected: 2, got } if got == &[4]),
+        "{error:?}"
+    );
+    let error = ids(&[0, 1, 7], &[3]).one_hot(4).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            TensorError::Index { op: "one_hot", source: IndexError::OutOfRange { position: 2, index: 7, size: 4 }, .. }
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("class 7 at position 2 is out of range for 4 classes"), "{error}");
+    let error = float_ids.one_hot(4).unwrap_err();
+    assert!(
+        matches!(error, TensorError::DTypeMismatch { op: "one_hot", expected: DType::I64, got: DType::F32 }),
+        "{error:?}"
+    );
+    let error = x.split(0, 1).unwrap_err();
+    assert!(matches!(error, TensorError::Invalid { op: "split", .. }), "{error:?}");
+    let error = x.chunk(0, 1).unwrap_err();
+    assert!(matches!(error, TensorError::Invalid { op: "chunk", .. }), "{error:?}");
+    let error = Tensor::cat(&[&Tensor::scalar_on(1f32, CPU).unwrap()], 0).unwrap_err();
+    assert!(matches!(error, TensorError::Shape { op: "cat", .. }), "{error:?}");
 }

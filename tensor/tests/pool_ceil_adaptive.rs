@@ -7,7 +7,7 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use brasa_tensor::{DType, Device, Pool2dParams, Tensor};
+use brasa_tensor::{DType, Device, Pool2dParams, Tensor, TensorError};
 use proptest::prelude::*;
 
 fn f64s(t: &Tensor) -> Vec<f64> {
@@ -187,8 +187,10 @@ fn ceil_mode_allows_a_kernel_past_the_input_by_less_than_the_stride() {
     assert_eq!((f64s(&values), indices.to_vec::<i64>().unwrap()), (vec![4.0], vec![1]));
     // PyTorch's divisor: min(0 + 3, H + 0) - 0 = 2 per axis, so 4.
     close(&f64s(&x.avg_pool2d_with(p, true).unwrap()), &[2.5], 1e-12);
-    let err = x.max_pool2d_with(p.with_ceil_mode(false)).unwrap_err().to_string();
-    assert!(err.contains("kernel 3 is larger than the padded input"), "{err}");
+    let err = x.max_pool2d_with(p.with_ceil_mode(false)).unwrap_err();
+    assert!(matches!(err, TensorError::Invalid { op: "max_pool2d", .. }), "{err:?}");
+    // Which rule refused it is only in the words.
+    assert!(err.to_string().contains("kernel 3 is larger than the padded input"), "{err}");
     let err = x.avg_pool2d_with(Pool2dParams::new((4, 4)).with_stride((2, 2)).with_ceil_mode(true), true);
     let err = err.unwrap_err().to_string();
     assert_eq!(
@@ -325,15 +327,30 @@ fn adaptive_pooling_errors_name_the_problem() {
     );
     let err = x.adaptive_max_pool2d((3, 0)).unwrap_err().to_string();
     assert!(err.starts_with("adaptive_max_pool2d: output_size (3, 0) must be positive"), "{err}");
+    // A 2-d input: 3-d or 4-d is needed (a `Shape` error naming the shape).
     let flat = Tensor::zeros([5, 5], DType::F32).unwrap();
-    assert!(flat.adaptive_avg_pool2d((2, 2)).unwrap_err().to_string().contains("got shape [5, 5]"));
-    assert!(flat.adaptive_max_pool2d((2, 2)).unwrap_err().to_string().contains("got shape [5, 5]"));
+    for (error, name) in [
+        (flat.adaptive_avg_pool2d((2, 2)).unwrap_err(), "adaptive_avg_pool2d"),
+        (flat.adaptive_max_pool2d((2, 2)).map(|r| r.0).unwrap_err(), "adaptive_max_pool2d"),
+    ] {
+        assert!(matches!(&error, TensorError::Shape { op, .. } if *op == name), "{error:?}");
+        assert!(error.to_string().contains("got shape [5, 5]"), "{error}");
+    }
     let empty = Tensor::zeros([1, 0, 5], DType::F32).unwrap();
-    assert!(empty.adaptive_avg_pool2d((2, 2)).unwrap_err().to_string().contains("empty plane"));
+    let error = empty.adaptive_avg_pool2d((2, 2)).unwrap_err();
+    assert!(matches!(error, TensorError::Shape { op: "adaptive_avg_pool2d", .. }), "{error:?}");
+    assert!(error.to_string().contains("empty plane"), "{error}");
     let ints = Tensor::zeros([1, 4, 4], DType::I64).unwrap();
-    assert!(ints.adaptive_avg_pool2d((2, 2)).unwrap_err().to_string().contains("floating-point"));
+    let error = ints.adaptive_avg_pool2d((2, 2)).unwrap_err();
+    assert!(
+        matches!(error, TensorError::UnsupportedDType { op: "adaptive_avg_pool2d", dtype: DType::I64, .. }),
+        "{error:?}"
+    );
+    // bool is refused by name in an `Invalid` (not an `UnsupportedDType`).
     let bools = Tensor::zeros([1, 4, 4], DType::Bool).unwrap();
-    assert!(bools.adaptive_max_pool2d((2, 2)).unwrap_err().to_string().contains("got bool"));
+    let error = bools.adaptive_max_pool2d((2, 2)).map(|r| r.0).unwrap_err();
+    assert!(matches!(error, TensorError::Invalid { op: "adaptive_max_pool2d", .. }), "{error:?}");
+    assert!(error.to_string().contains("got bool"), "{error}");
     let g = Tensor::zeros([2, 3, 3], DType::F32).unwrap();
     assert_eq!(
         g.adaptive_avg_pool2d_backward([3, 5, 5]).unwrap_err().to_string(),

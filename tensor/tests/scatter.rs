@@ -7,7 +7,7 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use brasa_tensor::{set_host_device_count, DType, Device, ScatterReduce, Tensor};
+use brasa_tensor::{set_host_device_count, DType, Device, IndexError, LayoutError, ScatterReduce, Tensor, TensorError};
 use proptest::prelude::*;
 
 const CPU: Device = Device::CPU;
@@ -247,11 +247,20 @@ fn errors_name_the_problem_and_write_nothing() {
     let src = f32s(&[1.0; 6], &[2, 3]);
     // An index out of range, named with its place, the dim and its size.
     let index = ids(&[0, 1, 2, 3], &[2, 2]);
-    for error in [
-        x.scatter(1, &index, &src).unwrap_err(),
-        x.scatter_reduce(1, &index, &src, ScatterReduce::Sum, false).unwrap_err(),
-        x.scatter_value(1, &index, 1.0).unwrap_err(),
+    for (error, name) in [
+        (x.scatter(1, &index, &src).unwrap_err(), "scatter"),
+        (x.scatter_reduce(1, &index, &src, ScatterReduce::Sum, false).unwrap_err(), "scatter_reduce"),
+        (x.scatter_value(1, &index, 1.0).unwrap_err(), "scatter_value"),
     ] {
+        assert!(
+            matches!(
+                &error,
+                TensorError::Index { op, source: IndexError::OutOfRange { position: 3, index: 3, size: 3 }, .. }
+                    if *op == name
+            ),
+            "{error:?}"
+        );
+        // The position as coordinates in the index tensor, and the dim.
         let message = error.to_string();
         assert!(message.contains("index 3 at [1, 1]") && message.contains("dim 1 of size 3"), "{message}");
     }
@@ -259,33 +268,71 @@ fn errors_name_the_problem_and_write_nothing() {
     assert!(inplace.scatter_(1, &index, &src).is_err());
     assert!(inplace.scatter_reduce_(1, &index, &src, ScatterReduce::Sum, false).is_err());
     assert_eq!(inplace.to_vec::<f32>().unwrap(), [5.0; 6], "nothing written");
-    let negative = x.scatter(0, &ids(&[-1], &[1, 1]), &src).unwrap_err().to_string();
-    assert!(negative.contains("index -1 at [0, 0]") && negative.contains("dim 0 of size 2"), "{negative}");
+    let negative = x.scatter(0, &ids(&[-1], &[1, 1]), &src).unwrap_err();
+    assert!(
+        matches!(
+            negative,
+            TensorError::Index {
+                op: "scatter",
+                source: IndexError::OutOfRange { position: 0, index: -1, size: 2 },
+                ..
+            }
+        ),
+        "{negative:?}"
+    );
     // Rank, shape and dtype.
-    let message = x.scatter(1, &ids(&[0, 1], &[2]), &src).unwrap_err().to_string();
+    let error = x.scatter(1, &ids(&[0, 1], &[2]), &src).unwrap_err();
+    assert!(matches!(error, TensorError::Shape { op: "scatter", .. }), "{error:?}");
+    let message = error.to_string();
     assert!(
         message.contains("index has shape [2] but self has shape [2, 3]") && message.contains("same rank"),
         "{message}"
     );
-    let message = x.scatter(1, &ids(&[0; 8], &[2, 4]), &src).unwrap_err().to_string();
-    assert!(message.contains("index has size 4 in dim 1 but src has size 3"), "{message}");
-    let message = x.scatter(1, &ids(&[0], &[1, 1]), &src.to_dtype(DType::F64).unwrap()).unwrap_err().to_string();
-    assert!(message.contains("expected dtype f32, got f64"), "{message}");
-    let message = x.scatter(1, &index.to_dtype(DType::F32).unwrap(), &src).unwrap_err().to_string();
-    assert!(message.contains("expected dtype i64, got f32"), "{message}");
-    let message = x.scatter(2, &index, &src).unwrap_err().to_string();
-    assert!(message.contains("dim 2 is out of range for a tensor of rank 2"), "{message}");
+    let error = x.scatter(1, &ids(&[0; 8], &[2, 4]), &src).unwrap_err();
+    assert!(matches!(error, TensorError::Shape { op: "scatter", .. }), "{error:?}");
+    assert!(error.to_string().contains("index has size 4 in dim 1 but src has size 3"), "{error}");
+    let error = x.scatter(1, &ids(&[0], &[1, 1]), &src.to_dtype(DType::F64).unwrap()).unwrap_err();
+    assert!(
+        matches!(error, TensorError::DTypeMismatch { op: "scatter", expected: DType::F32, got: DType::F64 }),
+        "{error:?}"
+    );
+    let error = x.scatter(1, &index.to_dtype(DType::F32).unwrap(), &src).unwrap_err();
+    assert!(
+        matches!(error, TensorError::DTypeMismatch { op: "scatter", expected: DType::I64, got: DType::F32 }),
+        "{error:?}"
+    );
+    let error = x.scatter(2, &index, &src).unwrap_err();
+    assert!(
+        matches!(error, TensorError::Layout(LayoutError::DimOutOfRange { op: "scatter", dim: 2, rank: 2 })),
+        "{error:?}"
+    );
     let elsewhere = Tensor::zeros_on([2, 3], DType::F32, Device::Cpu(1)).unwrap();
-    let message = x.scatter(1, &ids(&[0], &[1, 1]), &elsewhere).unwrap_err().to_string();
-    assert!(message.contains("cpu:1"), "{message}");
+    let error = x.scatter(1, &ids(&[0], &[1, 1]), &elsewhere).unwrap_err();
+    assert!(matches!(error, TensorError::DeviceMismatch { op: "scatter", lhs: CPU, rhs: Device::Cpu(1) }), "{error:?}");
     // index_add: index rank, source shape, alpha for integers, bad index.
-    let message = x.index_add(0, &ids(&[0, 1], &[1, 2]), &src, 1.0).unwrap_err().to_string();
-    assert!(message.contains("index must be 0-d or 1-d, got shape [1, 2]"), "{message}");
-    let message = x.index_add(0, &ids(&[0, 1, 1], &[3]), &src, 1.0).unwrap_err().to_string();
-    assert!(message.contains("source has shape [2, 3] but self has shape [2, 3] and there are 3 indices"), "{message}");
-    let message = x.index_add(1, &ids(&[0, 1, 5], &[3]), &src, 1.0).unwrap_err().to_string();
-    assert!(message.contains("index 5 at position 2") && message.contains("dim 1 of size 3"), "{message}");
+    let error = x.index_add(0, &ids(&[0, 1], &[1, 2]), &src, 1.0).unwrap_err();
+    assert!(matches!(error, TensorError::Shape { op: "index_add_", .. }), "{error:?}");
+    assert!(error.to_string().contains("index must be 0-d or 1-d, got shape [1, 2]"), "{error}");
+    let error = x.index_add(0, &ids(&[0, 1, 1], &[3]), &src, 1.0).unwrap_err();
+    assert!(matches!(error, TensorError::Shape { op: "index_add_", .. }), "{error:?}");
+    assert!(
+        error.to_string().contains("source has shape [2, 3] but self has shape [2, 3] and there are 3 indices"),
+        "{error}"
+    );
+    let error = x.index_add(1, &ids(&[0, 1, 5], &[3]), &src, 1.0).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            TensorError::Index {
+                op: "index_add_",
+                source: IndexError::OutOfRange { position: 2, index: 5, size: 3 },
+                ..
+            }
+        ),
+        "{error:?}"
+    );
     let n = Tensor::zeros_on([2], DType::I64, CPU).unwrap();
-    let message = n.index_add(0, &ids(&[0], &[1]), &Tensor::ones_on([1], DType::I64, CPU).unwrap(), 0.5);
-    assert!(message.unwrap_err().to_string().contains("alpha 0.5 does not fit a i64 tensor"));
+    let error = n.index_add(0, &ids(&[0], &[1]), &Tensor::ones_on([1], DType::I64, CPU).unwrap(), 0.5).unwrap_err();
+    assert!(matches!(error, TensorError::Invalid { op: "index_add_", .. }), "{error:?}");
+    assert!(error.to_string().contains("alpha 0.5 does not fit a i64 tensor"), "{error}");
 }

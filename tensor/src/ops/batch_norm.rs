@@ -190,7 +190,14 @@ fn check_gradient(op: &'static str, dy: &Tensor, input: &Tensor) -> Result<[usiz
 #[cfg(test)]
 mod tests {
     use crate::ops::common::close;
-    use crate::{DType, Tensor};
+    use crate::{DType, Tensor, TensorError};
+
+    /// The message of `error`, after checking that it is an `Invalid` of
+    /// `op`: each check below is on the operand and shape the message names.
+    fn invalid(error: TensorError, op: &str) -> String {
+        assert!(matches!(&error, TensorError::Invalid { op: o, .. } if *o == op), "{error:?}");
+        error.to_string()
+    }
 
     /// The passes against the composed ops in f64, for `[N, C]`,
     /// `[N, C, L]` and `[N, C, H, W]`, in every float dtype (half inputs
@@ -252,19 +259,21 @@ mod tests {
     #[test]
     fn bad_operands_are_named() {
         let x = Tensor::zeros([4, 3], DType::F32).unwrap();
-        let error = Tensor::zeros([4], DType::F32).unwrap().batch_norm_stats().unwrap_err().to_string();
+        let error =
+            invalid(Tensor::zeros([4], DType::F32).unwrap().batch_norm_stats().unwrap_err(), "batch_norm_stats");
         assert!(error.contains("rank 2 or more") && error.contains("[4]"), "{error}");
         let two = Tensor::zeros([2], DType::F32).unwrap();
         let three = Tensor::ones([3], DType::F32).unwrap();
-        let error = x.batch_norm_elemt(&two, &three, None, None).unwrap_err().to_string();
+        let error = invalid(x.batch_norm_elemt(&two, &three, None, None).unwrap_err(), "batch_norm_elemt");
         assert!(error.contains("mean must have shape [3]") && error.contains("[2]"), "{error}");
-        let error = x.batch_norm_elemt(&three, &three, Some(&two), None).unwrap_err().to_string();
+        let error = invalid(x.batch_norm_elemt(&three, &three, Some(&two), None).unwrap_err(), "batch_norm_elemt");
         assert!(error.contains("weight must have shape [3]"), "{error}");
         let g = Tensor::zeros([3, 4], DType::F32).unwrap();
-        let error = g.batch_norm_backward_reduce(&x, &three).unwrap_err().to_string();
+        let error = invalid(g.batch_norm_backward_reduce(&x, &three).unwrap_err(), "batch_norm_backward_reduce");
         assert!(error.contains("gradient has shape [3, 4]"), "{error}");
         let ints = Tensor::zeros([4, 3], DType::I64).unwrap();
-        assert!(ints.batch_norm_stats().is_err());
+        let error = ints.batch_norm_stats().unwrap_err();
+        assert!(matches!(error, TensorError::UnsupportedDType { dtype: DType::I64, .. }), "{error:?}");
         // Empty batches: statistics of nothing are 0 here (callers refuse them).
         let (m, _) = Tensor::zeros([0, 3], DType::F32).unwrap().batch_norm_stats().unwrap();
         assert_eq!(m.dims(), [3]);

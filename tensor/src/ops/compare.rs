@@ -148,7 +148,7 @@ impl Tensor {
 
 #[cfg(test)]
 mod tests {
-    use crate::{Device, Tensor};
+    use crate::{Device, Tensor, TensorError};
 
     #[test]
     fn comparisons_broadcast_promote_and_respect_nan() {
@@ -167,7 +167,10 @@ mod tests {
     #[test]
     fn where_cond_needs_a_bool_condition() {
         let x = Tensor::from_vec_on(vec![1.0f32, 2.0], [2], Device::CPU).unwrap();
-        let err = x.where_cond(&x, &x).unwrap_err().to_string();
+        let err = x.where_cond(&x, &x).unwrap_err();
+        assert!(matches!(err, TensorError::Invalid { op: "where_cond", .. }), "{err:?}");
+        // The variant holds no dtype: the message says which operand and what it is.
+        let err = err.to_string();
         assert!(err.starts_with("where_cond: the condition must be a bool tensor, got f32"), "{err}");
         let c = Tensor::from_vec_on(vec![true, false], [2, 1], Device::CPU).unwrap();
         let other = Tensor::from_vec_on(vec![7i64], [], Device::CPU).unwrap();

@@ -175,7 +175,7 @@ impl Tensor {
 
 #[cfg(test)]
 mod tests {
-    use crate::{DType, Device, Tensor};
+    use crate::{DType, Device, Tensor, TensorError};
 
     fn range(n: usize, shape: &[isize]) -> Tensor {
         Tensor::arange_on(0.0, n as f64, 1.0, DType::F32, Device::CPU).unwrap().reshape(shape).unwrap()
@@ -187,7 +187,10 @@ mod tests {
         let b = range(6, &[2, 3]);
         let joined = Tensor::cat(&[&a, &b], 1).unwrap();
         assert_eq!(joined.to_vec::<f32>().unwrap(), [0.0, 1.0, 0.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 5.0]);
-        let error = Tensor::cat(&[&a, &b], 0).unwrap_err().to_string();
+        let error = Tensor::cat(&[&a, &b], 0).unwrap_err();
+        assert!(matches!(error, TensorError::Shape { op: "cat", .. }), "{error:?}");
+        // It names the tensor of the list, its shape and the dim that differs.
+        let error = error.to_string();
         assert!(error.contains("tensor 1 has shape [2, 3]") && error.contains("dim 1 is 3, expected 2"), "{error}");
         let stacked = Tensor::stack(&[&a, &a.t().unwrap()], -1).unwrap();
         assert_eq!(stacked.dims(), [2, 2, 2]);
@@ -235,9 +238,9 @@ mod tests {
         assert_eq!((s.dtype(), s.dims()), (DType::F64, &[2usize, 2, 2][..]));
         assert_eq!(s.to_vec::<f64>().unwrap(), [0.0, 1.0, 2.0, 3.0, 0.0, 1.0, 2.0, 3.0]);
         // Shapes are still checked with mixed dtypes.
-        let error = Tensor::cat(&[&a, &b], 0).unwrap_err().to_string();
-        assert!(error.contains("tensor 1 has shape [2, 3]"), "{error}");
-        let error = Tensor::stack(&[&a, &b], 0).unwrap_err().to_string();
-        assert!(error.contains("stack needs equal shapes"), "{error}");
+        let error = Tensor::cat(&[&a, &b], 0).unwrap_err();
+        assert!(matches!(error, TensorError::Shape { op: "cat", .. }), "{error:?}");
+        let error = Tensor::stack(&[&a, &b], 0).unwrap_err();
+        assert!(matches!(error, TensorError::Shape { op: "stack", .. }), "{error:?}");
     }
 }

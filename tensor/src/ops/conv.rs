@@ -255,9 +255,10 @@ mod tests {
         let p = Conv2dParams::new().with_stride((2, 1)).with_padding((1, 0)).with_dilation((1, 2)).with_groups(2);
         assert_eq!(p, Conv2dParams { stride: (2, 1), padding: (1, 0), dilation: (1, 2), groups: 2 });
         assert_eq!(p.output_shape(&[3, 4, 7, 9], &[6, 2, 3, 3]).unwrap().dims(), &[3, 6, 4, 5]);
-        let err = p.output_shape(&[3, 4, 7, 9], &[6, 4, 3, 3]).unwrap_err().to_string();
+        let err = p.output_shape(&[3, 4, 7, 9], &[6, 4, 3, 3]).unwrap_err();
+        assert!(matches!(err, TensorError::Shape { op: "conv2d", .. }), "{err:?}");
         assert_eq!(
-            err,
+            err.to_string(),
             "conv2d: input [3, 4, 7, 9] has 4 channels but weight [6, 4, 3, 3] with groups = 2 expects 4 x 2 = 8"
         );
     }

@@ -277,33 +277,32 @@ mod tests {
         let q = Tensor::ones([4], DType::F32).unwrap();
         let short = Tensor::zeros([3], DType::F32).unwrap();
         let list = [AdamParam::new(&p, &good.0, &good.1, &good.2, 1), AdamParam::new(&q, &short, &good.1, &good.2, 1)];
-        let error = fused_adam_(&list, AdamOptions::default()).unwrap_err().to_string();
+        // Each refusal is an `Invalid` naming the op; the message names the
+        // parameter and what is wrong with it (the variant carries no more).
+        let refused = |list: &[AdamParam<'_>], options: AdamOptions| {
+            let error = fused_adam_(list, options).unwrap_err();
+            assert!(matches!(error, TensorError::Invalid { op: "fused_adam_", .. }), "{error:?}");
+            error.to_string()
+        };
+        let error = refused(&list, AdamOptions::default());
         assert!(error.contains("parameter 1: grad has shape [3], the parameter [4]"), "{error}");
         assert_eq!(p.to_vec::<f32>().unwrap(), [1.0; 4], "parameter 0 was not written");
-        let error = fused_adam_(
+        let error = refused(
             &[AdamParam::new(&p, &good.0, &good.1, &good.2, 1)],
             AdamOptions { amsgrad: true, ..AdamOptions::default() },
-        )
-        .unwrap_err()
-        .to_string();
+        );
         assert!(error.contains("amsgrad needs max_exp_avg_sq"), "{error}");
         let half = Tensor::zeros([4], DType::BF16).unwrap();
-        let error = fused_adam_(&[AdamParam::new(&p, &good.0, &half, &good.2, 1)], AdamOptions::default())
-            .unwrap_err()
-            .to_string();
+        let error = refused(&[AdamParam::new(&p, &good.0, &half, &good.2, 1)], AdamOptions::default());
         assert!(error.contains("exp_avg has dtype bf16, the parameter f32"), "{error}");
         let wide = Tensor::zeros([4, 2], DType::F32).unwrap();
         let strided = wide.narrow(1, 0, 1).unwrap().reshape(&[4]).unwrap();
         if !strided.is_contiguous() {
-            let error = fused_adam_(&[AdamParam::new(&strided, &good.0, &good.1, &good.2, 1)], AdamOptions::default())
-                .unwrap_err()
-                .to_string();
+            let error = refused(&[AdamParam::new(&strided, &good.0, &good.1, &good.2, 1)], AdamOptions::default());
             assert!(error.contains("must be contiguous"), "{error}");
         }
         // The moments may not share the parameter's memory.
-        let error = fused_adam_(&[AdamParam::new(&p, &good.0, &p, &good.2, 1)], AdamOptions::default())
-            .unwrap_err()
-            .to_string();
+        let error = refused(&[AdamParam::new(&p, &good.0, &p, &good.2, 1)], AdamOptions::default());
         assert!(error.contains("share one storage"), "{error}");
         assert_eq!(Device::CPU, p.device());
     }

@@ -349,7 +349,7 @@ impl Tensor {
 
 #[cfg(test)]
 mod tests {
-    use crate::{DType, Device, Tensor};
+    use crate::{DType, Device, IndexError, Tensor, TensorError};
 
     fn ids(values: &[i64], shape: &[usize]) -> Tensor {
         Tensor::from_slice_on(values, shape, Device::CPU).unwrap()
@@ -360,23 +360,27 @@ mod tests {
         let x = Tensor::arange_on(0.0, 6.0, 1.0, DType::F32, Device::CPU).unwrap().reshape(&[2, 3]).unwrap();
         let picked = x.index_select(1, &ids(&[2, 0, 2], &[3])).unwrap();
         assert_eq!(picked.to_vec::<f32>().unwrap(), [2.0, 0.0, 2.0, 5.0, 3.0, 5.0]);
-        let error = x.index_select(0, &ids(&[0, 2], &[2])).unwrap_err().to_string();
-        assert!(error.contains("index 2 at position 1") && error.contains("dim 0 of size 2"), "{error}");
+        let error = x.index_select(0, &ids(&[0, 2], &[2])).unwrap_err();
+        let bad = IndexError::OutOfRange { position: 1, index: 2, size: 2 };
+        assert!(matches!(&error, TensorError::Index { op: "index_select", source, .. } if *source == bad), "{error:?}");
         let gathered = x.gather(1, &ids(&[2, 1, 0, 0], &[2, 2])).unwrap();
         assert_eq!(gathered.to_vec::<f32>().unwrap(), [2.0, 1.0, 3.0, 3.0]);
-        let error = x.gather(1, &ids(&[2, 1, 0, 3], &[2, 2])).unwrap_err().to_string();
-        assert!(error.contains("index 3 at [1, 1]") && error.contains("dim 1 of size 3"), "{error}");
+        let error = x.gather(1, &ids(&[2, 1, 0, 3], &[2, 2])).unwrap_err();
+        let bad = IndexError::OutOfRange { position: 3, index: 3, size: 3 };
+        assert!(matches!(&error, TensorError::Index { op: "gather", source, .. } if *source == bad), "{error:?}");
         let total = x.zeros_like().unwrap().scatter_add(1, &ids(&[0, 0, 1, 2], &[2, 2]), &x).unwrap();
         assert_eq!(total.to_vec::<f32>().unwrap(), [1.0, 0.0, 0.0, 0.0, 3.0, 4.0]);
         let table = Tensor::arange_on(0.0, 8.0, 1.0, DType::F32, Device::CPU).unwrap().reshape(&[4, 2]).unwrap();
         let rows = Tensor::embedding(&table, &ids(&[3, 0, 1, 3], &[2, 2])).unwrap();
         assert_eq!(rows.dims(), [2, 2, 2]);
         assert_eq!(rows.to_vec::<f32>().unwrap(), [6.0, 7.0, 0.0, 1.0, 2.0, 3.0, 6.0, 7.0]);
-        let error = Tensor::embedding(&table, &ids(&[3, 0, 4, 3], &[2, 2])).unwrap_err().to_string();
-        assert!(error.contains("id 4 at [1, 0]"), "{error}");
+        let error = Tensor::embedding(&table, &ids(&[3, 0, 4, 3], &[2, 2])).unwrap_err();
+        let bad = IndexError::OutOfRange { position: 2, index: 4, size: 4 };
+        assert!(matches!(&error, TensorError::Index { op: "embedding", source, .. } if *source == bad), "{error:?}");
         let hot = ids(&[1, 0], &[2]).one_hot(3).unwrap();
         assert_eq!(hot.to_vec::<i64>().unwrap(), [0, 1, 0, 1, 0, 0]);
-        let error = ids(&[1, 5], &[2]).one_hot(3).unwrap_err().to_string();
-        assert!(error.contains("class 5 at position 1") && error.contains("3 classes"), "{error}");
+        let error = ids(&[1, 5], &[2]).one_hot(3).unwrap_err();
+        let bad = IndexError::OutOfRange { position: 1, index: 5, size: 3 };
+        assert!(matches!(&error, TensorError::Index { op: "one_hot", source, .. } if *source == bad), "{error:?}");
     }
 }

@@ -173,7 +173,14 @@ impl Tensor {
 #[cfg(test)]
 mod tests {
     use crate::ops::common::close;
-    use crate::{DType, Tensor};
+    use crate::{DType, Tensor, TensorError};
+
+    /// The message of `error`, after checking that it is an `Invalid` of
+    /// `op`: each check below is on the operand and shape the message names.
+    fn invalid(error: TensorError, op: &str) -> String {
+        assert!(matches!(&error, TensorError::Invalid { op: o, .. } if *o == op), "{error:?}");
+        error.to_string()
+    }
 
     /// The composition the fused op replaces, in f64.
     fn composed(x: &Tensor, w: &Tensor, b: &Tensor, eps: f64) -> Tensor {
@@ -243,18 +250,20 @@ mod tests {
     #[test]
     fn bad_operands_are_named() {
         let x = Tensor::zeros([2, 3], DType::F32).unwrap();
-        let error = x.native_layer_norm(&[4], None, None, 1e-5).unwrap_err().to_string();
+        let error = invalid(x.native_layer_norm(&[4], None, None, 1e-5).unwrap_err(), "layer_norm");
         assert!(error.contains("normalized_shape [4]") && error.contains("[2, 3]"), "{error}");
         let w = Tensor::zeros([4], DType::F32).unwrap();
-        let error = x.native_layer_norm(&[3], Some(&w), None, 1e-5).unwrap_err().to_string();
+        let error = invalid(x.native_layer_norm(&[3], Some(&w), None, 1e-5).unwrap_err(), "layer_norm");
         assert!(error.contains("weight must have shape [3], got [4]"), "{error}");
-        let error = x.native_layer_norm(&[3], None, None, f64::NAN).unwrap_err().to_string();
+        let error = invalid(x.native_layer_norm(&[3], None, None, f64::NAN).unwrap_err(), "layer_norm");
         assert!(error.contains("eps"), "{error}");
         let ints = Tensor::zeros([2, 3], DType::I64).unwrap();
-        assert!(ints.native_layer_norm(&[3], None, None, 1e-5).is_err());
+        let error = ints.native_layer_norm(&[3], None, None, 1e-5).unwrap_err();
+        assert!(matches!(error, TensorError::UnsupportedDType { dtype: DType::I64, .. }), "{error:?}");
         let (_, mean, rstd) = x.native_layer_norm(&[3], None, None, 1e-5).unwrap();
         let g = Tensor::zeros([3, 2], DType::F32).unwrap();
-        let error = g.native_layer_norm_backward(&x, &[3], &mean, &rstd, None, [true; 3]).unwrap_err().to_string();
+        let error = g.native_layer_norm_backward(&x, &[3], &mean, &rstd, None, [true; 3]).unwrap_err();
+        let error = invalid(error, "layer_norm_backward");
         assert!(error.contains("gradient has shape [3, 2]"), "{error}");
         let empty = Tensor::zeros([0, 3], DType::F32).unwrap();
         let (y, mean, _) = empty.native_layer_norm(&[3], None, None, 1e-5).unwrap();

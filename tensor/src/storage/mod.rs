@@ -447,8 +447,11 @@ mod tests {
     #[test]
     fn a_dtype_mismatch_is_an_error_not_a_reinterpretation() -> Result<()> {
         let t = host(&[1.0, 2.0])?;
-        let err = t.storage().read::<f64>("test").err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(err.contains("test"), "{err}");
+        let err = t.storage().read::<f64>("test").err();
+        assert!(
+            matches!(err, Some(TensorError::DTypeMismatch { op: "test", expected: DType::F32, got: DType::F64 })),
+            "{err:?}"
+        );
         assert!(t.storage().write::<i64>("test").is_err());
         let mut locks = lock_storages(&[], &[t.storage()]);
         assert!(locks.read::<u8>(t.storage(), "test").is_err());
