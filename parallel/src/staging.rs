@@ -33,32 +33,33 @@ pub(crate) fn needs_staging(op: &Collective) -> bool {
     op.tensors().iter().any(|t| matches!(t.device(), Device::Cuda(_)))
 }
 
-/// `op` on page-locked host copies of its tensors (pageable ones when the
-/// memory cannot be locked).
+/// `op` on host copies of its tensors: what it only reads is copied to
+/// the host; what it writes lands in page-locked host buffers (pageable
+/// when the memory cannot be locked), filled from the device only where
+/// the collective also reads them (all-reduce, broadcast).
 pub(crate) fn stage(op: &Collective) -> Result<Staged> {
-    let copy = |t: &Tensor| -> Result<Tensor> {
+    let read = |t: &Tensor| -> Result<Tensor> { Ok(t.to(Device::CPU)?) };
+    let mut write_back = Vec::new();
+    let mut written = |t: &Tensor, fill: bool| -> Result<Tensor> {
         let host = Tensor::zeros_on(t.dims(), t.dtype(), Device::CPU)?;
         let host = host.pin_memory().unwrap_or(host);
-        host.copy_(t)?;
-        Ok(host)
-    };
-    let mut write_back = Vec::new();
-    let mut output = |t: &Tensor| -> Result<Tensor> {
-        let host = copy(t)?;
+        if fill {
+            host.copy_(t)?;
+        }
         write_back.push((host.clone(), t.clone()));
         Ok(host)
     };
     let staged = match op {
-        Collective::AllReduce { tensor, op } => Collective::AllReduce { tensor: output(tensor)?, op: *op },
-        Collective::Broadcast { tensor, root } => Collective::Broadcast { tensor: output(tensor)?, root: *root },
-        Collective::AllGather { input, output: out } => {
-            Collective::AllGather { input: copy(input)?, output: output(out)? }
+        Collective::AllReduce { tensor, op } => Collective::AllReduce { tensor: written(tensor, true)?, op: *op },
+        Collective::Broadcast { tensor, root } => Collective::Broadcast { tensor: written(tensor, true)?, root: *root },
+        Collective::AllGather { input, output } => {
+            Collective::AllGather { input: read(input)?, output: written(output, false)? }
         }
-        Collective::ReduceScatter { input, output: out, op } => {
-            Collective::ReduceScatter { input: copy(input)?, output: output(out)?, op: *op }
+        Collective::ReduceScatter { input, output, op } => {
+            Collective::ReduceScatter { input: read(input)?, output: written(output, false)?, op: *op }
         }
-        Collective::Send { tensor, peer } => Collective::Send { tensor: copy(tensor)?, peer: *peer },
-        Collective::Recv { tensor, peer } => Collective::Recv { tensor: output(tensor)?, peer: *peer },
+        Collective::Send { tensor, peer } => Collective::Send { tensor: read(tensor)?, peer: *peer },
+        Collective::Recv { tensor, peer } => Collective::Recv { tensor: written(tensor, false)?, peer: *peer },
         Collective::Barrier => Collective::Barrier,
     };
     Ok(Staged { op: staged, write_back })

@@ -118,12 +118,30 @@ struct Case {
     kind: Opt,
     tied: bool,
     clip: Option<f64>,
+    precision: Precision,
+}
+
+/// How the ranks compute (the reference alike).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Precision {
+    F32,
+    /// Under bf16 autocast.
+    Autocast,
+    /// bf16 inputs on bf16 gathered parameters (`MixedPrecision::bf16()`;
+    /// its reference is `reference_bf16`).
+    Bf16,
 }
 
 impl Case {
     fn new(world: usize, kind: Opt) -> Case {
-        Case { world, steps: 4, micro: 1, kind, tied: false, clip: None }
+        Case { world, steps: 4, micro: 1, kind, tied: false, clip: None, precision: Precision::F32 }
     }
+}
+
+/// The loss of `forward` on `x` against `y`, under autocast when `precision` says so.
+fn loss_of(precision: Precision, forward: impl FnOnce(Var) -> Result<Var>, x: Tensor, y: &Tensor) -> Result<Var> {
+    let _bf16 = (precision == Precision::Autocast).then(|| brasa_amp::autocast(DType::BF16));
+    Ok(cross_entropy(&forward(Var::new(x))?, y)?)
 }
 
 /// One process on full batches (`micro` micro-batches summed): the
@@ -136,7 +154,7 @@ fn reference(case: Case) -> Result<Vec<State>> {
     for step in 0..case.steps {
         for k in 0..case.micro {
             let (x, y) = batch(step * case.micro + k, dev)?;
-            cross_entropy(&m.forward(&Var::new(x))?, &y)?.backward()?;
+            loss_of(case.precision, |x| Ok(m.forward(&x)?), x, &y)?.backward()?;
         }
         let norm = match case.clip {
             Some(max) => Some(brasa_nn::optim::clip_grad_norm_(&m.parameters(), max, 2.0)? as f32),
@@ -163,8 +181,23 @@ fn train_fsdp(case: Case, config: FsdpConfig) -> Result<Vec<State>> {
             for k in 0..case.micro {
                 let (x, y) = batch(step * case.micro + k, dev)?;
                 let (x, y) = (rows(&x, rank, world)?, rows(&y, rank, world)?);
+                let x = if case.precision == Precision::Bf16 { x.to_dtype(DType::BF16)? } else { x };
                 let _local = (k + 1 < case.micro).then(|| fsdp.no_sync());
-                cross_entropy(&fsdp.forward(&Var::new(x))?, &y)?.backward()?;
+                let forward = |x: Var| {
+                    let logits = fsdp.forward(&x)?;
+                    if case.precision == Precision::Bf16 {
+                        assert_eq!(logits.dtype(), DType::BF16);
+                    }
+                    Ok(logits)
+                };
+                loss_of(case.precision, forward, x, &y)?.backward()?;
+            }
+            if case.precision == Precision::Bf16 {
+                // Gathered in bf16: two bytes per element.
+                let stats = fsdp.stats();
+                let per_step: usize = fsdp.unit_numels().iter().sum::<usize>() * 2;
+                assert!(stats.all_gather_bytes >= per_step, "{stats:?}");
+                assert_eq!(stats.all_gather_bytes % per_step.min(2), 0);
             }
             let norm = match case.clip {
                 Some(max) => Some(fsdp.clip_grad_norm(max)? as f32),
@@ -172,6 +205,9 @@ fn train_fsdp(case: Case, config: FsdpConfig) -> Result<Vec<State>> {
             };
             opt.step()?;
             opt.zero_grad()?;
+            for shard in fsdp.parameters() {
+                assert_eq!(shard.dtype(), DType::F32, "master shards stay f32");
+            }
             if let Some(dict) = fsdp.full_state_dict()? {
                 let mut state = values(&dict)?;
                 state.extend(norm.map(|n| ("total norm".to_string(), vec![n])));
@@ -296,37 +332,10 @@ fn bf16_mixed_precision_matches_the_same_mixed_precision_on_one_process() -> Res
     let case = Case::new(2, Opt::SgdMomentum);
     let want = reference_bf16(case)?;
     let config = FsdpConfig { mixed_precision: Some(MixedPrecision::bf16()), ..FsdpConfig::default() };
-    let ranks = run_in_process(2, &options(), |comm| {
-        let dev = comm.device();
-        let (rank, world) = (comm.rank(), comm.world_size());
-        let fsdp = FullyShardedDataParallel::new(model(dev, false)?, comm.clone(), config.clone())?;
-        let mut opt = optimizer(case.kind, fsdp.parameters())?;
-        let mut trajectory = Vec::new();
-        for step in 0..case.steps {
-            let (x, y) = batch(step, dev)?;
-            let x = rows(&x, rank, world)?.to_dtype(DType::BF16)?;
-            let logits = fsdp.forward(&Var::new(x))?;
-            assert_eq!(logits.dtype(), DType::BF16);
-            cross_entropy(&logits, &rows(&y, rank, world)?)?.backward()?;
-            // Gathered in bf16: two bytes per element.
-            let stats = fsdp.stats();
-            let per_step: usize = fsdp.unit_numels().iter().sum::<usize>() * 2;
-            assert!(stats.all_gather_bytes >= per_step, "{stats:?}");
-            assert_eq!(stats.all_gather_bytes % per_step.min(2), 0);
-            opt.step()?;
-            opt.zero_grad()?;
-            for shard in fsdp.parameters() {
-                assert_eq!(shard.dtype(), DType::F32);
-            }
-            if let Some(dict) = fsdp.full_state_dict()? {
-                trajectory.push(values(&dict)?);
-            }
-        }
-        Ok(trajectory)
-    })?;
+    let got = train_fsdp(Case { precision: Precision::Bf16, ..case }, config)?;
     // bf16 keeps 8 bits: each rank's half-batch gradient and the full
     // batch's round differently; the steps agree to bf16's precision.
-    for (step, (g, w)) in ranks[0].iter().zip(&want).enumerate() {
+    for (step, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_close(g, w, 2e-2, &format!("bf16 step {step}"));
     }
     Ok(())
@@ -615,53 +624,9 @@ fn an_inf_on_one_rank_makes_every_rank_skip_the_step() -> Result<()> {
 
 #[test]
 fn autocast_inside_fsdp_matches_autocast_on_one_process() -> Result<()> {
-    use brasa_amp::autocast;
     let _devices = setup();
-    let case = Case::new(2, Opt::SgdMomentum);
-    let want = {
-        let dev = Device::cpu(0);
-        let m = model(dev, false)?;
-        let mut opt = optimizer(case.kind, m.parameters())?;
-        let mut trajectory = Vec::new();
-        for step in 0..case.steps {
-            let (x, y) = batch(step, dev)?;
-            let loss = {
-                let _bf16 = autocast(DType::BF16);
-                cross_entropy(&m.forward(&Var::new(x))?, &y)?
-            };
-            loss.backward()?;
-            opt.step()?;
-            opt.zero_grad()?;
-            trajectory.push(values(&m.state_dict())?);
-        }
-        trajectory
-    };
-    let ranks = run_in_process(2, &options(), |comm| {
-        let dev = comm.device();
-        let (rank, world) = (comm.rank(), comm.world_size());
-        let fsdp = FullyShardedDataParallel::new(model(dev, false)?, comm.clone(), FsdpConfig::default())?;
-        let mut opt = optimizer(case.kind, fsdp.parameters())?;
-        let mut trajectory = Vec::new();
-        for step in 0..case.steps {
-            let (x, y) = batch(step, dev)?;
-            let loss = {
-                let _bf16 = autocast(DType::BF16);
-                let logits = fsdp.forward(&Var::new(rows(&x, rank, world)?))?;
-                cross_entropy(&logits, &rows(&y, rank, world)?)?
-            };
-            loss.backward()?;
-            opt.step()?;
-            opt.zero_grad()?;
-            if let Some(dict) = fsdp.full_state_dict()? {
-                trajectory.push(values(&dict)?);
-            }
-        }
-        Ok(trajectory)
-    })?;
-    for (step, (g, w)) in ranks[0].iter().zip(&want).enumerate() {
-        assert_close(g, w, 2e-2, &format!("autocast step {step}"));
-    }
-    Ok(())
+    let case = Case { precision: Precision::Autocast, ..Case::new(2, Opt::SgdMomentum) };
+    check(case, FsdpConfig::default(), 2e-2)
 }
 
 /// Identity in forward; its backward fails while `FAIL` is set.

@@ -55,20 +55,11 @@ fn rank_setup(comm: Communicator, zero: Option<ZeroStage>, batch: usize) -> Resu
     let config = DdpConfig { zero, bucket_cap_bytes: 256 << 10, ..DdpConfig::default() };
     let ddp = DistributedDataParallel::new(model, comm, config)?;
     let adam = AdamConfig { lr: 0.01, ..Default::default() };
-    let mut opt: Box<dyn Optimizer> = match zero {
+    let opt: Box<dyn Optimizer> = match zero {
         None => Box::new(Adam::new(ddp.module().parameters(), adam)?),
         Some(_) => Box::new(ZeroOptimizer::new(&ddp, |shards| Adam::new(shards, adam))?),
     };
-    let (x, y) = {
-        let _input = category_scope(MemoryCategory::Input);
-        (Tensor::randn_on([batch, 128], DType::F32, device)?, Tensor::zeros_on([batch], DType::I64, device)?)
-    };
-    Ok(Box::new(move || {
-        cross_entropy(&ddp.forward(&Var::new(x.clone()))?, &y)?.backward()?;
-        opt.step()?;
-        opt.zero_grad()?;
-        Ok(())
-    }))
+    training_step(device, batch, move |x| ddp.forward(x), opt)
 }
 
 /// A rank's FSDP model (each linear layer a unit), Adam over its shards,
@@ -84,13 +75,24 @@ fn fsdp_setup(comm: Communicator, batch: usize) -> Result<Step> {
         .push(Relu)
         .push(Linear::new(512, 10, device)?);
     let fsdp = FullyShardedDataParallel::new(model, comm, FsdpConfig::default())?;
-    let mut opt = Adam::new(fsdp.parameters(), AdamConfig { lr: 0.01, ..Default::default() })?;
+    let opt = Box::new(Adam::new(fsdp.parameters(), AdamConfig { lr: 0.01, ..Default::default() })?);
+    training_step(device, batch, move |x| fsdp.forward(x), opt)
+}
+
+/// One training step on a batch of `batch` rows of 128 features made here
+/// (counted as input), through `forward` and `opt`.
+fn training_step(
+    device: Device,
+    batch: usize,
+    forward: impl Fn(&Var) -> Result<Var> + 'static,
+    mut opt: Box<dyn Optimizer>,
+) -> Result<Step> {
     let (x, y) = {
         let _input = category_scope(MemoryCategory::Input);
         (Tensor::randn_on([batch, 128], DType::F32, device)?, Tensor::zeros_on([batch], DType::I64, device)?)
     };
     Ok(Box::new(move || {
-        cross_entropy(&fsdp.forward(&Var::new(x.clone()))?, &y)?.backward()?;
+        cross_entropy(&forward(&Var::new(x.clone()))?, &y)?.backward()?;
         opt.step()?;
         opt.zero_grad()?;
         Ok(())

@@ -9,7 +9,7 @@ use crate::error::{ParallelError, Result};
 use crate::sharding::layout::FlatLayout;
 use crate::{ReduceOp, Work};
 use brasa_autograd::Var;
-use brasa_nn::optim::{grad_norm, Optimizer};
+use brasa_nn::optim::Optimizer;
 use brasa_nn::{Module, ModuleExt, VisitorMut, WalkMut};
 use brasa_tensor::{DType, Device, Tensor};
 use std::ops::Range;
@@ -279,7 +279,7 @@ impl<M: Module> Replica<M> {
             var.set_grad(Some(grad.clone()))?;
         }
         let norm = match config.max_grad_norm {
-            Some(max_norm) => Some(self.clip(comm, max_norm)?),
+            Some(max_norm) => Some(crate::sharding::clip::clip_grad_norm(comm, &self.owned, max_norm)?),
             None => None,
         };
         if let Some(optimizer) = optimizer {
@@ -296,24 +296,6 @@ impl<M: Module> Replica<M> {
             self.broadcast_buffers(comm)?;
         }
         self.zero_grads()?;
-        Ok(norm)
-    }
-
-    /// Scales the owned gradient shards so that the norm of the whole
-    /// gradient is at most `max_norm` (PyTorch's `clip_grad_norm_` rule:
-    /// times `max_norm / (norm + 1e-6)` when that is below 1); returns the
-    /// norm before clipping.
-    fn clip(&self, comm: &Communicator, max_norm: f64) -> Result<f64> {
-        let local = if self.owned.is_empty() { 0.0 } else { grad_norm(&self.owned, 2.0)? };
-        let squares = Tensor::from_vec_on(vec![local * local], [1], self.device)?;
-        comm.all_reduce(&squares, ReduceOp::Sum)?;
-        let norm = squares.item::<f64>()?.sqrt();
-        let coefficient = max_norm / (norm + 1e-6);
-        if coefficient < 1.0 || coefficient.is_nan() {
-            for shard in &self.grad_shards {
-                shard.mul_scalar_(coefficient)?;
-            }
-        }
         Ok(norm)
     }
 

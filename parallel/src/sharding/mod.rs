@@ -14,6 +14,7 @@
 //! [`DataParallel`](crate::DataParallel) shards its replicas' optimizer
 //! state with the same layout (one layout per device group).
 
+pub(crate) mod clip;
 pub(crate) mod flat_params;
 pub(crate) mod fsdp;
 pub(crate) mod layout;

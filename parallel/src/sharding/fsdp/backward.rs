@@ -20,7 +20,6 @@ use brasa_tensor::memory::{category_scope, MemoryCategory};
 use brasa_tensor::{Storage, Tensor};
 use std::any::Any;
 use std::sync::{Arc, Weak};
-use std::time::Instant;
 
 const OP: &str = "FullyShardedDataParallel backward";
 
@@ -227,14 +226,6 @@ impl Shared {
         if complete {
             self.unit_complete(unit_index)?;
         }
-        Ok(())
-    }
-
-    /// Waits for `work`, counting the time as waited.
-    fn wait_timed(&self, work: Work) -> Result<()> {
-        let started = Instant::now();
-        work.wait()?;
-        lock(&self.step).stats.waited += started.elapsed();
         Ok(())
     }
 

@@ -13,6 +13,7 @@ pub use stats::FsdpStats;
 use crate::communicator::Communicator;
 use crate::error::{ParallelError, Result};
 use crate::memory::MemoryBreakdown;
+use crate::work::Work;
 use brasa_autograd::{checkpoint, in_backward, is_grad_enabled, no_grad, Var};
 use brasa_nn::optim::Optimizer;
 use brasa_nn::{Module, ModuleExt, Parameters, Sequential, Visitor, VisitorMut, Walk, WalkMut};
@@ -231,12 +232,21 @@ impl FullyShardedDataParallel {
         for unit in &mut built {
             if let Some(module) = unit.module.as_mut() {
                 let module = module.get_mut().unwrap_or_else(|e| e.into_inner());
-                let present: Vec<usize> = (0..originals.len())
-                    .filter(|&i| module.named_parameters().iter().any(|(_, p)| p.same_var(&originals[i])))
-                    .collect();
+                let present = present_parameters(&**module, &originals);
                 let from: Vec<Var> = present.iter().map(|&i| originals[i].clone()).collect();
                 let to: Vec<Var> = present.iter().map(|&i| stand_ins[i].clone()).collect();
                 swap_parameters(&mut **module, &from, &to)?;
+            }
+        }
+        // Which of the shared unit's parameters each layer holds (its
+        // forward swaps those in too).
+        if let Some(shared) = built.iter().position(|u| u.module.is_none()) {
+            let shared_stand_ins = built[shared].placeholders.clone();
+            for unit in &mut built {
+                if let Some(module) = unit.module.as_mut() {
+                    let module = module.get_mut().unwrap_or_else(|e| e.into_inner());
+                    unit.uses_shared = present_parameters(&**module, &shared_stand_ins);
+                }
             }
         }
         let layers = built.iter().filter(|u| u.module.is_some()).count();
@@ -380,26 +390,7 @@ impl FullyShardedDataParallel {
                 format!("max_norm must be >= 0, got {max_norm}"),
             ));
         }
-        let _no_grad = no_grad();
-        let comm = &self.shared.comm;
-        let grads: Vec<Tensor> = self.shared.units.iter().filter_map(|u| u.shard.grad()).collect();
-        let mut local = Tensor::zeros_on([1], DType::F64, comm.device())?;
-        for g in &grads {
-            let g = g.to_dtype(DType::F64)?;
-            local = local.add(&g.mul(&g)?.sum_all()?.reshape(&[1])?)?;
-        }
-        comm.all_reduce(&local, crate::ReduceOp::Sum)?;
-        if local.device().is_meta() {
-            return Ok(0.0);
-        }
-        let total = local.to_vec::<f64>()?[0].sqrt();
-        let coefficient = max_norm / (total + 1e-6);
-        if coefficient < 1.0 || coefficient.is_nan() {
-            for g in &grads {
-                g.mul_scalar_(coefficient)?;
-            }
-        }
-        Ok(total)
+        crate::sharding::clip::clip_grad_norm(&self.shared.comm, &self.parameters(), max_norm)
     }
 
     /// Whether any rank's `local` verdict is true (a collective: every rank
@@ -498,9 +489,7 @@ impl Shared {
                 Ok(full)
             }
             Gathered::InFlight { full, work } => {
-                let started = Instant::now();
-                work.wait()?;
-                lock(&self.step).stats.waited += started.elapsed();
+                self.wait_timed(work)?;
                 *gathered = Gathered::Ready(full.clone());
                 Ok(full)
             }
@@ -517,6 +506,14 @@ impl Shared {
         if let Gathered::InFlight { work, .. } = previous {
             work.wait()?;
         }
+        Ok(())
+    }
+
+    /// Waits for `work`, counting the time as waited.
+    fn wait_timed(&self, work: Work) -> Result<()> {
+        let started = Instant::now();
+        work.wait()?;
+        lock(&self.step).stats.waited += started.elapsed();
         Ok(())
     }
 
@@ -552,7 +549,7 @@ impl Shared {
     fn unit_forward(self: &Arc<Self>, i: usize, input: &Var) -> Result<Var> {
         let grad = is_grad_enabled();
         let unit = &self.units[i];
-        if unit.layout.slots.is_empty() && self.shared_unit().is_none() {
+        if unit.layout.slots.is_empty() && unit.uses_shared.is_empty() {
             // Nothing to gather (an activation, a pooling layer).
             if let Some(module) = &unit.module {
                 return Ok(lock(module).forward(input)?);
@@ -567,15 +564,17 @@ impl Shared {
         let mut from = unit.placeholders.clone();
         let mut to = vars;
         let mut watched = vec![i];
-        if let Some(k) = self.shared_unit() {
+        if let Some(k) = self.shared_unit().filter(|_| !unit.uses_shared.is_empty()) {
             let existing = lock(&self.step).shared_vars.clone();
             let shared_vars = match existing {
                 Some(vars) => vars,
                 // A checkpoint's recomputation, after forward ended.
                 None => self.param_vars(k, grad)?,
             };
-            from.extend(self.units[k].placeholders.iter().cloned());
-            to.extend(shared_vars);
+            for &p in &unit.uses_shared {
+                from.push(self.units[k].placeholders[p].clone());
+                to.push(shared_vars[p].clone());
+            }
             watched.push(k);
         }
         let module = unit.module.as_ref().ok_or_else(|| {
@@ -583,8 +582,6 @@ impl Shared {
         })?;
         let output = {
             let mut module = lock(module);
-            let present = present_parameters(&**module, &from);
-            let (from, to): (Vec<Var>, Vec<Var>) = present.iter().map(|&p| (from[p].clone(), to[p].clone())).unzip();
             swap_parameters(&mut **module, &from, &to)?;
             let output = {
                 let _hooks = grad.then(|| backward::save_gathered_as_references(self, &watched));

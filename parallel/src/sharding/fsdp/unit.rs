@@ -62,6 +62,8 @@ pub(crate) struct Unit {
     pub(crate) shard: Var,
     pub(crate) gathered: Mutex<Gathered>,
     pub(crate) grads: Mutex<UnitGrads>,
+    /// The indices of the shared unit's parameters this layer holds.
+    pub(crate) uses_shared: Vec<usize>,
 }
 
 impl Unit {
@@ -81,6 +83,7 @@ impl Unit {
             shard,
             gathered: Mutex::new(Gathered::Empty),
             grads: Mutex::new(UnitGrads { full: None, expected: vec![0; slots], arrived: vec![0; slots] }),
+            uses_shared: Vec::new(),
         }
     }
 
