@@ -35,7 +35,7 @@ fn collectives_on_cuda_tensors_are_correct() -> Result<()> {
         let gathered = Tensor::zeros_on([4], DType::F32, dev)?;
         comm.all_gather(&gathered, &Tensor::from_vec_on(vec![r, r + 10.0], [2], dev)?)?;
         let scattered = Tensor::zeros_on([2], DType::F32, dev)?;
-        comm.reduce_scatter(&scattered, &Tensor::from_vec_on(vec![1.0, 2.0, 3.0, 4.0], [4], dev)?, ReduceOp::Avg)?;
+        comm.reduce_scatter(&scattered, &Tensor::from_vec_on(vec![1.0f32, 2.0, 3.0, 4.0], [4], dev)?, ReduceOp::Avg)?;
         assert_eq!(x.device(), dev);
         Ok((x.to_vec::<f32>()?, gathered.to_vec::<f32>()?, scattered.to_vec::<f32>()?))
     })?;
