@@ -5,6 +5,10 @@ Prints one JSON line {"runtime", "bench", "value", "unit"}. Benches:
   matmul_f32, matmul_bf16   one 4096^3 torch.mm, TFLOP/s (TF32 off: PyTorch's default)
   mlp, cnn                  the nn.* training steps (784-512-512-10 MLP at batch 128,
                             the small CNN at batch 64; SGD momentum), samples/s
+  allreduce_1mib, allreduce_64mib
+                            torch.distributed.all_reduce of f32 on NCCL, world size 1 on
+                            cuda:0 (brasa's nccl.* figures' world on a one-GPU machine):
+                            microseconds per all-reduce over a loop of asynchronous launches
   sdpa, sdpa_causal         F.scaled_dot_product_attention, bf16 [4, 16, 4096, 128]:
                             forward + backward (autograd.grad of q, k, v) seconds;
                             also the forward's and the backward's alone and the backend
@@ -109,15 +113,39 @@ def sdpa(causal, iters=20):
     return fwd, bwd, kernels
 
 
+def allreduce(mib, iters):
+    import os
+    import torch.distributed as dist
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device(DEV))
+    x = torch.ones(mib * 2**18, device=DEV)
+    for _ in range(10):
+        dist.all_reduce(x)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(x)
+    torch.cuda.synchronize()
+    elapsed = (time.perf_counter() - t0) / iters
+    print(json.dumps({"detail": "nccl", "version": ".".join(map(str, torch.cuda.nccl.version()))}), flush=True)
+    dist.destroy_process_group()
+    return elapsed * 1e6
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--bench", required=True, choices=["matmul_f32", "matmul_bf16", "mlp", "cnn", "sdpa", "sdpa_causal"])
+    ap.add_argument("--bench", required=True, choices=["matmul_f32", "matmul_bf16", "mlp", "cnn", "sdpa", "sdpa_causal",
+                                                     "allreduce_1mib", "allreduce_64mib"])
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     if args.bench == "matmul_f32":
         emit(args.bench, matmul(torch.float32), "TFLOP/s")
     elif args.bench == "matmul_bf16":
         emit(args.bench, matmul(torch.bfloat16), "TFLOP/s")
+    elif args.bench.startswith("allreduce_"):
+        mib = 1 if args.bench == "allreduce_1mib" else 64
+        emit(args.bench, allreduce(mib, 200 if mib == 1 else 50), "us")
     elif args.bench.startswith("sdpa"):
         fwd, bwd, kernels = sdpa(args.bench == "sdpa_causal")
         print(json.dumps({"forward_s": fwd, "backward_s": bwd, "kernels": kernels}), flush=True)

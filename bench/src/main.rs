@@ -22,10 +22,14 @@ mod fsdp_figures;
 mod gpt_figures;
 mod measure;
 mod memory_figures;
+#[cfg(feature = "cuda")]
+mod nccl_figures;
 mod nn_figures;
 mod parallel_figures;
 mod pipeline_figures;
 mod profile_figures;
+#[cfg(feature = "cuda")]
+mod resnet_figures;
 mod tensor_elementwise_figures;
 mod tensor_matmul_figures;
 mod workload_figures;
@@ -60,6 +64,10 @@ const GROUPS: &[Group] = &[
     Group { prefixes: &["memory."], run: memory_figures::run },
     #[cfg(feature = "cuda")]
     Group { prefixes: &["cuda.gpt"], run: |options| Ok(gpt_figures::run_cuda(options)) },
+    #[cfg(feature = "cuda")]
+    Group { prefixes: &["cuda.resnet", "cuda.conv"], run: |options| Ok(resnet_figures::run(options)) },
+    #[cfg(feature = "cuda")]
+    Group { prefixes: &["nccl."], run: |options| Ok(nccl_figures::run(options)) },
 ];
 
 fn main() -> ExitCode {

@@ -10,6 +10,7 @@
 //! cargo run --release --example train_digits -- --devices 2   # DDP over 2 logical host devices
 //! cargo run --release --example train_digits -- --devices 4 --shard zero2   # DDP + ZeRO-2 over 4
 //! cargo run --release --example train_digits -- --devices 4 --shard full    # FSDP over 4
+//! cargo run --release --features cuda --example train_digits -- --devices cuda:0,cuda:1   # DDP over NCCL
 //! cargo run --release --example train_digits -- --batch-size 1024 --memory-limit 2MiB   # survives OOM
 //! cargo run --release --example train_digits --features cuda -- --device cuda:0   # on a GPU
 //! ```
@@ -51,8 +52,9 @@ use std::time::Instant;
 
 use brasa::nn::Result;
 use brasa::parallel::{
-    ensure_host_devices, run_in_process, run_on_devices, Communicator, DdpConfig, DistributedDataParallel, FsdpConfig,
-    FullyShardedDataParallel, LaunchOptions, MemoryBreakdown, ParallelError, ZeroOptimizer, ZeroStage,
+    ensure_host_devices, run_in_process, run_on_devices, CommBackend, CommOptions, Communicator, DdpConfig,
+    DistributedDataParallel, FsdpConfig, FullyShardedDataParallel, LaunchOptions, MemoryBreakdown, ParallelError,
+    ZeroOptimizer, ZeroStage,
 };
 
 type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -91,6 +93,10 @@ struct Args {
     cnn: bool,
     bf16: bool,
     devices: usize,
+    /// `--devices cuda:0,cuda:1`: the ranks' devices named one by one.
+    device_list: Option<Vec<Device>>,
+    /// `--backend`: the engine of a `--devices` list (NCCL for GPUs).
+    backend: CommBackend,
     shard: Shard,
     device: Device,
     epochs: usize,
@@ -110,6 +116,8 @@ fn parse_args(cli: Vec<String>) -> AnyResult<Args> {
         cnn: false,
         bf16: false,
         devices: 1,
+        device_list: None,
+        backend: CommBackend::InProcess,
         shard: Shard::None,
         device: Device::CPU,
         epochs: 30,
@@ -132,7 +140,30 @@ fn parse_args(cli: Vec<String>) -> AnyResult<Args> {
                 other => return Err(format!("--model {other}: expected mlp or cnn").into()),
             },
             "--bf16" => args.bf16 = true,
-            "--devices" => args.devices = value("--devices")?.parse()?,
+            "--devices" => {
+                let text = value("--devices")?;
+                if text.contains(':') || text.contains(',') {
+                    let list = text
+                        .split(',')
+                        .map(|d| d.trim().parse::<Device>())
+                        .collect::<std::result::Result<Vec<_>, _>>()?;
+                    args.devices = list.len();
+                    // GPUs talk over NCCL unless --backend says otherwise.
+                    if list.iter().all(|d| matches!(d, Device::Cuda(_))) {
+                        args.backend = CommBackend::Nccl;
+                    }
+                    args.device_list = Some(list);
+                } else {
+                    args.devices = text.parse()?;
+                }
+            }
+            "--backend" => {
+                args.backend = match value("--backend")?.as_str() {
+                    "nccl" => CommBackend::Nccl,
+                    "in-process" => CommBackend::InProcess,
+                    other => return Err(format!("--backend {other}: expected nccl or in-process").into()),
+                }
+            }
             "--shard" => match value("--shard")?.as_str() {
                 "none" => args.shard = Shard::None,
                 "zero2" => args.shard = Shard::Zero2,
@@ -164,7 +195,7 @@ fn parse_args(cli: Vec<String>) -> AnyResult<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "train_digits [--model mlp|cnn] [--bf16] [--device cpu|cuda:N] [--devices N] [--shard none|zero2|full] [--epochs N] [--batch-size N|auto] [--lr X] [--seed N] [--workers N] \
+                    "train_digits [--model mlp|cnn] [--bf16] [--device cpu|cuda:N] [--devices N|DEV,DEV,..] [--backend nccl|in-process] [--shard none|zero2|full] [--epochs N] [--batch-size N|auto] [--lr X] [--seed N] [--workers N] \
                      [--plan] [--memory-limit SIZE] [--profile [DIR]]\n\
                      --shard, with --devices N (how the N ranks share parameters, gradients and Adam's state):\n  \
                      none   DistributedDataParallel: every rank holds all of them (default)\n  \
@@ -188,6 +219,9 @@ fn parse_args(cli: Vec<String>) -> AnyResult<Args> {
     }
     if args.shard == Shard::Full && args.memory_limit.is_some() {
         return Err("--memory-limit splits steps through DDP's no_sync: use it without --shard full".into());
+    }
+    if args.device_list.is_some() && (args.memory_limit.is_some() || args.device != Device::CPU) {
+        return Err("--devices DEV,DEV,.. names every rank's device: leave --device and --memory-limit out".into());
     }
     if args.devices > 1 && args.device != Device::CPU {
         return Err("--devices N runs DDP over logical host devices: leave --device out".into());
@@ -518,6 +552,23 @@ pub(crate) fn run(cli: Vec<String>) -> AnyResult<Outcome> {
     if args.plan || args.auto_batch {
         plan_memory(&mut args, (Digits::LEN as f64 * Digits::TRAIN_FRACTION) as usize)?;
     }
+    let rank_main = |comm| {
+        train(&args, Some(comm)).map_err(|e| match e.downcast::<ParallelError>() {
+            Ok(parallel) => *parallel,
+            Err(other) => ParallelError::invalid("train_digits", other.to_string()),
+        })
+    };
+    if let Some(devices) = &args.device_list {
+        // Logical host devices named in the list must exist before the first tensor.
+        let host_devices = devices.iter().filter_map(|d| if let Device::Cpu(i) = d { Some(i + 1) } else { None }).max();
+        if let Some(count) = host_devices {
+            ensure_host_devices(count)?;
+        }
+        // One rank per named device (cuda:0,cuda:1: DDP over NCCL).
+        let options = LaunchOptions { comm: CommOptions::default().backend(args.backend), threads_per_rank: Some(1) };
+        let outcomes = run_on_devices(devices, &options, rank_main)?;
+        return Ok(outcomes.into_iter().next().unwrap_or_default());
+    }
     if args.devices == 1 {
         return train(&args, None);
     }
@@ -525,12 +576,6 @@ pub(crate) fn run(cli: Vec<String>) -> AnyResult<Outcome> {
     ensure_host_devices(args.devices)?;
     let threads = (std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) / args.devices).max(1);
     let options = LaunchOptions { threads_per_rank: Some(threads), ..LaunchOptions::default() };
-    let rank_main = |comm| {
-        train(&args, Some(comm)).map_err(|e| match e.downcast::<ParallelError>() {
-            Ok(parallel) => *parallel,
-            Err(other) => ParallelError::invalid("train_digits", other.to_string()),
-        })
-    };
     let outcomes = if args.memory_limit.is_some() {
         let devices: Vec<Device> = (1..=args.devices).map(Device::cpu).collect();
         run_on_devices(&devices, &options, rank_main)?

@@ -15,7 +15,7 @@ use crate::deadline::Deadline;
 use crate::error::{ParallelError, Result};
 use crate::health::{Abort, Health};
 use crate::work::{Completion, Work};
-use brasa_tensor::{Device, SharedError, Tensor};
+use brasa_tensor::{Device, Event, SharedError, Stream, Tensor};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -30,6 +30,23 @@ use std::time::Duration;
 pub trait CollectiveEngine {
     /// Executes `op` to completion.
     fn run(&mut self, op: &Collective) -> Result<()>;
+
+    /// Whether the engine reads and writes CUDA device memory itself
+    /// (NCCL). Engines that do not (the default) get CUDA tensors staged
+    /// through host memory by the communicator.
+    fn reads_device_memory(&self) -> bool {
+        false
+    }
+
+    /// Executes `op` to completion once `ready` has passed: an event
+    /// recorded on the submitting thread's current stream when the engine
+    /// [reads device memory](CollectiveEngine::reads_device_memory), so
+    /// that the collective sees the kernels that produced its inputs.
+    /// Engines that move host bytes ignore it.
+    fn run_after(&mut self, op: &Collective, ready: Option<&Event>) -> Result<()> {
+        let _ = ready;
+        self.run(op)
+    }
 }
 
 /// The environment variable that sets [`CommOptions::default`]'s timeout,
@@ -38,6 +55,18 @@ pub const COMM_TIMEOUT_ENV: &str = "BRASA_COMM_TIMEOUT_S";
 
 /// The default timeout when [`COMM_TIMEOUT_ENV`] is not set: 300 s.
 pub const DEFAULT_COMM_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Which engine a group of ranks in one process uses
+/// ([`CommOptions::backend`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CommBackend {
+    /// Threads exchanging through shared host memory; CUDA tensors are
+    /// staged through pinned host buffers. Works on every device kind.
+    #[default]
+    InProcess,
+    /// NCCL between CUDA devices (feature `cuda`).
+    Nccl,
+}
 
 /// Settings of a communicator.
 #[derive(Clone, Debug)]
@@ -53,6 +82,8 @@ pub struct CommOptions {
     /// Why `BRASA_COMM_TIMEOUT_S` could not be used, when it could not:
     /// reported by every communicator started with these options.
     pub(crate) env_error: Option<String>,
+    /// The engine of groups started in one process ([`CommOptions::backend`]).
+    pub(crate) backend: CommBackend,
 }
 
 impl Default for CommOptions {
@@ -65,7 +96,11 @@ impl Default for CommOptions {
     fn default() -> CommOptions {
         match CommOptions::from_env() {
             Ok(options) => options,
-            Err(error) => CommOptions { timeout: DEFAULT_COMM_TIMEOUT, env_error: Some(error.to_string()) },
+            Err(error) => CommOptions {
+                timeout: DEFAULT_COMM_TIMEOUT,
+                env_error: Some(error.to_string()),
+                backend: CommBackend::default(),
+            },
         }
     }
 }
@@ -95,7 +130,7 @@ impl CommOptions {
                 )
             })?,
         };
-        Ok(CommOptions { timeout, env_error: None })
+        Ok(CommOptions { timeout, env_error: None, backend: CommBackend::default() })
     }
 
     /// These options with `timeout` (this wins over `BRASA_COMM_TIMEOUT_S`,
@@ -104,6 +139,22 @@ impl CommOptions {
         self.timeout = timeout;
         self.env_error = None;
         self
+    }
+
+    /// These options with `backend` as the engine of groups that
+    /// [`run_on_devices`](crate::run_on_devices),
+    /// [`DataParallel`](crate::DataParallel) and
+    /// [`group_on_devices`](crate::group_on_devices) start in one process
+    /// (PyTorch's `init_process_group(backend=...)`). Default:
+    /// [`CommBackend::InProcess`].
+    pub fn backend(mut self, backend: CommBackend) -> CommOptions {
+        self.backend = backend;
+        self
+    }
+
+    /// The engine of groups started in one process.
+    pub fn engine(&self) -> CommBackend {
+        self.backend
     }
 
     /// Whether a communicator can start with these options: the
@@ -137,7 +188,9 @@ pub struct RankInfo {
     pub backend: &'static str,
 }
 
-type Job = (Collective, Arc<Completion>);
+/// An operation, the event its inputs are ready at (device-memory
+/// engines), and where its result goes.
+type Job = (Collective, Option<Event>, Arc<Completion>);
 
 struct Inner {
     info: RankInfo,
@@ -145,6 +198,8 @@ struct Inner {
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     worker: Mutex<Option<JoinHandle<()>>>,
     health: Arc<Health>,
+    /// The engine reads CUDA memory itself: no staging, a ready event instead.
+    device_native: bool,
 }
 
 /// One rank's handle on a process group. Cheap to clone (all clones share
@@ -182,7 +237,7 @@ impl Communicator {
     ) -> Result<Communicator> {
         options.check()?;
         let (jobs, queue) = mpsc::channel::<Job>();
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<bool>>();
         let health = Arc::new(Health::new(info.rank, abort));
         let worker_health = Arc::clone(&health);
         let (rank, backend_name) = (info.rank, info.backend);
@@ -191,7 +246,7 @@ impl Communicator {
             .spawn(move || {
                 let mut backend = match make_backend() {
                     Ok(backend) => {
-                        let _ = ready_tx.send(Ok(()));
+                        let _ = ready_tx.send(Ok(backend.reads_device_memory()));
                         backend
                     }
                     Err(error) => {
@@ -199,10 +254,10 @@ impl Communicator {
                         return;
                     }
                 };
-                while let Ok((op, completion)) = queue.recv() {
+                while let Ok((op, ready, completion)) = queue.recv() {
                     let result = worker_health.check().and_then(|()| {
                         let _range = brasa_profile::record_function(range_name(&op));
-                        backend.run(&op)
+                        backend.run_after(&op, ready.as_ref())
                     });
                     if let Err(error) = &result {
                         if !matches!(error, ParallelError::Broken { .. }) {
@@ -222,8 +277,8 @@ impl Communicator {
                 what: "the worker thread".into(),
                 source: SharedError::new(e),
             })?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
+        let device_native = match ready_rx.recv() {
+            Ok(Ok(device_native)) => device_native,
             Ok(Err(error)) => {
                 let _ = worker.join();
                 return Err(error);
@@ -232,7 +287,7 @@ impl Communicator {
                 let _ = worker.join();
                 return Err(ParallelError::invalid("Communicator::start", "the backend's worker thread panicked"));
             }
-        }
+        };
         Ok(Communicator {
             inner: Arc::new(Inner {
                 info,
@@ -240,6 +295,7 @@ impl Communicator {
                 jobs: Mutex::new(Some(jobs)),
                 worker: Mutex::new(Some(worker)),
                 health,
+                device_native,
             }),
         })
     }
@@ -289,8 +345,19 @@ impl Communicator {
         if let Err(error) = self.check_submission(&op) {
             return Work::finished(Err(error), health, name, rank);
         }
-        // CUDA tensors: the engines move host bytes (see staging.rs).
-        let (op, staged) = if crate::staging::needs_staging(&op) {
+        // CUDA tensors: an engine that reads device memory orders the
+        // collective after this thread's work with an event; the others
+        // move host bytes (see staging.rs).
+        let mut ready = None;
+        if self.inner.device_native {
+            if let Device::Cuda(_) = self.device() {
+                match Stream::current(self.device()).record_event(false) {
+                    Ok(event) => ready = Some(event),
+                    Err(error) => return Work::finished(Err(error.into()), health, name, rank),
+                }
+            }
+        }
+        let (op, staged) = if !self.inner.device_native && crate::staging::needs_staging(&op) {
             match crate::staging::stage(&op) {
                 Ok(staged) => {
                     let op = staged.op.clone();
@@ -303,7 +370,7 @@ impl Communicator {
         };
         let completion = Arc::new(Completion::default());
         let sent = match &*self.inner.jobs.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(jobs) => jobs.send((op, Arc::clone(&completion))).is_ok(),
+            Some(jobs) => jobs.send((op, ready, Arc::clone(&completion))).is_ok(),
             None => false,
         };
         if !sent {

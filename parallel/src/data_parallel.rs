@@ -94,7 +94,6 @@ pub use chunks::chunk_sizes;
 
 use crate::communicator::CommOptions;
 use crate::error::{ParallelError, Result};
-use crate::in_process::in_process_group;
 use crate::sharding::layout::FlatLayout;
 use brasa_autograd::Var;
 use brasa_nn::optim::Optimizer;
@@ -204,7 +203,7 @@ impl<M: Module, O: Optimizer> DataParallel<M, O> {
             return Err(ParallelError::invalid(OP, "threads_per_device must be at least 1"));
         }
         // Checks the devices (distinct host devices) before anything is built.
-        let comms = in_process_group(devices, &config.comm)?;
+        let comms = crate::launch::group_on_devices(devices, &config.comm)?;
         let world = devices.len();
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let threads = config.threads_per_device.unwrap_or((cores / world).max(1));

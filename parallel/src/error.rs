@@ -158,6 +158,19 @@ pub enum ParallelError {
         /// The MPI error code, when an MPI call returned one.
         code: Option<i32>,
     },
+    /// The NCCL library reported an error (or could not be used).
+    #[error("rank {rank}: NCCL: {call} failed: {message}")]
+    Nccl {
+        /// This rank.
+        rank: usize,
+        /// The NCCL call (`ncclAllReduce`, `ncclCommInitRank`).
+        call: &'static str,
+        /// What NCCL said: its error string and, where it keeps one, the
+        /// communicator's last error message.
+        message: String,
+        /// NCCL's `ncclResult_t` code (0 when the failure was not a call's).
+        code: i32,
+    },
     /// Parameters that got no gradient in a data-parallel backward; their
     /// all-reduce would never start. Named by their paths in the module.
     #[error(

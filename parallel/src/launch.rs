@@ -3,7 +3,7 @@
 //! communicator the process was launched with (MPI's world under `mpirun`,
 //! else a single rank), so one program runs alone or distributed unchanged.
 
-use crate::communicator::{CommOptions, Communicator};
+use crate::communicator::{CommBackend, CommOptions, Communicator};
 use crate::error::{ParallelError, Result};
 use crate::in_process::in_process_group;
 use brasa_tensor::{host_device_count, planned_host_device_count, set_host_device_count, Device, SharedError};
@@ -44,6 +44,22 @@ pub fn ensure_host_devices(world: usize) -> Result<()> {
     Ok(())
 }
 
+/// Communicators for a group of one rank per device in `devices`, on the
+/// engine `options` name ([`CommOptions::backend`]): the in-process engine
+/// ([`in_process_group`]) or NCCL (`nccl_group`, feature `cuda`).
+pub fn group_on_devices(devices: &[Device], options: &CommOptions) -> Result<Vec<Communicator>> {
+    match options.engine() {
+        CommBackend::InProcess => in_process_group(devices, options),
+        #[cfg(feature = "cuda")]
+        CommBackend::Nccl => crate::nccl::nccl_group(devices, options),
+        #[cfg(not(feature = "cuda"))]
+        CommBackend::Nccl => Err(ParallelError::invalid(
+            "group_on_devices",
+            "CommBackend::Nccl needs brasa-parallel's `cuda` feature (or brasa's); rebuild with --features cuda",
+        )),
+    }
+}
+
 /// Runs `rank_main` once per rank, `world` ranks, each on its own thread,
 /// logical host device `Device::Cpu(rank)` and rayon pool, and returns
 /// their results in rank order. A rank that fails or panics leaves the
@@ -68,7 +84,7 @@ where
     F: Fn(Communicator) -> Result<T> + Sync,
 {
     let world = devices.len();
-    let comms = in_process_group(devices, &options.comm)?;
+    let comms = group_on_devices(devices, &options.comm)?;
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let threads = options.threads_per_rank.unwrap_or((cores / world).max(1));
     let outcomes: Vec<std::thread::Result<Result<T>>> = std::thread::scope(|scope| {

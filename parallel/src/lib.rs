@@ -95,6 +95,8 @@ mod launch;
 mod memory;
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 pub mod pipeline;
 mod plan;
 mod sharding;
@@ -104,7 +106,9 @@ mod work;
 #[cfg(feature = "mpi")]
 pub use self::mpi::abort_job_on_panic;
 pub use collective::{Collective, ReduceOp, Signature};
-pub use communicator::{CollectiveEngine, CommOptions, Communicator, RankInfo, COMM_TIMEOUT_ENV, DEFAULT_COMM_TIMEOUT};
+pub use communicator::{
+    CollectiveEngine, CommBackend, CommOptions, Communicator, RankInfo, COMM_TIMEOUT_ENV, DEFAULT_COMM_TIMEOUT,
+};
 pub use data_parallel::{chunk_sizes, DataParallel, DataParallelConfig, LossReduction};
 pub use ddp::{
     assign_buckets, Compression, DdpConfig, DdpStats, DistributedDataParallel, NoSync, ZeroStage, BUCKET_CAP_BYTES,
@@ -113,7 +117,10 @@ pub use ddp::{
 pub use error::{ParallelError, Result};
 pub use health::Abort;
 pub use in_process::in_process_group;
-pub use launch::{ensure_host_devices, init_from_env, launched_by_mpi, run_in_process, run_on_devices, LaunchOptions};
+pub use launch::{
+    ensure_host_devices, group_on_devices, init_from_env, launched_by_mpi, run_in_process, run_on_devices,
+    LaunchOptions,
+};
 pub use memory::MemoryBreakdown;
 pub use pipeline::{Partition, Pipeline, PipelineConfig, PipelineReport, Schedule};
 pub use plan::plan_in_process;

@@ -160,6 +160,21 @@ pub enum TensorError {
         #[source]
         source: SharedError,
     },
+    /// A shared library (cuDNN, ...) that was looked for and not found or
+    /// not loadable: what it is, every place searched (with why each
+    /// failed), and the environment variable that points brasa at it.
+    #[error(
+        "{library} could not be loaded; searched: {}; set {env_var} to the library file or its directory",
+        searched.join("; ")
+    )]
+    LibraryNotFound {
+        /// The library (`cuDNN`).
+        library: String,
+        /// Each place tried, with the loader's reason.
+        searched: Vec<String>,
+        /// The environment variable naming the library's file or directory.
+        env_var: String,
+    },
     /// Any other invalid argument.
     #[error("{op}: {message}")]
     Invalid {

@@ -37,6 +37,11 @@
 
 mod backend;
 pub(crate) mod construct;
+#[cfg(feature = "cuda")]
+pub mod cuda_interop;
+#[cfg(feature = "cuda")]
+pub mod cuda_library;
+pub mod cudnn;
 mod default_generator;
 mod device;
 mod dispatch;

@@ -185,7 +185,11 @@ impl PipelineConfig {
     /// The timeout, checked as a communicator's: an error for an invalid
     /// `BRASA_COMM_TIMEOUT_S` left in place or a timeout of zero.
     pub(crate) fn checked_timeout(&self) -> crate::error::Result<Duration> {
-        let comm = crate::communicator::CommOptions { timeout: self.timeout, env_error: self.env_error.clone() };
+        let comm = crate::communicator::CommOptions {
+            timeout: self.timeout,
+            env_error: self.env_error.clone(),
+            backend: Default::default(),
+        };
         comm.check()?;
         Ok(self.timeout)
     }

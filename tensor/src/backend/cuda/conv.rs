@@ -1,4 +1,6 @@
-//! Convolutions on CUDA: `im2col` and `col2im` kernels around cuBLAS
+//! Convolutions on CUDA: on cuDNN when it is loaded and enabled (see
+//! `cudnn`, which answers `None` when it does not take a convolution), and
+//! otherwise `im2col` and `col2im` kernels around cuBLAS
 //! products (through [`Tensor::matmul`], so the transposes are cuBLAS
 //! flags), one group at a time and the whole batch per product:
 //!
@@ -11,6 +13,7 @@
 //! whole batch is allocated at once from the device's caching allocator (a
 //! wide padding makes it large; an out-of-memory is the usual error).
 
+use super::cudnn;
 use super::elementwise::finish;
 use super::{address, grid_for, output_address, suffix, CudaOps};
 use crate::backend::ConvPlan;
@@ -144,6 +147,12 @@ pub(super) fn conv2d(
     plan: &ConvPlan,
 ) -> Result<Tensor> {
     const OP: &str = "conv2d";
+    if let Some(out) = cudnn::conv2d(backend, input, weight, plan)? {
+        if let Some(bias) = bias {
+            out.add_(&bias.reshape(&dims(&[1, plan.c_out, 1, 1]))?)?;
+        }
+        return Ok(out);
+    }
     let (cog, k, p) = (plan.c_out_group(), plan.geometry.col_rows(), plan.geometry.col_cols());
     let (oh, ow) = plan.geometry.output();
     let w = weight.contiguous()?.reshape(&dims(&[plan.c_out, k]))?;
@@ -167,6 +176,9 @@ pub(super) fn conv2d_backward_input(
     plan: &ConvPlan,
 ) -> Result<Tensor> {
     const OP: &str = "conv2d_backward_input";
+    if let Some(dx) = cudnn::conv2d_backward_input(backend, grad, weight, plan)? {
+        return Ok(dx);
+    }
     let (cog, k, p) = (plan.c_out_group(), plan.geometry.col_rows(), plan.geometry.col_cols());
     let w = weight.contiguous()?.reshape(&dims(&[plan.c_out, k]))?;
     let dy = grad.contiguous()?.reshape(&dims(&[plan.batch, plan.c_out, p]))?;
@@ -187,6 +199,9 @@ pub(super) fn conv2d_backward_weight(
     plan: &ConvPlan,
 ) -> Result<Tensor> {
     const OP: &str = "conv2d_backward_weight";
+    if let Some(dw) = cudnn::conv2d_backward_weight(backend, input, grad, plan)? {
+        return Ok(dw);
+    }
     let (cog, k, p) = (plan.c_out_group(), plan.geometry.col_rows(), plan.geometry.col_cols());
     let dy = grad.contiguous()?.reshape(&dims(&[plan.batch, plan.c_out, p]))?;
     let mut parts = Vec::with_capacity(plan.groups);

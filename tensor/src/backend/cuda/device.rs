@@ -92,7 +92,7 @@ pub(crate) fn unsupported(op: &'static str) -> TensorError {
 }
 
 /// Makes CUDA device `index`'s context current on this thread.
-pub(super) fn bind(index: usize) -> Result<()> {
+pub(crate) fn bind(index: usize) -> Result<()> {
     allocator(index)?
         .backend()
         .context()

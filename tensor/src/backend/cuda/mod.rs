@@ -24,6 +24,7 @@ mod attention;
 mod batch_norm;
 mod conv;
 mod copy;
+mod cudnn;
 pub(crate) mod device;
 mod elementwise;
 mod index;
@@ -39,6 +40,9 @@ mod strided;
 mod timing;
 mod update;
 
+pub(crate) use cudnn::{
+    cached_algorithm_count as cudnn_cached_algorithm_count, load_error as cudnn_load_error, version as cudnn_version,
+};
 pub(crate) use device::unsupported;
 pub(crate) use runtime::CudaRuntime;
 

@@ -1,0 +1,94 @@
+//! `nccl.*` (feature `cuda`, a GPU and NCCL present): brasa's NCCL engine
+//! next to PyTorch's `torch.distributed` on NCCL, on the same GPU, rounds
+//! interleaved (brasa, PyTorch, ...; medians).
+//!
+//! - `nccl.allreduce_us`, `nccl.allreduce_vs_torch`: one all-reduce of 64 MiB
+//!   of f32 in microseconds, over a loop of asynchronous submissions
+//!   (`all_reduce_async`, the way DDP's buckets go) waited for at the end,
+//!   and brasa's time ÷ PyTorch's (lower is better; target ≤ 1.05).
+//! - `nccl.allreduce_1mib_us`, `nccl.allreduce_1mib_vs_torch`: the same
+//!   with 1 MiB, where per-collective overheads show.
+//!
+//! The world is one rank on `cuda:0` in both (a one-GPU machine whose NCCL
+//! is older than 2.30 allows no more). PyTorch's side is
+//! `bench/peers/torch_cuda.py --bench allreduce_{1,64}mib`. Without a GPU
+//! or NCCL the group prints one line and no figure.
+
+use crate::cuda_figures::torch_value;
+use crate::measure::{median, Better, Figure, Options};
+use brasa_parallel::nccl::{nccl_group, nccl_library_path, nccl_version};
+use brasa_parallel::{CommOptions, Communicator, ReduceOp, Result, Work};
+use brasa_tensor::{cuda_device_count, synchronize, DType, Device, Tensor};
+use std::time::Instant;
+
+const GPU: Device = Device::cuda(0);
+
+/// Parent side: the figures, or one line saying why there are none.
+pub fn run(options: &Options) -> Vec<Figure> {
+    if cuda_device_count() == 0 {
+        eprintln!("nccl: no CUDA device (or no driver): the nccl.* figures are left out");
+        return Vec::new();
+    }
+    let version = match nccl_version() {
+        Ok(version) => version,
+        Err(e) => {
+            eprintln!("nccl: {e}: the nccl.* figures are left out");
+            return Vec::new();
+        }
+    };
+    let path = nccl_library_path().map(|p| p.display().to_string()).unwrap_or_default();
+    eprintln!("nccl: NCCL {}.{}.{} from {path}, world 1 on {GPU}", version.0, version.1, version.2);
+    let comm = match nccl_group(&[GPU], &CommOptions::default()) {
+        Ok(mut comms) => comms.remove(0),
+        Err(e) => {
+            eprintln!("nccl: starting a communicator: {e}");
+            return Vec::new();
+        }
+    };
+    let python = crate::measure::torch_python();
+    let rounds = options.reps(3, 1);
+    let mut figures = Vec::new();
+    for (mib, iters, value_name, ratio_name) in [
+        (64, 50, "nccl.allreduce_us", "nccl.allreduce_vs_torch"),
+        (1, 200, "nccl.allreduce_1mib_us", "nccl.allreduce_1mib_vs_torch"),
+    ] {
+        if !options.wants(value_name) && !options.wants(ratio_name) {
+            continue;
+        }
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            match all_reduce_us(&comm, mib, iters) {
+                Ok(us) => ours.push(us),
+                Err(e) => eprintln!("nccl: all-reduce of {mib} MiB: {e}"),
+            }
+            if let Some(us) = torch_value(&python, &format!("allreduce_{mib}mib")) {
+                theirs.push(us);
+            }
+        }
+        if ours.is_empty() {
+            continue;
+        }
+        let a = median(&mut ours);
+        figures.push(Figure::new(value_name, a, "us", Better::Lower));
+        if !theirs.is_empty() {
+            figures.push(Figure::new(ratio_name, a / median(&mut theirs), "x", Better::Lower));
+        }
+    }
+    figures
+}
+
+/// Microseconds per all-reduce of `mib` MiB over `iters` submissions.
+fn all_reduce_us(comm: &Communicator, mib: usize, iters: usize) -> Result<f64> {
+    let x = Tensor::ones_on([mib << 18], DType::F32, GPU)?;
+    for _ in 0..10 {
+        comm.all_reduce(&x, ReduceOp::Sum)?;
+    }
+    synchronize(GPU)?;
+    let started = Instant::now();
+    let pending: Vec<Work> = (0..iters).map(|_| comm.all_reduce_async(&x, ReduceOp::Sum)).collect();
+    for work in pending {
+        work.wait()?;
+    }
+    synchronize(GPU)?;
+    Ok(started.elapsed().as_secs_f64() * 1e6 / iters as f64)
+}

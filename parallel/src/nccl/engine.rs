@@ -1,0 +1,338 @@
+//! One rank's NCCL communicator behind the [`CollectiveEngine`] interface.
+//!
+//! Each collective is queued on the engine's own CUDA stream (the
+//! communication stream) after the event the submitting thread recorded
+//! on its current stream, so it reads what the kernels before it wrote and
+//! runs beside the kernels after it. The worker thread then polls the
+//! stream's completion event and NCCL's asynchronous error until the
+//! collective is done, the communicator fails, or the timeout passes (the
+//! communicator is then aborted, as PyTorch's watchdog does); the tensors
+//! the collective uses are held until then, so the caching allocator
+//! cannot hand their memory to anyone else while NCCL reads it.
+
+use super::library::{data_type, reduction, Nccl, RawComm, IN_PROGRESS, SUCCESS};
+use crate::collective::Collective;
+use crate::communicator::CollectiveEngine;
+use crate::deadline::Deadline;
+use crate::error::{ParallelError, Result};
+use crate::health::Abort;
+use brasa_tensor::{cuda_interop, DType, Device, Event, Stream, Tensor};
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A communicator handle that is destroyed once: by the engine when it is
+/// dropped, or aborted (from any thread) after a failure.
+pub(crate) struct CommHandle {
+    nccl: &'static Nccl,
+    rank: usize,
+    /// `None` once destroyed or aborted.
+    raw: Mutex<Option<SendComm>>,
+}
+
+/// `ncclComm_t` moved between threads: NCCL allows a communicator to be
+/// used from any thread, one at a time, and aborted from another.
+#[derive(Clone, Copy)]
+struct SendComm(RawComm);
+// SAFETY: see the type's comment.
+unsafe impl Send for SendComm {}
+
+impl CommHandle {
+    pub(crate) fn new(nccl: &'static Nccl, rank: usize, raw: RawComm) -> CommHandle {
+        CommHandle { nccl, rank, raw: Mutex::new(Some(SendComm(raw))) }
+    }
+
+    /// The live handle, or the error of a communicator already aborted.
+    fn get(&self, op: &'static str) -> Result<RawComm> {
+        match *self.raw.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(SendComm(raw)) => Ok(raw),
+            None => Err(ParallelError::Broken {
+                rank: self.rank,
+                cause: format!("{op}: the NCCL communicator was aborted"),
+                source: None,
+            }),
+        }
+    }
+
+    /// Aborts the communicator (its pending work is dropped) if it is still live.
+    fn abort_now(&self) {
+        if let Some(SendComm(raw)) = self.raw.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            // SAFETY: `raw` is a live communicator, taken out so no one
+            // uses it after this; ncclCommAbort may run while another
+            // thread is inside a call on it (that call then fails).
+            unsafe { (self.nccl.comm_abort)(raw) };
+        }
+    }
+
+    /// The device memory NCCL holds for this communicator, where the
+    /// library can say.
+    pub(crate) fn memory(&self) -> Option<u64> {
+        let raw = (*self.raw.lock().unwrap_or_else(|e| e.into_inner()))?;
+        self.nccl.memory_of(raw.0)
+    }
+}
+
+impl Drop for CommHandle {
+    fn drop(&mut self) {
+        if let Some(SendComm(raw)) = self.raw.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            // SAFETY: the last owner of a live communicator; the engine
+            // waited for every collective it queued.
+            unsafe { (self.nccl.comm_destroy)(raw) };
+        }
+    }
+}
+
+impl Abort for CommHandle {
+    fn abort(&self, _reason: &str, _after_failure: bool) {
+        // NCCL tells the peers nothing itself: their collectives fail at
+        // their own timeouts (or with NCCL's remote error).
+        self.abort_now();
+    }
+}
+
+/// The engine of one rank.
+pub(crate) struct NcclEngine {
+    pub(crate) nccl: &'static Nccl,
+    pub(crate) comm: Arc<CommHandle>,
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    pub(crate) device: Device,
+    pub(crate) timeout: Duration,
+    /// The communication stream, made on the worker thread.
+    pub(crate) stream: Option<Stream>,
+    /// Compare signatures with the peers before each collective.
+    pub(crate) check_signatures: bool,
+}
+
+/// Encodes what ranks must agree on in five integers.
+fn signature_words(op: &Collective) -> [i64; 5] {
+    let s = op.signature();
+    let op_code = match s.op {
+        "all_reduce" => 1,
+        "broadcast" => 2,
+        "all_gather" => 3,
+        "reduce_scatter" => 4,
+        "send" => 5,
+        "recv" => 6,
+        _ => 7,
+    };
+    let dtype = s.dtype.map_or(-1, |d| DType::ALL.iter().position(|x| *x == d).map_or(-2, |p| p as i64));
+    let reduce = s.reduce.map_or(-1, |r| i64::from(reduction(r)));
+    let root = s.root.map_or(-1, |r| r as i64);
+    [op_code, dtype, s.numel as i64, reduce, root]
+}
+
+impl NcclEngine {
+    fn stream(&mut self) -> Result<Stream> {
+        if let Some(stream) = self.stream {
+            return Ok(stream);
+        }
+        let stream = Stream::new(self.device)?;
+        self.stream = Some(stream);
+        Ok(stream)
+    }
+
+    /// Waits for `done` while watching NCCL's asynchronous error and the
+    /// deadline; aborts the communicator on either failure.
+    fn wait_done(&self, op: &'static str, done: &Event, deadline: Deadline) -> Result<()> {
+        let started = Instant::now();
+        loop {
+            if done.query() {
+                return Ok(());
+            }
+            let comm = self.comm.get(op)?;
+            let mut state = SUCCESS;
+            // SAFETY: `comm` is live; `state` is a valid out-pointer.
+            let code = unsafe { (self.nccl.comm_get_async_error)(comm, &mut state) };
+            self.nccl.check(self.rank, "ncclCommGetAsyncError", code, Some(comm))?;
+            if state != SUCCESS && state != IN_PROGRESS {
+                let error = self.nccl.error(self.rank, op_call(op), state, Some(comm));
+                self.comm.abort_now();
+                return Err(error);
+            }
+            if deadline.passed() {
+                self.comm.abort_now();
+                return Err(ParallelError::Timeout { op, rank: self.rank, timeout: self.timeout, waiting_for: vec![] });
+            }
+            // Spin briefly (collectives of a few hundred microseconds
+            // are common), then yield the core.
+            if started.elapsed() < Duration::from_micros(200) {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    }
+
+    /// Exchanges `op`'s signature with every rank (an all-gather of five
+    /// integers) and names the first rank that disagrees.
+    fn check_signature(&mut self, op: &Collective, deadline: Deadline) -> Result<()> {
+        let stream = self.stream()?;
+        let ours = signature_words(op);
+        let words = ours.len();
+        let mine = {
+            let _on = stream.make_current();
+            Tensor::from_vec_on(ours.to_vec(), [words], self.device)?
+        };
+        let all = {
+            let _on = stream.make_current();
+            Tensor::zeros_on([words * self.world], DType::I64, self.device)?
+        };
+        self.enqueue(&Collective::AllGather { input: mine, output: all.clone() }, &stream, deadline)?;
+        let gathered: Vec<i64> = {
+            let _on = stream.make_current();
+            all.to_vec()?
+        };
+        for (peer, theirs) in gathered.chunks(words).enumerate() {
+            if theirs != ours {
+                return Err(ParallelError::Mismatch {
+                    op: op.name(),
+                    rank: self.rank,
+                    ours: op.signature().to_string(),
+                    peer,
+                    theirs: describe(theirs),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues `op` on `stream` and waits for it.
+    fn enqueue(&mut self, op: &Collective, stream: &Stream, deadline: Deadline) -> Result<()> {
+        let name = op.name();
+        let comm = self.comm.get(name)?;
+        let raw_stream = cuda_interop::cuda_stream(stream)? as *mut c_void;
+        let nccl = self.nccl;
+        let ptr = |t: &Tensor| -> Result<*mut c_void> { Ok(cuda_interop::data_ptr(t)? as usize as *mut c_void) };
+        // SAFETY: every call below gets pointers to live, contiguous device
+        // tensors of at least the counts given (validated by
+        // `Collective::validate` before submission and held by `op` until
+        // the collective completes); the stream and communicator belong to
+        // this rank's device, whose context is current.
+        let code = unsafe {
+            match op {
+                Collective::AllReduce { tensor, op } => (nccl.all_reduce)(
+                    ptr(tensor)?,
+                    ptr(tensor)?,
+                    tensor.numel(),
+                    data_type(tensor.dtype()),
+                    reduction(*op),
+                    comm,
+                    raw_stream,
+                ),
+                Collective::Broadcast { tensor, root } => (nccl.broadcast)(
+                    ptr(tensor)?,
+                    ptr(tensor)?,
+                    tensor.numel(),
+                    data_type(tensor.dtype()),
+                    *root as i32,
+                    comm,
+                    raw_stream,
+                ),
+                Collective::AllGather { input, output } => (nccl.all_gather)(
+                    ptr(input)?,
+                    ptr(output)?,
+                    input.numel(),
+                    data_type(input.dtype()),
+                    comm,
+                    raw_stream,
+                ),
+                Collective::ReduceScatter { input, output, op } => (nccl.reduce_scatter)(
+                    ptr(input)?,
+                    ptr(output)?,
+                    output.numel(),
+                    data_type(output.dtype()),
+                    reduction(*op),
+                    comm,
+                    raw_stream,
+                ),
+                Collective::Send { tensor, peer } => {
+                    (nccl.send)(ptr(tensor)?, tensor.numel(), data_type(tensor.dtype()), *peer as i32, comm, raw_stream)
+                }
+                Collective::Recv { tensor, peer } => {
+                    (nccl.recv)(ptr(tensor)?, tensor.numel(), data_type(tensor.dtype()), *peer as i32, comm, raw_stream)
+                }
+                Collective::Barrier => {
+                    // An all-reduce of one element on the communication stream.
+                    let one = {
+                        let _on = stream.make_current();
+                        Tensor::zeros_on([1], DType::F32, self.device)?
+                    };
+                    let address = ptr(&one)?;
+                    let code = (nccl.all_reduce)(address, address, 1, data_type(DType::F32), 0, comm, raw_stream);
+                    if code == SUCCESS {
+                        let done = stream.record_event(false)?;
+                        self.wait_done(name, &done, deadline)?;
+                    }
+                    drop(one);
+                    return nccl.check(self.rank, "ncclAllReduce", code, Some(comm));
+                }
+            }
+        };
+        if code != SUCCESS && code != IN_PROGRESS {
+            return Err(nccl.error(self.rank, op_call(name), code, Some(comm)));
+        }
+        let done = stream.record_event(false)?;
+        self.wait_done(name, &done, deadline)
+    }
+}
+
+/// The NCCL function behind a collective's name, for error messages.
+fn op_call(op: &'static str) -> &'static str {
+    match op {
+        "all_reduce" | "barrier" => "ncclAllReduce",
+        "broadcast" => "ncclBroadcast",
+        "all_gather" => "ncclAllGather",
+        "reduce_scatter" => "ncclReduceScatter",
+        "send" => "ncclSend",
+        "recv" => "ncclRecv",
+        _ => "an NCCL collective",
+    }
+}
+
+/// A peer's signature words in words.
+fn describe(words: &[i64]) -> String {
+    let op = match words.first() {
+        Some(1) => "all_reduce",
+        Some(2) => "broadcast",
+        Some(3) => "all_gather",
+        Some(4) => "reduce_scatter",
+        Some(5) => "send",
+        Some(6) => "recv",
+        _ => "barrier",
+    };
+    let dtype = words
+        .get(1)
+        .and_then(|&d| usize::try_from(d).ok())
+        .and_then(|d| DType::ALL.get(d))
+        .map_or_else(String::new, |d| format!(" of {} {d} elements", words.get(2).copied().unwrap_or(0)));
+    let root = match words.get(4) {
+        Some(&r) if r >= 0 => format!(" from root {r}"),
+        _ => String::new(),
+    };
+    format!("{op}{dtype}{root}")
+}
+
+impl CollectiveEngine for NcclEngine {
+    fn run(&mut self, op: &Collective) -> Result<()> {
+        self.run_after(op, None)
+    }
+
+    fn reads_device_memory(&self) -> bool {
+        true
+    }
+
+    fn run_after(&mut self, op: &Collective, ready: Option<&Event>) -> Result<()> {
+        let deadline = Deadline::after(self.timeout);
+        cuda_interop::bind_context(self.device)?;
+        let stream = self.stream()?;
+        if let Some(ready) = ready {
+            stream.wait_event(ready)?;
+        }
+        let point_to_point = matches!(op, Collective::Send { .. } | Collective::Recv { .. });
+        if self.check_signatures && self.world > 1 && !point_to_point {
+            self.check_signature(op, deadline)?;
+        }
+        self.enqueue(op, &stream, deadline)
+    }
+}
