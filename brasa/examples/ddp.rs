@@ -6,7 +6,12 @@
 //! cargo run --release --example ddp                                  # one rank
 //! cargo build --release --features mpi --example ddp
 //! mpirun -np 2 target/release/examples/ddp                           # two ranks
+//! cargo build --release --features mpi,cuda --example ddp
+//! mpirun -np 2 target/release/examples/ddp --device cuda             # two GPUs over NCCL
 //! ```
+//!
+//! With `--device cuda`, rank r trains on `cuda:(r mod GPUs)` and the ranks
+//! talk over NCCL, its id broadcast over MPI's world (`nccl_from`).
 //!
 //! Each rank trains the MLP of `train_digits` on its share of every global
 //! batch of the bundled digits; gradients are averaged across ranks during
@@ -27,7 +32,12 @@ type AnyResult<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 fn main() -> AnyResult<()> {
     #[cfg(feature = "mpi")]
     brasa::parallel::abort_job_on_panic();
-    let comm = init_from_env(&CommOptions::default())?;
+    let world_comm = init_from_env(&CommOptions::default())?;
+    let comm = match std::env::args().skip(1).collect::<Vec<_>>().as_slice() {
+        [] => world_comm,
+        [flag, device] if flag == "--device" && device == "cuda" => on_gpus(&world_comm)?,
+        other => return Err(format!("unexpected arguments {other:?}; usage: ddp [--device cuda]").into()),
+    };
     let (rank, world, dev) = (comm.rank(), comm.world_size(), comm.device());
     manual_seed(0);
     let (train, test) = Digits::load()?.train_test()?;
@@ -83,4 +93,21 @@ fn main() -> AnyResult<()> {
     }
     comm.barrier()?;
     Ok(())
+}
+
+/// An NCCL communicator over the ranks of `world_comm`, rank r on
+/// `cuda:(r mod GPUs)`.
+#[cfg(feature = "cuda")]
+fn on_gpus(world_comm: &brasa::parallel::Communicator) -> AnyResult<brasa::parallel::Communicator> {
+    let gpus = brasa::tensor::cuda_device_count();
+    if gpus == 0 {
+        return Err("--device cuda: no CUDA device is visible".into());
+    }
+    let device = Device::cuda(world_comm.rank() % gpus);
+    Ok(brasa::parallel::nccl::nccl_from(world_comm, device, &CommOptions::default())?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn on_gpus(_world_comm: &brasa::parallel::Communicator) -> AnyResult<brasa::parallel::Communicator> {
+    Err("--device cuda needs the `cuda` feature: build with --features mpi,cuda".into())
 }

@@ -13,7 +13,7 @@
 //! | [`nn`] | `brasa-nn` | modules, layers, losses, optimizers, schedulers, data loading, state dicts |
 //! | [`amp`] | `brasa-amp` | autocast, the dynamic loss scaler, half-precision models with f32 norms |
 //! | [`profile`] | `brasa-profile` | op tables, Chrome traces, memory timelines |
-//! | [`parallel`] | `brasa-parallel` | communicators (in-process, Open MPI), DataParallel, DDP, ZeRO |
+//! | [`parallel`] | `brasa-parallel` | communicators (in-process, Open MPI, NCCL), DataParallel, DDP, ZeRO, FSDP |
 //!
 //! ```
 //! use brasa::prelude::*;

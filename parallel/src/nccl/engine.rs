@@ -18,16 +18,23 @@ use crate::error::{ParallelError, Result};
 use crate::health::Abort;
 use brasa_tensor::{cuda_interop, DType, Device, Event, Stream, Tensor};
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A communicator handle that is destroyed once: by the engine when it is
-/// dropped, or aborted (from any thread) after a failure.
+/// dropped, or aborted after a failure. Every NCCL call on it is made with
+/// its lock held, so an abort asked for from another thread (a `Work`
+/// that timed out, a dropped communicator) never frees the communicator
+/// under a call: it runs at once when no call is in progress, else right
+/// after the call returns.
 pub(crate) struct CommHandle {
     nccl: &'static Nccl,
     rank: usize,
     /// `None` once destroyed or aborted.
     raw: Mutex<Option<SendComm>>,
+    /// An abort was asked for while a call held the lock.
+    abort_requested: AtomicBool,
 }
 
 /// `ncclComm_t` moved between threads: NCCL allows a communicator to be
@@ -39,27 +46,36 @@ unsafe impl Send for SendComm {}
 
 impl CommHandle {
     pub(crate) fn new(nccl: &'static Nccl, rank: usize, raw: RawComm) -> CommHandle {
-        CommHandle { nccl, rank, raw: Mutex::new(Some(SendComm(raw))) }
+        CommHandle { nccl, rank, raw: Mutex::new(Some(SendComm(raw))), abort_requested: AtomicBool::new(false) }
     }
 
-    /// The live handle, or the error of a communicator already aborted.
-    fn get(&self, op: &'static str) -> Result<RawComm> {
-        match *self.raw.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(SendComm(raw)) => Ok(raw),
-            None => Err(ParallelError::Broken {
-                rank: self.rank,
-                cause: format!("{op}: the NCCL communicator was aborted"),
-                source: None,
-            }),
+    /// Runs `call` on the live handle with the lock held (then honours an
+    /// abort asked for meanwhile), or returns the error of a communicator
+    /// already aborted.
+    fn with<T>(&self, op: &'static str, call: impl FnOnce(RawComm) -> Result<T>) -> Result<T> {
+        let result = {
+            let guard = self.raw.lock().unwrap_or_else(|e| e.into_inner());
+            match *guard {
+                Some(SendComm(raw)) => call(raw),
+                None => Err(ParallelError::Broken {
+                    rank: self.rank,
+                    cause: format!("{op}: the NCCL communicator was aborted after an earlier failure"),
+                    source: None,
+                }),
+            }
+        };
+        if self.abort_requested.load(Ordering::Acquire) {
+            self.abort_now();
         }
+        result
     }
 
-    /// Aborts the communicator (its pending work is dropped) if it is still live.
+    /// Aborts the communicator (its pending device work is dropped) if it
+    /// is still live. Only called where no NCCL call on it is in progress.
     fn abort_now(&self) {
         if let Some(SendComm(raw)) = self.raw.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            // SAFETY: `raw` is a live communicator, taken out so no one
-            // uses it after this; ncclCommAbort may run while another
-            // thread is inside a call on it (that call then fails).
+            // SAFETY: `raw` is a live communicator, taken out under the lock
+            // that every call holds, so nothing uses it after this.
             unsafe { (self.nccl.comm_abort)(raw) };
         }
     }
@@ -86,7 +102,20 @@ impl Abort for CommHandle {
     fn abort(&self, _reason: &str, _after_failure: bool) {
         // NCCL tells the peers nothing itself: their collectives fail at
         // their own timeouts (or with NCCL's remote error).
-        self.abort_now();
+        self.abort_requested.store(true, Ordering::Release);
+        // Abort now unless a call holds the lock; that call's `with`
+        // aborts when it returns. A call that never returns (a blocking
+        // enqueue waiting for a peer that froze) leaves the communicator to
+        // the process's end rather than blocking here.
+        let taken = match self.raw.try_lock() {
+            Ok(mut guard) => guard.take(),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner().take(),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        if let Some(SendComm(raw)) = taken {
+            // SAFETY: taken out under the lock that every call holds.
+            unsafe { (self.nccl.comm_abort)(raw) };
+        }
     }
 }
 
@@ -140,13 +169,16 @@ impl NcclEngine {
             if done.query() {
                 return Ok(());
             }
-            let comm = self.comm.get(op)?;
-            let mut state = SUCCESS;
-            // SAFETY: `comm` is live; `state` is a valid out-pointer.
-            let code = unsafe { (self.nccl.comm_get_async_error)(comm, &mut state) };
-            self.nccl.check(self.rank, "ncclCommGetAsyncError", code, Some(comm))?;
-            if state != SUCCESS && state != IN_PROGRESS {
-                let error = self.nccl.error(self.rank, op_call(op), state, Some(comm));
+            let nccl = self.nccl;
+            let failed = self.comm.with(op, |comm| {
+                let mut state = SUCCESS;
+                // SAFETY: `comm` is live (the lock is held); `state` is a valid out-pointer.
+                let code = unsafe { (nccl.comm_get_async_error)(comm, &mut state) };
+                nccl.check(self.rank, "ncclCommGetAsyncError", code, Some(comm))?;
+                Ok((state != SUCCESS && state != IN_PROGRESS)
+                    .then(|| nccl.error(self.rank, op_call(op), state, Some(comm))))
+            })?;
+            if let Some(error) = failed {
                 self.comm.abort_now();
                 return Err(error);
             }
@@ -200,80 +232,94 @@ impl NcclEngine {
     /// Queues `op` on `stream` and waits for it.
     fn enqueue(&mut self, op: &Collective, stream: &Stream, deadline: Deadline) -> Result<()> {
         let name = op.name();
-        let comm = self.comm.get(name)?;
         let raw_stream = cuda_interop::cuda_stream(stream)? as *mut c_void;
         let nccl = self.nccl;
         let ptr = |t: &Tensor| -> Result<*mut c_void> { Ok(cuda_interop::data_ptr(t)? as usize as *mut c_void) };
-        // SAFETY: every call below gets pointers to live, contiguous device
-        // tensors of at least the counts given (validated by
-        // `Collective::validate` before submission and held by `op` until
-        // the collective completes); the stream and communicator belong to
-        // this rank's device, whose context is current.
-        let code = unsafe {
-            match op {
-                Collective::AllReduce { tensor, op } => (nccl.all_reduce)(
-                    ptr(tensor)?,
-                    ptr(tensor)?,
-                    tensor.numel(),
-                    data_type(tensor.dtype()),
-                    reduction(*op),
-                    comm,
-                    raw_stream,
-                ),
-                Collective::Broadcast { tensor, root } => (nccl.broadcast)(
-                    ptr(tensor)?,
-                    ptr(tensor)?,
-                    tensor.numel(),
-                    data_type(tensor.dtype()),
-                    *root as i32,
-                    comm,
-                    raw_stream,
-                ),
-                Collective::AllGather { input, output } => (nccl.all_gather)(
-                    ptr(input)?,
-                    ptr(output)?,
-                    input.numel(),
-                    data_type(input.dtype()),
-                    comm,
-                    raw_stream,
-                ),
-                Collective::ReduceScatter { input, output, op } => (nccl.reduce_scatter)(
-                    ptr(input)?,
-                    ptr(output)?,
-                    output.numel(),
-                    data_type(output.dtype()),
-                    reduction(*op),
-                    comm,
-                    raw_stream,
-                ),
-                Collective::Send { tensor, peer } => {
-                    (nccl.send)(ptr(tensor)?, tensor.numel(), data_type(tensor.dtype()), *peer as i32, comm, raw_stream)
-                }
-                Collective::Recv { tensor, peer } => {
-                    (nccl.recv)(ptr(tensor)?, tensor.numel(), data_type(tensor.dtype()), *peer as i32, comm, raw_stream)
-                }
-                Collective::Barrier => {
-                    // An all-reduce of one element on the communication stream.
-                    let one = {
-                        let _on = stream.make_current();
-                        Tensor::zeros_on([1], DType::F32, self.device)?
-                    };
-                    let address = ptr(&one)?;
-                    let code = (nccl.all_reduce)(address, address, 1, data_type(DType::F32), 0, comm, raw_stream);
-                    if code == SUCCESS {
-                        let done = stream.record_event(false)?;
-                        self.wait_done(name, &done, deadline)?;
-                    }
-                    drop(one);
-                    return nccl.check(self.rank, "ncclAllReduce", code, Some(comm));
-                }
+        // A barrier is an all-reduce of one element, made on the
+        // communication stream and held until the barrier completes.
+        let barrier_scratch = match op {
+            Collective::Barrier => {
+                let _on = stream.make_current();
+                Some(Tensor::zeros_on([1], DType::F32, self.device)?)
             }
+            _ => None,
         };
-        if code != SUCCESS && code != IN_PROGRESS {
-            return Err(nccl.error(self.rank, op_call(name), code, Some(comm)));
-        }
+        self.comm.with(name, |comm| {
+            // SAFETY: every call below gets pointers to live, contiguous
+            // device tensors of at least the counts given (validated by
+            // `Collective::validate` before submission and held by `op`, or
+            // `barrier_scratch`, until the collective completes); the stream
+            // and communicator belong to this rank's device, whose context is
+            // current; the communicator's lock is held.
+            let code = unsafe {
+                match op {
+                    Collective::AllReduce { tensor, op } => (nccl.all_reduce)(
+                        ptr(tensor)?,
+                        ptr(tensor)?,
+                        tensor.numel(),
+                        data_type(tensor.dtype()),
+                        reduction(*op),
+                        comm,
+                        raw_stream,
+                    ),
+                    Collective::Broadcast { tensor, root } => (nccl.broadcast)(
+                        ptr(tensor)?,
+                        ptr(tensor)?,
+                        tensor.numel(),
+                        data_type(tensor.dtype()),
+                        *root as i32,
+                        comm,
+                        raw_stream,
+                    ),
+                    Collective::AllGather { input, output } => (nccl.all_gather)(
+                        ptr(input)?,
+                        ptr(output)?,
+                        input.numel(),
+                        data_type(input.dtype()),
+                        comm,
+                        raw_stream,
+                    ),
+                    Collective::ReduceScatter { input, output, op } => (nccl.reduce_scatter)(
+                        ptr(input)?,
+                        ptr(output)?,
+                        output.numel(),
+                        data_type(output.dtype()),
+                        reduction(*op),
+                        comm,
+                        raw_stream,
+                    ),
+                    Collective::Send { tensor, peer } => (nccl.send)(
+                        ptr(tensor)?,
+                        tensor.numel(),
+                        data_type(tensor.dtype()),
+                        *peer as i32,
+                        comm,
+                        raw_stream,
+                    ),
+                    Collective::Recv { tensor, peer } => (nccl.recv)(
+                        ptr(tensor)?,
+                        tensor.numel(),
+                        data_type(tensor.dtype()),
+                        *peer as i32,
+                        comm,
+                        raw_stream,
+                    ),
+                    Collective::Barrier => {
+                        let scratch = barrier_scratch.as_ref().map(ptr).transpose()?.unwrap_or(std::ptr::null_mut());
+                        (nccl.all_reduce)(scratch, scratch, 1, data_type(DType::F32), 0, comm, raw_stream)
+                    }
+                }
+            };
+            if code == SUCCESS || code == IN_PROGRESS {
+                Ok(())
+            } else {
+                Err(nccl.error(self.rank, op_call(name), code, Some(comm)))
+            }
+        })?;
         let done = stream.record_event(false)?;
-        self.wait_done(name, &done, deadline)
+        self.wait_done(name, &done, deadline)?;
+        drop(barrier_scratch);
+        Ok(())
     }
 }
 

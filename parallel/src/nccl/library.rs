@@ -180,8 +180,7 @@ fn load() -> Result<Nccl> {
 impl Nccl {
     /// The version as (major, minor, patch).
     pub(crate) fn version_triple(&self) -> (u32, u32, u32) {
-        let v = self.version.max(0) as u32;
-        (v / 10000, (v % 10000) / 100, v % 100)
+        split_version(self.version)
     }
 
     /// `code` as an error of `call` on `rank`, with NCCL's words for it and
@@ -218,6 +217,13 @@ impl Nccl {
     }
 }
 
+/// `ncclGetVersion`'s number as (major, minor, patch): NCCL 2.9 and later
+/// encode it as major·10000 + minor·100 + patch.
+fn split_version(version: c_int) -> (u32, u32, u32) {
+    let v = version.max(0) as u32;
+    (v / 10000, (v % 10000) / 100, v % 100)
+}
+
 /// A C string NCCL returned, or "" for null.
 ///
 /// # Safety
@@ -228,5 +234,34 @@ unsafe fn text(ptr: *const c_char) -> String {
     } else {
         // SAFETY: per the function's contract.
         unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_split_as_nccl_encodes_them() {
+        assert_eq!(split_version(22809), (2, 28, 9));
+        assert_eq!(split_version(23007), (2, 30, 7));
+        assert_eq!(split_version(-1), (0, 0, 0));
+    }
+
+    #[test]
+    fn every_dtype_and_reduction_has_nccls_code() {
+        // nccl.h: ncclUint8 1, ncclInt64 4, ncclFloat16 6, ncclFloat32 7,
+        // ncclFloat64 8, ncclBfloat16 9; ncclSum 0, ncclMax 2, ncclMin 3, ncclAvg 4.
+        let codes: Vec<c_int> = DType::ALL.iter().map(|d| data_type(*d)).collect();
+        assert_eq!(codes, [1, 1, 4, 6, 9, 7, 8]);
+        let ops = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg].map(reduction);
+        assert_eq!(ops, [0, 2, 3, 4]);
+    }
+
+    #[test]
+    fn c_strings_from_nccl_are_read_whole_or_empty() {
+        // SAFETY: null, and a NUL-terminated literal that outlives the call.
+        let (none, some) = unsafe { (text(std::ptr::null()), text(c"unhandled cuda error".as_ptr())) };
+        assert_eq!((none.as_str(), some.as_str()), ("", "unhandled cuda error"));
     }
 }

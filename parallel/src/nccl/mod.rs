@@ -298,3 +298,24 @@ pub fn nccl_from(bootstrap: &Communicator, device: Device, options: &CommOptions
     let id = NcclUniqueId::from_bytes(&bytes)?;
     nccl_communicator(bootstrap.rank(), bootstrap.world_size(), device, &id, options)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_round_trip_through_bytes_and_refuse_other_lengths() {
+        let bytes: Vec<u8> = (0..128).map(|i| (i * 7 % 256) as u8).collect();
+        let id = NcclUniqueId::from_bytes(&bytes).expect("128 bytes");
+        assert_eq!(id.to_bytes().to_vec(), bytes);
+        let error = NcclUniqueId::from_bytes(&bytes[..100]).expect_err("100 bytes");
+        assert!(matches!(error, ParallelError::Invalid { op: "NcclUniqueId::from_bytes", .. }), "{error}");
+    }
+
+    #[test]
+    fn host_devices_are_not_ncclable() {
+        let error = cuda_index("nccl_group", 1, Device::CPU).expect_err("a host device");
+        assert!(matches!(error, ParallelError::Invalid { op: "nccl_group", .. }), "{error}");
+        assert_eq!(cuda_index("nccl_group", 0, Device::cuda(3)).expect("cuda:3"), 3);
+    }
+}

@@ -302,6 +302,12 @@ impl Problem<'_> {
     /// overwritten).
     fn execute(&self, algo: u32, workspace: &Workspace) -> Result<(), Failure> {
         let (api, h) = (self.api, self.handle);
+        // The profiler's device time of the call (CUDA events around it).
+        let _span = self.backend.launch_span(match self.direction {
+            Direction::Forward => "cudnnConvolutionForward",
+            Direction::BackwardData => "cudnnConvolutionBackwardData",
+            Direction::BackwardFilter => "cudnnConvolutionBackwardFilter",
+        });
         let (one_f32, zero_f32, one_f64, zero_f64) = (1f32, 0f32, 1f64, 0f64);
         // cuDNN reads alpha and beta as doubles for double data, as floats
         // for the rest.
