@@ -9,6 +9,8 @@ Prints one JSON line {"runtime", "bench", "value", "unit"}. Benches:
                             torch.distributed.all_reduce of f32 on NCCL, world size 1 on
                             cuda:0 (brasa's nccl.* figures' world on a one-GPU machine):
                             microseconds per all-reduce over a loop of asynchronous launches
+  ddp_mlp                   the mlp step under DistributedDataParallel on NCCL, world size 1
+                            on cuda:0: milliseconds per step
   sdpa, sdpa_causal         F.scaled_dot_product_attention, bf16 [4, 16, 4096, 128]:
                             forward + backward (autograd.grad of q, k, v) seconds;
                             also the forward's and the backward's alone and the backend
@@ -113,12 +115,44 @@ def sdpa(causal, iters=20):
     return fwd, bwd, kernels
 
 
-def allreduce(mib, iters):
+def init_nccl_world_of_one():
     import os
     import torch.distributed as dist
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device(DEV))
+    return dist
+
+
+def ddp_mlp(steps=200):
+    dist = init_nccl_world_of_one()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                          nn.Linear(512, 10)).to(DEV)
+    model = nn.parallel.DistributedDataParallel(model, device_ids=[0])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    xs = [torch.randn((128, 784), device=DEV) for _ in range(8)]
+    ys = [torch.randint(0, 10, (128,), device=DEV) for _ in range(8)]
+
+    def step(i):
+        F.cross_entropy(model(xs[i % 8]), ys[i % 8]).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for i in range(10):
+        step(i)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    torch.cuda.synchronize()
+    elapsed = (time.perf_counter() - t0) / steps
+    dist.destroy_process_group()
+    return elapsed * 1e3
+
+
+def allreduce(mib, iters):
+    dist = init_nccl_world_of_one()
     x = torch.ones(mib * 2**18, device=DEV)
     for _ in range(10):
         dist.all_reduce(x)
@@ -136,13 +170,15 @@ def allreduce(mib, iters):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench", required=True, choices=["matmul_f32", "matmul_bf16", "mlp", "cnn", "sdpa", "sdpa_causal",
-                                                     "allreduce_1mib", "allreduce_64mib"])
+                                                     "allreduce_1mib", "allreduce_64mib", "ddp_mlp"])
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     if args.bench == "matmul_f32":
         emit(args.bench, matmul(torch.float32), "TFLOP/s")
     elif args.bench == "matmul_bf16":
         emit(args.bench, matmul(torch.bfloat16), "TFLOP/s")
+    elif args.bench == "ddp_mlp":
+        emit(args.bench, ddp_mlp(), "ms")
     elif args.bench.startswith("allreduce_"):
         mib = 1 if args.bench == "allreduce_1mib" else 64
         emit(args.bench, allreduce(mib, 200 if mib == 1 else 50), "us")

@@ -220,11 +220,21 @@ fn train_samples_per_s(cnn: bool, quick: bool) -> Result<f64> {
 /// as a closure over the step index (8 fixed synthetic batches).
 fn training_step(cnn: bool) -> Result<impl FnMut(usize) -> Result<()>> {
     manual_seed(0);
-    let (model, batch, dims) = if cnn {
-        (crate::nn_figures::cnn_on(GPU)?, 64, vec![64, 1, 28, 28])
+    if cnn {
+        training_step_of(crate::nn_figures::cnn_on(GPU)?, 64, vec![64, 1, 28, 28])
     } else {
-        (crate::nn_figures::mlp_on(GPU)?, 128, vec![128, 784])
-    };
+        training_step_of(crate::nn_figures::mlp_on(GPU)?, 128, vec![128, 784])
+    }
+}
+
+/// One SGD-momentum training step of `model` (plain, or wrapped in DDP) on
+/// batches of `dims` (`batch` rows) on the GPU, as a closure over the step
+/// index (8 fixed synthetic batches).
+pub(crate) fn training_step_of<M: brasa_nn::Module>(
+    model: M,
+    batch: usize,
+    dims: Vec<usize>,
+) -> Result<impl FnMut(usize) -> Result<()>> {
     let mut opt = Sgd::new(model.parameters(), SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() })?;
     let batches: Vec<(Var, Tensor)> = (0..8)
         .map(|i| -> Result<(Var, Tensor)> {
@@ -235,7 +245,7 @@ fn training_step(cnn: bool) -> Result<impl FnMut(usize) -> Result<()>> {
         .collect::<Result<_>>()?;
     Ok(move |i: usize| -> Result<()> {
         let (x, y) = &batches[i % batches.len()];
-        cross_entropy(&brasa_nn::Module::forward(&model, x)?, y)?.backward()?;
+        cross_entropy(&model.forward(x)?, y)?.backward()?;
         opt.step()?;
         opt.zero_grad()
     })

@@ -8,17 +8,21 @@
 //!   and brasa's time ÷ PyTorch's (lower is better; target ≤ 1.05).
 //! - `nccl.allreduce_1mib_us`, `nccl.allreduce_1mib_vs_torch`: the same
 //!   with 1 MiB, where per-collective overheads show.
+//! - `nccl.ddp_step_ms`, `nccl.ddp_step_vs_torch`: one training step of the
+//!   `cuda.mlp_*` MLP (784-512-512-10, batch 128, SGD momentum) under
+//!   `DistributedDataParallel` on this communicator, milliseconds, and
+//!   brasa's time ÷ PyTorch DDP's (target ≤ 1.0).
 //!
 //! The world is one rank on `cuda:0` in both (a one-GPU machine whose NCCL
 //! is older than 2.30 allows no more). PyTorch's side is
 //! `bench/peers/torch_cuda.py --bench allreduce_{1,64}mib`. Without a GPU
 //! or NCCL the group prints one line and no figure.
 
-use crate::cuda_figures::torch_value;
+use crate::cuda_figures::{torch_value, training_step_of};
 use crate::measure::{median, Better, Figure, Options};
 use brasa_parallel::nccl::{nccl_group, nccl_library_path, nccl_version};
-use brasa_parallel::{CommOptions, Communicator, ReduceOp, Result, Work};
-use brasa_tensor::{cuda_device_count, synchronize, DType, Device, Tensor};
+use brasa_parallel::{CommOptions, Communicator, DdpConfig, DistributedDataParallel, ReduceOp, Result, Work};
+use brasa_tensor::{cuda_device_count, manual_seed, synchronize, DType, Device, Tensor};
 use std::time::Instant;
 
 const GPU: Device = Device::cuda(0);
@@ -74,7 +78,44 @@ pub fn run(options: &Options) -> Vec<Figure> {
             figures.push(Figure::new(ratio_name, a / median(&mut theirs), "x", Better::Lower));
         }
     }
+    if options.wants("nccl.ddp_step_ms") || options.wants("nccl.ddp_step_vs_torch") {
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            match ddp_step_ms(&comm, options.quick) {
+                Ok(ms) => ours.push(ms),
+                Err(e) => eprintln!("nccl: DDP step: {e}"),
+            }
+            if let Some(ms) = torch_value(&python, "ddp_mlp") {
+                theirs.push(ms);
+            }
+        }
+        if !ours.is_empty() {
+            let a = median(&mut ours);
+            figures.push(Figure::new("nccl.ddp_step_ms", a, "ms", Better::Lower));
+            if !theirs.is_empty() {
+                figures.push(Figure::new("nccl.ddp_step_vs_torch", a / median(&mut theirs), "x", Better::Lower));
+            }
+        }
+    }
     figures
+}
+
+/// Milliseconds per DDP training step of the MLP over `comm`.
+fn ddp_step_ms(comm: &Communicator, quick: bool) -> Result<f64> {
+    manual_seed(0);
+    let ddp = DistributedDataParallel::new(crate::nn_figures::mlp_on(GPU)?, comm.clone(), DdpConfig::default())?;
+    let mut step = training_step_of(ddp, 128, vec![128, 784])?;
+    for i in 0..10 {
+        step(i)?;
+    }
+    let steps = if quick { 20 } else { 200 };
+    synchronize(GPU)?;
+    let started = Instant::now();
+    for i in 0..steps {
+        step(i)?;
+    }
+    synchronize(GPU)?;
+    Ok(started.elapsed().as_secs_f64() * 1e3 / steps as f64)
 }
 
 /// Microseconds per all-reduce of `mib` MiB over `iters` submissions.
