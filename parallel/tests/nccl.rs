@@ -14,8 +14,14 @@
 #[path = "support/cuda_case.rs"]
 mod cuda_case;
 
+use brasa_nn::functional::cross_entropy;
+use brasa_nn::optim::{Sgd, SgdConfig};
+use brasa_nn::{Linear, ModuleExt, Relu, Sequential};
 use brasa_parallel::nccl::{nccl_communicator, nccl_from, nccl_group, nccl_library_path, nccl_version, NcclUniqueId};
-use brasa_parallel::{in_process_group, CommBackend, CommOptions, LaunchOptions, ParallelError, ReduceOp, Result};
+use brasa_parallel::{
+    in_process_group, CommBackend, CommOptions, DataParallel, DataParallelConfig, LaunchOptions, ParallelError,
+    ReduceOp, Result,
+};
 use brasa_tensor::{cuda_device_count, Device, Tensor};
 use cuda_case::{collectives_match, ddp_and_fsdp_match_one_process, first_gpu};
 use std::time::{Duration, Instant};
@@ -94,6 +100,42 @@ fn every_collective_equals_the_in_process_engine() -> Result<()> {
 fn ddp_and_fsdp_on_nccl_match_one_process() -> Result<()> {
     let Some((_, version)) = gpu_and_nccl() else { return Ok(()) };
     ddp_and_fsdp_match_one_process(&world_devices(version), &nccl_options())
+}
+
+#[test]
+fn data_parallel_on_nccl_equals_the_in_process_engine() -> Result<()> {
+    let Some((_, version)) = gpu_and_nccl() else { return Ok(()) };
+    let devices = world_devices(version);
+    let train = |backend: CommBackend| -> Result<Vec<f32>> {
+        let config = DataParallelConfig { comm: CommOptions::default().backend(backend), ..Default::default() };
+        let make_model = |dev: Device| -> brasa_nn::Result<Sequential> {
+            let model = Sequential::new().push(Linear::new(6, 8, dev)?).push(Relu).push(Linear::new(8, 3, dev)?);
+            for (k, p) in model.parameters().iter().enumerate() {
+                let v: Vec<f32> = (0..p.numel()).map(|i| ((i * 13 + k * 5) % 17) as f32 / 17.0 - 0.5).collect();
+                p.tensor().copy_(&Tensor::from_vec_on(v, p.dims().to_vec(), dev)?)?;
+            }
+            Ok(model)
+        };
+        let make_optimizer = |params| Sgd::new(params, SgdConfig { lr: 0.1, momentum: 0.9, ..Default::default() });
+        let mut dp = DataParallel::with_config(&devices, make_model, make_optimizer, config)?;
+        for step in 0..3 {
+            let x: Vec<f32> = (0..12 * 6).map(|i| (((i * 7 + step * 3) % 11) as f32 - 5.0) / 5.0).collect();
+            let y: Vec<i64> = (0..12).map(|i| ((i + step) % 3) as i64).collect();
+            let (x, y) = (Tensor::from_vec_on(x, [12, 6], devices[0])?, Tensor::from_vec_on(y, [12], devices[0])?);
+            dp.step(&x, &y, |out, target| cross_entropy(out, target))?;
+        }
+        let mut values = Vec::new();
+        for p in dp.module().parameters() {
+            values.extend(p.tensor().to_vec::<f32>()?);
+        }
+        Ok(values)
+    };
+    let (on_nccl, in_process) = (train(CommBackend::Nccl)?, train(CommBackend::InProcess)?);
+    assert_eq!(on_nccl.len(), in_process.len());
+    for (a, b) in on_nccl.iter().zip(&in_process) {
+        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
+    }
+    Ok(())
 }
 
 #[test]
