@@ -526,8 +526,10 @@ mod tests {
         }
         assert_eq!(scaler.get_scale(), f32::MIN_POSITIVE as f64);
         assert!((1.0 / scaler.scale).is_finite(), "its reciprocal unscales to finite values");
-        assert!(scaler.update_to(0.0).is_err() && scaler.update_to(1e-45).is_err());
-        assert!(scaler.update_to(f64::NAN).is_err() && scaler.update_to(-1.0).is_err());
+        for bad in [0.0, 1e-45, f64::NAN, -1.0] {
+            let err = scaler.update_to(bad).unwrap_err();
+            assert!(matches!(err, AmpError::Invalid { what: "GradScaler::update_to", .. }), "{bad}: {err:?}");
+        }
         Ok(())
     }
 
@@ -564,7 +566,8 @@ mod tests {
             GradScalerConfig { backoff_factor: 1.0 - 1e-10, ..Default::default() },
             GradScalerConfig { backoff_factor: -0.5, ..Default::default() },
         ] {
-            assert!(GradScaler::with_config(config).is_err(), "{config:?}");
+            let err = GradScaler::with_config(config).unwrap_err();
+            assert!(matches!(err, AmpError::Invalid { what: "GradScaler", .. }), "{config:?}: {err:?}");
         }
     }
 }

@@ -1,7 +1,7 @@
 //! to_half / to_bf16: norms stay in f32, master weights receive f32
 //! gradients and are copied back into the half model after each step.
 
-use brasa_amp::{to_bf16, to_half, GradScaler, MasterOptimizer, Result};
+use brasa_amp::{to_bf16, to_half, AmpError, GradScaler, MasterOptimizer, Result};
 use brasa_autograd::Var;
 use brasa_nn::functional::cross_entropy;
 use brasa_nn::optim::{Optimizer, Sgd, SgdConfig};
@@ -131,6 +131,8 @@ fn an_optimizer_of_the_half_parameters_is_refused() -> Result<()> {
     let masters = to_half(&mut m)?;
     let wrong = Sgd::new(m.parameters(), SgdConfig::default())?;
     let err = MasterOptimizer::new(masters, wrong).err().expect("refused");
+    assert!(matches!(err, AmpError::Invalid { what: "MasterOptimizer::new", .. }), "{err:?}");
+    // The advice is the point: build the optimizer on the masters.
     assert!(err.to_string().contains("MasterWeights::parameters"), "{err}");
     Ok(())
 }

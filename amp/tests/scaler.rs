@@ -144,9 +144,11 @@ fn unscale_divides_so_gradients_can_be_clipped() -> Result<()> {
     Ok(())
 }
 
-fn order_error(result: Result<impl std::fmt::Debug>) -> (&'static str, OptimizerStage, String) {
+/// The call, the stage and the message (PyTorch's words) of a
+/// [`AmpError::ScalerOrder`].
+fn order_error(result: Result<impl std::fmt::Debug>) -> (&'static str, OptimizerStage, &'static str) {
     match result {
-        Err(e @ AmpError::ScalerOrder { call, stage, .. }) => (call, stage, e.to_string()),
+        Err(AmpError::ScalerOrder { call, stage, message }) => (call, stage, message),
         other => panic!("expected a ScalerOrder error, got {other:?}"),
     }
 }
@@ -156,8 +158,8 @@ fn ready_unscaled_stepped_errors() -> Result<()> {
     let mut scaler = GradScaler::new();
     let p = param(&[1.0])?;
     let mut opt = sgd(vec![p.clone()])?;
-    let (call, _, message) = order_error(scaler.update());
-    assert_eq!(call, "update");
+    let (call, stage, message) = order_error(scaler.update());
+    assert_eq!((call, stage), ("update", OptimizerStage::Ready));
     assert!(message.contains("no inf checks"), "{message}");
 
     set_scaled_grad(&p, &[1.0], scaler.get_scale())?;
@@ -207,7 +209,8 @@ fn fp16_gradients_are_refused() -> Result<()> {
     let opt = sgd(vec![p.clone()])?;
     p.set_grad(Some(Tensor::ones([2], DType::F16)?))?;
     let err = scaler.unscale_(&opt).unwrap_err();
-    assert!(matches!(err, AmpError::Fp16Gradients { index: 0 }), "{err}");
+    assert!(matches!(err, AmpError::Fp16Gradients { index: 0 }), "{err:?}");
+    // PyTorch's words.
     assert!(err.to_string().contains("FP16 gradients"), "{err}");
     // bf16 gradients keep f32's range: allowed, as in PyTorch.
     let q = Var::param(Tensor::ones([2], DType::BF16)?)?;
@@ -263,14 +266,20 @@ fn bad_state_dicts_are_refused_and_change_nothing() -> Result<()> {
     assert!(disabled.state_dict()?.is_empty());
     let mut scaler = GradScaler::new();
     let err = scaler.load_state_dict(&disabled.state_dict()?).unwrap_err();
-    assert!(err.to_string().contains("empty"), "{err}");
+    assert!(matches!(&err, AmpError::StateDict(message) if message.starts_with("the dict is empty")), "{err:?}");
 
     let mut dict = GradScaler::new().state_dict()?;
     dict.remove("_growth_tracker");
-    assert!(scaler.load_state_dict(&dict).unwrap_err().to_string().contains("_growth_tracker"));
+    let err = scaler.load_state_dict(&dict).unwrap_err();
+    assert!(matches!(&err, AmpError::StateDict(message) if message == "missing entry _growth_tracker"), "{err:?}");
     let mut dict = GradScaler::new().state_dict()?;
     dict.insert("backoff_factor", Tensor::from_vec(vec![2.0f64], [])?);
-    assert!(scaler.load_state_dict(&dict).is_err());
+    let err = scaler.load_state_dict(&dict).unwrap_err();
+    assert!(
+        matches!(&err, AmpError::StateDictValue { source }
+            if matches!(**source, AmpError::Invalid { what: "GradScaler", .. })),
+        "{err:?}"
+    );
     assert_eq!(scaler.get_scale(), 65536.0);
     assert_eq!(scaler.config().backoff_factor, 0.5);
     Ok(())
@@ -337,15 +346,19 @@ fn swapped_optimizers_are_each_unscaled_once() -> Result<()> {
 fn scales_that_underflow_or_are_not_finite_are_refused() {
     for init_scale in [1e-50, 1e-40, 0.0, -1.0, f64::NAN, f64::INFINITY, 1e39] {
         let err = GradScaler::with_config(GradScalerConfig { init_scale, ..Default::default() }).unwrap_err();
-        assert!(err.to_string().contains("init_scale"), "{init_scale}: {err}");
+        assert!(matches!(err, AmpError::Invalid { what: "GradScaler", .. }), "{init_scale}: {err:?}");
+        // The variant says no more: the message names the field.
+        assert!(err.to_string().contains("init_scale must be positive and finite in f32"), "{init_scale}: {err}");
     }
     for (growth_factor, backoff_factor) in [(1.0 + 1e-10, 0.5), (f64::NAN, 0.5), (2.0, 1.0 - 1e-10), (2.0, 1e-50)] {
         let config = GradScalerConfig { growth_factor, backoff_factor, ..Default::default() };
-        assert!(GradScaler::with_config(config).is_err(), "{config:?}");
+        let err = GradScaler::with_config(config).unwrap_err();
+        assert!(matches!(err, AmpError::Invalid { what: "GradScaler", .. }), "{config:?}: {err:?}");
     }
     let mut scaler = GradScaler::new();
     for bad in [0.0, 1e-45, -2.0, f64::NAN, f64::INFINITY] {
-        assert!(scaler.update_to(bad).is_err(), "{bad}");
+        let err = scaler.update_to(bad).unwrap_err();
+        assert!(matches!(err, AmpError::Invalid { what: "GradScaler::update_to", .. }), "{bad}: {err:?}");
         assert_eq!(scaler.get_scale(), 65536.0);
     }
 }

@@ -157,6 +157,8 @@ mod tests {
         // No floating-point input, or only empty ones: nothing was checked.
         let ints = Tensor::from_vec(vec![1i64, 2], [2])?;
         let none = gradcheck(|v| Ok(v[0].clone()), &[ints], 1e-6, 1e-8, 1e-6).unwrap_err();
+        assert!(matches!(none, AutogradError::Invalid { op: "gradcheck", .. }), "{none:?}");
+        // The variant says no more: the message says why.
         assert!(none.to_string().contains("nothing to check"), "{none}");
         let empty = Tensor::zeros([0], DType::F64)?;
         assert!(gradcheck(|v| v[0].exp(), &[empty], 1e-6, 1e-8, 1e-6).is_err());

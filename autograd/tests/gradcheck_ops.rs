@@ -4,7 +4,7 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use brasa_autograd::{gradcheck, Result, Var};
+use brasa_autograd::{gradcheck, AutogradError, Result, Var};
 use brasa_tensor::{manual_seed, Conv2dParams, DType, Tensor};
 use proptest::prelude::*;
 
@@ -125,7 +125,10 @@ fn matmul_shapes() {
     check(|v| v[0].linear(&v[1], None), &[randn(&[4, 3]).t().expect("t"), randn(&[2, 4])]);
     check(|v| v[0].linear(&v[1], None), &[randn(&[4]), randn(&[2, 4])]);
     let (x, w) = (Var::new(randn(&[3, 4])), Var::new(randn(&[2, 5])));
-    assert!(x.linear(&w, None).unwrap_err().to_string().contains("weight [2, 5]"));
+    let err = x.linear(&w, None).unwrap_err();
+    assert!(matches!(err, AutogradError::Invalid { op: "linear", .. }), "{err:?}");
+    // The variant says no more: the message names the weight's shape.
+    assert!(err.to_string().contains("weight [2, 5]"), "{err}");
 }
 
 #[test]

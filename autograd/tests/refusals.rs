@@ -34,8 +34,7 @@ fn a_hook_returning_another_shape_is_an_error_naming_both() -> Result<()> {
         }
         other => panic!("expected GradShape, got {other:?}"),
     }
-    let text = err.to_string();
-    assert!(text.contains("hook") && text.contains("[1]") && text.contains("[2]"), "{text}");
+    assert!(matches!(err, AutogradError::GradShape { context: "the hook returned", .. }), "{err:?}");
     assert!(x.grad().is_none(), "nothing reached the leaf");
     Ok(())
 }
@@ -56,8 +55,10 @@ fn a_gradient_on_another_device_never_becomes_the_leafs_grad() -> Result<()> {
     let x = Var::param(f32s(&[1.0, 2.0], home))?;
     x.register_hook(move |g| Ok(Some(g.to(away)?)))?;
     let err = x.mul_scalar(2.0)?.sum_all()?.backward().unwrap_err();
-    assert!(matches!(err, AutogradError::GradDevice { .. }), "{err}");
-    assert!(err.to_string().contains("cpu:1") || err.to_string().contains(&away.to_string()), "{err}");
+    assert!(
+        matches!(err, AutogradError::GradDevice { got, expected, .. } if got == away && expected == home),
+        "{err:?}"
+    );
     assert!(x.grad().is_none());
 
     // Nor through set_grad or an output gradient.
@@ -90,7 +91,8 @@ fn integer_tensors_cannot_require_grad() -> Result<()> {
     for t in [Tensor::zeros([2], DType::I64)?, Tensor::zeros([2], DType::U8)?, Tensor::zeros([2], DType::Bool)?] {
         let dtype = t.dtype();
         let err = Var::param(t.clone()).unwrap_err();
-        assert!(matches!(err, AutogradError::RequiresGradDtype { dtype: d, .. } if d == dtype), "{err}");
+        assert!(matches!(err, AutogradError::RequiresGradDtype { dtype: d, .. } if d == dtype), "{err:?}");
+        // PyTorch's rule, in words.
         assert!(err.to_string().contains("floating-point"), "{err}");
         assert!(Var::from_tensor(t.clone(), true).is_err());
         assert!(!Var::from_tensor(t.clone(), false)?.requires_grad());
@@ -118,6 +120,8 @@ fn a_cast_to_an_integer_dtype_cuts_the_graph() -> Result<()> {
 fn retain_grad_on_a_var_without_grad_is_an_error() -> Result<()> {
     let c = Var::new(f32s(&[1.0], cpu(0)));
     let err = c.retain_grad().unwrap_err();
+    assert!(matches!(err, AutogradError::Invalid { op: "retain_grad", .. }), "{err:?}");
+    // The variant says no more: PyTorch's reason.
     assert!(err.to_string().contains("requires_grad=false"), "{err}");
     let d = c.exp()?;
     assert!(d.retain_grad().is_err(), "a result of inputs that need no grad");

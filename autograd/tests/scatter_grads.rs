@@ -6,8 +6,8 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use brasa_autograd::{gradcheck, Var};
-use brasa_tensor::{manual_seed, DType, ScatterReduce, Tensor};
+use brasa_autograd::{gradcheck, AutogradError, Var};
+use brasa_tensor::{manual_seed, DType, IndexError, LayoutError, ScatterReduce, Tensor, TensorError};
 
 fn f64s(values: &[f64], shape: &[usize]) -> Tensor {
     Tensor::from_vec(values.to_vec(), shape).unwrap()
@@ -135,13 +135,47 @@ fn gradchecks_on_contiguous_and_strided_inputs() {
 #[test]
 fn errors_reach_the_caller() {
     let (x, src, _) = operands();
-    let message = x.scatter(1, &ids(&[0, 3], &[1, 2]), &src).unwrap_err().to_string();
-    assert!(message.contains("index 3 at [0, 1]") && message.contains("dim 1 of size 3"), "{message}");
-    let message = x.scatter_add(2, &ids(&[0], &[1, 1]), &src).unwrap_err().to_string();
-    assert!(message.contains("dim 2 is out of range for a tensor of rank 2"), "{message}");
-    let message = x.index_add(0, &ids(&[0, 1], &[2]), &src, 1.0).unwrap_err().to_string();
-    assert!(message.contains("source has shape [2, 2] but self has shape [2, 3]"), "{message}");
+    let error = x.scatter(1, &ids(&[0, 3], &[1, 2]), &src).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            AutogradError::Tensor(TensorError::Index {
+                op: "scatter",
+                source: IndexError::OutOfRange { position: 1, index: 3, size: 3 },
+                ..
+            })
+        ),
+        "{error:?}"
+    );
+    // The message names the index by its place in the index tensor.
+    assert!(error.to_string().contains("index 3 at [0, 1]"), "{error}");
+    let error = x.scatter_add(2, &ids(&[0], &[1, 1]), &src).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            AutogradError::Tensor(TensorError::Layout(LayoutError::DimOutOfRange {
+                op: "scatter_add",
+                dim: 2,
+                rank: 2
+            }))
+        ),
+        "{error:?}"
+    );
+    let error = x.index_add(0, &ids(&[0, 1], &[2]), &src, 1.0).unwrap_err();
+    assert!(matches!(error, AutogradError::Tensor(TensorError::Shape { op: "index_add_", .. })), "{error:?}");
+    // The variant says no more: the message names both shapes.
+    assert!(error.to_string().contains("source has shape [2, 2] but self has shape [2, 3]"), "{error}");
     let floats = Var::new(f64s(&[0.0; 2], &[1, 2]));
-    let message = x.scatter_reduce(1, &floats.tensor().clone(), &src, ScatterReduce::Sum, true).unwrap_err();
-    assert!(message.to_string().contains("expected dtype i64, got f64"), "{message}");
+    let error = x.scatter_reduce(1, &floats.tensor().clone(), &src, ScatterReduce::Sum, true).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            AutogradError::Tensor(TensorError::DTypeMismatch {
+                op: "scatter_reduce",
+                expected: DType::I64,
+                got: DType::F64
+            })
+        ),
+        "{error:?}"
+    );
 }

@@ -214,9 +214,15 @@ fn transforms_run_on_every_batch() {
 #[test]
 fn bad_settings_are_errors() {
     let error = DataLoader::builder(numbered(4)).batch_size(0).build().unwrap_err();
-    assert!(matches!(error, NnError::Invalid { .. }) && error.to_string().contains("batch_size"), "{error}");
+    assert!(
+        matches!(&error, NnError::Invalid { what: "DataLoader", message } if message.starts_with("batch_size")),
+        "{error:?}"
+    );
     let error = DataLoader::builder(numbered(4)).prefetch_factor(0).build().unwrap_err();
-    assert!(error.to_string().contains("prefetch_factor"), "{error}");
+    assert!(
+        matches!(&error, NnError::Invalid { what: "DataLoader", message } if message.starts_with("prefetch_factor")),
+        "{error:?}"
+    );
 }
 
 #[test]
@@ -285,7 +291,8 @@ fn a_failing_batch_is_an_err_in_its_place() {
                 Ok(indices) => assert_eq!(indices, &[2 * b, 2 * b + 1]),
                 Err(error) => {
                     assert_eq!(b, 3);
-                    assert!(matches!(error, NnError::File { .. }));
+                    assert!(matches!(error, NnError::File { .. }), "{error:?}");
+                    // The dataset's own words, passed on.
                     assert!(error.to_string().contains("sample 6 cannot be read"), "{error}");
                 }
             }
@@ -300,9 +307,9 @@ fn a_panicking_batch_is_an_err_in_its_place() {
         let items = run_epoch(Flaky::new(10, 2, true), workers);
         assert_eq!(items.len(), 5);
         let error = items[1].as_ref().unwrap_err();
-        assert!(matches!(error, NnError::Data(_)));
-        let text = error.to_string();
-        assert!(text.contains("batch 1") && text.contains("panicked") && text.contains("sample 2 is cursed"), "{text}");
+        // The variant says no more: the message names the batch and the panic's payload.
+        let NnError::Data(text) = error else { panic!("expected a Data error, got {error:?}") };
+        assert!(text.starts_with("reading batch 1 panicked in ") && text.ends_with("sample 2 is cursed"), "{text}");
         assert!(items.iter().enumerate().all(|(b, item)| (b == 1) != item.is_ok()));
     }
 }
@@ -419,9 +426,12 @@ fn damaged_idx_files_are_errors_naming_the_file() {
     };
     let expect = |result: Result<Tensor>, path: &Path, needle: &str| {
         let error = result.unwrap_err();
-        let text = error.to_string();
-        assert!(matches!(error, NnError::File { .. }), "{text}");
-        assert!(text.contains(&path.display().to_string()) && text.contains(needle), "{text}");
+        // A File error naming the file; its message says what is wrong.
+        assert!(
+            matches!(&error, NnError::File { path: p, message, .. }
+                if *p == path.display().to_string() && message.contains(needle)),
+            "{error:?}"
+        );
     };
 
     let truncated = write("truncated-idx3-ubyte", &good[..good.len() - 3]);
@@ -457,22 +467,25 @@ fn damaged_idx_files_are_errors_naming_the_file() {
 #[test]
 fn mnist_folders_with_problems_are_errors() {
     let dir = temp_dir("mnist-problems");
-    let error = Mnist::load(&dir).unwrap_err().to_string();
-    assert!(error.contains("train-images-idx3-ubyte") && error.contains("not found"), "{error}");
+    // Each problem is an NnError::File naming the file; the message says what is wrong.
+    let file_error = |error: NnError| match error {
+        NnError::File { path, message, .. } => (path, message),
+        other => panic!("expected a File error, got {other:?}"),
+    };
+    let (path, message) = file_error(Mnist::load(&dir).unwrap_err());
+    assert!(path.ends_with("train-images-idx3-ubyte") && message.starts_with("not found"), "{path}: {message}");
 
     write_mnist(&dir, "train", 5, false);
     write_mnist(&dir, "t10k", 2, false);
     std::fs::write(dir.join("t10k-labels-idx1-ubyte"), idx_bytes(0x08, &[3], &[1, 2, 3])).unwrap();
-    let error = Mnist::load(&dir).unwrap_err().to_string();
-    assert!(
-        error.contains("t10k-labels-idx1-ubyte") && error.contains("3 labels") && error.contains("2 images"),
-        "{error}"
-    );
+    let (path, message) = file_error(Mnist::load(&dir).unwrap_err());
+    assert!(path.ends_with("t10k-labels-idx1-ubyte"), "{path}: {message}");
+    assert!(message.contains("3 labels") && message.contains("2 images"), "{path}: {message}");
 
     let images = std::fs::read(dir.join("train-images-idx3-ubyte")).unwrap();
     std::fs::write(dir.join("train-images-idx3-ubyte"), &images[..images.len() - 1]).unwrap();
-    let error = Mnist::load(&dir).unwrap_err().to_string();
-    assert!(error.contains("train-images-idx3-ubyte") && error.contains("truncated"), "{error}");
+    let (path, message) = file_error(Mnist::load(&dir).unwrap_err());
+    assert!(path.ends_with("train-images-idx3-ubyte") && message.contains("truncated"), "{path}: {message}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -507,8 +520,10 @@ fn a_stalled_worker_is_an_err_after_the_timeout() {
     let items: Vec<_> = loader.iter().collect();
     let elapsed = start.elapsed();
     assert_eq!(items.len(), 1, "the epoch ends at the stalled batch");
-    let error = items[0].as_ref().unwrap_err().to_string();
-    assert!(error.contains("batch 0") && error.contains("not ready after 100ms"), "{error}");
+    let error = items[0].as_ref().unwrap_err();
+    // The variant says no more: the message names the batch and the timeout.
+    let NnError::Data(text) = error else { panic!("expected a Data error, got {error:?}") };
+    assert!(text.starts_with("batch 0 of epoch ") && text.contains("not ready after 100ms"), "{text}");
     // Neither the wait nor the drop waited for the 1.5 s read.
     assert!(elapsed < Duration::from_millis(1000), "{elapsed:?}");
 }
@@ -546,7 +561,8 @@ fn even_a_panic_whose_payload_panics_is_contained() {
         let loader = DataLoader::builder(Booby).num_workers(workers).build().unwrap();
         let items: Vec<_> = loader.iter().collect();
         assert_eq!(items.len(), 6);
-        assert!(items[1].as_ref().unwrap_err().to_string().contains("(no message)"));
+        let error = items[1].as_ref().unwrap_err();
+        assert!(matches!(error, NnError::Data(text) if text.ends_with("(no message)")), "{error:?}");
         assert_eq!(items.iter().filter_map(|i| i.as_ref().ok().copied()).collect::<Vec<_>>(), [0, 2, 3, 4, 5]);
     }
 }
@@ -566,7 +582,8 @@ fn a_timed_out_read_is_joined_when_the_loader_drops() {
         .unwrap();
     let items: Vec<_> = loader.iter().collect();
     assert_eq!(items.len(), 1);
-    assert!(items[0].as_ref().unwrap_err().to_string().contains("not ready after 50ms"));
+    let error = items[0].as_ref().unwrap_err();
+    assert!(matches!(error, NnError::Data(text) if text.contains("not ready after 50ms")), "{error:?}");
     let start = Instant::now();
     drop(loader);
     assert!(start.elapsed() < brasa_nn::data::SHUTDOWN_GRACE, "{:?}", start.elapsed());
@@ -632,9 +649,11 @@ fn a_large_prefetch_factor_reserves_nothing_up_front() {
     assert_eq!(epoch_labels(&loader, 0).concat(), (0..10).collect::<Vec<i64>>());
     // A window the dataset could fill is refused, naming the setting.
     let error = DataLoader::builder(Endless).num_workers(2).prefetch_factor(usize::MAX).build().unwrap_err();
-    assert!(error.to_string().contains("prefetch_factor"), "{error}");
+    assert!(matches!(error, NnError::Invalid { what: "DataLoader", .. }), "{error:?}");
+    assert!(error.to_string().contains("lower prefetch_factor"), "{error}");
     let error = DataLoader::builder(Endless).num_workers(usize::MAX).prefetch_factor(2).build().unwrap_err();
-    assert!(error.to_string().contains("num_workers"), "{error}");
+    assert!(matches!(error, NnError::Invalid { what: "DataLoader", .. }), "{error:?}");
+    assert!(error.to_string().contains(&format!("num_workers ({})", usize::MAX)), "{error}");
 }
 
 #[test]

@@ -16,7 +16,7 @@ use brasa_autograd::{no_grad, Var};
 use brasa_nn::data::TinyShakespeare;
 use brasa_nn::models::{Gpt, GptConfig, SampleOptions};
 use brasa_nn::optim::{clip_grad_norm_, AdamConfig, AdamW, CosineAnnealingLr, LinearWarmup, LrScheduler, Optimizer};
-use brasa_nn::{Module, ModuleExt};
+use brasa_nn::{Module, ModuleExt, NnError};
 use brasa_tensor::{DType, Device, Generator, Tensor};
 
 #[path = "support/gpt_inputs.rs"]
@@ -56,15 +56,21 @@ fn shapes_parameters_and_refusals() {
     let biased = Gpt::new(tiny(vocab).bias(true), DEV).unwrap();
     assert_eq!(biased.num_parameters(), model.num_parameters() + 2 * (e + 3 * e + e + e + 4 * e + e) + e);
 
-    let too_long = model.logits(&random_ids(1, 17, vocab, 3)).unwrap_err().to_string();
+    // Each refusal is an NnError::Invalid of the model or its config; the
+    // message says what was expected (checked where it names a limit).
+    let invalid = |error: NnError, what: &str| match error {
+        NnError::Invalid { what: w, message } if w == what => message,
+        other => panic!("expected an Invalid error of {what}, got {other:?}"),
+    };
+    let too_long = invalid(model.logits(&random_ids(1, 17, vocab, 3)).unwrap_err(), "Gpt");
     assert!(too_long.contains("1 <= T <= 16"), "{too_long}");
-    assert!(model.logits(&Tensor::zeros([2, 4], DType::F32).unwrap()).is_err());
-    assert!(model.logits(&Tensor::zeros([4], DType::I64).unwrap()).is_err());
-    let mismatch = model.loss(&ids, &random_ids(3, 8, vocab, 2)).unwrap_err().to_string();
-    assert!(mismatch.contains("shape of the ids"), "{mismatch}");
-    let heads = Gpt::new(GptConfig::new(vocab, 8, 1, 3, 32), DEV).err().unwrap().to_string();
-    assert!(heads.contains("n_head (3) must divide n_embd (32)"), "{heads}");
-    assert!(Gpt::new(GptConfig::new(0, 8, 1, 2, 32), DEV).is_err());
+    invalid(model.logits(&Tensor::zeros([2, 4], DType::F32).unwrap()).unwrap_err(), "Gpt");
+    invalid(model.logits(&Tensor::zeros([4], DType::I64).unwrap()).unwrap_err(), "Gpt");
+    let mismatch = invalid(model.loss(&ids, &random_ids(3, 8, vocab, 2)).unwrap_err(), "Gpt");
+    assert!(mismatch.starts_with("targets must have the shape of the ids"), "{mismatch}");
+    let heads = invalid(Gpt::new(GptConfig::new(vocab, 8, 1, 3, 32), DEV).err().unwrap(), "GptConfig");
+    assert_eq!(heads, "n_head (3) must divide n_embd (32)");
+    invalid(Gpt::new(GptConfig::new(0, 8, 1, 2, 32), DEV).err().unwrap(), "GptConfig");
     assert!(Gpt::new(tiny(vocab).dropout(1.5), DEV).is_err());
     assert_eq!(GptConfig::shakespeare_char(65).n_embd, 384);
     assert_eq!(Gpt::new(GptConfig::shakespeare_char_cpu(65), DEV).unwrap().num_parameters(), 804_096);
@@ -214,7 +220,11 @@ fn generate_is_seeded_and_keeps_the_mode() {
     ] {
         assert!(model.generate(&[1], 3, &bad).is_err(), "{bad:?}");
     }
-    assert!(model.generate(&[], 3, &options).unwrap_err().to_string().contains("at least one token"));
+    let empty = model.generate(&[], 3, &options).unwrap_err();
+    assert!(
+        matches!(&empty, NnError::Invalid { what: "Gpt::generate", message } if message.contains("at least one token")),
+        "{empty:?}"
+    );
     assert!(model.generate(&[vocab as i64], 3, &options).is_err(), "a token outside the vocabulary");
 }
 

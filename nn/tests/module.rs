@@ -142,7 +142,8 @@ fn to_dtype_refuses_integer_and_bool_dtypes_and_changes_nothing() -> Result<()> 
     let before: Vec<Var> = model.parameters();
     for dtype in [DType::I64, DType::U8, DType::Bool] {
         let err = model.to_dtype(dtype).unwrap_err();
-        assert!(matches!(err, NnError::Invalid { what: "to_dtype", .. }), "{err}");
+        assert!(matches!(err, NnError::Invalid { what: "to_dtype", .. }), "{err:?}");
+        // The variant says no more: the message names the rule and the dtype.
         assert!(err.to_string().contains("floating-point") && err.to_string().contains(&dtype.to_string()), "{err}");
     }
     // Nothing was converted: the same parameters, still f32 and trainable.
@@ -226,7 +227,8 @@ fn strict_loading_names_what_does_not_fit() -> Result<()> {
     // A wrong dtype is a mismatch too.
     let mut wrong = model.state_dict();
     wrong.insert("head.weight", Tensor::zeros([3, 4], DType::F64)?);
-    assert!(model.load_state_dict(&wrong, true).unwrap_err().to_string().contains("head.weight"));
+    let err = model.load_state_dict(&wrong, true).unwrap_err();
+    assert!(matches!(&err, NnError::StateDict(report) if report.contains("head.weight")), "{err:?}");
     Ok(())
 }
 
@@ -242,7 +244,13 @@ fn damaged_files_are_errors_not_panics() -> Result<()> {
     let mut huge_header = bytes;
     huge_header[..8].copy_from_slice(&u64::MAX.to_le_bytes());
     assert!(StateDict::from_bytes(&huge_header).is_err());
-    let missing = StateDict::load("/nonexistent/brasa/weights.safetensors").unwrap_err().to_string();
-    assert!(missing.contains("/nonexistent/brasa/weights.safetensors"), "{missing}");
+    let missing = StateDict::load("/nonexistent/brasa/weights.safetensors").unwrap_err();
+    assert!(
+        matches!(&missing, NnError::File { path, source: Some(_), .. }
+            if path == "/nonexistent/brasa/weights.safetensors"),
+        "{missing:?}"
+    );
+    let io = std::error::Error::source(&missing).and_then(|e| e.downcast_ref::<std::io::Error>());
+    assert_eq!(io.map(std::io::Error::kind), Some(std::io::ErrorKind::NotFound), "{missing:?}");
     Ok(())
 }

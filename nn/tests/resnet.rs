@@ -14,7 +14,7 @@ use brasa_autograd::{no_grad, Var};
 use brasa_nn::functional::cross_entropy;
 use brasa_nn::models::{ResNet, ResNetConfig};
 use brasa_nn::optim::{Optimizer, Sgd, SgdConfig};
-use brasa_nn::{Module, ModuleExt};
+use brasa_nn::{Module, ModuleExt, NnError};
 use brasa_tensor::{DType, Device, Generator, MemoryTarget, MetaDevice, Tensor};
 
 const DEV: Device = Device::CPU;
@@ -62,8 +62,10 @@ fn resnet18_maps_32x32_images_to_logits() {
     assert_eq!(small.forward(&Var::new(x)).unwrap().dims(), &[2, 10]);
     // The wrong channel count is an error that says what was expected.
     let (grey, _) = batch(1, [2, 1, 32, 32], 10);
-    let message = small.forward(&Var::new(grey)).err().unwrap().to_string();
-    assert!(message.contains("[N, 3, H, W]"), "{message}");
+    let error = small.forward(&Var::new(grey)).err().unwrap();
+    assert!(matches!(error, NnError::Invalid { what: "ResNet", .. }), "{error:?}");
+    // The variant says no more: the message says what was expected.
+    assert!(error.to_string().contains("[N, 3, H, W]"), "{error}");
 }
 
 #[test]

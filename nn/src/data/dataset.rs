@@ -315,20 +315,24 @@ mod tests {
         assert_eq!(x.dims(), &[3, 3]);
         assert_eq!(x.to_vec::<f32>().unwrap(), [12.0, 13.0, 14.0, 0.0, 1.0, 2.0, 12.0, 13.0, 14.0]);
         assert_eq!(y.to_vec::<i64>().unwrap(), [4, 0, 4]);
-        let error = data.get_batch(&[1, 5]).unwrap_err().to_string();
-        assert!(error.contains("index 5") && error.contains("5 samples"), "{error}");
+        let error = data.get_batch(&[1, 5]).unwrap_err();
+        assert!(matches!(error, NnError::Invalid { what: "TensorDataset::get_batch", .. }), "{error:?}");
+        // The variant says no more: the message names the index and the length.
+        assert!(error.to_string().contains("index 5 is out of range for a dataset of 5 samples"), "{error}");
     }
 
     #[test]
     fn mismatched_lengths_are_refused() {
         let x = Tensor::zeros([4, 2], DType::F32).unwrap();
         let y = Tensor::zeros([3], DType::I64).unwrap();
-        let error = TensorDataset::new(x, y).unwrap_err().to_string();
-        assert!(error.contains("4 samples") && error.contains("have 3"), "{error}");
+        let error = TensorDataset::new(x, y).unwrap_err();
+        assert!(matches!(error, NnError::Invalid { what: "TensorDataset::new", .. }), "{error:?}");
+        // The variant says no more: the messages name the counts, or the missing dim.
+        assert!(error.to_string().contains("4 samples") && error.to_string().contains("have 3"), "{error}");
         let error = TensorDataset::new(Tensor::scalar_on(1.0f32, brasa_tensor::Device::CPU).unwrap(), ramp(1).labels)
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("first (sample) dim"), "{error}");
+            .unwrap_err();
+        assert!(matches!(error, NnError::Invalid { what: "TensorDataset::new", .. }), "{error:?}");
+        assert!(error.to_string().contains("first (sample) dim"), "{error}");
     }
 
     #[test]

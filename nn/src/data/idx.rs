@@ -307,7 +307,13 @@ mod tests {
             (IdxType::U8, &[2, 3][..], &[1, 2, 3, 4, 5, 6][..])
         );
 
-        let error = |bytes: Vec<u8>| parse_bytes(bytes).err().map(|e| e.to_string()).unwrap_or_default();
+        // Each refusal is an NnError::File naming the file, with no lower
+        // error; its message says what is wrong, which is what is checked.
+        let error = |bytes: Vec<u8>| match parse_bytes(bytes) {
+            Err(NnError::File { path, message, source: None }) if path == "test.idx" => message,
+            Err(other) => panic!("expected a File error about test.idx, got {other:?}"),
+            Ok(_) => panic!("expected an error"),
+        };
         assert!(error(vec![0, 0]).contains("too short"));
         assert!(error(vec![1, 2, 3, 4]).contains("bad magic number 0x01020304"));
         assert!(error(vec![0, 0, 0x07, 1]).contains("unknown type code 0x07"));

@@ -361,8 +361,10 @@ mod tests {
     fn invalid_configs_are_errors() {
         assert!(ResNet::new(ResNetConfig::small(0, 10), Device::CPU).is_err());
         assert!(ResNet::new(ResNetConfig::small(3, 10).width(0), Device::CPU).is_err());
-        let message = ResNetConfig::small(3, 10).blocks([1, 0, 1, 1]).validate().unwrap_err().to_string();
-        assert!(message.contains("stage 2"), "{message}");
+        let err = ResNetConfig::small(3, 10).blocks([1, 0, 1, 1]).validate().unwrap_err();
+        assert!(matches!(err, NnError::Invalid { what: "ResNetConfig", .. }), "{err:?}");
+        // The variant says no more: the message names the stage (counted from 1).
+        assert!(err.to_string().contains("stage 2 has none"), "{err}");
     }
 
     #[test]
