@@ -122,7 +122,7 @@ fn data_parallel_on_nccl_equals_the_in_process_engine() -> Result<()> {
             let x: Vec<f32> = (0..12 * 6).map(|i| (((i * 7 + step * 3) % 11) as f32 - 5.0) / 5.0).collect();
             let y: Vec<i64> = (0..12).map(|i| ((i + step) % 3) as i64).collect();
             let (x, y) = (Tensor::from_vec_on(x, [12, 6], devices[0])?, Tensor::from_vec_on(y, [12], devices[0])?);
-            dp.step(&x, &y, |out, target| cross_entropy(out, target))?;
+            dp.step(&x, &y, cross_entropy)?;
         }
         let mut values = Vec::new();
         for p in dp.module().parameters() {

@@ -129,7 +129,9 @@ static LIVE: Mutex<Vec<(Device, Weak<CommHandle>)>> = Mutex::new(Vec::new());
 /// The device memory NCCL holds on `device` for brasa's live communicators
 /// (`ncclCommMemStats`, NCCL 2.29 and later); `None` when the loaded NCCL
 /// cannot say, or none is live there. NCCL allocates it itself, outside
-/// brasa's caching allocator, so `memory::allocated` does not count it.
+/// brasa's caching allocator, so `memory::allocated` does not count it;
+/// `memory::summary` lists it and `MemoryTarget::like` takes it off the
+/// device's capacity (registered with `memory::register_external`).
 pub fn nccl_memory(device: Device) -> Option<u64> {
     let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
     live.retain(|(_, handle)| handle.strong_count() > 0);
@@ -155,6 +157,10 @@ fn start(raw: RawComm, rank: usize, world: usize, device: Device, options: &Comm
     let nccl = nccl()?;
     let comm = Arc::new(CommHandle::new(nccl, rank, raw));
     LIVE.lock().unwrap_or_else(|e| e.into_inner()).push((device, Arc::downgrade(&comm)));
+    // memory::summary and memory plans (MemoryTarget::like) count what
+    // NCCL holds, where the library can say.
+    static REPORTER: std::sync::Once = std::sync::Once::new();
+    REPORTER.call_once(|| brasa_tensor::memory::register_external("NCCL", nccl_memory));
     let info = RankInfo { rank, world_size: world, device, backend: "nccl" };
     let engine = NcclEngine {
         nccl,

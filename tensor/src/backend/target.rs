@@ -72,8 +72,14 @@ impl MemoryTarget {
     /// The device `device` as it is configured now: its kind, its capacity
     /// (a logical host device's limit) and its allocator's configuration.
     /// Creates the device's allocator if it had none (allocating nothing).
+    /// Memory that libraries hold there outside the caching allocator
+    /// ([`crate::memory::external`]: NCCL's buffers, say) is not the
+    /// allocator's to use, so it is taken off the capacity.
     pub fn like(device: Device) -> Result<MemoryTarget> {
-        runtime_for(device)?.memory_target(device)
+        let target = runtime_for(device)?.memory_target(device)?;
+        let held: u64 = crate::memory::external(device).iter().map(|(_, bytes)| bytes).sum();
+        let capacity = target.capacity.saturating_sub(usize::try_from(held).unwrap_or(usize::MAX));
+        Ok(target.with_capacity(capacity))
     }
 
     /// A target of these parts (what a device's runtime reports).

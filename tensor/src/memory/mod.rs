@@ -14,10 +14,12 @@
 //! ```
 
 mod category;
+mod external;
 mod plan;
 
 pub use brasa_alloc::MemoryCategory;
 pub use category::{category_scope, current_category, CategoryScope};
+pub use external::{external, register_external};
 pub use plan::{
     max_batch_size, max_batch_size_for, plan, plan_devices, plan_on, plan_steps, BatchSearch, MemoryPlan, PLANNED_STEPS,
 };
@@ -71,7 +73,10 @@ pub fn stats(device: Device) -> Result<MemoryStats> {
 
 /// The statistics as PyTorch's `memory_summary` table.
 pub fn summary(device: Device) -> Result<String> {
-    Ok(allocator(device)?.summary())
+    let mut text = allocator(device)?.summary();
+    // What libraries hold there themselves (NCCL's buffers), when any say.
+    text.push_str(&external::summary_lines(device));
+    Ok(text)
 }
 
 /// Segments and blocks, plus recorded history (`memory_snapshot`).

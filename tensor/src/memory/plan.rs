@@ -1,6 +1,7 @@
 //! Memory plans: a training step run on a meta device imitating the
 //! target, answering before the run what it will take: peak allocated and
-//! peak reserved bytes (exact on host targets), what is alive at the peak
+//! peak reserved bytes (exact on host targets; on CUDA targets exact up to
+//! cuDNN's convolution workspaces, see [`plan`]), what is alive at the peak
 //! and for what, and the first allocation that would fail.
 //!
 //! ```
@@ -125,6 +126,15 @@ impl fmt::Display for MemoryPlan {
 /// it does not fit and which allocation would fail. Any other error of the
 /// setup or step (reading a value on the meta device, a shape mistake) is
 /// a [`TensorError::Plan`] carrying it.
+///
+/// For a CUDA target the plan follows the CUDA backend's allocations,
+/// scratch included (split reductions' partial sums, the convolutions'
+/// im2col column buffers), with one deliberate gap: convolutions are
+/// planned on the im2col path. With cuDNN loaded and enabled a GPU run
+/// instead allocates cuDNN's workspaces, whose size depends on the
+/// algorithm cuDNN picks on the GPU at run time and cannot be known here;
+/// the plan is exact for a run with `crate::cudnn::set_enabled(false)`
+/// (or without cuDNN), and otherwise an estimate for convolutional models.
 pub fn plan<Setup, Step, E>(target: &MemoryTarget, setup: Setup) -> Result<MemoryPlan>
 where
     Setup: FnOnce(Device) -> std::result::Result<Step, E>,

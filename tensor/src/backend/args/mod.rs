@@ -16,7 +16,7 @@ mod pool;
 mod reduce;
 
 pub(crate) use attention::{AttentionOperands, DropoutDraws};
-pub(crate) use conv::ConvPlan;
+pub(crate) use conv::{join_groups, ConvPlan};
 pub(crate) use elementwise::{CompareOp, Update};
 pub(crate) use fill::{Distribution, Sequence};
 pub(crate) use indices::{read_checked_indices, Indices};
@@ -24,4 +24,4 @@ pub(crate) use matmul::{merged_stride, MatmulOperands};
 pub(crate) use norm::{BatchNormBackwardElemt, LayerNormBackward};
 pub(crate) use optim::{AdamUpdate, SgdUpdate};
 pub(crate) use pool::PoolPlan;
-pub(crate) use reduce::{out_dims, ReduceOp};
+pub(crate) use reduce::{column_chunks, out_dims, reduce_layout, ReduceLayout, ReduceOp};

@@ -16,6 +16,7 @@
 use super::cudnn;
 use super::elementwise::finish;
 use super::{address, grid_for, output_address, suffix, CudaOps};
+use crate::backend::args::join_groups;
 use crate::backend::ConvPlan;
 use crate::error::Result;
 use crate::shape::Shape;
@@ -121,22 +122,6 @@ fn col2im(backend: &CudaOps, name: &'static str, col: &Tensor, plan: &ConvPlan) 
 
 fn dims(values: &[usize]) -> Vec<isize> {
     values.iter().map(|&v| v as isize).collect()
-}
-
-/// Puts each group's result into one tensor of `shape` along `dim` (the one
-/// group's result as it is when there is one).
-fn join_groups(parts: Vec<Tensor>, dim: usize, shape: Shape, like: &Tensor) -> Result<Tensor> {
-    if parts.len() == 1 {
-        return parts.into_iter().next().ok_or_else(|| crate::error::TensorError::invalid("conv2d", "no group"));
-    }
-    let joined = Tensor::zeros_on(shape, like.dtype(), like.device())?;
-    let mut start = 0;
-    for part in &parts {
-        let len = part.dims()[dim];
-        joined.narrow(dim, start, len)?.copy_(part)?;
-        start += len;
-    }
-    Ok(joined)
 }
 
 pub(super) fn conv2d(

@@ -11,6 +11,7 @@
 
 use super::elementwise::{finish, launch_fill};
 use super::{address, grid_for, output_address, suffix, CudaOps};
+use crate::backend::args::{column_chunks, reduce_layout, ReduceLayout};
 use crate::backend::out_dims;
 use crate::backend::ReduceOp;
 use crate::dispatch::dispatch_dtype;
@@ -31,27 +32,14 @@ fn accumulator(dtype: DType) -> DType {
 }
 
 /// `x` as a contiguous `[outer, len, inner]` with the reduced dims (`mask`,
-/// `len` elements, at least one) in the middle: `x` itself when it is
-/// contiguous and its reduced dims are neighbours, else a copy with the
-/// reduced dims moved last.
+/// `len` elements, at least one) in the middle: `x` itself or a copy with
+/// the reduced dims moved last, as [`reduce_layout`] decides (the meta
+/// device imitating a CUDA device allocates the same copy from it).
 fn middle_view(x: &Tensor, mask: &[bool], len: usize) -> Result<(Tensor, [usize; 3])> {
-    let dims = x.dims();
-    // The reduced dims that move through memory (size-1 dims do not).
-    let spread: Vec<usize> = (0..dims.len()).filter(|&d| mask[d] && dims[d] > 1).collect();
-    if x.is_contiguous() {
-        match (spread.first(), spread.last()) {
-            (None, _) | (_, None) => return Ok((x.clone(), [x.numel(), 1, 1])),
-            (Some(&first), Some(&last)) if (first..=last).all(|d| mask[d] || dims[d] == 1) => {
-                let outer = dims[..first].iter().product();
-                let inner = dims[last + 1..].iter().product();
-                return Ok((x.clone(), [outer, len, inner]));
-            }
-            _ => {}
-        }
+    match reduce_layout(x.dims(), x.is_contiguous(), mask, len) {
+        ReduceLayout::View(runs) => Ok((x.clone(), runs)),
+        ReduceLayout::Moved { order, runs } => Ok((x.permute(&order)?.contiguous()?, runs)),
     }
-    let order: Vec<usize> = (0..dims.len()).filter(|&d| !mask[d]).chain((0..dims.len()).filter(|&d| mask[d])).collect();
-    let moved = x.permute(&order)?.contiguous()?;
-    Ok((moved, [x.numel() / len, len, 1]))
 }
 
 /// The ABI's launch for folding `[outer, len, inner]` runs: a block per run
@@ -179,25 +167,6 @@ pub(super) fn reduce(
     Ok(finish(out))
 }
 
-/// How many equal pieces to fold each column of a `[outer, len, inner]`
-/// sum or mean in first, when the column kernel (a thread per output,
-/// `inner > 1`) would leave most of the GPU idle: fewer than 16,384
-/// outputs over long runs (a bias gradient: 384 columns of 16,384 rows ran
-/// 384 threads for 55 µs). `None` keeps one pass.
-fn column_chunks(op: ReduceOp, outer: usize, len: usize, inner: usize) -> Option<usize> {
-    const THREADS: usize = 1 << 15;
-    const MIN_PIECE: usize = 32;
-    let outputs = outer * inner;
-    if !matches!(op, ReduceOp::Sum | ReduceOp::Mean) || inner == 1 || outputs >= THREADS / 2 || len < 4 * MIN_PIECE {
-        return None;
-    }
-    let mut chunks = (THREADS / outputs).min(len / MIN_PIECE);
-    while chunks > 1 && !len.is_multiple_of(chunks) {
-        chunks -= 1;
-    }
-    (chunks > 1).then_some(chunks)
-}
-
 /// Launches `kernel` of `module`, whose parameters are `(i64 outer, i64
 /// len, i64 inner, const T* src, O* dst)`, over the contiguous
 /// `[outer, len, inner]` runs at `src` (sums, means, softmax).
@@ -267,25 +236,7 @@ pub(super) fn softmax(
 
 #[cfg(test)]
 mod tests {
-    use super::{accumulator, column_chunks};
-    use crate::backend::ReduceOp;
-
-    #[test]
-    fn long_columns_are_folded_in_equal_pieces() {
-        // A bias gradient: 384 columns of 16,384 rows.
-        let chunks = column_chunks(ReduceOp::Sum, 1, 16_384, 384).unwrap();
-        assert!(chunks >= 64 && 16_384 % chunks == 0 && 16_384 / chunks >= 32, "{chunks}");
-        // A length with few divisors still splits evenly.
-        let c = column_chunks(ReduceOp::Mean, 1, 3 * 1009, 10).unwrap();
-        assert_eq!(3 * 1009 % c, 0);
-        // Many outputs, short columns, rows (inner = 1), other ops or a
-        // prime length: one pass.
-        assert_eq!(column_chunks(ReduceOp::Sum, 1, 16_384, 65_536), None);
-        assert_eq!(column_chunks(ReduceOp::Sum, 1, 64, 384), None);
-        assert_eq!(column_chunks(ReduceOp::Sum, 384, 16_384, 1), None);
-        assert_eq!(column_chunks(ReduceOp::Max, 1, 16_384, 384), None);
-        assert_eq!(column_chunks(ReduceOp::Sum, 1, 8_191, 384), None);
-    }
+    use super::accumulator;
     use crate::dtype::DType;
 
     #[test]

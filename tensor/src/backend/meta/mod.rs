@@ -20,18 +20,47 @@
 //! a meta device equal the host's.
 //!
 //! For a CUDA target the same sequences are used except where the CUDA
-//! backend differs in a way listed here: matrix products of half operands
-//! into f32 widen both operands first; fused attention (f16/bf16, head
-//! widths up to 128) allocates its output, log-sum-exp, f32 query gradient
-//! and row deltas; index bounds are checked with a device reduction. Scratch
-//! the CUDA backend takes (the convolution's im2col/col2im buffers, split
-//! reductions' partial sums, layer norm's parameter-gradient partials) is
-//! not yet mirrored (see `docs/status.md`).
+//! backend differs; those ops follow `backend/cuda/` instead (`cuda.rs`
+//! here), with the sizing rules shared through `backend/args` where the
+//! CUDA backend decides from shapes:
+//!
+//! - reductions: the output of the result's shape first, a contiguous copy
+//!   of the source when its reduced dims cannot be walked in place
+//!   ([`crate::backend::args::reduce_layout`]), and the partial sums of a
+//!   split reduction over few long columns
+//!   ([`crate::backend::args::column_chunks`]), freed in the CUDA order;
+//! - convolutions: the im2col path, per group the column matrix `[N, K, P]`
+//!   (or `col2im`'s image), the cuBLAS products and the batch sum, the
+//!   groups joined, the bias added in place;
+//! - pooling without f32 staging of half precision, the max-pool gradient
+//!   as zeros and a `scatter_add_`, random draws straight into their dtype;
+//! - the 0-d `i64` bad-index flag of gathers, scatters, `index_select` and
+//!   `one_hot`, and the device bounds reduction that checks indices;
+//! - the 0-d value a fill of a strided view copies from;
+//! - matrix products of half operands into f32 widen both operands first;
+//!   fused attention (f16/bf16, head widths up to 128) allocates its
+//!   output, log-sum-exp, f32 query gradient and row deltas.
+//!
+//! Layer norm (outputs, statistics, and the zeroed `[width]` parameter
+//! gradients the CUDA kernel adds into), batch norm, softmax and the
+//! optimizers' fused steps allocate the same on both backends.
+//!
+//! **cuDNN is not modelled.** The CUDA backend runs convolutions on cuDNN
+//! when the library is loaded and enabled; cuDNN's workspace comes from the
+//! caching allocator with a size that depends on the algorithm the library
+//! picks on the GPU at run time, and operands whose memory format differs
+//! are copied dense. None of that can be known without the library and a
+//! GPU, so a plan for a CUDA target models the im2col path's buffers (what
+//! a GPU run allocates with `crate::cudnn::set_enabled(false)` or without
+//! cuDNN), not cuDNN's workspaces. Not modelled either: the copies cuBLAS
+//! needs of operands whose matrices have neither contiguous rows nor
+//! contiguous columns (a plan counts the product's output only).
 //!
 //! Data-dependent behaviour is explicit: reading values (`to_vec`, `item`,
 //! host bytes) is an error naming the op; index bounds are assumed valid
 //! (they cannot be checked without values).
 
+mod cuda;
 mod device;
 mod runtime;
 
@@ -246,7 +275,11 @@ impl DeviceOps for MetaOps {
         Ok(())
     }
 
-    fn fill(&self, _name: &'static str, _dst: &Tensor, _value: f64) -> Result<()> {
+    fn fill(&self, name: &'static str, dst: &Tensor, _value: f64) -> Result<()> {
+        if self.kind == TargetKind::Cuda {
+            let _op = op_scope(name);
+            return cuda::fill(name, dst);
+        }
         Ok(())
     }
 
@@ -261,6 +294,9 @@ impl DeviceOps for MetaOps {
 
     fn reduce(&self, op: ReduceOp, name: &'static str, x: &Tensor, mask: &[bool], keepdim: bool) -> Result<Tensor> {
         let _op = op_scope(name);
+        if self.kind == TargetKind::Cuda {
+            return cuda::reduce(op, name, x, mask, keepdim);
+        }
         // The host's walk: maybe a copy with the reduced dims last, the
         // result of the computed shape, maybe expanded into a copy.
         let (source, computed_shape, out_shape) = host_reduce::allocations(name, x, mask, keepdim)?;
@@ -370,33 +406,52 @@ impl DeviceOps for MetaOps {
         shape: &Shape,
     ) -> Result<Tensor> {
         let _op = op_scope(name);
-        planned(name, x.device(), x.dtype(), shape.clone())
+        let out = planned(name, x.device(), x.dtype(), shape.clone())?;
+        if self.kind == TargetKind::Cuda && shape.numel() > 0 {
+            cuda::bad_index_flag(name, x.device())?;
+        }
+        Ok(out)
     }
 
     fn gather(&self, name: &'static str, x: &Tensor, _dim: usize, index: Indices<'_>) -> Result<Tensor> {
         let _op = op_scope(name);
-        planned(name, x.device(), x.dtype(), index.tensor.shape().clone())
+        let out = planned(name, x.device(), x.dtype(), index.tensor.shape().clone())?;
+        if self.kind == TargetKind::Cuda && index.tensor.numel() > 0 {
+            cuda::bad_index_flag(name, x.device())?;
+        }
+        Ok(out)
     }
 
     fn scatter_add(
         &self,
-        _name: &'static str,
-        _dst: &Tensor,
+        name: &'static str,
+        dst: &Tensor,
         _dim: usize,
-        _index: Indices<'_>,
+        index: Indices<'_>,
         _src: &Tensor,
     ) -> Result<()> {
+        if self.kind == TargetKind::Cuda && index.tensor.numel() > 0 {
+            let _op = op_scope(name);
+            cuda::bad_index_flag(name, dst.device())?;
+        }
         Ok(())
     }
 
     fn one_hot(&self, ids: Indices<'_>, _num_classes: usize, shape: &Shape) -> Result<Tensor> {
         let _op = op_scope("one_hot");
-        planned("one_hot", ids.tensor.device(), DType::I64, shape.clone())
+        let out = planned("one_hot", ids.tensor.device(), DType::I64, shape.clone())?;
+        if self.kind == TargetKind::Cuda && shape.numel() > 0 {
+            cuda::bad_index_flag("one_hot", ids.tensor.device())?;
+        }
+        Ok(out)
     }
 
-    fn conv2d(&self, input: &Tensor, weight: &Tensor, _bias: Option<&Tensor>, plan: &ConvPlan) -> Result<Tensor> {
+    fn conv2d(&self, input: &Tensor, weight: &Tensor, bias: Option<&Tensor>, plan: &ConvPlan) -> Result<Tensor> {
         const OP: &str = "conv2d";
         let _op = op_scope(OP);
+        if self.kind == TargetKind::Cuda {
+            return cuda::conv2d(input, weight, bias, plan);
+        }
         let input = host_conv::non_negative(input)?;
         let (weight, _, _) = host_conv::matrix_view(weight, 0)?;
         let out = planned(OP, input.device(), input.dtype(), plan.output_shape())?;
@@ -407,6 +462,9 @@ impl DeviceOps for MetaOps {
     fn conv2d_backward_input(&self, grad: &Tensor, weight: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
         const OP: &str = "conv2d_backward_input";
         let _op = op_scope(OP);
+        if self.kind == TargetKind::Cuda {
+            return cuda::conv2d_backward_input(grad, weight, plan);
+        }
         let (grad, _, _) = host_conv::matrix_view(grad, 1)?;
         let (weight, _, _) = host_conv::matrix_view(weight, 0)?;
         let out = planned(OP, grad.device(), grad.dtype(), plan.input_shape())?;
@@ -417,6 +475,9 @@ impl DeviceOps for MetaOps {
     fn conv2d_backward_weight(&self, input: &Tensor, grad: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
         const OP: &str = "conv2d_backward_weight";
         let _op = op_scope(OP);
+        if self.kind == TargetKind::Cuda {
+            return cuda::conv2d_backward_weight(input, grad, plan);
+        }
         let input = host_conv::non_negative(input)?;
         let (grad, _, _) = host_conv::matrix_view(grad, 1)?;
         let out = planned(OP, input.device(), input.dtype(), plan.weight_shape())?;
@@ -427,6 +488,9 @@ impl DeviceOps for MetaOps {
     fn conv2d_backward_bias(&self, grad: &Tensor) -> Result<Tensor> {
         const OP: &str = "conv2d_backward_bias";
         let _op = op_scope(OP);
+        if self.kind == TargetKind::Cuda {
+            return cuda::conv2d_backward_bias(grad);
+        }
         let dense = grad.contiguous()?;
         let out = planned(OP, grad.device(), grad.dtype(), [grad.dims()[1]])?;
         drop(dense);
@@ -436,6 +500,9 @@ impl DeviceOps for MetaOps {
     fn max_pool2d(&self, input: &Tensor, plan: &PoolPlan) -> Result<(Tensor, Tensor)> {
         const OP: &str = "max_pool2d";
         let _op = op_scope(OP);
+        if self.kind == TargetKind::Cuda {
+            return cuda::max_pool2d(input, plan);
+        }
         let input = host_pool::non_negative(input)?;
         let shape = plan.output_shape();
         let values = planned(OP, input.device(), input.dtype(), shape.clone())?;
@@ -443,14 +510,20 @@ impl DeviceOps for MetaOps {
         Ok((values, indices))
     }
 
-    fn max_pool2d_backward(&self, grad: &Tensor, _indices: &Tensor, input_shape: &Shape) -> Result<Tensor> {
+    fn max_pool2d_backward(&self, grad: &Tensor, indices: &Tensor, input_shape: &Shape) -> Result<Tensor> {
         let _op = op_scope("max_pool2d_backward");
+        if self.kind == TargetKind::Cuda {
+            return cuda::max_pool2d_backward(grad, indices, input_shape);
+        }
         planned("max_pool2d_backward", grad.device(), grad.dtype(), input_shape.clone())
     }
 
     fn avg_pool2d(&self, input: &Tensor, plan: &PoolPlan, _count_include_pad: bool) -> Result<Tensor> {
         const OP: &str = "avg_pool2d";
         let _op = op_scope(OP);
+        if self.kind == TargetKind::Cuda {
+            return cuda::avg_pool2d(input, plan);
+        }
         let forward = |input: &Tensor| -> Result<Tensor> {
             let input = host_pool::non_negative(input)?;
             planned(OP, input.device(), input.dtype(), plan.output_shape())
@@ -464,6 +537,9 @@ impl DeviceOps for MetaOps {
     fn avg_pool2d_backward(&self, grad: &Tensor, plan: &PoolPlan, _count_include_pad: bool) -> Result<Tensor> {
         const OP: &str = "avg_pool2d_backward";
         let _op = op_scope(OP);
+        if self.kind == TargetKind::Cuda {
+            return cuda::avg_pool2d_backward(grad, plan);
+        }
         let backward = |grad: &Tensor| -> Result<Tensor> {
             let grad = grad.contiguous()?;
             planned(OP, grad.device(), grad.dtype(), plan.input_shape())
@@ -488,6 +564,9 @@ impl DeviceOps for MetaOps {
         device: Device,
     ) -> Result<Tensor> {
         let _op = op_scope(op);
+        if self.kind == TargetKind::Cuda {
+            return cuda::random(op, shape, dtype, device);
+        }
         if let Distribution::Bernoulli { .. } = dist {
             return planned(op, device, dtype, shape.clone());
         }

@@ -1,0 +1,180 @@
+//! The allocations of the CUDA backend (`backend/cuda/`) where they differ
+//! from the host's, for meta devices imitating a CUDA device: each function
+//! here allocates what its CUDA counterpart allocates, in the same order,
+//! and frees it at the same point, and computes nothing. Sizing rules that
+//! decide whether a temporary exists (a reduction's copy and partial sums,
+//! a convolution's joined groups) are shared with the CUDA backend through
+//! `backend/args`, so the two cannot drift apart.
+//!
+//! Convolutions follow the CUDA backend's im2col path (the path taken
+//! without cuDNN, or with `crate::cudnn::set_enabled(false)`): cuDNN's
+//! workspaces depend on the algorithm the library picks on the GPU at run
+//! time and are not modelled.
+
+use super::{planned, reduced_dtype};
+use crate::backend::args::{column_chunks, join_groups, reduce_layout, ReduceLayout};
+use crate::backend::{out_dims, ConvPlan, PoolPlan, ReduceOp};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::shape::Shape;
+use crate::tensor::Tensor;
+
+/// `values` as the `&[isize]` that `reshape` takes.
+fn dims(values: &[usize]) -> Vec<isize> {
+    values.iter().map(|&v| v as isize).collect()
+}
+
+/// As `cuda::reduce::reduce`: the output first (of the output's shape, no
+/// expanding copy), then the source's contiguous copy when its reduced dims
+/// cannot be walked in place, then the partial sums of a split reduction;
+/// the partial sums are freed first, then the copy.
+pub(super) fn reduce(op: ReduceOp, name: &'static str, x: &Tensor, mask: &[bool], keepdim: bool) -> Result<Tensor> {
+    let out_shape = Shape::from(out_dims(x.dims(), mask, keepdim));
+    let out_dtype = reduced_dtype(op, x.dtype());
+    let out = planned(name, x.device(), out_dtype, out_shape.clone())?;
+    let len: usize = x.dims().iter().zip(mask).filter(|(_, &m)| m).map(|(&d, _)| d).product();
+    // No outputs, or runs of nothing (filled with the op's empty value):
+    // no source walked.
+    if out_shape.numel() == 0 || len == 0 {
+        return Ok(out);
+    }
+    let (source, [outer, len, inner]) = match reduce_layout(x.dims(), x.is_contiguous(), mask, len) {
+        ReduceLayout::View(runs) => (None, runs),
+        ReduceLayout::Moved { order, runs } => (Some(x.permute(&order)?.contiguous()?), runs),
+    };
+    if let Some(chunks) = column_chunks(op, outer, len, inner) {
+        let partial = planned(name, x.device(), out_dtype, [outer * chunks * inner])?;
+        drop(partial);
+    }
+    drop(source);
+    Ok(out)
+}
+
+/// As `cuda::conv::im2col`: the columns `[N, K, P]` of one group.
+fn columns(name: &'static str, input: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
+    let (k, p) = (plan.geometry.col_rows(), plan.geometry.col_cols());
+    planned(name, input.device(), input.dtype(), [plan.batch, k, p])
+}
+
+/// As `cuda::conv::conv2d` without cuDNN: the weight as a dense
+/// `[C_out, K]`; per group its columns and their product; the groups
+/// joined; the bias added in place.
+pub(super) fn conv2d(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>, plan: &ConvPlan) -> Result<Tensor> {
+    const OP: &str = "conv2d";
+    let (cog, k, p) = (plan.c_out_group(), plan.geometry.col_rows(), plan.geometry.col_cols());
+    let (oh, ow) = plan.geometry.output();
+    let w = weight.contiguous()?.reshape(&dims(&[plan.c_out, k]))?;
+    let mut parts = Vec::with_capacity(plan.groups);
+    for g in 0..plan.groups {
+        let col = columns(OP, input, plan)?;
+        parts.push(w.narrow(0, g * cog, cog)?.matmul(&col)?);
+    }
+    let out = join_groups(parts, 1, Shape::from([plan.batch, plan.c_out, p]), input)?;
+    let out = out.reshape(&dims(&[plan.batch, plan.c_out, oh, ow]))?;
+    if let Some(bias) = bias {
+        out.add_(&bias.reshape(&dims(&[1, plan.c_out, 1, 1]))?)?;
+    }
+    Ok(out)
+}
+
+/// As `cuda::conv::conv2d_backward_input` without cuDNN: dense weight and
+/// gradient; per group the columns `W_gᵀ · dY_g` and the image `col2im`
+/// folds them into (allocated while the columns are alive); the groups joined.
+pub(super) fn conv2d_backward_input(grad: &Tensor, weight: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
+    const OP: &str = "conv2d_backward_input";
+    let (cog, k, p) = (plan.c_out_group(), plan.geometry.col_rows(), plan.geometry.col_cols());
+    let (h, w_) = plan.geometry.input();
+    let w = weight.contiguous()?.reshape(&dims(&[plan.c_out, k]))?;
+    let dy = grad.contiguous()?.reshape(&dims(&[plan.batch, plan.c_out, p]))?;
+    let mut parts = Vec::with_capacity(plan.groups);
+    for g in 0..plan.groups {
+        let wt = w.narrow(0, g * cog, cog)?.t()?;
+        let col = wt.matmul(&dy.narrow(1, g * cog, cog)?)?;
+        parts.push(planned(OP, col.device(), col.dtype(), [plan.batch, plan.geometry.channels(), h, w_])?);
+    }
+    join_groups(parts, 1, Shape::from([plan.batch, plan.c_in, h, w_]), grad)
+}
+
+/// As `cuda::conv::conv2d_backward_weight` without cuDNN: the dense
+/// gradient; per group the columns, the per-image products and their sum
+/// over the batch (a reduction that may split); the groups joined.
+pub(super) fn conv2d_backward_weight(input: &Tensor, grad: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
+    const OP: &str = "conv2d_backward_weight";
+    let (cog, k, p) = (plan.c_out_group(), plan.geometry.col_rows(), plan.geometry.col_cols());
+    let dy = grad.contiguous()?.reshape(&dims(&[plan.batch, plan.c_out, p]))?;
+    let mut parts = Vec::with_capacity(plan.groups);
+    for g in 0..plan.groups {
+        let col = columns(OP, input, plan)?;
+        let per_image = dy.narrow(1, g * cog, cog)?.matmul(&col.transpose(1, 2)?)?;
+        parts.push(per_image.sum(&[0], false)?);
+    }
+    let dw = join_groups(parts, 0, Shape::from([plan.c_out, k]), input)?;
+    let (kh, kw) = plan.geometry.kernel();
+    dw.reshape(&dims(&[plan.c_out, plan.geometry.channels(), kh, kw]))
+}
+
+/// As `cuda::conv::conv2d_backward_bias`: a sum over dims 0, 2 and 3.
+pub(super) fn conv2d_backward_bias(grad: &Tensor) -> Result<Tensor> {
+    grad.sum(&[0, 2, 3], false)
+}
+
+/// As `cuda::pool::max_pool2d`: values and positions, read through any strides.
+pub(super) fn max_pool2d(input: &Tensor, plan: &PoolPlan) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "max_pool2d";
+    let shape = plan.output_shape();
+    let values = planned(OP, input.device(), input.dtype(), shape.clone())?;
+    let indices = planned(OP, input.device(), DType::I64, shape)?;
+    Ok((values, indices))
+}
+
+/// As `cuda::pool::max_pool2d_backward`: zeros of the input's planes and a
+/// `scatter_add_` into them (with its device bounds check and bad-index flag).
+pub(super) fn max_pool2d_backward(grad: &Tensor, indices: &Tensor, input_shape: &Shape) -> Result<Tensor> {
+    let rank = input_shape.rank();
+    let shape_dims = input_shape.dims();
+    let plane_in = shape_dims[rank - 2] * shape_dims[rank - 1];
+    let planes: usize = shape_dims[..rank - 2].iter().product();
+    let plane_out = grad.dims()[rank - 2] * grad.dims()[rank - 1];
+    let as2 = |t: &Tensor, per_plane: usize| t.reshape(&[planes as isize, per_plane as isize]);
+    let grad_in = Tensor::zeros_on([planes, plane_in], grad.dtype(), grad.device())?;
+    grad_in.scatter_add_(1, &as2(indices, plane_out)?, &as2(grad, plane_out)?)?;
+    grad_in.reshape(&dims(shape_dims))
+}
+
+/// As `cuda::pool::avg_pool2d`: the output in the input's dtype (half
+/// precision included), read through any strides.
+pub(super) fn avg_pool2d(input: &Tensor, plan: &PoolPlan) -> Result<Tensor> {
+    planned("avg_pool2d", input.device(), input.dtype(), plan.output_shape())
+}
+
+/// As `cuda::pool::avg_pool2d_backward`: a dense gradient, then the output
+/// in its dtype.
+pub(super) fn avg_pool2d_backward(grad: &Tensor, plan: &PoolPlan) -> Result<Tensor> {
+    const OP: &str = "avg_pool2d_backward";
+    let grad = grad.contiguous()?;
+    planned(OP, grad.device(), grad.dtype(), plan.input_shape())
+}
+
+/// As `cuda::random::random`: drawn straight into the requested dtype.
+pub(super) fn random(op: &'static str, shape: &Shape, dtype: DType, device: Device) -> Result<Tensor> {
+    planned(op, device, dtype, shape.clone())
+}
+
+/// The 0-d `i64` flag `cuda::index` allocates for a kernel to report a bad
+/// index through, alive while the kernel is queued (freed on return).
+pub(super) fn bad_index_flag(op: &'static str, device: Device) -> Result<()> {
+    drop(planned(op, device, DType::I64, Shape::scalar())?);
+    Ok(())
+}
+
+/// As `cuda::elementwise::fill`: a view that stays strided once its
+/// broadcast dims are dropped is filled by copying a 0-d tensor of the
+/// value into it.
+pub(super) fn fill(name: &'static str, dst: &Tensor) -> Result<()> {
+    let view = dst.with_layout(dst.layout().without_broadcast_dims());
+    if view.numel() > 0 && !view.is_contiguous() {
+        drop(planned(name, dst.device(), dst.dtype(), Shape::scalar())?);
+    }
+    Ok(())
+}

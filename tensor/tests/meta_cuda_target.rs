@@ -1,0 +1,212 @@
+//! A meta device imitating a CUDA device allocates what the CUDA backend
+//! (`src/backend/cuda/`) allocates, scratch included. There is no GPU to
+//! compare with here, so each test states the sequence the CUDA backend's
+//! code makes (sizes, order, when each buffer is freed) and compares it
+//! with the allocator's recorded events on the meta device; where the host
+//! backend allocates differently, the same ops on a meta device imitating
+//! the host show that the two paths really differ.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use brasa_alloc::TraceAction;
+use brasa_tensor::memory;
+use brasa_tensor::{Conv2dParams, DType, Device, MemoryTarget, MetaDevice, Result, Tensor};
+use std::collections::HashMap;
+
+/// An allocation of `n` requested bytes, or the free of one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Event {
+    Alloc(usize),
+    Free(usize),
+}
+use Event::{Alloc, Free};
+
+fn cuda() -> MetaDevice {
+    MetaDevice::new(MemoryTarget::cuda(8 << 30)).unwrap()
+}
+
+fn host() -> MetaDevice {
+    MetaDevice::new(MemoryTarget::host(None)).unwrap()
+}
+
+/// The allocations and frees (requested bytes) that `ops` makes on
+/// `device`, in order; what `ops` returns is dropped after the recording.
+fn events<T>(device: Device, ops: impl FnOnce() -> Result<T>) -> Vec<Event> {
+    memory::record_history(device, 100_000).unwrap();
+    let kept = ops().unwrap();
+    let trace = memory::snapshot(device).unwrap().device_traces;
+    memory::record_history(device, 0).unwrap();
+    drop(kept);
+    let mut requested = HashMap::new();
+    let mut out = Vec::new();
+    for entry in trace {
+        match entry.action {
+            TraceAction::Alloc => {
+                requested.insert(entry.addr, entry.requested_size);
+                out.push(Alloc(entry.requested_size));
+            }
+            TraceAction::FreeRequested => {
+                out.push(Free(requested.remove(&entry.addr).expect("a free of a block allocated while recording")))
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+const F32: usize = 4;
+
+#[test]
+fn a_sum_over_few_long_columns_allocates_the_partial_sums_then_frees_them() {
+    let meta = cuda();
+    let d = meta.device();
+    // [16384, 384] over dim 0: [1, 16384, 384] in place; 384 outputs over
+    // columns of 16,384 are folded in 64 pieces first (`column_chunks`).
+    let x = Tensor::zeros_on([16_384, 384], DType::F32, d).unwrap();
+    let seen = events(d, || x.sum(&[0], false));
+    assert_eq!(seen, [Alloc(384 * F32), Alloc(64 * 384 * F32), Free(64 * 384 * F32)]);
+    // A mean with keepdim: the output is `[1, 384]` at once, no expanding copy.
+    let seen = events(d, || x.mean(&[0], true));
+    assert_eq!(seen, [Alloc(384 * F32), Alloc(64 * 384 * F32), Free(64 * 384 * F32)]);
+    // Max never splits.
+    assert_eq!(events(d, || x.max(&[0], false)), [Alloc(384 * F32)]);
+    // The host walks the same reduction without scratch.
+    let host = host();
+    let y = Tensor::zeros_on([16_384, 384], DType::F32, host.device()).unwrap();
+    assert_eq!(events(host.device(), || y.sum(&[0], false)), [Alloc(384 * F32)]);
+}
+
+#[test]
+fn a_sum_over_short_columns_or_rows_takes_one_pass() {
+    let meta = cuda();
+    let d = meta.device();
+    // Columns of 64: too short to split.
+    let x = Tensor::zeros_on([64, 384], DType::F32, d).unwrap();
+    assert_eq!(events(d, || x.sum(&[0], false)), [Alloc(384 * F32)]);
+    // Rows (inner = 1): a block per run, no split.
+    let x = Tensor::zeros_on([384, 16_384], DType::F32, d).unwrap();
+    assert_eq!(events(d, || x.sum(&[1], false)), [Alloc(384 * F32)]);
+}
+
+#[test]
+fn a_strided_reduction_copies_its_source_after_the_output() {
+    let meta = cuda();
+    let d = meta.device();
+    let x = Tensor::zeros_on([384, 1_024], DType::F32, d).unwrap();
+    // xᵀ over dim 1: not contiguous, so copied with the reduced dim last
+    // ([1024, 384] → the copy of its permutation), after the output.
+    let t = x.t().unwrap();
+    let copy = 384 * 1_024 * F32;
+    assert_eq!(events(d, || t.sum(&[1], false)), [Alloc(1_024 * F32), Alloc(copy), Free(copy)]);
+    // [N, C, H, W] over 0, 2, 3 (dims that are not neighbours): copied.
+    let x = Tensor::zeros_on([8, 16, 12, 12], DType::F32, d).unwrap();
+    let copy = 8 * 16 * 12 * 12 * F32;
+    assert_eq!(events(d, || x.sum(&[0, 2, 3], false)), [Alloc(16 * F32), Alloc(copy), Free(copy)]);
+    // The host copies first and allocates the result after.
+    let host = host();
+    let x = Tensor::zeros_on([8, 16, 12, 12], DType::F32, host.device()).unwrap();
+    let seen = events(host.device(), || x.sum(&[0, 2, 3], false));
+    assert_eq!(seen.first(), Some(&Alloc(copy)), "{seen:?}");
+}
+
+#[test]
+fn layer_norm_allocates_outputs_statistics_and_zeroed_parameter_gradients() {
+    let meta = cuda();
+    let d = meta.device();
+    let (rows, width) = (512, 768);
+    let x = Tensor::zeros_on([rows, width], DType::F32, d).unwrap();
+    let w = Tensor::zeros_on([width], DType::F32, d).unwrap();
+    let b = Tensor::zeros_on([width], DType::F32, d).unwrap();
+    let forward = events(d, || x.native_layer_norm(&[width], Some(&w), Some(&b), 1e-5));
+    assert_eq!(forward, [Alloc(rows * width * F32), Alloc(rows * F32), Alloc(rows * F32)]);
+    let (y, mean, rstd) = x.native_layer_norm(&[width], Some(&w), Some(&b), 1e-5).unwrap();
+    // `norm.rs`: dx, then the zeroed `[width]` dw and db the parameter
+    // kernel adds each block's partial sums into (no partial buffers).
+    let backward = events(d, || y.native_layer_norm_backward(&x, &[width], &mean, &rstd, Some(&w), [true; 3]));
+    assert_eq!(backward, [Alloc(rows * width * F32), Alloc(width * F32), Alloc(width * F32)]);
+    // Only the parameter gradients: no dx.
+    let params = events(d, || y.native_layer_norm_backward(&x, &[width], &mean, &rstd, Some(&w), [false, true, true]));
+    assert_eq!(params, [Alloc(width * F32), Alloc(width * F32)]);
+}
+
+#[test]
+fn a_grouped_convolution_allocates_im2col_columns_per_group() {
+    let meta = cuda();
+    let d = meta.device();
+    // N 4, C_in 4, 10×10, C_out 6, 3×3, padding 1, 2 groups: K = 2·9 = 18,
+    // P = 100, 3 output channels per group.
+    let (n, k, p, cog) = (4, 18, 100, 3);
+    let x = Tensor::zeros_on([n, 4, 10, 10], DType::F32, d).unwrap();
+    let w = Tensor::zeros_on([6, 2, 3, 3], DType::F32, d).unwrap();
+    let bias = Tensor::zeros_on([6], DType::F32, d).unwrap();
+    let params = Conv2dParams { padding: (1, 1), groups: 2, ..Conv2dParams::new() };
+    let col = n * k * p * F32;
+    let part = n * cog * p * F32;
+    let joined = n * 6 * p * F32;
+    // `conv.rs`: per group the columns, their product, the columns freed;
+    // then the joined output and the parts freed (the bias is added in place).
+    let seen = events(d, || x.conv2d(&w, Some(&bias), params));
+    assert_eq!(
+        seen,
+        [Alloc(col), Alloc(part), Free(col), Alloc(col), Alloc(part), Free(col), Alloc(joined), Free(part), Free(part)]
+    );
+    // The host keeps its im2col panels off the device: only the output.
+    let host = host();
+    let hd = host.device();
+    let (hx, hw) = (
+        Tensor::zeros_on([n, 4, 10, 10], DType::F32, hd).unwrap(),
+        Tensor::zeros_on([6, 2, 3, 3], DType::F32, hd).unwrap(),
+    );
+    assert_eq!(events(hd, || hx.conv2d(&hw, None, params)), [Alloc(joined)]);
+}
+
+#[test]
+fn a_convolution_input_gradient_folds_columns_with_col2im() {
+    let meta = cuda();
+    let d = meta.device();
+    let (n, k, p) = (2, 27, 64);
+    let w = Tensor::zeros_on([8, 3, 3, 3], DType::F32, d).unwrap();
+    let grad = Tensor::zeros_on([n, 8, 8, 8], DType::F32, d).unwrap();
+    let params = Conv2dParams { padding: (1, 1), ..Conv2dParams::new() };
+    // One group: the columns Wᵀ · dY `[N, K, P]`, the image col2im folds
+    // them into (while they are alive), then the columns freed.
+    let seen = events(d, || grad.conv2d_backward_input(&w, [n, 3, 8, 8], params));
+    let (col, image) = (n * k * p * F32, n * 3 * 64 * F32);
+    assert_eq!(seen, [Alloc(col), Alloc(image), Free(col)]);
+}
+
+#[test]
+fn a_weight_gradient_over_a_large_batch_takes_the_split_sum() {
+    let meta = cuda();
+    let d = meta.device();
+    // N 128, C_in 2, 6×6, C_out 4, 3×3: K = 18, P = 16. The per-image
+    // products `[128, 4, 18]` are summed over 128 images into 72 outputs:
+    // columns of 128 split in 4 pieces (`column_chunks`).
+    let (n, k, p, c_out) = (128, 18, 16, 4);
+    let x = Tensor::zeros_on([n, 2, 6, 6], DType::F32, d).unwrap();
+    let grad = Tensor::zeros_on([n, c_out, 4, 4], DType::F32, d).unwrap();
+    let seen = events(d, || x.conv2d_backward_weight(&grad, [c_out, 2, 3, 3], Conv2dParams::new()));
+    let (col, per_image, dw, partial) = (n * k * p * F32, n * c_out * k * F32, c_out * k * F32, 4 * c_out * k * F32);
+    assert_eq!(
+        seen,
+        [Alloc(col), Alloc(per_image), Alloc(dw), Alloc(partial), Free(partial), Free(per_image), Free(col)]
+    );
+}
+
+#[test]
+fn gathers_take_a_bad_index_flag_and_half_pooling_is_not_staged() {
+    let meta = cuda();
+    let d = meta.device();
+    let x = Tensor::zeros_on([64, 32], DType::F32, d).unwrap();
+    let ids = Tensor::zeros_on([64, 8], DType::I64, d).unwrap();
+    let seen = events(d, || x.gather(1, &ids));
+    // The bounds check (min, max, their stack; freed), the output, then
+    // the kernel's 0-d i64 flag (freed on return).
+    let out = 64 * 8 * F32;
+    assert_eq!(&seen[seen.len() - 3..], [Alloc(out), Alloc(8), Free(8)], "{seen:?}");
+    // Average pooling of f16: straight into f16 on CUDA (the host stages f32).
+    let h = Tensor::zeros_on([2, 3, 8, 8], DType::F16, d).unwrap();
+    assert_eq!(events(d, || h.avg_pool2d((2, 2), (2, 2), (0, 0), true)), [Alloc(2 * 3 * 16 * 2)]);
+    // Normal draws of bf16: straight into bf16.
+    assert_eq!(events(d, || Tensor::randn_on([1_000], DType::BF16, d)), [Alloc(2_000)]);
+}
