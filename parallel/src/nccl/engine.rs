@@ -82,8 +82,11 @@ impl CommHandle {
 
     /// The device memory NCCL holds for this communicator, where the
     /// library can say.
+    /// `None` too while a call holds the communicator: a query must not
+    /// wait on a collective (one stuck on a peer would hang it).
     pub(crate) fn memory(&self) -> Option<u64> {
-        let raw = (*self.raw.lock().unwrap_or_else(|e| e.into_inner()))?;
+        let guard = self.raw.try_lock().ok()?;
+        let raw = (*guard)?;
         self.nccl.memory_of(raw.0)
     }
 }
