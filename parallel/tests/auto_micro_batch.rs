@@ -198,16 +198,22 @@ fn a_rank_that_fails_otherwise_ends_every_rank_in_an_err() {
             let outcome = rank_main(comm, None, 2, Some(fail_at));
             Ok(match outcome {
                 Ok(Ok(_)) => None,
-                Ok(Err(error)) => Some((error.to_string(), matches!(error, NnError::MicroBatch { .. }))),
-                Err(error) => Some((error.to_string(), false)),
+                Ok(Err(error)) => Some(error),
+                Err(error) => Some(NnError::from(error)),
             })
         })
         .unwrap();
-        let (own, _) = outcomes[1].clone().expect("rank 1 fails");
-        assert!(own.contains("a reason of its own"), "{own}");
-        let (peer, is_micro_batch_error) = outcomes[0].clone().expect("rank 0 ends in an error too");
+        // Rank 1's step ends in the error its closure returned.
+        let own = outcomes[1].as_ref().expect("rank 1 fails");
+        assert!(matches!(own, NnError::Invalid { what: "test", .. }), "{own:?}");
+        let peer = outcomes[0].as_ref().expect("rank 0 ends in an error too");
         if clean {
-            assert!(is_micro_batch_error && peer.contains("rank 1 failed in micro-batch 0 of 2"), "{peer}");
+            // Rank 0 names the rank that failed and where.
+            assert!(
+                matches!(peer, NnError::MicroBatch { message, source: None }
+                    if message.contains("rank 1 failed in micro-batch 0 of 2")),
+                "{peer:?}"
+            );
         }
     }
 }

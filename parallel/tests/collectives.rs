@@ -167,17 +167,25 @@ fn mismatched_sizes_and_dtypes_name_both_ranks() -> Result<()> {
     let errors = run_in_process(2, &options(), |comm| {
         let n = if comm.rank() == 0 { 10 } else { 12 };
         let x = Tensor::zeros_on([n], DType::F32, comm.device())?;
-        Ok(comm.all_reduce(&x, ReduceOp::Sum).err().map(|e| e.to_string()))
+        Ok(comm.all_reduce(&x, ReduceOp::Sum).err())
     })?;
-    let e0 = errors[0].clone().unwrap_or_default();
-    assert!(e0.contains("rank 0") && e0.contains("10 f32") && e0.contains("rank 1") && e0.contains("12 f32"), "{e0}");
+    let e0 = errors[0].as_ref().expect("rank 0 refuses");
+    assert!(
+        matches!(e0, ParallelError::Mismatch { op: "all_reduce", rank: 0, ours, peer: 1, theirs }
+            if ours.contains("10 f32") && theirs.contains("12 f32")),
+        "{e0:?}"
+    );
     let errors = run_in_process(2, &options(), |comm| {
         let dtype = if comm.rank() == 0 { DType::F32 } else { DType::BF16 };
         let x = Tensor::zeros_on([4], dtype, comm.device())?;
-        Ok(comm.all_reduce(&x, ReduceOp::Sum).err().map(|e| e.to_string()))
+        Ok(comm.all_reduce(&x, ReduceOp::Sum).err())
     })?;
-    let e1 = errors[1].clone().unwrap_or_default();
-    assert!(e1.contains("bf16") && e1.contains("f32") && e1.contains("rank 0"), "{e1}");
+    let e1 = errors[1].as_ref().expect("rank 1 refuses");
+    assert!(
+        matches!(e1, ParallelError::Mismatch { op: "all_reduce", rank: 1, ours, peer: 0, theirs }
+            if ours.contains("4 bf16") && theirs.contains("4 f32")),
+        "{e1:?}"
+    );
     Ok(())
 }
 
@@ -186,17 +194,35 @@ fn bad_arguments_are_errors_at_submission() -> Result<()> {
     setup();
     run_in_process(2, &options(), |comm| {
         let x = Tensor::zeros_on([4], DType::I64, comm.device())?;
-        let e = comm.all_reduce(&x, ReduceOp::Sum).unwrap_err().to_string();
-        assert!(e.contains("i64"), "{e}");
+        // Each refusal is an `Invalid` of the call, its message naming what was wrong.
+        let e = comm.all_reduce(&x, ReduceOp::Sum).unwrap_err();
+        assert!(matches!(&e, ParallelError::Invalid { op: "all_reduce", message } if message.contains("i64")), "{e:?}");
         let y = Tensor::zeros_on([4], DType::F32, comm.device())?;
-        assert!(comm.broadcast(&y, 5).unwrap_err().to_string().contains("not a rank"));
+        let e = comm.broadcast(&y, 5).unwrap_err();
+        assert!(
+            matches!(&e, ParallelError::Invalid { op: "broadcast", message } if message.contains("root 5")),
+            "{e:?}"
+        );
         let wrong = Tensor::zeros_on([7], DType::F32, comm.device())?;
-        assert!(comm.all_gather(&wrong, &y).unwrap_err().to_string().contains("world size 2"));
+        let e = comm.all_gather(&wrong, &y).unwrap_err();
+        assert!(
+            matches!(&e, ParallelError::Invalid { op: "all_gather", message } if message.contains("world size 2")),
+            "{e:?}"
+        );
         let other = Tensor::zeros_on([4], DType::F32, brasa_tensor::Device::cpu(1 - comm.rank()))?;
-        assert!(comm.all_reduce(&other, ReduceOp::Sum).unwrap_err().to_string().contains("works on cpu"));
+        let e = comm.all_reduce(&other, ReduceOp::Sum).unwrap_err();
+        assert!(
+            matches!(&e, ParallelError::Invalid { op: "all_reduce", message } if message.contains("works on cpu")),
+            "{e:?}"
+        );
         let t = Tensor::zeros_on([2, 3], DType::F32, comm.device())?.t()?;
-        assert!(comm.all_reduce(&t, ReduceOp::Sum).unwrap_err().to_string().contains("not contiguous"));
-        assert!(comm.send(&y, comm.rank()).unwrap_err().to_string().contains("itself"));
+        let e = comm.all_reduce(&t, ReduceOp::Sum).unwrap_err();
+        assert!(
+            matches!(&e, ParallelError::Invalid { op: "all_reduce", message } if message.contains("not contiguous")),
+            "{e:?}"
+        );
+        let e = comm.send(&y, comm.rank()).unwrap_err();
+        assert!(matches!(&e, ParallelError::Invalid { op: "send", message } if message.contains("itself")), "{e:?}");
         // The communicator still works after refused submissions.
         comm.all_reduce(&y, ReduceOp::Sum)?;
         Ok(())
@@ -238,7 +264,8 @@ fn a_rank_that_errors_or_panics_fails_the_others() -> Result<()> {
         comm.all_reduce(&x, ReduceOp::Sum)?;
         Ok(())
     });
-    assert!(result.is_err());
+    // Rank 0's error comes first: rank 1 left its all-reduce.
+    assert!(matches!(result, Err(ParallelError::PeerFailed { op: "all_reduce", rank: 0, peer: 1, .. })), "{result:?}");
     let result = run_in_process(2, &options(), |comm| {
         if comm.rank() == 0 {
             panic!("rank 0 exploded");
@@ -263,7 +290,7 @@ fn a_stalled_rank_times_out_and_breaks_the_communicator() -> Result<()> {
         if comm.rank() == 1 {
             std::thread::sleep(Duration::from_millis(1500)); // stalls past the timeout
             let x = Tensor::zeros_on([8], DType::F32, comm.device())?;
-            return Ok(comm.all_reduce(&x, ReduceOp::Sum).err().map(|e| e.to_string()));
+            return Ok(comm.all_reduce(&x, ReduceOp::Sum).err());
         }
         let x = Tensor::zeros_on([8], DType::F32, comm.device())?;
         let first = comm.all_reduce(&x, ReduceOp::Sum).err();
@@ -274,7 +301,7 @@ fn a_stalled_rank_times_out_and_breaks_the_communicator() -> Result<()> {
         Ok(None)
     })?;
     // Rank 1 arrives late and finds rank 0 gone.
-    assert!(outcomes[1].as_deref().is_some_and(|e| e.contains("rank 0")), "{:?}", outcomes[1]);
+    assert!(matches!(outcomes[1], Some(ParallelError::PeerFailed { rank: 1, peer: 0, .. })), "{:?}", outcomes[1]);
     assert!(start.elapsed() < Duration::from_secs(10));
     Ok(())
 }

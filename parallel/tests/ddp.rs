@@ -330,12 +330,14 @@ fn different_models_on_different_ranks_are_an_error_naming_both() -> Result<()> 
         let dev = comm.device();
         let width = if comm.rank() == 0 { 8 } else { 9 };
         let m = Linear::new(4, width, dev)?;
-        Ok(DistributedDataParallel::new(m, comm.clone(), DdpConfig::default()).err().map(|e| e.to_string()))
+        Ok(DistributedDataParallel::new(m, comm.clone(), DdpConfig::default()).err())
     })?;
-    let message = outcome[1].clone().unwrap_or_default();
+    let error = outcome[1].as_ref().expect("rank 1 refuses");
+    // Rank 1 sets rank 0's model beside its own.
     assert!(
-        message.contains("rank 0") && message.contains("40 elements") && message.contains("45 elements"),
-        "{message}"
+        matches!(error, ParallelError::Mismatch { op: "DistributedDataParallel::new", rank: 1, ours, peer: 1, theirs }
+            if ours.contains("rank 0's model") && ours.contains("40 elements") && theirs.contains("45 elements")),
+        "{error:?}"
     );
     Ok(())
 }
@@ -420,14 +422,21 @@ fn models_that_differ_in_a_shape_dtype_or_order_are_refused_naming_the_parameter
                 // The last rank differs (the others are like rank 0).
                 let spec = if comm.rank() + 1 == world { other } else { first };
                 let m = bare(dev, spec)?;
-                Ok(DistributedDataParallel::new(m, comm.clone(), DdpConfig::default()).err().map(|e| e.to_string()))
+                Ok(DistributedDataParallel::new(m, comm.clone(), DdpConfig::default()).err())
             })?;
-            for (rank, message) in outcome.iter().enumerate() {
-                let message = message.clone().unwrap_or_else(|| panic!("rank {rank} of {world} accepted {other:?}"));
-                let last = format!("rank {}", world - 1);
-                assert!(message.contains("rank 0") && message.contains(&last), "{message}");
+            for (rank, error) in outcome.iter().enumerate() {
+                let error = error.as_ref().unwrap_or_else(|| panic!("rank {rank} of {world} accepted {other:?}"));
+                let ParallelError::Mismatch { op: "DistributedDataParallel::new", rank: named, ours, peer, theirs } =
+                    error
+                else {
+                    panic!("rank {rank} of {world}: {error:?}")
+                };
+                // Each rank names itself and the last rank (the last rank names rank 0).
+                let last = world - 1;
+                assert_eq!((*named, *peer), (rank, if rank == last { 0 } else { last }), "{error}");
+                let both = format!("{ours} | {theirs}");
                 for needle in needles {
-                    assert!(message.contains(needle), "missing {needle:?}: {message}");
+                    assert!(both.contains(needle), "missing {needle:?}: {error:?}");
                 }
             }
         }

@@ -366,7 +366,11 @@ fn full_and_sharded_state_dicts_round_trip_exactly() -> Result<()> {
         let other = path.join(format!("rank{}.safetensors", 1 - comm.rank()));
         comm.barrier()?;
         let error = fresh.load_sharded_state_dict(&StateDict::load(&other)?).unwrap_err();
-        assert!(error.to_string().contains("fsdp.rank"), "{error}");
+        assert!(
+            matches!(&error, ParallelError::Invalid { op: "FullyShardedDataParallel::load_sharded_state_dict", message }
+                if message.contains("fsdp.rank")),
+            "{error:?}"
+        );
         // Full: gathered on rank 0, then loaded into a model of another layout.
         let full = fsdp.full_state_dict()?;
         Ok((
@@ -395,7 +399,11 @@ fn full_and_sharded_state_dicts_round_trip_exactly() -> Result<()> {
         let mut wrong = StateDict::load(&file)?;
         wrong.insert("9.weight", Tensor::zeros_on([1], DType::F32, dev)?);
         let error = fsdp.load_full_state_dict(&wrong).unwrap_err();
-        assert!(error.to_string().contains("9.weight"), "{error}");
+        assert!(
+            matches!(&error, ParallelError::Invalid { op: "FullyShardedDataParallel::load_full_state_dict", message }
+                if message.contains("9.weight")),
+            "{error:?}"
+        );
         fsdp.full_state_dict()?.map(|d| values(&d)).transpose()
     })?;
     assert_eq!(again[0].as_ref().unwrap(), &full);
@@ -431,19 +439,24 @@ fn bad_models_are_refused_with_the_reason() -> Result<()> {
         let dev = comm.device();
         let frozen = model(dev, false)?;
         frozen.parameters()[0].requires_grad_(false)?;
-        let a = FullyShardedDataParallel::new(frozen, comm.clone(), FsdpConfig::default()).err().unwrap().to_string();
+        let a = FullyShardedDataParallel::new(frozen, comm.clone(), FsdpConfig::default()).err().unwrap();
         let elsewhere = model(Device::cpu((comm.rank() + 1) % 2), false)?;
-        let b =
-            FullyShardedDataParallel::new(elsewhere, comm.clone(), FsdpConfig::default()).err().unwrap().to_string();
-        let c = FullyShardedDataParallel::new(Sequential::new(), comm.clone(), FsdpConfig::default())
-            .err()
-            .unwrap()
-            .to_string();
+        let b = FullyShardedDataParallel::new(elsewhere, comm.clone(), FsdpConfig::default()).err().unwrap();
+        let c = FullyShardedDataParallel::new(Sequential::new(), comm.clone(), FsdpConfig::default()).err().unwrap();
         Ok([a, b, c])
     })?;
-    assert!(errors[0][0].contains("0.weight") && errors[0][0].contains("require grad"), "{}", errors[0][0]);
-    assert!(errors[0][1].contains("move the model"), "{}", errors[0][1]);
-    assert!(errors[0][2].contains("no layers"), "{}", errors[0][2]);
+    // Each an `Invalid` of the constructor whose message gives the reason
+    // (and, for a model elsewhere, the remedy).
+    let refused = |error: &ParallelError, words: &[&str]| {
+        assert!(
+            matches!(error, ParallelError::Invalid { op: "FullyShardedDataParallel::new", message }
+                if words.iter().all(|w| message.contains(w))),
+            "expected {words:?}: {error:?}"
+        );
+    };
+    refused(&errors[0][0], &["0.weight", "require grad"]);
+    refused(&errors[0][1], &["move the model"]);
+    refused(&errors[0][2], &["no layers"]);
     Ok(())
 }
 

@@ -175,8 +175,12 @@ fn a_collective_keeps_no_handle_after_its_wait() {
 #[test]
 fn a_rank_that_does_not_fit_is_named() {
     let small = [MemoryTarget::cuda(64 << 30), MemoryTarget::cuda(1 << 20)];
-    let error = plan_in_process(&small, &options(), |comm| rank_setup(comm, None, 64)).unwrap_err().to_string();
-    assert!(error.contains("rank 1 does not fit"), "{error}");
+    let error = plan_in_process(&small, &options(), |comm| rank_setup(comm, None, 64)).unwrap_err();
+    assert!(
+        matches!(&error, brasa_parallel::ParallelError::Invalid { op: "plan_in_process", message }
+            if message.contains("rank 1 does not fit")),
+        "{error:?}"
+    );
 }
 
 /// A 2-stage pipeline (the model on the first device, its second half

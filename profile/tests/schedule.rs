@@ -10,7 +10,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use brasa_profile::{record_function, schedule, ProfileResult, Profiler, ProfilerAction};
+use brasa_profile::{record_function, schedule, ProfileError, ProfileResult, Profiler, ProfilerAction};
 use common::exclusive;
 use ProfilerAction::{None as N, Record as R, RecordAndSave as S, Warmup as W};
 
@@ -145,5 +145,6 @@ fn without_a_schedule_everything_is_one_trace() {
 
 #[test]
 fn schedule_rejects_zero_active() {
-    assert!(schedule(1, 1, 0, 1, 0).is_err());
+    let error = schedule(1, 1, 0, 1, 0).unwrap_err();
+    assert!(matches!(&error, ProfileError::InvalidSchedule(message) if message.contains("active")), "{error:?}");
 }

@@ -75,9 +75,14 @@ mod tests {
 
     #[test]
     fn bad_counts_are_errors_that_say_why() {
-        let zero = micro_batch_sizes(8, 0).unwrap_err().to_string();
-        assert!(zero.contains("at least 1"), "{zero}");
-        let many = micro_batch_sizes(3, 4).unwrap_err().to_string();
-        assert!(many.contains("3 rows") && many.contains("4 micro-batches"), "{many}");
+        let zero = micro_batch_sizes(8, 0).unwrap_err();
+        let ParallelError::Invalid { op: "Pipeline::step", message } = &zero else { panic!("{zero:?}") };
+        // The message says what is allowed.
+        assert!(message.contains("at least 1"), "{message}");
+        let many = micro_batch_sizes(3, 4).unwrap_err();
+        let ParallelError::Invalid { op: "Pipeline::step", message } = &many else { panic!("{many:?}") };
+        // The message names the values seen and what would do.
+        assert!(message.contains("3 rows") && message.contains("4 micro-batches"), "{message}");
+        assert!(message.contains("use at most 3 micro-batches"), "{message}");
     }
 }
