@@ -6,7 +6,7 @@
 //! ([`functional`]), optimizers and learning-rate schedulers ([`optim`]),
 //! gradient accumulation, state dicts in safetensors that PyTorch can read,
 //! a [`data::DataLoader`] with worker threads, prefetch and pinned memory,
-//! and whole [`models`] (a GPT language model).
+//! and whole [`models`] (a GPT language model, a ResNet-18 for 32×32 images).
 //!
 //! ```
 //! use brasa_nn::{functional::cross_entropy, optim::{Optimizer, Sgd, SgdConfig}, Linear, Module, ModuleExt, Relu, Sequential};
