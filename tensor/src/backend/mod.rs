@@ -54,6 +54,7 @@ mod args;
 pub(crate) mod cuda;
 pub(crate) mod current_stream;
 pub(crate) mod host;
+pub(crate) mod im2col;
 pub(crate) mod meta;
 mod ops;
 mod runtime;

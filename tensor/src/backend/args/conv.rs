@@ -1,8 +1,6 @@
 //! A convolution's checked sizes, as the devices see them.
 
-use crate::error::{Result, TensorError};
 use crate::shape::Shape;
-use crate::tensor::Tensor;
 use brasa_kernels::conv::Conv2dGeometry;
 
 /// The checked sizes of one convolution (built by `crate::ops::conv`,
@@ -55,22 +53,4 @@ impl ConvPlan {
     pub(crate) fn c_out_group(&self) -> usize {
         self.c_out / self.groups
     }
-}
-
-/// Puts each group's result into one tensor of `shape` along `dim` (the one
-/// group's result as it is when there is one): the last step of the CUDA
-/// backend's im2col convolutions, here so that the meta device imitating a
-/// CUDA device allocates the joined tensor the same way.
-pub(crate) fn join_groups(parts: Vec<Tensor>, dim: usize, shape: Shape, like: &Tensor) -> Result<Tensor> {
-    if parts.len() == 1 {
-        return parts.into_iter().next().ok_or_else(|| TensorError::invalid("conv2d", "no group"));
-    }
-    let joined = Tensor::zeros_on(shape, like.dtype(), like.device())?;
-    let mut start = 0;
-    for part in &parts {
-        let len = part.dims()[dim];
-        joined.narrow(dim, start, len)?.copy_(part)?;
-        start += len;
-    }
-    Ok(joined)
 }

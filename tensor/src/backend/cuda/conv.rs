@@ -1,22 +1,16 @@
 //! Convolutions on CUDA: on cuDNN when it is loaded and enabled (see
 //! `cudnn`, which answers `None` when it does not take a convolution), and
-//! otherwise `im2col` and `col2im` kernels around cuBLAS
-//! products (through [`Tensor::matmul`], so the transposes are cuBLAS
-//! flags), one group at a time and the whole batch per product:
-//!
-//! - forward: `W_g [C_out/g, K] · col_g [N, K, P]` → `[N, C_out/g, P]`;
-//! - input gradient: `W_gᵀ · dY_g` → columns, folded back by `col2im`;
-//! - weight gradient: `dY_g · col_gᵀ` summed over the batch;
-//! - bias gradient: a sum over dims 0, 2 and 3.
-//!
-//! `K = C_in/g · kH · kW` and `P = H_out · W_out`. The column matrix of the
-//! whole batch is allocated at once from the device's caching allocator (a
-//! wide padding makes it large; an out-of-memory is the usual error).
+//! otherwise the im2col composition of `backend::im2col` over this file's
+//! `im2col` and `col2im` kernels, its products on cuBLAS (through
+//! [`Tensor::matmul`], so the transposes are cuBLAS flags). The column
+//! matrix of the whole batch is allocated at once from the device's caching
+//! allocator (a wide padding makes it large; an out-of-memory is the usual
+//! error). The bias gradient is `backend::im2col::conv2d_backward_bias`.
 
 use super::cudnn;
 use super::elementwise::finish;
 use super::{address, grid_for, output_address, suffix, CudaOps};
-use crate::backend::args::join_groups;
+use crate::backend::im2col::{self, ColumnKernels};
 use crate::backend::ConvPlan;
 use crate::error::Result;
 use crate::shape::Shape;
@@ -120,8 +114,14 @@ fn col2im(backend: &CudaOps, name: &'static str, col: &Tensor, plan: &ConvPlan) 
     Ok(finish(out))
 }
 
-fn dims(values: &[usize]) -> Vec<isize> {
-    values.iter().map(|&v| v as isize).collect()
+impl ColumnKernels for CudaOps {
+    fn im2col(&self, op: &'static str, input: &Tensor, group: usize, plan: &ConvPlan) -> Result<Tensor> {
+        im2col(self, op, input, group, plan)
+    }
+
+    fn col2im(&self, op: &'static str, col: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
+        col2im(self, op, col, plan)
+    }
 }
 
 pub(super) fn conv2d(
@@ -131,27 +131,13 @@ pub(super) fn conv2d(
     bias: Option<&Tensor>,
     plan: &ConvPlan,
 ) -> Result<Tensor> {
-    const OP: &str = "conv2d";
-    if let Some(out) = cudnn::conv2d(backend, input, weight, plan)? {
-        if let Some(bias) = bias {
-            out.add_(&bias.reshape(&dims(&[1, plan.c_out, 1, 1]))?)?;
+    match cudnn::conv2d(backend, input, weight, plan)? {
+        Some(out) => {
+            im2col::add_bias(&out, bias, plan.c_out)?;
+            Ok(out)
         }
-        return Ok(out);
+        None => im2col::conv2d(backend, input, weight, bias, plan),
     }
-    let (cog, k, p) = (plan.c_out_group(), plan.geometry.col_rows(), plan.geometry.col_cols());
-    let (oh, ow) = plan.geometry.output();
-    let w = weight.contiguous()?.reshape(&dims(&[plan.c_out, k]))?;
-    let mut parts = Vec::with_capacity(plan.groups);
-    for g in 0..plan.groups {
-        let col = im2col(backend, OP, input, g, plan)?;
-        parts.push(w.narrow(0, g * cog, cog)?.matmul(&col)?);
-    }
-    let out = join_groups(parts, 1, Shape::from([plan.batch, plan.c_out, p]), input)?;
-    let out = out.reshape(&dims(&[plan.batch, plan.c_out, oh, ow]))?;
-    if let Some(bias) = bias {
-        out.add_(&bias.reshape(&dims(&[1, plan.c_out, 1, 1]))?)?;
-    }
-    Ok(out)
 }
 
 pub(super) fn conv2d_backward_input(
@@ -160,21 +146,10 @@ pub(super) fn conv2d_backward_input(
     weight: &Tensor,
     plan: &ConvPlan,
 ) -> Result<Tensor> {
-    const OP: &str = "conv2d_backward_input";
-    if let Some(dx) = cudnn::conv2d_backward_input(backend, grad, weight, plan)? {
-        return Ok(dx);
+    match cudnn::conv2d_backward_input(backend, grad, weight, plan)? {
+        Some(dx) => Ok(dx),
+        None => im2col::conv2d_backward_input(backend, grad, weight, plan),
     }
-    let (cog, k, p) = (plan.c_out_group(), plan.geometry.col_rows(), plan.geometry.col_cols());
-    let w = weight.contiguous()?.reshape(&dims(&[plan.c_out, k]))?;
-    let dy = grad.contiguous()?.reshape(&dims(&[plan.batch, plan.c_out, p]))?;
-    let mut parts = Vec::with_capacity(plan.groups);
-    for g in 0..plan.groups {
-        let wt = w.narrow(0, g * cog, cog)?.t()?;
-        let col = wt.matmul(&dy.narrow(1, g * cog, cog)?)?;
-        parts.push(col2im(backend, OP, &col, plan)?);
-    }
-    let (h, w) = plan.geometry.input();
-    join_groups(parts, 1, Shape::from([plan.batch, plan.c_in, h, w]), grad)
 }
 
 pub(super) fn conv2d_backward_weight(
@@ -183,23 +158,8 @@ pub(super) fn conv2d_backward_weight(
     grad: &Tensor,
     plan: &ConvPlan,
 ) -> Result<Tensor> {
-    const OP: &str = "conv2d_backward_weight";
-    if let Some(dw) = cudnn::conv2d_backward_weight(backend, input, grad, plan)? {
-        return Ok(dw);
+    match cudnn::conv2d_backward_weight(backend, input, grad, plan)? {
+        Some(dw) => Ok(dw),
+        None => im2col::conv2d_backward_weight(backend, input, grad, plan),
     }
-    let (cog, k, p) = (plan.c_out_group(), plan.geometry.col_rows(), plan.geometry.col_cols());
-    let dy = grad.contiguous()?.reshape(&dims(&[plan.batch, plan.c_out, p]))?;
-    let mut parts = Vec::with_capacity(plan.groups);
-    for g in 0..plan.groups {
-        let col = im2col(backend, OP, input, g, plan)?;
-        let per_image = dy.narrow(1, g * cog, cog)?.matmul(&col.transpose(1, 2)?)?;
-        parts.push(per_image.sum(&[0], false)?);
-    }
-    let dw = join_groups(parts, 0, Shape::from([plan.c_out, k]), input)?;
-    let (kh, kw) = plan.geometry.kernel();
-    dw.reshape(&dims(&[plan.c_out, plan.geometry.channels(), kh, kw]))
-}
-
-pub(super) fn conv2d_backward_bias(grad: &Tensor) -> Result<Tensor> {
-    grad.sum(&[0, 2, 3], false)
 }

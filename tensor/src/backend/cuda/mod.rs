@@ -386,7 +386,7 @@ impl DeviceOps for CudaOps {
     }
 
     fn conv2d_backward_bias(&self, grad: &Tensor) -> Result<Tensor> {
-        conv::conv2d_backward_bias(grad)
+        crate::backend::im2col::conv2d_backward_bias(grad)
     }
 
     fn max_pool2d(&self, input: &Tensor, plan: &PoolPlan) -> Result<(Tensor, Tensor)> {

@@ -12,7 +12,8 @@
 //! time and are not modelled.
 
 use super::{planned, reduced_dtype};
-use crate::backend::args::{column_chunks, join_groups, reduce_layout, ReduceLayout};
+use crate::backend::args::{column_chunks, reduce_layout, ReduceLayout};
+use crate::backend::im2col::ColumnKernels;
 use crate::backend::{out_dims, ConvPlan, PoolPlan, ReduceOp};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -51,72 +52,24 @@ pub(super) fn reduce(op: ReduceOp, name: &'static str, x: &Tensor, mask: &[bool]
     Ok(out)
 }
 
-/// As `cuda::conv::im2col`: the columns `[N, K, P]` of one group.
-fn columns(name: &'static str, input: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
-    let (k, p) = (plan.geometry.col_rows(), plan.geometry.col_cols());
-    planned(name, input.device(), input.dtype(), [plan.batch, k, p])
-}
+/// The CUDA backend's im2col kernels as a meta device runs them: their
+/// outputs allocated, nothing computed. With `backend::im2col`'s
+/// composition over them, a CUDA-target meta device allocates what
+/// `cuda::conv` allocates without cuDNN.
+pub(super) struct PlannedColumns;
 
-/// As `cuda::conv::conv2d` without cuDNN: the weight as a dense
-/// `[C_out, K]`; per group its columns and their product; the groups
-/// joined; the bias added in place.
-pub(super) fn conv2d(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>, plan: &ConvPlan) -> Result<Tensor> {
-    const OP: &str = "conv2d";
-    let (cog, k, p) = (plan.c_out_group(), plan.geometry.col_rows(), plan.geometry.col_cols());
-    let (oh, ow) = plan.geometry.output();
-    let w = weight.contiguous()?.reshape(&dims(&[plan.c_out, k]))?;
-    let mut parts = Vec::with_capacity(plan.groups);
-    for g in 0..plan.groups {
-        let col = columns(OP, input, plan)?;
-        parts.push(w.narrow(0, g * cog, cog)?.matmul(&col)?);
+impl ColumnKernels for PlannedColumns {
+    /// As `cuda::conv::im2col`: the columns `[N, K, P]` of one group.
+    fn im2col(&self, op: &'static str, input: &Tensor, _group: usize, plan: &ConvPlan) -> Result<Tensor> {
+        let (k, p) = (plan.geometry.col_rows(), plan.geometry.col_cols());
+        planned(op, input.device(), input.dtype(), [plan.batch, k, p])
     }
-    let out = join_groups(parts, 1, Shape::from([plan.batch, plan.c_out, p]), input)?;
-    let out = out.reshape(&dims(&[plan.batch, plan.c_out, oh, ow]))?;
-    if let Some(bias) = bias {
-        out.add_(&bias.reshape(&dims(&[1, plan.c_out, 1, 1]))?)?;
-    }
-    Ok(out)
-}
 
-/// As `cuda::conv::conv2d_backward_input` without cuDNN: dense weight and
-/// gradient; per group the columns `W_gᵀ · dY_g` and the image `col2im`
-/// folds them into (allocated while the columns are alive); the groups joined.
-pub(super) fn conv2d_backward_input(grad: &Tensor, weight: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
-    const OP: &str = "conv2d_backward_input";
-    let (cog, k, p) = (plan.c_out_group(), plan.geometry.col_rows(), plan.geometry.col_cols());
-    let (h, w_) = plan.geometry.input();
-    let w = weight.contiguous()?.reshape(&dims(&[plan.c_out, k]))?;
-    let dy = grad.contiguous()?.reshape(&dims(&[plan.batch, plan.c_out, p]))?;
-    let mut parts = Vec::with_capacity(plan.groups);
-    for g in 0..plan.groups {
-        let wt = w.narrow(0, g * cog, cog)?.t()?;
-        let col = wt.matmul(&dy.narrow(1, g * cog, cog)?)?;
-        parts.push(planned(OP, col.device(), col.dtype(), [plan.batch, plan.geometry.channels(), h, w_])?);
+    /// As `cuda::conv::col2im`: the image `[N, C_in/g, H, W]`.
+    fn col2im(&self, op: &'static str, col: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
+        let (h, w) = plan.geometry.input();
+        planned(op, col.device(), col.dtype(), [plan.batch, plan.geometry.channels(), h, w])
     }
-    join_groups(parts, 1, Shape::from([plan.batch, plan.c_in, h, w_]), grad)
-}
-
-/// As `cuda::conv::conv2d_backward_weight` without cuDNN: the dense
-/// gradient; per group the columns, the per-image products and their sum
-/// over the batch (a reduction that may split); the groups joined.
-pub(super) fn conv2d_backward_weight(input: &Tensor, grad: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
-    const OP: &str = "conv2d_backward_weight";
-    let (cog, k, p) = (plan.c_out_group(), plan.geometry.col_rows(), plan.geometry.col_cols());
-    let dy = grad.contiguous()?.reshape(&dims(&[plan.batch, plan.c_out, p]))?;
-    let mut parts = Vec::with_capacity(plan.groups);
-    for g in 0..plan.groups {
-        let col = columns(OP, input, plan)?;
-        let per_image = dy.narrow(1, g * cog, cog)?.matmul(&col.transpose(1, 2)?)?;
-        parts.push(per_image.sum(&[0], false)?);
-    }
-    let dw = join_groups(parts, 0, Shape::from([plan.c_out, k]), input)?;
-    let (kh, kw) = plan.geometry.kernel();
-    dw.reshape(&dims(&[plan.c_out, plan.geometry.channels(), kh, kw]))
-}
-
-/// As `cuda::conv::conv2d_backward_bias`: a sum over dims 0, 2 and 3.
-pub(super) fn conv2d_backward_bias(grad: &Tensor) -> Result<Tensor> {
-    grad.sum(&[0, 2, 3], false)
 }
 
 /// As `cuda::pool::max_pool2d`: values and positions, read through any strides.

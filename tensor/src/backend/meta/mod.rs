@@ -69,6 +69,7 @@ pub use device::{FailedAllocation, LiveTensor, MetaDevice};
 pub(crate) use runtime::MetaRuntime;
 
 use crate::backend::host::{conv as host_conv, pool as host_pool, reduce as host_reduce};
+use crate::backend::im2col;
 use crate::backend::target::TargetKind;
 use crate::backend::{
     AdamUpdate, AttentionOperands, BatchNormBackwardElemt, CompareOp, ConvPlan, DeviceOps, Distribution, Indices,
@@ -450,7 +451,7 @@ impl DeviceOps for MetaOps {
         const OP: &str = "conv2d";
         let _op = op_scope(OP);
         if self.kind == TargetKind::Cuda {
-            return cuda::conv2d(input, weight, bias, plan);
+            return im2col::conv2d(&cuda::PlannedColumns, input, weight, bias, plan);
         }
         let input = host_conv::non_negative(input)?;
         let (weight, _, _) = host_conv::matrix_view(weight, 0)?;
@@ -463,7 +464,7 @@ impl DeviceOps for MetaOps {
         const OP: &str = "conv2d_backward_input";
         let _op = op_scope(OP);
         if self.kind == TargetKind::Cuda {
-            return cuda::conv2d_backward_input(grad, weight, plan);
+            return im2col::conv2d_backward_input(&cuda::PlannedColumns, grad, weight, plan);
         }
         let (grad, _, _) = host_conv::matrix_view(grad, 1)?;
         let (weight, _, _) = host_conv::matrix_view(weight, 0)?;
@@ -476,7 +477,7 @@ impl DeviceOps for MetaOps {
         const OP: &str = "conv2d_backward_weight";
         let _op = op_scope(OP);
         if self.kind == TargetKind::Cuda {
-            return cuda::conv2d_backward_weight(input, grad, plan);
+            return im2col::conv2d_backward_weight(&cuda::PlannedColumns, input, grad, plan);
         }
         let input = host_conv::non_negative(input)?;
         let (grad, _, _) = host_conv::matrix_view(grad, 1)?;
@@ -489,7 +490,7 @@ impl DeviceOps for MetaOps {
         const OP: &str = "conv2d_backward_bias";
         let _op = op_scope(OP);
         if self.kind == TargetKind::Cuda {
-            return cuda::conv2d_backward_bias(grad);
+            return im2col::conv2d_backward_bias(grad);
         }
         let dense = grad.contiguous()?;
         let out = planned(OP, grad.device(), grad.dtype(), [grad.dims()[1]])?;
