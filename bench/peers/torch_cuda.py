@@ -60,7 +60,8 @@ class Cnn(nn.Module):
         return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
 
 
-def train(cnn, steps=200):
+def train(cnn, steps=200, wrap=lambda model: model):
+    """Samples/s of the training step; `wrap` wraps the model (DDP)."""
     torch.manual_seed(0)
     if cnn:
         model, batch, shape = Cnn().to(DEV), 64, (1, 28, 28)
@@ -68,6 +69,7 @@ def train(cnn, steps=200):
         model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
                               nn.Linear(512, 10)).to(DEV)
         batch, shape = 128, (784,)
+    model = wrap(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     xs = [torch.randn((batch,) + shape, device=DEV) for _ in range(8)]
     ys = [torch.randint(0, 10, (batch,), device=DEV) for _ in range(8)]
@@ -126,29 +128,9 @@ def init_nccl_world_of_one():
 
 def ddp_mlp(steps=200):
     dist = init_nccl_world_of_one()
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                          nn.Linear(512, 10)).to(DEV)
-    model = nn.parallel.DistributedDataParallel(model, device_ids=[0])
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    xs = [torch.randn((128, 784), device=DEV) for _ in range(8)]
-    ys = [torch.randint(0, 10, (128,), device=DEV) for _ in range(8)]
-
-    def step(i):
-        F.cross_entropy(model(xs[i % 8]), ys[i % 8]).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for i in range(10):
-        step(i)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for i in range(steps):
-        step(i)
-    torch.cuda.synchronize()
-    elapsed = (time.perf_counter() - t0) / steps
+    rate = train(False, steps, wrap=lambda model: nn.parallel.DistributedDataParallel(model, device_ids=[0]))
     dist.destroy_process_group()
-    return elapsed * 1e3
+    return 128 / rate * 1e3
 
 
 def allreduce(mib, iters):

@@ -16,7 +16,7 @@
 //! `bench/peers/torch_cuda.py` (interpreter `$BRASA_TORCH_PYTHON`, else
 //! `python3`). Without a GPU the group prints one line and no figure.
 
-use crate::measure::{median, time, Better, Figure, Options};
+use crate::measure::{median, time, value_and_ratio, Better, Figure, Options};
 use brasa_alloc::{Backend, CachingAllocator, CudaBackend, StreamId};
 use brasa_autograd::Var;
 use brasa_nn::functional::cross_entropy;
@@ -55,9 +55,7 @@ pub fn run(options: &Options) -> Vec<Figure> {
                 theirs.push(v);
             }
         }
-        if !ours.is_empty() {
-            figures.extend(value_and_ratio(vs_name, &mut ours, &mut theirs, tflops_name, "TFLOP/s"));
-        }
+        figures.extend(value_and_ratio(tflops_name, "TFLOP/s", vs_name, Better::Higher, &mut ours, &mut theirs));
     }
     let mixed = crate::alloc_figures::mixed_sizes(2_000);
     let one_mib = vec![1 << 20; 2_000];
@@ -86,25 +84,7 @@ pub fn run(options: &Options) -> Vec<Figure> {
                 theirs.push(v);
             }
         }
-        if !ours.is_empty() {
-            figures.extend(value_and_ratio(vs_name, &mut ours, &mut theirs, rate_name, "samples/s"));
-        }
-    }
-    figures
-}
-
-/// brasa's median value and, when PyTorch ran, its ratio to PyTorch's median.
-fn value_and_ratio(
-    ratio_name: &'static str,
-    ours: &mut [f64],
-    theirs: &mut [f64],
-    value_name: &'static str,
-    unit: &'static str,
-) -> Vec<Figure> {
-    let (a, b) = (median(ours), median(theirs));
-    let mut figures = vec![Figure::new(value_name, a, unit, Better::Higher)];
-    if b > 0.0 {
-        figures.push(Figure::new(ratio_name, a / b, "x", Better::Higher));
+        figures.extend(value_and_ratio(rate_name, "samples/s", vs_name, Better::Higher, &mut ours, &mut theirs));
     }
     figures
 }

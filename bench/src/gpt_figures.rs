@@ -26,7 +26,7 @@
 //! with `torch.autocast(bfloat16)` on the same GPU; both sides synchronize
 //! the device at the end of each timed chunk and read no loss in between.
 
-use crate::measure::{chunk_rates, median, Better, Figure, Options};
+use crate::measure::{chunk_rates, median, value_and_ratio, Better, Figure, Options};
 use brasa_nn::models::{Gpt, GptConfig};
 use brasa_nn::optim::{clip_grad_norm_, AdamConfig, AdamW, Optimizer};
 use brasa_nn::{ModuleExt, Result};
@@ -89,17 +89,10 @@ fn figures(options: &Options, gpu: bool) -> Vec<Figure> {
             }
         }
     }
-    if ours.is_empty() {
-        return Vec::new();
-    }
-    let rate = median(&mut ours);
-    let mut figures = vec![Figure::new(rate_name, rate, "steps/s", Better::Higher)];
     if !theirs.is_empty() {
-        let torch_rate = median(&mut theirs);
-        eprintln!("  (PyTorch: {torch_rate:.2} steps/s)");
-        figures.push(Figure::new(vs_name, rate / torch_rate, "x", Better::Higher));
+        eprintln!("  (PyTorch: {:.2} steps/s)", median(&mut theirs));
     }
-    figures
+    value_and_ratio(rate_name, "steps/s", vs_name, Better::Higher, &mut ours, &mut theirs)
 }
 
 fn brasa_rate(quick: bool, gpu: bool) -> std::result::Result<f64, String> {

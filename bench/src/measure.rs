@@ -88,6 +88,28 @@ pub fn median(samples: &mut [f64]) -> f64 {
     }
 }
 
+/// brasa's median as `value_name` (in `unit`) and, when PyTorch ran, the
+/// ratio of the two medians as `ratio_name`; `better` says which way both
+/// point (rates: higher; times: lower). Nothing when brasa has no sample.
+pub fn value_and_ratio(
+    value_name: &'static str,
+    unit: &'static str,
+    ratio_name: &'static str,
+    better: Better,
+    ours: &mut [f64],
+    theirs: &mut [f64],
+) -> Vec<Figure> {
+    if ours.is_empty() {
+        return Vec::new();
+    }
+    let value = median(ours);
+    let mut figures = vec![Figure::new(value_name, value, unit, better)];
+    if !theirs.is_empty() {
+        figures.push(Figure::new(ratio_name, value / median(theirs), "x", better));
+    }
+    figures
+}
+
 /// A small deterministic generator (xorshift64*) for benchmark inputs.
 pub struct Xorshift(pub u64);
 

@@ -19,7 +19,7 @@
 //! or NCCL the group prints one line and no figure.
 
 use crate::cuda_figures::{torch_value, training_step_of};
-use crate::measure::{median, Better, Figure, Options};
+use crate::measure::{value_and_ratio, Better, Figure, Options};
 use brasa_parallel::nccl::{nccl_group, nccl_library_path, nccl_version};
 use brasa_parallel::{CommOptions, Communicator, DdpConfig, DistributedDataParallel, ReduceOp, Result, Work};
 use brasa_tensor::{cuda_device_count, manual_seed, synchronize, DType, Device, Tensor};
@@ -69,14 +69,7 @@ pub fn run(options: &Options) -> Vec<Figure> {
                 theirs.push(us);
             }
         }
-        if ours.is_empty() {
-            continue;
-        }
-        let a = median(&mut ours);
-        figures.push(Figure::new(value_name, a, "us", Better::Lower));
-        if !theirs.is_empty() {
-            figures.push(Figure::new(ratio_name, a / median(&mut theirs), "x", Better::Lower));
-        }
+        figures.extend(value_and_ratio(value_name, "us", ratio_name, Better::Lower, &mut ours, &mut theirs));
     }
     if options.wants("nccl.ddp_step_ms") || options.wants("nccl.ddp_step_vs_torch") {
         let (mut ours, mut theirs) = (Vec::new(), Vec::new());
@@ -89,13 +82,8 @@ pub fn run(options: &Options) -> Vec<Figure> {
                 theirs.push(ms);
             }
         }
-        if !ours.is_empty() {
-            let a = median(&mut ours);
-            figures.push(Figure::new("nccl.ddp_step_ms", a, "ms", Better::Lower));
-            if !theirs.is_empty() {
-                figures.push(Figure::new("nccl.ddp_step_vs_torch", a / median(&mut theirs), "x", Better::Lower));
-            }
-        }
+        let (value, ratio) = ("nccl.ddp_step_ms", "nccl.ddp_step_vs_torch");
+        figures.extend(value_and_ratio(value, "ms", ratio, Better::Lower, &mut ours, &mut theirs));
     }
     figures
 }

@@ -42,7 +42,7 @@
 //! PyTorch only the samples/s figure is given. Without a GPU the group
 //! prints one line and no figure.
 
-use crate::measure::{chunk_rates, median, time, Better, Figure, Options};
+use crate::measure::{chunk_rates, median, time, value_and_ratio, Better, Figure, Options};
 use brasa_autograd::Var;
 use brasa_nn::functional::cross_entropy;
 use brasa_nn::models::{ResNet, ResNetConfig};
@@ -113,17 +113,10 @@ fn train_figures(options: &Options, python: &str, torch: bool) -> Vec<Figure> {
             }
         }
     }
-    if ours.is_empty() {
-        return Vec::new();
-    }
-    let rate = median(&mut ours);
-    let mut figures = vec![Figure::new(TRAIN_RATE, rate, "samples/s", Better::Higher)];
     if !theirs.is_empty() {
-        let torch_rate = median(&mut theirs);
-        eprintln!("  (PyTorch: {torch_rate:.0} samples/s)");
-        figures.push(Figure::new(TRAIN_VS, rate / torch_rate, "x", Better::Higher));
+        eprintln!("  (PyTorch: {:.0} samples/s)", median(&mut theirs));
     }
-    figures
+    value_and_ratio(TRAIN_RATE, "samples/s", TRAIN_VS, Better::Higher, &mut ours, &mut theirs)
 }
 
 fn conv_figures(options: &Options, python: &str) -> Vec<Figure> {

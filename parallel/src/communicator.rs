@@ -153,7 +153,7 @@ impl CommOptions {
     }
 
     /// The engine of groups started in one process.
-    pub fn engine(&self) -> CommBackend {
+    pub fn chosen_backend(&self) -> CommBackend {
         self.backend
     }
 

@@ -48,7 +48,7 @@ pub fn ensure_host_devices(world: usize) -> Result<()> {
 /// engine `options` name ([`CommOptions::backend`]): the in-process engine
 /// ([`in_process_group`]) or NCCL (`nccl_group`, feature `cuda`).
 pub fn group_on_devices(devices: &[Device], options: &CommOptions) -> Result<Vec<Communicator>> {
-    match options.engine() {
+    match options.chosen_backend() {
         CommBackend::InProcess => in_process_group(devices, options),
         #[cfg(feature = "cuda")]
         CommBackend::Nccl => crate::nccl::nccl_group(devices, options),

@@ -11,26 +11,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use brasa_tensor::{
-    cudnn, memory, Conv1dParams, Conv2dParams, ConvTranspose1dParams, ConvTranspose2dParams, DType, Device, Tensor,
+    cudnn, memory, Conv1dParams, Conv2dParams, ConvTranspose1dParams, ConvTranspose2dParams, DType, Device, Generator,
+    Tensor,
 };
 
-/// Uniform values in [-1, 1) from a seed (xorshift).
-fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0) as f32
-        })
-        .collect()
-}
-
+/// A host tensor of uniform values in [-1, 1) drawn from `seed`.
 fn host(shape: &[usize], seed: u64) -> Tensor {
-    let numel = shape.iter().product();
-    Tensor::from_vec_on(values(numel, seed), shape.to_vec(), Device::CPU).unwrap()
+    let mut values = vec![0f32; shape.iter().product()];
+    Generator::new(seed).fill_uniform_f32(&mut values, -1.0, 1.0).unwrap();
+    Tensor::from_vec_on(values, shape.to_vec(), Device::CPU).unwrap()
 }
 
 fn f64s(t: &Tensor) -> Vec<f64> {
@@ -257,15 +249,11 @@ fn workspace_memory(dev: Device) {
 
 #[test]
 fn cudnn_convolutions_match_the_host() {
-    if brasa_tensor::cuda_device_count() == 0 {
-        eprintln!("skipped: no CUDA device");
-        return;
-    }
+    let Some(dev) = support::gpu() else { return };
     if !cudnn::is_available() {
         eprintln!("skipped: cuDNN unavailable ({})", cudnn::load_error().map(|e| e.to_string()).unwrap_or_default());
         return;
     }
-    let dev = Device::cuda(0);
     println!("cuDNN {:?}", cudnn::version());
     for (i, case) in cases().into_iter().enumerate() {
         for channels_last in [false, true] {

@@ -132,8 +132,6 @@ pub(crate) struct NcclEngine {
     pub(crate) timeout: Duration,
     /// The communication stream, made on the worker thread.
     pub(crate) stream: Option<Stream>,
-    /// Compare signatures with the peers before each collective.
-    pub(crate) check_signatures: bool,
 }
 
 /// Encodes what ranks must agree on in five integers.
@@ -379,7 +377,7 @@ impl CollectiveEngine for NcclEngine {
             stream.wait_event(ready)?;
         }
         let point_to_point = matches!(op, Collective::Send { .. } | Collective::Recv { .. });
-        if self.check_signatures && self.world > 1 && !point_to_point {
+        if self.world > 1 && !point_to_point {
             self.check_signature(op, deadline)?;
         }
         self.enqueue(op, &stream, deadline)

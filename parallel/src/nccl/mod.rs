@@ -162,16 +162,8 @@ fn start(raw: RawComm, rank: usize, world: usize, device: Device, options: &Comm
     static REPORTER: std::sync::Once = std::sync::Once::new();
     REPORTER.call_once(|| brasa_tensor::memory::register_external("NCCL", nccl_memory));
     let info = RankInfo { rank, world_size: world, device, backend: "nccl" };
-    let engine = NcclEngine {
-        nccl,
-        comm: Arc::clone(&comm),
-        rank,
-        world,
-        device,
-        timeout: options.timeout,
-        stream: None,
-        check_signatures: true,
-    };
+    let engine =
+        NcclEngine { nccl, comm: Arc::clone(&comm), rank, world, device, timeout: options.timeout, stream: None };
     Communicator::start(info, options, Some(comm), move || Ok(Box::new(engine) as Box<dyn CollectiveEngine>))
 }
 
