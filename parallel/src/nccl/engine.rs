@@ -11,7 +11,7 @@
 //! cannot hand their memory to anyone else while NCCL reads it.
 
 use super::library::{data_type, reduction, Nccl, RawComm, IN_PROGRESS, SUCCESS};
-use crate::collective::Collective;
+use crate::collective::{Collective, ReduceOp, Signature};
 use crate::communicator::CollectiveEngine;
 use crate::deadline::Deadline;
 use crate::error::{ParallelError, Result};
@@ -134,22 +134,33 @@ pub(crate) struct NcclEngine {
     pub(crate) stream: Option<Stream>,
 }
 
-/// Encodes what ranks must agree on in five integers.
-fn signature_words(op: &Collective) -> [i64; 5] {
-    let s = op.signature();
-    let op_code = match s.op {
-        "all_reduce" => 1,
-        "broadcast" => 2,
-        "all_gather" => 3,
-        "reduce_scatter" => 4,
-        "send" => 5,
-        "recv" => 6,
-        _ => 7,
-    };
-    let dtype = s.dtype.map_or(-1, |d| DType::ALL.iter().position(|x| *x == d).map_or(-2, |p| p as i64));
-    let reduce = s.reduce.map_or(-1, |r| i64::from(reduction(r)));
-    let root = s.root.map_or(-1, |r| r as i64);
-    [op_code, dtype, s.numel as i64, reduce, root]
+/// The collectives' names and reductions in the order of their codes in
+/// an encoded signature.
+const OPS: [&str; 7] = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "send", "recv", "barrier"];
+const REDUCTIONS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min];
+
+/// What ranks must agree on, in five integers (-1: absent).
+fn encode(s: &Signature) -> [i64; 5] {
+    let code = |position: Option<usize>| position.map_or(-1, |p| p as i64);
+    [
+        code(OPS.iter().position(|op| *op == s.op)),
+        code(s.dtype.and_then(|d| DType::ALL.iter().position(|x| *x == d))),
+        s.numel as i64,
+        code(s.reduce.and_then(|r| REDUCTIONS.iter().position(|x| *x == r))),
+        code(s.root),
+    ]
+}
+
+/// A peer's encoded signature, back (`None` for words no rank encodes).
+fn decode(words: &[i64]) -> Option<Signature> {
+    let at = |i: usize| words.get(i).and_then(|&w| usize::try_from(w).ok());
+    Some(Signature {
+        op: OPS.get(at(0)?)?,
+        dtype: at(1).and_then(|d| DType::ALL.get(d).copied()),
+        numel: at(2)?,
+        reduce: at(3).and_then(|r| REDUCTIONS.get(r).copied()),
+        root: at(4),
+    })
 }
 
 impl NcclEngine {
@@ -201,7 +212,7 @@ impl NcclEngine {
     /// integers) and names the first rank that disagrees.
     fn check_signature(&mut self, op: &Collective, deadline: Deadline) -> Result<()> {
         let stream = self.stream()?;
-        let ours = signature_words(op);
+        let ours = encode(&op.signature());
         let words = ours.len();
         let mine = {
             let _on = stream.make_current();
@@ -223,7 +234,8 @@ impl NcclEngine {
                     rank: self.rank,
                     ours: op.signature().to_string(),
                     peer,
-                    theirs: describe(theirs),
+                    theirs: decode(theirs)
+                        .map_or_else(|| format!("an unreadable signature {theirs:?}"), |s| s.to_string()),
                 });
             }
         }
@@ -337,29 +349,6 @@ fn op_call(op: &'static str) -> &'static str {
     }
 }
 
-/// A peer's signature words in words.
-fn describe(words: &[i64]) -> String {
-    let op = match words.first() {
-        Some(1) => "all_reduce",
-        Some(2) => "broadcast",
-        Some(3) => "all_gather",
-        Some(4) => "reduce_scatter",
-        Some(5) => "send",
-        Some(6) => "recv",
-        _ => "barrier",
-    };
-    let dtype = words
-        .get(1)
-        .and_then(|&d| usize::try_from(d).ok())
-        .and_then(|d| DType::ALL.get(d))
-        .map_or_else(String::new, |d| format!(" of {} {d} elements", words.get(2).copied().unwrap_or(0)));
-    let root = match words.get(4) {
-        Some(&r) if r >= 0 => format!(" from root {r}"),
-        _ => String::new(),
-    };
-    format!("{op}{dtype}{root}")
-}
-
 impl CollectiveEngine for NcclEngine {
     fn run(&mut self, op: &Collective) -> Result<()> {
         self.run_after(op, None)
@@ -381,5 +370,31 @@ impl CollectiveEngine for NcclEngine {
             self.check_signature(op, deadline)?;
         }
         self.enqueue(op, &stream, deadline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_round_trip_through_their_words() {
+        let all = [
+            Signature {
+                op: "all_reduce",
+                dtype: Some(DType::BF16),
+                numel: 1 << 20,
+                reduce: Some(ReduceOp::Avg),
+                root: None,
+            },
+            Signature { op: "broadcast", dtype: Some(DType::I64), numel: 3, reduce: None, root: Some(2) },
+            Signature { op: "barrier", dtype: None, numel: 0, reduce: None, root: None },
+        ];
+        for signature in all {
+            let words = encode(&signature);
+            assert_eq!(decode(&words), Some(signature), "{words:?}");
+        }
+        assert_eq!(decode(&[99, -1, 0, -1, -1]), None);
+        assert_eq!(decode(&[0, -1]), None);
     }
 }
