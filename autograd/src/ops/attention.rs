@@ -27,7 +27,9 @@
 //! softmax statistics and the accumulators stay f32 (half precision would
 //! lose too much there), and the probabilities and score gradients are
 //! rounded to the inputs' dtype only as operands of the next products. The
-//! scale multiplies the f32 scores rather than the half queries. The output
+//! scale multiplies the scores and the score gradients in place, in every
+//! dtype, rather than the queries (a strided view of the heads, which
+//! scaling would copy). The output
 //! is converted back; what backward needs (`q`, `k`, `v`, the output) is
 //! saved in the inputs' dtype, so under autocast attention keeps half the
 //! bytes.
@@ -175,22 +177,15 @@ impl Plan {
         in_dtype(t, self.operand)
     }
 
-    /// The chunk's queries as the score product takes them: multiplied by
-    /// the scale here in full precision; for half operands as they are (the
-    /// f32 scores are scaled instead, in `scores`).
-    fn queries(&self, q: &Tensor, start: usize, rows: usize) -> Result<Tensor> {
-        let q_c = q.narrow(-2, start, rows)?;
-        Ok(if self.half_operands() { q_c } else { q_c.mul_scalar(self.scale)? })
-    }
-
     /// `q_c·kᵀ·scale` of one chunk with the mask and causal fill added;
-    /// `qs` is the chunk's queries from [`Plan::queries`].
-    fn scores(&self, qs: &Tensor, k: &Tensor, start: usize, rows: usize) -> Result<Tensor> {
+    /// `q_c` is the chunk's queries. The scale multiplies the scores in
+    /// place (in the compute dtype, before half operands are rounded), not
+    /// the queries: those are a strided view of the heads, and scaling them
+    /// would copy them.
+    fn scores(&self, q_c: &Tensor, k: &Tensor, start: usize, rows: usize) -> Result<Tensor> {
         let keys = self.keys(start, rows);
-        let scores = self.product(qs, &k.narrow(-2, 0, keys)?.transpose(-2, -1)?)?;
-        if self.half_operands() {
-            scores.mul_scalar_(self.scale)?;
-        }
+        let scores = self.product(q_c, &k.narrow(-2, 0, keys)?.transpose(-2, -1)?)?;
+        scores.mul_scalar_(self.scale)?;
         if let Some(mask) = &self.mask {
             let rank = mask.rank();
             let mut m = mask.clone();
@@ -374,8 +369,7 @@ fn forward(plan: &Plan, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, T
     let lse = Tensor::zeros_on(lse_dims.as_slice(), plan.compute, plan.device)?;
     let inf = plan.scalar(f64::INFINITY)?;
     for (start, rows) in plan.chunks() {
-        let qs = plan.queries(q, start, rows)?;
-        let scores = plan.scores(&qs, k, start, rows)?;
+        let scores = plan.scores(&q.narrow(-2, start, rows)?, k, start, rows)?;
         let max = scores.max(&[-1], true)?;
         let p = scores.softmax(-1)?;
         drop(scores);
@@ -420,9 +414,9 @@ fn backward(
     for (start, rows) in plan.chunks() {
         let keys = plan.keys(start, rows);
         let (k_c, v_c) = (k.narrow(-2, 0, keys)?, v.narrow(-2, 0, keys)?);
-        let qs = plan.queries(q, start, rows)?;
+        let q_c = q.narrow(-2, start, rows)?;
         // The block's softmax again: exp(scores − lse), in one fused pass.
-        let p = plan.scores(&qs, k, start, rows)?.softmax(-1)?;
+        let p = plan.scores(&q_c, k, start, rows)?.softmax(-1)?;
         let p = match plan.empty_rows(&lse.narrow(-2, start, rows)?.eq_scalar(f64::INFINITY)?)? {
             Some(empty) => plan.zero_rows(&empty, &p)?,
             None => p,
@@ -445,21 +439,13 @@ fn backward(
         dp.sub_(&row_dot)?;
         dp.mul_(&p)?;
         drop(p);
-        // dS·k·scale and dSᵀ·q·scale: half operands take the scale on dS
-        // (in f32, before rounding); full precision has it in `qs`.
-        let ds = if plan.half_operands() {
-            dp.mul_scalar_(plan.scale)?;
-            plan.as_operand(&dp)?
-        } else {
-            dp
-        };
-        let dq_c = plan.product(&ds, &k_c)?;
-        if !plan.half_operands() {
-            dq_c.mul_scalar_(plan.scale)?;
-        }
-        dq.narrow(-2, start, rows)?.copy_(&dq_c)?;
+        // dS·k·scale and dSᵀ·q·scale: the scale goes on dS, in the compute
+        // dtype before half operands are rounded.
+        dp.mul_scalar_(plan.scale)?;
+        let ds = plan.as_operand(&dp)?;
+        dq.narrow(-2, start, rows)?.copy_(&plan.product(&ds, &k_c)?)?;
         if needs[1] {
-            dk.narrow(-2, 0, keys)?.add_(&plan.product(&ds.transpose(-2, -1)?, &qs)?)?;
+            dk.narrow(-2, 0, keys)?.add_(&plan.product(&ds.transpose(-2, -1)?, &q_c)?)?;
         }
     }
     Ok([dq, dk, dv])

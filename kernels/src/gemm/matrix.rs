@@ -431,6 +431,18 @@ impl<'a, T> From<MatMut<'a, T>> for BatchMut<'a, T> {
     }
 }
 
+/// Rows, depth, strides and panel width of one packing, as the SIMD
+/// packers take it: element `(i, p)` of the source is at `i * rs + p * cs`
+/// from its origin.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PackShape {
+    pub rows: usize,
+    pub depth: usize,
+    pub rs: usize,
+    pub cs: usize,
+    pub width: usize,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,6 +4,7 @@
 use super::blocking::Blocking;
 use super::element::{Bf16Pair, Compute, Packed};
 use super::microkernel_portable;
+use super::pack::PackSimd;
 #[cfg(target_arch = "x86_64")]
 use super::{microkernel_avx2, microkernel_avx512};
 use crate::cpu_features::cpu_features;
@@ -99,8 +100,8 @@ pub(crate) struct MicroKernel<T, P> {
     pub nr: usize,
     pub func: MicroKernelFn<T, P>,
     pub blocking: Blocking,
-    /// Pack with AVX-512 (only set on kernels that require it).
-    pub simd_pack: bool,
+    /// The vector packers of the kernel's instruction set.
+    pub simd_pack: PackSimd,
 }
 
 /// The largest `mr * nr` of any kernel: size of the edge-tile scratch.
@@ -108,12 +109,18 @@ pub(crate) const MAX_TILE: usize = 32 * 12;
 
 /// A kernel table entry: `mc` rows and `kc` depth elements per packed block.
 fn kernel<T, P>(mr: usize, nr: usize, func: MicroKernelFn<T, P>, mc: usize, kc: usize) -> MicroKernel<T, P> {
-    MicroKernel { mr, nr, func, blocking: Blocking { mc, kc, nc: 4080 }, simd_pack: false }
+    MicroKernel { mr, nr, func, blocking: Blocking { mc, kc, nc: 4080 }, simd_pack: PackSimd::Scalar }
 }
 
 /// [`kernel`] for the AVX-512 kernels, which also pack with AVX-512.
 fn avx512_kernel<T, P>(mr: usize, nr: usize, func: MicroKernelFn<T, P>, mc: usize, kc: usize) -> MicroKernel<T, P> {
-    MicroKernel { simd_pack: true, ..kernel(mr, nr, func, mc, kc) }
+    MicroKernel { simd_pack: PackSimd::Avx512, ..kernel(mr, nr, func, mc, kc) }
+}
+
+/// [`kernel`] for the AVX2 kernels, which also pack with AVX2.
+#[cfg(target_arch = "x86_64")]
+fn avx2_kernel<T, P>(mr: usize, nr: usize, func: MicroKernelFn<T, P>, mc: usize, kc: usize) -> MicroKernel<T, P> {
+    MicroKernel { simd_pack: PackSimd::Avx2, ..kernel(mr, nr, func, mc, kc) }
 }
 
 /// Per accumulator type `T`, the kernel of each family that reads packed
@@ -143,7 +150,7 @@ impl HasMicroKernels<f32> for f32 {
                 avx512_kernel(32, 12, microkernel_avx512::avx512_f32, 256, 256)
             }
             #[cfg(target_arch = "x86_64")]
-            KernelChoice::Avx2Fma => kernel(16, 6, microkernel_avx2::avx2_f32, 192, 256),
+            KernelChoice::Avx2Fma => avx2_kernel(16, 6, microkernel_avx2::avx2_f32, 192, 256),
             _ => kernel(8, 4, microkernel_portable::tile::<f32, 8, 4>, 128, 256),
         })
     }
@@ -157,7 +164,7 @@ impl HasMicroKernels<f64> for f64 {
                 avx512_kernel(16, 12, microkernel_avx512::avx512_f64, 128, 256)
             }
             #[cfg(target_arch = "x86_64")]
-            KernelChoice::Avx2Fma => kernel(8, 6, microkernel_avx2::avx2_f64, 96, 256),
+            KernelChoice::Avx2Fma => avx2_kernel(8, 6, microkernel_avx2::avx2_f64, 96, 256),
             _ => kernel(4, 4, microkernel_portable::tile::<f64, 4, 4>, 128, 256),
         })
     }

@@ -16,6 +16,7 @@
 //! inlined into the three entry points, which carry the target features.
 
 use super::element::{Bf16Pair, Packed};
+use super::matrix::PackShape;
 use half::bf16;
 use std::arch::x86_64::*;
 
@@ -53,16 +54,6 @@ pub(crate) unsafe fn pack_f64(dst: *mut f64, src: *const f64, shape: PackShape) 
 pub(crate) unsafe fn pack_pairs(dst: *mut Bf16Pair, src: *const bf16, shape: PackShape) {
     // SAFETY: as in `pack_f32`.
     unsafe { pack(dst, src, shape) }
-}
-
-/// Rows, depth, strides and panel width of one packing.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct PackShape {
-    pub rows: usize,
-    pub depth: usize,
-    pub rs: usize,
-    pub cs: usize,
-    pub width: usize,
 }
 
 /// The vector operations the generic packers need from a packed type.

@@ -13,7 +13,7 @@ use crate::storage::lock_storages;
 use crate::tensor::Tensor;
 use brasa_kernels::gemm::{
     batched_gemm, gemm, gemm_into_f32_with, BatchMut, BatchRef, GemmElement, GemmIntoF32, GemmOptions, MatMut, MatRef,
-    Parallelism, PARALLEL_THRESHOLD_FLOPS,
+    Parallelism, PARALLEL_BATCH_THRESHOLD_FLOPS,
 };
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -157,7 +157,7 @@ impl Problem<'_> {
         let calls = batch_a.offsets().zip(batch_b.offsets()).zip(out.chunks_exact_mut(m * n));
         let count: usize = self.batch.iter().product();
         let flops = 2usize.saturating_mul(count).saturating_mul(m).saturating_mul(n).saturating_mul(k);
-        if count > 1 && flops >= PARALLEL_THRESHOLD_FLOPS {
+        if count > 1 && flops >= PARALLEL_BATCH_THRESHOLD_FLOPS {
             let alone = GemmOptions { parallelism: Parallelism::Sequential, ..auto };
             calls.collect::<Vec<_>>().into_par_iter().try_for_each(|call| one(&alone, call))
         } else {
@@ -220,7 +220,7 @@ impl Problem<'_> {
         // each, each too small to share out. The calls go to the threads
         // instead (each still threads its own matrices when they are large).
         let flops = 2usize.saturating_mul(batch_count).saturating_mul(m).saturating_mul(n).saturating_mul(k);
-        if batch_count > group.count && flops >= PARALLEL_THRESHOLD_FLOPS {
+        if batch_count > group.count && flops >= PARALLEL_BATCH_THRESHOLD_FLOPS {
             calls.collect::<Vec<_>>().into_par_iter().try_for_each(one_call)
         } else {
             calls.into_iter().try_for_each(one_call)
