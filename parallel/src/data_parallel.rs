@@ -581,10 +581,7 @@ impl<M: Module, O: Optimizer> DataParallel<M, O> {
     fn first_failure<T>(&self, op: &'static str, outcomes: Vec<Result<T>>) -> Result<Vec<T>> {
         let failures: Vec<(usize, &ParallelError)> =
             outcomes.iter().enumerate().filter_map(|(rank, o)| o.as_ref().err().map(|e| (rank, e))).collect();
-        let knock_on = |e: &ParallelError| {
-            matches!(e, ParallelError::PeerFailed { .. } | ParallelError::Broken { .. } | ParallelError::Timeout { .. })
-        };
-        let culprit = failures.iter().find(|(_, e)| !knock_on(e)).or(failures.first()).map(|(rank, _)| *rank);
+        let culprit = failures.iter().find(|(_, e)| !e.is_knock_on()).or(failures.first()).map(|(rank, _)| *rank);
         let Some(culprit) = culprit else {
             return Ok(outcomes.into_iter().filter_map(|o| o.ok()).collect());
         };

@@ -238,6 +238,24 @@ impl ParallelError {
         }
     }
 
+    /// Whether this error only reports that another rank failed: a peer
+    /// that left, a communicator broken by an earlier failure, or a timeout
+    /// waiting for the others, also when it surfaces through autograd or
+    /// nn (a DDP hook's collective fails inside `backward()`). When several
+    /// ranks fail, the error worth showing is one for which this is false:
+    /// the failure that set the others off.
+    pub fn is_knock_on(&self) -> bool {
+        let inner = match self {
+            ParallelError::Autograd(error) => ParallelError::find_in(error),
+            ParallelError::Nn(NnError::Autograd(error)) => ParallelError::find_in(error),
+            other => Some(other),
+        };
+        matches!(
+            inner,
+            Some(ParallelError::PeerFailed { .. } | ParallelError::Broken { .. } | ParallelError::Timeout { .. })
+        )
+    }
+
     /// The `ParallelError` inside an autograd or nn error (a failure in a
     /// DDP hook surfaces from `backward()` that way), or this one.
     pub fn find_in(error: &AutogradError) -> Option<&ParallelError> {

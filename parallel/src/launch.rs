@@ -63,8 +63,10 @@ pub fn group_on_devices(devices: &[Device], options: &CommOptions) -> Result<Vec
 /// Runs `rank_main` once per rank, `world` ranks, each on its own thread,
 /// logical host device `Device::Cpu(rank)` and rayon pool, and returns
 /// their results in rank order. A rank that fails or panics leaves the
-/// group, so the others' collectives fail too instead of hanging; the
-/// first failure (lowest rank) is returned, a panic as
+/// group, so the others' collectives fail too instead of hanging. The
+/// failure that set the others off is returned (the lowest rank's own
+/// error, before peers' reports that it left: see
+/// [`ParallelError::is_knock_on`]), a panic as
 /// [`ParallelError::RankPanicked`].
 pub fn run_in_process<T, F>(world: usize, options: &LaunchOptions, rank_main: F) -> Result<Vec<T>>
 where
@@ -121,23 +123,27 @@ where
             .collect()
     });
     let mut results = Vec::with_capacity(world);
-    let mut first_error = None;
+    let mut errors = Vec::new();
     for (rank, outcome) in outcomes.into_iter().enumerate() {
         match outcome {
             Ok(Ok(value)) => results.push(value),
-            Ok(Err(error)) => {
-                first_error.get_or_insert(error);
-            }
-            Err(payload) => {
-                first_error
-                    .get_or_insert(ParallelError::RankPanicked { rank, message: panic_message(payload.as_ref()) });
-            }
+            Ok(Err(error)) => errors.push(error),
+            Err(payload) => errors.push(ParallelError::RankPanicked { rank, message: panic_message(payload.as_ref()) }),
         }
     }
-    match first_error {
+    match root_cause(errors) {
         Some(error) => Err(error),
         None => Ok(results),
     }
+}
+
+/// Of the ranks' errors (in rank order), the one that set the others off:
+/// the lowest rank's own failure before any report of a peer that left,
+/// broke the communicator or timed out ([`ParallelError::is_knock_on`]);
+/// the lowest rank's error when all are such reports.
+fn root_cause(errors: Vec<ParallelError>) -> Option<ParallelError> {
+    let own = errors.iter().position(|e| !e.is_knock_on()).unwrap_or(0);
+    errors.into_iter().nth(own)
 }
 
 /// The text of a panic payload (`panic!` with a literal or a format).

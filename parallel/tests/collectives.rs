@@ -264,8 +264,23 @@ fn a_rank_that_errors_or_panics_fails_the_others() -> Result<()> {
         comm.all_reduce(&x, ReduceOp::Sum)?;
         Ok(())
     });
-    // Rank 0's error comes first: rank 1 left its all-reduce.
-    assert!(matches!(result, Err(ParallelError::PeerFailed { op: "all_reduce", rank: 0, peer: 1, .. })), "{result:?}");
+    // Rank 0 fails too (rank 1 left its all-reduce), but rank 1's own
+    // error is the one that explains the failure.
+    assert!(
+        matches!(&result, Err(ParallelError::Invalid { op: "test", message }) if message == "rank 1 gives up"),
+        "{result:?}"
+    );
+    // The same through autograd: rank 0's collective fails inside a
+    // backward (as a DDP hook's does), rank 1 panics before it.
+    let result = run_in_process(2, &options(), |comm| {
+        if comm.rank() == 1 {
+            panic!("rank 1 exploded");
+        }
+        let x = Tensor::zeros_on([8], DType::F32, comm.device())?;
+        let error = comm.all_reduce(&x, ReduceOp::Sum).unwrap_err();
+        Err::<(), _>(ParallelError::Autograd(brasa_autograd::AutogradError::external(error)))
+    });
+    assert!(matches!(&result, Err(ParallelError::RankPanicked { rank: 1, message }) if message.contains("exploded")));
     let result = run_in_process(2, &options(), |comm| {
         if comm.rank() == 0 {
             panic!("rank 0 exploded");
