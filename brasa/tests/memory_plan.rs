@@ -1,27 +1,24 @@
 //! Memory plans equal the runs they predict, to the byte: whole training
 //! steps (forward, loss, backward, Adam) of the MLP, the CNN, a transformer
-//! encoder layer, a checkpointed MLP and the MLP under bf16 autocast, each
-//! at three batch sizes and under both allocator configurations, planned on
-//! a meta device imitating a fresh logical host device and then run there.
+//! encoder layer, a checkpointed MLP, the MLP under bf16 autocast, four
+//! accumulated micro-batches under a GradScaler and a small GPT (AdamW,
+//! bf16 autocast), each at three batch sizes and under both allocator
+//! configurations, planned on a meta device imitating a fresh logical host
+//! device and then run there (the steps are `support/plan_cases.rs`,
+//! shared with `cuda_memory_plan.rs`).
 //! And `max_batch_size` finds a batch that runs when the next one fails.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use brasa::alloc::AllocatorConfig;
-use brasa::autograd::checkpoint;
-use brasa::nn::functional::cross_entropy;
-use brasa::nn::optim::{Adam, AdamConfig, GradAccumulator, Optimizer};
-use brasa::nn::{
-    Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module, ModuleExt, Relu, Sequential, TransformerEncoderLayer,
-};
 use brasa::prelude::*;
-use brasa::tensor::memory::{category_scope, MemoryCategory};
+use brasa::tensor::memory::MemoryCategory;
 use brasa::tensor::MemoryTarget;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-
-type Step = Box<dyn FnMut() -> brasa::nn::Result<()>>;
-type Setup = fn(Device, usize) -> brasa::nn::Result<Step>;
+use support::plan_cases::{accumulated_scaled_mlp, bf16_mlp, checkpointed_mlp, cnn, encoder, gpt, mlp, Setup};
 
 const HOST_DEVICES: usize = 128;
 static NEXT_DEVICE: AtomicUsize = AtomicUsize::new(1);
@@ -35,124 +32,6 @@ fn fresh_host_device(limit: Option<usize>, config: AllocatorConfig) -> Device {
     brasa::tensor::set_host_memory_limit(index, limit).unwrap();
     brasa::tensor::set_host_allocator_config(index, Some(config)).unwrap();
     Device::cpu(index)
-}
-
-/// A batch of `batch` rows of `features` and class ids below `classes`, counted as inputs.
-fn batch_on(device: Device, batch: usize, features: &[usize], classes: usize) -> brasa::nn::Result<(Tensor, Tensor)> {
-    let _input = category_scope(MemoryCategory::Input);
-    let mut shape = vec![batch];
-    shape.extend_from_slice(features);
-    let x = Tensor::randn_on(shape, DType::F32, device)?;
-    let ids: Vec<i64> = (0..batch as i64).map(|i| i % classes as i64).collect();
-    Ok((x, Tensor::from_slice_on(&ids, [batch], device)?))
-}
-
-type Forward = Box<dyn Fn(&Var) -> brasa::nn::Result<Var>>;
-
-/// forward, loss, backward, Adam step, zero_grad: the step every test plans.
-fn training_step(parameters: Vec<Var>, forward: Forward, batch: (Tensor, Tensor)) -> brasa::nn::Result<Step> {
-    let mut opt = Adam::new(parameters, AdamConfig { lr: 1e-3, ..Default::default() })?;
-    Ok(Box::new(move || {
-        let (x, y) = &batch;
-        let logits = forward(&Var::new(x.clone()))?;
-        let loss = cross_entropy(&logits, y)?;
-        loss.backward()?;
-        opt.step()?;
-        opt.zero_grad()?;
-        Ok(())
-    }))
-}
-
-fn sequential(model: Sequential, batch: (Tensor, Tensor)) -> brasa::nn::Result<Step> {
-    let parameters = model.parameters();
-    training_step(parameters, Box::new(move |x| model.forward(x)), batch)
-}
-
-fn mlp_layers(device: Device) -> brasa::nn::Result<[Linear; 3]> {
-    Ok([Linear::new(64, 256, device)?, Linear::new(256, 256, device)?, Linear::new(256, 10, device)?])
-}
-
-fn mlp(device: Device, batch: usize) -> brasa::nn::Result<Step> {
-    let [a, b, head] = mlp_layers(device)?;
-    let model = Sequential::new().push(a).push(Relu).push(b).push(Relu).push(head);
-    sequential(model, batch_on(device, batch, &[64], 10)?)
-}
-
-fn cnn(device: Device, batch: usize) -> brasa::nn::Result<Step> {
-    let model = Sequential::new()
-        .push(Conv2d::with_config(1, 16, 3, Conv2dConfig::default().padding(1), device)?)
-        .push(Relu)
-        .push(MaxPool2d::new(2)?)
-        .push(Conv2d::with_config(16, 32, 3, Conv2dConfig::default().padding(1), device)?)
-        .push(Relu)
-        .push(MaxPool2d::new(2)?)
-        .push(Flatten::new())
-        .push(Linear::new(32 * 7 * 7, 10, device)?);
-    sequential(model, batch_on(device, batch, &[1, 28, 28], 10)?)
-}
-
-fn encoder(device: Device, batch: usize) -> brasa::nn::Result<Step> {
-    let model = Sequential::new()
-        .push(TransformerEncoderLayer::new(64, 4, device)?)
-        .push(Flatten::new())
-        .push(Linear::new(16 * 64, 10, device)?);
-    sequential(model, batch_on(device, batch, &[16, 64], 10)?)
-}
-
-fn checkpointed_mlp(device: Device, batch: usize) -> brasa::nn::Result<Step> {
-    let [a, b, head] = mlp_layers(device)?;
-    let parameters = [a.parameters(), b.parameters(), head.parameters()].concat();
-    // The two hidden layers recomputed in backward; the head's input stored.
-    let hidden_parameters = [a.parameters(), b.parameters()].concat();
-    let forward = move |x: &Var| -> brasa::nn::Result<Var> {
-        let p = hidden_parameters.clone();
-        let hidden = checkpoint(
-            move |inputs: &[Var]| {
-                let h = inputs[0].matmul(&p[0].t()?)?.add(&p[1])?.relu()?;
-                h.matmul(&p[2].t()?)?.add(&p[3])?.relu()
-            },
-            &[x],
-        )?;
-        head.forward(&hidden)
-    };
-    training_step(parameters, Box::new(forward), batch_on(device, batch, &[64], 10)?)
-}
-
-fn bf16_mlp(device: Device, batch: usize) -> brasa::nn::Result<Step> {
-    let [a, b, head] = mlp_layers(device)?;
-    let model = Sequential::new().push(a).push(Relu).push(b).push(Relu).push(head);
-    let parameters = model.parameters();
-    let forward = move |x: &Var| -> brasa::nn::Result<Var> {
-        let _amp = autocast(DType::BF16);
-        model.forward(x)
-    };
-    training_step(parameters, Box::new(forward), batch_on(device, batch, &[64], 10)?)
-}
-
-/// Four micro-batches of `batch / 4` under bf16 autocast and a GradScaler,
-/// then one step: accumulation and loss scaling, planned.
-fn accumulated_scaled_mlp(device: Device, batch: usize) -> brasa::nn::Result<Step> {
-    let [a, b, head] = mlp_layers(device)?;
-    let model = Sequential::new().push(a).push(Relu).push(b).push(Relu).push(head);
-    let mut opt = Adam::new(model.parameters(), AdamConfig::default())?;
-    let mut scaler = GradScaler::new();
-    let mut accumulate = GradAccumulator::new(4)?;
-    let micro = (batch / 4).max(1);
-    let batches = (0..4).map(|_| batch_on(device, micro, &[64], 10)).collect::<brasa::nn::Result<Vec<_>>>()?;
-    Ok(Box::new(move || {
-        for (x, y) in &batches {
-            let loss = {
-                let _amp = autocast(DType::BF16);
-                cross_entropy(&model.forward(&Var::new(x.clone()))?, y)?
-            };
-            accumulate.backward(&scaler.scale(&loss)?)?;
-        }
-        scaler.step(&mut opt)?;
-        scaler.update()?;
-        accumulate.reset();
-        opt.zero_grad()?;
-        Ok(())
-    }))
 }
 
 /// The plan of `setup` at `batch` for a fresh host device, then the real
@@ -220,6 +99,11 @@ fn accumulation_with_a_grad_scaler_plans_are_exact() {
         "MLP, 4 accumulated micro-batches under bf16 autocast and a GradScaler",
         accumulated_scaled_mlp,
     );
+}
+
+#[test]
+fn gpt_plans_are_exact() {
+    exact_for_every_size("GPT under bf16 autocast", gpt);
 }
 
 #[test]
