@@ -48,6 +48,8 @@ mod pack;
 mod pack_avx2;
 #[cfg(target_arch = "x86_64")]
 mod pack_avx512;
+#[cfg(target_arch = "x86_64")]
+mod pack_simd;
 mod parallel;
 mod product;
 #[cfg(test)]

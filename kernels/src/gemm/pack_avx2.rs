@@ -1,6 +1,7 @@
 //! AVX2 packing of f32 operands: the layout of [`super::pack`], made with
-//! 8-wide vector copies and in-register 8 x 8 transposes, for the AVX2
-//! micro-kernels (panels of 16 rows of A, 6 of B).
+//! 8-wide vector copies and in-register 8 x 8 transposes (`pack_simd`'s
+//! loops over this module's [`Lanes`]), for the AVX2 micro-kernels (panels
+//! of 16 rows of A, 6 of B).
 //!
 //! The scalar packer writes a transposed panel (a row-major operand packed
 //! along its rows, as both operands of `x · Wᵀ` and the B of every product
@@ -18,6 +19,7 @@
 //! them 13 % slower than the scalar copies it replaces.
 
 use super::matrix::PackShape;
+use super::pack_simd::{pack, Lanes};
 use std::arch::x86_64::*;
 
 /// Packs `rows x depth` f32 read at `src + i * rs + p * cs` into panels of
@@ -31,14 +33,7 @@ use std::arch::x86_64::*;
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn pack_f32(dst: *mut f32, src: *const f32, shape: PackShape) {
     // SAFETY: forwarded contract; the target features are enabled here.
-    unsafe {
-        if shape.rs == 1 {
-            copy_columns(dst, src, shape);
-        } else {
-            debug_assert_eq!(shape.cs, 1);
-            transpose_rows(dst, src, shape);
-        }
-    }
+    unsafe { pack::<Avx2F32>(dst, src, shape) }
 }
 
 /// Eight lanes of -1 then eight of 0: the mask of the first `n ≤ 8` lanes
@@ -103,88 +98,39 @@ unsafe fn store_lanes(dst: *mut f32, n: usize, v: __m256) {
     }
 }
 
-/// Rows packed per sweep of the copy path: the panels being written stay
-/// few (L1-resident streams) while each source column is read in one go.
-const COPY_ROWS: usize = 256;
+/// f32 on AVX2: 8 x 8 blocks.
+pub(crate) struct Avx2F32;
 
-/// Panel columns are contiguous in the source (`rs == 1`): for a chunk of
-/// rows, read each source column once and copy it into the chunk's panels
-/// eight elements at a time.
-///
-/// # Safety
-/// As for [`pack_f32`] with `rs == 1`.
-#[inline(always)]
-unsafe fn copy_columns(dst: *mut f32, src: *const f32, shape: PackShape) {
-    let PackShape { rows, depth, cs, width, .. } = shape;
-    let chunk = (COPY_ROWS / width).max(1) * width;
-    let mut r0 = 0;
-    while r0 < rows {
-        let chunk_rows = chunk.min(rows - r0);
-        // SAFETY: loads are masked to rows `< rows` of columns `< depth`,
-        // stores to the `width` rows of panels inside `dst` (contract).
-        unsafe {
-            for p in 0..depth {
-                let s = src.add(p * cs + r0);
-                for q in 0..chunk_rows.div_ceil(width) {
-                    let live = width.min(chunk_rows - q * width);
-                    let d = dst.add((r0 / width + q) * width * depth + p * width);
-                    let mut i = 0;
-                    while i < width {
-                        let v = load_lanes(s.wrapping_add(q * width + i), live.saturating_sub(i));
-                        store_lanes(d.add(i), width - i, v);
-                        i += 8;
-                    }
-                }
-            }
-        }
-        r0 += chunk_rows;
+impl Lanes for Avx2F32 {
+    type Packed = f32;
+    type Src = f32;
+    const LANES: usize = 8;
+    type Block = [__m256; 8];
+
+    #[inline(always)]
+    unsafe fn copy_rows(dst: *mut f32, src: *const f32, _cs: usize, _cols: usize, load: usize, store: usize) {
+        // SAFETY: reads `load` and writes `store` elements at most (contract).
+        unsafe { store_lanes(dst, store, load_lanes(src, load)) }
     }
-}
 
-/// Panel rows are contiguous in the source (`cs == 1`): load 8 rows of 8
-/// depth elements, transpose, store 8 panel columns.
-///
-/// # Safety
-/// As for [`pack_f32`] with `cs == 1`.
-#[inline(always)]
-unsafe fn transpose_rows(dst: *mut f32, src: *const f32, shape: PackShape) {
-    let PackShape { rows, depth, rs, width, .. } = shape;
-    let panels = rows.div_ceil(width);
-    for q in 0..panels {
-        let live = width.min(rows - q * width);
-        // SAFETY: panel q lies inside `dst` and its rows inside `src`
-        // (contract); loads are masked to rows `< live` and columns
-        // `< depth`, stores to panel columns `< depth` and rows `< width`.
+    #[inline(always)]
+    unsafe fn load_block(src: *const f32, rs: usize, rows: usize, cols: usize) -> [__m256; 8] {
+        // SAFETY: the entry point has AVX2.
+        let mut block = [unsafe { _mm256_setzero_ps() }; 8];
+        for (i, v) in block.iter_mut().enumerate().take(rows) {
+            // SAFETY: `cols` elements of rows `< rows` are readable (contract).
+            *v = unsafe { load_lanes(src.wrapping_add(i * rs), cols) };
+        }
+        block
+    }
+
+    #[inline(always)]
+    unsafe fn store_transposed(dst: *mut f32, width: usize, units: usize, lanes: usize, block: [__m256; 8]) {
+        // SAFETY: the entry point has AVX2; rows `j < units` of `lanes`
+        // elements are writable (contract).
         unsafe {
-            let panel = dst.add(q * width * depth);
-            let base = src.add(q * width * rs);
-            if q + 1 < panels {
-                // The source rows are short streams (kc elements) far apart:
-                // ask for the next panel's rows while this one is transposed.
-                for i in 0..width.min(rows - (q + 1) * width) {
-                    let row = base.add((width + i) * rs);
-                    let mut l = 0;
-                    while l < depth {
-                        _mm_prefetch::<_MM_HINT_T0>(row.add(l) as *const i8);
-                        l += 16;
-                    }
-                }
-            }
-            let mut p = 0;
-            while p < depth {
-                let cols = 8.min(depth - p);
-                let mut g = 0;
-                while g < width {
-                    let mut block = [_mm256_setzero_ps(); 8];
-                    for (i, v) in block.iter_mut().enumerate().take(live.saturating_sub(g)) {
-                        *v = load_lanes(base.add((g + i) * rs + p), cols);
-                    }
-                    for (j, &v) in transpose8(block).iter().enumerate().take(cols) {
-                        store_lanes(panel.add((p + j) * width + g), width - g, v);
-                    }
-                    g += 8;
-                }
-                p += 8;
+            for (j, &v) in transpose8(block).iter().enumerate().take(units) {
+                store_lanes(dst.wrapping_add(j * width), lanes, v);
             }
         }
     }

@@ -11,12 +11,14 @@
 //! stored at once. A bf16 pair is a 32-bit lane, so pairs are transposed as
 //! f32 bits are.
 //!
-//! One generic body per stride case serves every element type; the [`Lanes`]
-//! trait supplies the few type-specific vector operations. Everything is
-//! inlined into the three entry points, which carry the target features.
+//! The loops are `pack_simd`'s, shared with the AVX2 packer; the [`Lanes`]
+//! implementations here supply the AVX-512 vector operations for each
+//! packed type. Everything is inlined into the three entry points, which
+//! carry the target features.
 
-use super::element::{Bf16Pair, Packed};
+use super::element::Bf16Pair;
 use super::matrix::PackShape;
+use super::pack_simd::{pack, Lanes};
 use half::bf16;
 use std::arch::x86_64::*;
 
@@ -31,7 +33,7 @@ use std::arch::x86_64::*;
 #[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn pack_f32(dst: *mut f32, src: *const f32, shape: PackShape) {
     // SAFETY: forwarded contract; the target features are enabled here.
-    unsafe { pack(dst, src, shape) }
+    unsafe { pack::<Avx512F32>(dst, src, shape) }
 }
 
 /// f64 version of [`pack_f32`].
@@ -41,7 +43,7 @@ pub(crate) unsafe fn pack_f32(dst: *mut f32, src: *const f32, shape: PackShape) 
 #[target_feature(enable = "avx512f")]
 pub(crate) unsafe fn pack_f64(dst: *mut f64, src: *const f64, shape: PackShape) {
     // SAFETY: as in `pack_f32`.
-    unsafe { pack(dst, src, shape) }
+    unsafe { pack::<Avx512F64>(dst, src, shape) }
 }
 
 /// [`pack_f32`] for bf16 packed as pairs of consecutive depth indices; an
@@ -53,177 +55,7 @@ pub(crate) unsafe fn pack_f64(dst: *mut f64, src: *const f64, shape: PackShape) 
 #[target_feature(enable = "avx512f,avx512bw")]
 pub(crate) unsafe fn pack_pairs(dst: *mut Bf16Pair, src: *const bf16, shape: PackShape) {
     // SAFETY: as in `pack_f32`.
-    unsafe { pack(dst, src, shape) }
-}
-
-/// The vector operations the generic packers need from a packed type.
-trait Lanes: Packed {
-    /// The stored element read.
-    type Src: Copy;
-    /// Packed elements per vector: rows moved at once.
-    const LANES: usize;
-    /// `LANES` vectors: a square block of packed elements.
-    type Block: Copy;
-
-    /// Packs one packed column's rows `0..store` (at most `LANES`) at `dst`
-    /// from the source column at `src` (rows contiguous; a pair's second
-    /// column `cs` further, if `cols == 2`): rows past `load` are zero.
-    ///
-    /// # Safety
-    /// Rows `< load` of the `cols` columns are readable; `store` packed
-    /// elements are writable at `dst`; the entry point's features.
-    unsafe fn copy_rows(dst: *mut Self, src: *const Self::Src, cs: usize, cols: usize, load: usize, store: usize);
-
-    /// Loads a block: row `i < rows` holds `cols` source elements from
-    /// `src + i * rs` (the rest, and rows past `rows`, zero).
-    ///
-    /// # Safety
-    /// Those elements are readable; the entry point's features.
-    unsafe fn load_block(src: *const Self::Src, rs: usize, rows: usize, cols: usize) -> Self::Block;
-
-    /// Transposes a block and stores its rows `j < units`, `lanes` packed
-    /// elements each (at most `LANES`), at `dst + j * width`.
-    ///
-    /// # Safety
-    /// Those elements are writable; the entry point's features.
-    unsafe fn store_transposed(dst: *mut Self, width: usize, units: usize, lanes: usize, block: Self::Block);
-}
-
-/// See [`pack_f32`].
-///
-/// # Safety
-/// As for the entry point that calls it.
-#[inline(always)]
-unsafe fn pack<E: Lanes>(dst: *mut E, src: *const E::Src, shape: PackShape) {
-    // SAFETY: forwarded contract.
-    unsafe {
-        if shape.rs == 1 {
-            copy_columns(dst, src, shape);
-        } else {
-            debug_assert_eq!(shape.cs, 1);
-            transpose_rows(dst, src, shape);
-        }
-    }
-}
-
-/// Prefetches `rows` rows of `len` contiguous elements, `rs` apart.
-///
-/// # Safety
-/// The rows lie inside one allocation.
-#[inline(always)]
-unsafe fn prefetch_rows<T>(base: *const T, rows: usize, len: usize, rs: usize) {
-    let per_line = 64 / size_of::<T>();
-    for i in 0..rows {
-        let mut l = 0;
-        while l < len {
-            // SAFETY: inside the rows (caller's contract); prefetches never fault.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(base.add(i * rs + l) as *const i8) };
-            l += per_line;
-        }
-    }
-}
-
-/// Source columns ahead of the one being copied that are prefetched.
-const PREFETCH_COLUMNS: usize = 8;
-
-/// Rows packed per sweep of the copy path: the panels being written stay
-/// few (L1-resident streams) while each source column is read in one go.
-const COPY_ROWS: usize = 256;
-
-/// Panel columns are contiguous in the source (`rs == 1`): for a chunk of
-/// rows, read each source column once, contiguously, and scatter it over the
-/// chunk's panels with masked vector copies.
-///
-/// # Safety
-/// As for [`pack_f32`] with `rs == 1`.
-#[inline(always)]
-unsafe fn copy_columns<E: Lanes>(dst: *mut E, src: *const E::Src, shape: PackShape) {
-    let PackShape { rows, depth, cs, width, .. } = shape;
-    let units = depth.div_ceil(E::DEPTH);
-    let chunk = (COPY_ROWS / width).max(1) * width;
-    let mut r0 = 0;
-    while r0 < rows {
-        let chunk_rows = chunk.min(rows - r0);
-        // SAFETY: reads rows `r0..r0 + chunk_rows` (< rows) of columns
-        // `< depth`; writes whole panels of the chunk inside `dst`.
-        unsafe {
-            for u in 0..units {
-                let p = u * E::DEPTH;
-                let cols = E::DEPTH.min(depth - p);
-                for ahead in p + PREFETCH_COLUMNS..(p + cols + PREFETCH_COLUMNS).min(depth) {
-                    prefetch_rows(src.add(ahead * cs + r0), 1, chunk_rows, 0);
-                }
-                let s = src.add(p * cs + r0);
-                for q in 0..chunk_rows.div_ceil(width) {
-                    let live = width.min(chunk_rows - q * width);
-                    let d = dst.add((r0 / width + q) * width * units + u * width);
-                    let mut i = 0;
-                    while i < width {
-                        // Rows past `live` are masked off and never read.
-                        E::copy_rows(
-                            d.add(i),
-                            s.wrapping_add(q * width + i),
-                            cs,
-                            cols,
-                            live.saturating_sub(i),
-                            width - i,
-                        );
-                        i += E::LANES;
-                    }
-                }
-            }
-        }
-        r0 += chunk_rows;
-    }
-}
-
-/// Panel rows are contiguous in the source (`cs == 1`): transpose square
-/// blocks.
-///
-/// # Safety
-/// As for [`pack_f32`] with `cs == 1`.
-#[inline(always)]
-unsafe fn transpose_rows<E: Lanes>(dst: *mut E, src: *const E::Src, shape: PackShape) {
-    let PackShape { rows, depth, rs, width, .. } = shape;
-    let units = depth.div_ceil(E::DEPTH);
-    let panels = rows.div_ceil(width);
-    for q in 0..panels {
-        let live = width.min(rows - q * width);
-        // SAFETY: panel q lies inside `dst` and its rows inside `src`
-        // (caller's contract). Loads touch rows `< live` and columns
-        // `< depth` only, stores packed columns `< units` and rows `< width`
-        // only: the rest is masked off (a masked-off lane is never read or
-        // written, so its address may be outside the view: hence
-        // `wrapping_add`).
-        unsafe {
-            let panel = dst.add(q * width * units);
-            let base = src.add(q * width * rs);
-            if q + 1 < panels {
-                // The source rows are short streams (kc elements) far apart:
-                // ask for the next panel's rows while this one is transposed.
-                prefetch_rows(base.add(width * rs), width.min(rows - (q + 1) * width), depth, rs);
-            }
-            let mut u = 0;
-            while u < units {
-                let p = u * E::DEPTH;
-                let cols = (E::LANES * E::DEPTH).min(depth - p);
-                let mut g = 0;
-                while g < width {
-                    let block = E::load_block(base.wrapping_add(g * rs + p), rs, live.saturating_sub(g), cols);
-                    let lanes = E::LANES.min(width - g);
-                    E::store_transposed(
-                        panel.wrapping_add(u * width + g),
-                        width,
-                        cols.div_ceil(E::DEPTH),
-                        lanes,
-                        block,
-                    );
-                    g += E::LANES;
-                }
-                u += E::LANES;
-            }
-        }
-    }
+    unsafe { pack::<Avx512Pairs>(dst, src, shape) }
 }
 
 /// Lanes `0..n` set, for 16-lane vectors.
@@ -256,7 +88,11 @@ fn mask32(n: usize) -> __mmask32 {
     }
 }
 
-impl Lanes for f32 {
+/// f32 on AVX-512: 16 x 16 blocks.
+pub(crate) struct Avx512F32;
+
+impl Lanes for Avx512F32 {
+    type Packed = f32;
     type Src = f32;
     const LANES: usize = 16;
     type Block = [__m512; 16];
@@ -291,7 +127,11 @@ impl Lanes for f32 {
     }
 }
 
-impl Lanes for f64 {
+/// f64 on AVX-512: 8 x 8 blocks.
+pub(crate) struct Avx512F64;
+
+impl Lanes for Avx512F64 {
+    type Packed = f64;
     type Src = f64;
     const LANES: usize = 8;
     type Block = [__m512d; 8];
@@ -324,7 +164,11 @@ impl Lanes for f64 {
     }
 }
 
-impl Lanes for Bf16Pair {
+/// bf16 pairs on AVX-512 (with BW): 16 x 16 blocks of 32-bit pairs.
+pub(crate) struct Avx512Pairs;
+
+impl Lanes for Avx512Pairs {
+    type Packed = Bf16Pair;
     type Src = bf16;
     const LANES: usize = 16;
     type Block = [__m512; 16];
@@ -376,7 +220,7 @@ impl Lanes for Bf16Pair {
     unsafe fn store_transposed(dst: *mut Bf16Pair, width: usize, units: usize, lanes: usize, block: [__m512; 16]) {
         // SAFETY: a pair is 32 bits, moved as f32 bits are (shuffles and
         // masked stores do not look at the values); contract as for f32.
-        unsafe { f32::store_transposed(dst.cast(), width, units, lanes, block) }
+        unsafe { Avx512F32::store_transposed(dst.cast(), width, units, lanes, block) }
     }
 }
 
