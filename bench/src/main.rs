@@ -2,8 +2,9 @@
 //!
 //! Each figure prints as one JSON line on stdout:
 //! `{"name": "alloc.cached_pair_ns", "value": 41.2, "unit": "ns", "better": "lower"}`.
-//! Progress goes to stderr. Options: `--filter PREFIX` runs the figures whose
-//! names start with PREFIX; `--quick` shortens every measurement.
+//! Progress goes to stderr. Options: `--filter PREFIX[,PREFIX…]` runs the
+//! figures whose names start with one of the prefixes; `--quick` shortens
+//! every measurement.
 //! `--workload-profile NAME:f32|bf16` prints the op table of three training
 //! steps of one `workloads.*` model (`encoder:f32`, `transformer:f32`, …),
 //! split by input shapes with `BRASA_PROFILE_SHAPES=1`;
@@ -71,7 +72,7 @@ const GROUPS: &[Group] = &[
 ];
 
 fn main() -> ExitCode {
-    let mut options = Options { quick: false, filter: String::new() };
+    let mut options = Options { quick: false, filters: Vec::new() };
     let mut args = std::env::args().skip(1);
     let mut nn_worker = None;
     let mut parallel_worker = None;
@@ -106,9 +107,9 @@ fn main() -> ExitCode {
                 }
                 return ExitCode::SUCCESS;
             }
-            "--filter" => options.filter = args.next().unwrap_or_default(),
+            "--filter" => options.filters = Options::parse_filters(&args.next().unwrap_or_default()),
             other => {
-                eprintln!("brasa-bench: unknown option `{other}` (expected --filter PREFIX, --quick)");
+                eprintln!("brasa-bench: unknown option `{other}` (expected --filter PREFIX[,PREFIX…], --quick)");
                 return ExitCode::from(2);
             }
         }
@@ -149,11 +150,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     for group in GROUPS {
-        let wanted = group
-            .prefixes
-            .iter()
-            .any(|prefix| prefix.starts_with(&options.filter) || options.filter.starts_with(prefix));
-        if !wanted {
+        if !group.prefixes.iter().any(|prefix| options.wants(prefix)) {
             continue;
         }
         let figures = match (group.run)(&options) {
@@ -164,7 +161,7 @@ fn main() -> ExitCode {
             }
         };
         for figure in figures {
-            if figure.name.starts_with(&options.filter) {
+            if options.prints(figure.name) {
                 println!("{}", figure.to_json());
             }
         }

@@ -6,8 +6,9 @@ use std::time::Instant;
 pub struct Options {
     /// Shorter measurements for a smoke run.
     pub quick: bool,
-    /// Only figures whose names start with this.
-    pub filter: String,
+    /// Only figures whose names start with one of these (`--filter
+    /// cuda.,nccl.`); none: every figure.
+    pub filters: Vec<String>,
 }
 
 impl Options {
@@ -20,9 +21,20 @@ impl Options {
         }
     }
 
-    /// Whether a figure with this name will be printed.
+    /// The filters of `--filter`'s comma-separated prefixes.
+    pub fn parse_filters(arg: &str) -> Vec<String> {
+        arg.split(',').filter(|p| !p.is_empty()).map(str::to_string).collect()
+    }
+
+    /// Whether a figure with this name, or a group of figures whose names
+    /// start with this prefix, will be printed.
     pub fn wants(&self, name: &str) -> bool {
-        name.starts_with(&self.filter) || self.filter.starts_with(name)
+        self.filters.is_empty() || self.filters.iter().any(|f| name.starts_with(f.as_str()) || f.starts_with(name))
+    }
+
+    /// Whether this figure passes the filters.
+    pub fn prints(&self, name: &str) -> bool {
+        self.filters.is_empty() || self.filters.iter().any(|f| name.starts_with(f.as_str()))
     }
 }
 
@@ -167,4 +179,20 @@ pub fn chunk_rates<E>(
         done += n;
     }
     Ok(rates)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Options;
+
+    #[test]
+    fn comma_separated_filters_select_groups_and_figures() {
+        let options = Options { quick: true, filters: Options::parse_filters("cuda.,nccl.allreduce") };
+        assert!(options.wants("cuda.") && options.wants("nccl.") && options.wants("cuda.sdpa_vs_torch"));
+        assert!(!options.wants("alloc.") && !options.wants("nccl.ddp_step_ms"));
+        assert!(options.prints("nccl.allreduce_us") && options.prints("cuda.mlp_train_vs_torch"));
+        assert!(!options.prints("nccl.ddp_step_ms"));
+        let all = Options { quick: false, filters: Options::parse_filters("") };
+        assert!(all.wants("alloc.") && all.prints("anything"));
+    }
 }

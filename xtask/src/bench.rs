@@ -14,7 +14,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
         match arg.as_str() {
             "--quick" => quick = true,
             "--filter" => filter = iter.next().ok_or("--filter needs a prefix, e.g. --filter alloc")?.clone(),
-            other => return Err(format!("unknown bench option `{other}` (expected --filter PREFIX, --quick)")),
+            other => {
+                return Err(format!("unknown bench option `{other}` (expected --filter PREFIX[,PREFIX…], --quick)"))
+            }
         }
     }
     let root = workspace_root();
