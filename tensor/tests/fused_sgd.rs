@@ -44,8 +44,10 @@ fn random(dims: &[usize], dtype: DType, transposed: bool) -> Tensor {
 fn equals_the_composed_update_for_every_option_and_dtype() {
     devices();
     // One parameter large enough for the host's parallel chunks (not a
-    // multiple of them), two small ones; a transposed gradient.
-    let shapes: [&[usize]; 3] = [&[400, 330], &[7], &[3, 4]];
+    // multiple of them), two tiny ones, and thirty small ones that together
+    // go to the threads a parameter at a time; transposed gradients.
+    let mut shapes: Vec<&[usize]> = vec![&[400, 330], &[7], &[3, 4]];
+    shapes.extend(std::iter::repeat_n(&[70usize, 70][..], 30));
     for dtype in [DType::F32, DType::F64, DType::BF16] {
         for options in configs() {
             let params: Vec<Tensor> = shapes.iter().map(|s| random(s, dtype, false)).collect();

@@ -214,8 +214,12 @@ mod tests {
     fn equals_the_composed_update_on_many_parameters_and_dtypes() {
         let options = AdamOptions { decoupled: true, weight_decay: 1e-2, ..AdamOptions::default() };
         for dtype in [DType::F32, DType::BF16, DType::F64] {
-            // One large (parallel path) and two small parameters, a transposed gradient.
-            let shapes: [&[usize]; 3] = [&[300, 200], &[7], &[3, 4]];
+            // One large parameter (split into parallel chunks), two tiny
+            // ones, and thirty small ones that together go to the threads a
+            // parameter at a time; two-dim gradients arrive transposed.
+            let mut shapes: Vec<&[usize]> = vec![&[400, 400], &[7], &[3, 4]];
+            shapes.extend(std::iter::repeat_n(&[70usize, 70][..], 30));
+            let n = shapes.len();
             let params: Vec<Tensor> =
                 shapes.iter().map(|s| Tensor::randn(*s, DType::F32).unwrap().to_dtype(dtype).unwrap()).collect();
             let copies: Vec<Tensor> = params
@@ -245,11 +249,11 @@ mod tests {
                         }
                     })
                     .collect();
-                let list: Vec<AdamParam<'_>> = (0..3)
+                let list: Vec<AdamParam<'_>> = (0..n)
                     .map(|i| AdamParam::new(&params[i], &grads[i], &fused_state[i].0, &fused_state[i].1, t))
                     .collect();
                 fused_adam_(&list, options).unwrap();
-                for i in 0..3 {
+                for i in 0..n {
                     composed(
                         &copies[i],
                         &grads[i].contiguous().unwrap(),
@@ -260,7 +264,7 @@ mod tests {
                     );
                 }
             }
-            for i in 0..3 {
+            for i in 0..n {
                 assert_eq!(
                     params[i].to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),
                     copies[i].to_dtype(DType::F64).unwrap().to_vec::<f64>().unwrap(),

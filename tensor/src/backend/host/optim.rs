@@ -1,7 +1,8 @@
 //! The host's fused optimizer steps, Adam and SGD: each parameter's storages
 //! locked together (the parameter and its state for writing, the gradient
 //! for reading), then one pass of `brasa_kernels::optim::adam_step` or
-//! `sgd_step` over the elements, in parallel chunks for large parameters.
+//! `sgd_step` over the elements, in parallel chunks for large parameters
+//! and several small parameters at once on the pool's threads.
 //! Elements are independent, so the result does not depend on the chunking.
 
 use crate::backend::host::PARALLEL_MIN_WORK;
@@ -22,13 +23,39 @@ const SGD_OP: &str = "fused_sgd_";
 /// Elements one parallel task updates.
 const CHUNK: usize = 1 << 14;
 
+/// Runs `one` on every update: parameters of at least
+/// [`PARALLEL_MIN_WORK`] elements one after another (each splits into
+/// parallel chunks itself), the smaller ones on the pool's threads, whole
+/// parameters each, when together they are that much work. A model of many
+/// small matrices (`train_gpt`'s CPU configuration: none above 65,536
+/// elements) otherwise stepped on one core. Parameters are independent (a
+/// tied one is one update), so the order does not change the result;
+/// updates that share a storage take turns on its lock.
+fn each_update<U: Sync>(
+    updates: &[&U],
+    numel: impl Fn(&U) -> usize + Sync,
+    one: impl Fn(&U) -> Result<()> + Sync,
+) -> Result<()> {
+    let (large, small): (Vec<&U>, Vec<&U>) = updates.iter().copied().partition(|u| numel(u) >= PARALLEL_MIN_WORK);
+    large.into_iter().try_for_each(&one)?;
+    let small_work: usize = small.iter().map(|u| numel(u)).sum();
+    if small.len() > 1 && small_work >= PARALLEL_MIN_WORK {
+        small.into_par_iter().try_for_each(&one)
+    } else {
+        small.into_iter().try_for_each(&one)
+    }
+}
+
 /// See [`crate::backend::DeviceOps::adam_step`].
 pub(super) fn adam_step(updates: &[&AdamUpdate<'_>]) -> Result<()> {
-    for update in updates {
-        dispatch_float!(update.param.dtype(), T => step::<T>(update),
-            Err(TensorError::invalid(OP, format!("needs float tensors, got {}", update.param.dtype()))))?;
-    }
-    Ok(())
+    each_update(
+        updates,
+        |u| u.grad.numel(),
+        |update| {
+            dispatch_float!(update.param.dtype(), T => step::<T>(update),
+            Err(TensorError::invalid(OP, format!("needs float tensors, got {}", update.param.dtype()))))
+        },
+    )
 }
 
 /// `t`'s elements within its storage's slice.
@@ -89,11 +116,14 @@ fn step<T: WithDType + FloatElement>(update: &AdamUpdate<'_>) -> Result<()> {
 
 /// See [`crate::backend::DeviceOps::sgd_step`].
 pub(super) fn sgd_step(updates: &[&SgdUpdate<'_>]) -> Result<()> {
-    for update in updates {
-        dispatch_float!(update.param.dtype(), T => sgd::<T>(update),
-            Err(TensorError::invalid(SGD_OP, format!("needs float tensors, got {}", update.param.dtype()))))?;
-    }
-    Ok(())
+    each_update(
+        updates,
+        |u| u.grad.numel(),
+        |update| {
+            dispatch_float!(update.param.dtype(), T => sgd::<T>(update),
+            Err(TensorError::invalid(SGD_OP, format!("needs float tensors, got {}", update.param.dtype()))))
+        },
+    )
 }
 
 fn sgd<T: WithDType + FloatElement>(update: &SgdUpdate<'_>) -> Result<()> {
