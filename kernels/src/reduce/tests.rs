@@ -111,6 +111,28 @@ fn softmax_is_stable_and_rejects_bad_lengths() {
     softmax_row(&[], &mut empty).unwrap();
 }
 
+#[test]
+fn a_nan_anywhere_in_a_row_makes_the_softmax_row_nan() {
+    // First element, inside the vector lanes, in the remainder past them.
+    for len in [1usize, 5, 16, 37, 64] {
+        for at in [0, len / 2, len - 1] {
+            let mut x: Vec<f32> = (0..len).map(|i| (i % 7) as f32 - 3.0).collect();
+            x[at] = f32::NAN;
+            let mut out = vec![0f32; len];
+            softmax_row(&x, &mut out).unwrap();
+            assert!(out.iter().all(|v| v.is_nan()), "softmax, NaN at {at} of {len}: {out:?}");
+            log_softmax_row(&x, &mut out).unwrap();
+            assert!(out.iter().all(|v| v.is_nan()), "log_softmax, NaN at {at} of {len}: {out:?}");
+        }
+    }
+    // The maximum anywhere in a long row is the shift: no overflow.
+    let mut x = vec![0f64; 37];
+    x[33] = 1000.0;
+    let mut out = vec![0f64; 37];
+    softmax_row(&x, &mut out).unwrap();
+    assert!((out[33] - 1.0).abs() < 1e-12 && out.iter().all(|v| v.is_finite()), "{out:?}");
+}
+
 fn floats(len: std::ops::Range<usize>) -> impl Strategy<Value = Vec<f64>> {
     prop::collection::vec(prop_oneof![-100.0..100.0f64, (-4i32..4).prop_map(f64::from)], len)
 }
