@@ -18,9 +18,11 @@
 mod support;
 
 use brasa::prelude::*;
-use brasa::tensor::{cuda_device_count, cudnn, synchronize, MemoryTarget};
+use brasa::tensor::{cuda_device_count, cudnn, synchronize};
 use std::sync::{Mutex, MutexGuard};
-use support::plan_cases::{accumulated_scaled_mlp, bf16_mlp, checkpointed_mlp, cnn, encoder, gpt, mlp, Setup};
+use support::plan_cases::{
+    accumulated_scaled_mlp, bf16_mlp, checkpointed_mlp, cnn, encoder, gpt, mlp, plan_equals_run_on, Setup,
+};
 
 /// The device's allocator, cuDNN's switch, autocast and the generator are
 /// process-wide: one case at a time.
@@ -48,26 +50,7 @@ fn plan_equals_cuda_run(what: &str, setup: Setup, batch: usize) {
     );
     assert_eq!(memory::reserved(device).unwrap(), 0, "{what}: empty_cache left memory reserved");
     memory::reset_peak(device).unwrap();
-    let target = MemoryTarget::like(device).unwrap();
-    manual_seed(7);
-    let plan = memory::plan(&target, |d| setup(d, batch)).unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(plan.fits, "{what}: {plan}");
-    manual_seed(7);
-    {
-        let mut step = setup(device, batch).unwrap();
-        for _ in 0..brasa::tensor::memory::PLANNED_STEPS {
-            step().unwrap();
-        }
-        synchronize(device).unwrap();
-    }
-    let label = format!("{what}, batch {batch} on cuda:0");
-    let (allocated, reserved) = (memory::max_allocated(device).unwrap(), memory::max_reserved(device).unwrap());
-    eprintln!(
-        "{label}: planned {} / {}, ran {allocated} / {reserved} (peak allocated / reserved)",
-        plan.peak_allocated, plan.peak_reserved
-    );
-    assert_eq!(plan.peak_allocated, allocated, "{label}: peak allocated\n{plan}");
-    assert_eq!(plan.peak_reserved, reserved, "{label}: peak reserved\n{plan}");
+    plan_equals_run_on(device, what, setup, batch);
 }
 
 fn exact_for_every_size(what: &str, setup: Setup) {

@@ -18,7 +18,9 @@ use brasa::tensor::memory::MemoryCategory;
 use brasa::tensor::MemoryTarget;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use support::plan_cases::{accumulated_scaled_mlp, bf16_mlp, checkpointed_mlp, cnn, encoder, gpt, mlp, Setup};
+use support::plan_cases::{
+    accumulated_scaled_mlp, bf16_mlp, checkpointed_mlp, cnn, encoder, gpt, mlp, plan_equals_run_on, Setup,
+};
 
 const HOST_DEVICES: usize = 128;
 static NEXT_DEVICE: AtomicUsize = AtomicUsize::new(1);
@@ -40,20 +42,8 @@ fn plan_equals_run(what: &str, setup: Setup, batch: usize, expandable: bool) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let config = AllocatorConfig::builder().expandable_segments(expandable).build().unwrap();
     let host = fresh_host_device(None, config);
-    let target = MemoryTarget::like(host).unwrap();
-    manual_seed(7);
-    let plan = memory::plan(&target, |device| setup(device, batch)).unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(plan.fits, "{what}: {plan}");
-    manual_seed(7);
-    {
-        let mut step = setup(host, batch).unwrap();
-        for _ in 0..brasa::tensor::memory::PLANNED_STEPS {
-            step().unwrap();
-        }
-    }
-    let label = format!("{what}, batch {batch}, expandable segments {expandable}");
-    assert_eq!(plan.peak_allocated, memory::max_allocated(host).unwrap(), "{label}: peak allocated\n{plan}");
-    assert_eq!(plan.peak_reserved, memory::max_reserved(host).unwrap(), "{label}: peak reserved\n{plan}");
+    let label = format!("{what}, expandable segments {expandable}");
+    let plan = plan_equals_run_on(host, &label, setup, batch);
     let by_category: usize = plan.peak_by_category.iter().map(|(_, bytes)| bytes).sum();
     assert_eq!(by_category, plan.peak_allocated, "{label}: categories add up");
     let has = |c| plan.peak_by_category.iter().any(|&(category, _)| category == c);

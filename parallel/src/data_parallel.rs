@@ -581,7 +581,7 @@ impl<M: Module, O: Optimizer> DataParallel<M, O> {
     fn first_failure<T>(&self, op: &'static str, outcomes: Vec<Result<T>>) -> Result<Vec<T>> {
         let failures: Vec<(usize, &ParallelError)> =
             outcomes.iter().enumerate().filter_map(|(rank, o)| o.as_ref().err().map(|e| (rank, e))).collect();
-        let culprit = failures.iter().find(|(_, e)| !e.is_knock_on()).or(failures.first()).map(|(rank, _)| *rank);
+        let culprit = ParallelError::root_cause(failures.iter().map(|(_, e)| *e)).map(|at| failures[at].0);
         let Some(culprit) = culprit else {
             return Ok(outcomes.into_iter().filter_map(|o| o.ok()).collect());
         };

@@ -256,6 +256,21 @@ impl ParallelError {
         )
     }
 
+    /// Of several ranks' errors in rank order, the position of the one that
+    /// set the others off: the first that is not a knock-on
+    /// ([`ParallelError::is_knock_on`]), else the first. `None` when there
+    /// is none.
+    pub(crate) fn root_cause<'a>(errors: impl IntoIterator<Item = &'a ParallelError>) -> Option<usize> {
+        let mut first = None;
+        for (at, error) in errors.into_iter().enumerate() {
+            if !error.is_knock_on() {
+                return Some(at);
+            }
+            first.get_or_insert(at);
+        }
+        first
+    }
+
     /// The `ParallelError` inside an autograd or nn error (a failure in a
     /// DDP hook surfaces from `backward()` that way), or this one.
     pub fn find_in(error: &AutogradError) -> Option<&ParallelError> {

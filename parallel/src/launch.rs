@@ -131,19 +131,10 @@ where
             Err(payload) => errors.push(ParallelError::RankPanicked { rank, message: panic_message(payload.as_ref()) }),
         }
     }
-    match root_cause(errors) {
+    match ParallelError::root_cause(&errors).and_then(|at| errors.into_iter().nth(at)) {
         Some(error) => Err(error),
         None => Ok(results),
     }
-}
-
-/// Of the ranks' errors (in rank order), the one that set the others off:
-/// the lowest rank's own failure before any report of a peer that left,
-/// broke the communicator or timed out ([`ParallelError::is_knock_on`]);
-/// the lowest rank's error when all are such reports.
-fn root_cause(errors: Vec<ParallelError>) -> Option<ParallelError> {
-    let own = errors.iter().position(|e| !e.is_knock_on()).unwrap_or(0);
-    errors.into_iter().nth(own)
 }
 
 /// The text of a panic payload (`panic!` with a literal or a format).

@@ -11,7 +11,8 @@ use brasa::nn::{
     Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module, ModuleExt, Relu, Sequential, TransformerEncoderLayer,
 };
 use brasa::prelude::*;
-use brasa::tensor::memory::{category_scope, MemoryCategory};
+use brasa::tensor::memory::{category_scope, MemoryCategory, MemoryPlan, PLANNED_STEPS};
+use brasa::tensor::{synchronize, MemoryTarget};
 
 pub type Step = Box<dyn FnMut() -> brasa::nn::Result<()>>;
 pub type Setup = fn(Device, usize) -> brasa::nn::Result<Step>;
@@ -162,4 +163,27 @@ pub fn gpt(device: Device, batch: usize) -> brasa::nn::Result<Step> {
         opt.zero_grad()?;
         Ok(())
     }))
+}
+
+/// Plans `setup` at `batch` for `device` as it is now
+/// (`MemoryTarget::like`), then runs the planned steps there from the same
+/// seed: the plan fits and both its peaks equal the run's to the byte
+/// (`what` names the case in the messages). Returns the plan.
+pub fn plan_equals_run_on(device: Device, what: &str, setup: Setup, batch: usize) -> MemoryPlan {
+    let target = MemoryTarget::like(device).unwrap();
+    manual_seed(7);
+    let plan = memory::plan(&target, |d| setup(d, batch)).unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(plan.fits, "{what}: {plan}");
+    manual_seed(7);
+    {
+        let mut step = setup(device, batch).unwrap();
+        for _ in 0..PLANNED_STEPS {
+            step().unwrap();
+        }
+        synchronize(device).unwrap();
+    }
+    let label = format!("{what}, batch {batch} on {device}");
+    assert_eq!(plan.peak_allocated, memory::max_allocated(device).unwrap(), "{label}: peak allocated\n{plan}");
+    assert_eq!(plan.peak_reserved, memory::max_reserved(device).unwrap(), "{label}: peak reserved\n{plan}");
+    plan
 }

@@ -101,6 +101,12 @@ pub(crate) fn parallel_worth(flops: usize, speed_vs_f32: usize) -> bool {
     flops / speed_vs_f32.max(1) >= PARALLEL_THRESHOLD_FLOPS
 }
 
+/// [`parallel_worth`] for a batch of independent products of `flops` in
+/// all, shared out whole: [`PARALLEL_BATCH_THRESHOLD_FLOPS`].
+pub(crate) fn batch_parallel_worth(flops: usize, speed_vs_f32: usize) -> bool {
+    flops / speed_vs_f32.max(1) >= PARALLEL_BATCH_THRESHOLD_FLOPS
+}
+
 /// How many threads a product may use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Parallelism {
@@ -557,9 +563,7 @@ where
         Parallelism::Threads(t) => (t.max(1), false),
         Parallelism::Auto if parallel_worth(flops, speed) => (pool, false),
         // Small matrices, many of them: one thread per matrix.
-        Parallelism::Auto => {
-            (1, pool > 1 && batch > 1 && flops.saturating_mul(batch) / speed.max(1) >= PARALLEL_BATCH_THRESHOLD_FLOPS)
-        }
+        Parallelism::Auto => (1, pool > 1 && batch > 1 && batch_parallel_worth(flops.saturating_mul(batch), speed)),
     };
     let plan = Plan { kernel, blocking, threads: item_threads };
     let (c_raw, c_stride) = c.raw();
@@ -622,6 +626,8 @@ mod tests {
         let flops = 2 * 128 * 256 * 256;
         assert!(parallel_worth(flops, f32::SPEED_VS_F32));
         assert!(!parallel_worth(flops, Bf16Pair::SPEED_VS_F32));
+        assert!(batch_parallel_worth(PARALLEL_BATCH_THRESHOLD_FLOPS, 1));
+        assert!(!batch_parallel_worth(PARALLEL_BATCH_THRESHOLD_FLOPS, Bf16Pair::SPEED_VS_F32));
         assert!(parallel_worth(4 * flops, Bf16Pair::SPEED_VS_F32));
         assert!(!parallel_worth(PARALLEL_THRESHOLD_FLOPS - 1, 1));
         assert!(parallel_worth(usize::MAX, 0), "a zero speed is read as 1, never a division by zero");

@@ -5,18 +5,22 @@
 //!
 //! The scalar packer writes a transposed panel (a row-major operand packed
 //! along its rows, as both operands of `x · Wᵀ` and the B of every product
-//! into a row-major C are) an element at a time, `width` elements apart;
-//! on a 2-core AMD EPYC (Zen 3, no AVX-512) packing took 13 % of a GPT
-//! training step's time, against under 5 % here. AVX-512 machines have
-//! their own packers (`pack_avx512`); these serve every CPU with AVX2.
+//! into a row-major C are) an element at a time, `width` elements apart,
+//! and copies a contiguous panel column with a `memcpy` call per column;
+//! on a 2-core AMD EPYC (Zen 3, no AVX-512) that was 13 % of a GPT
+//! training step's time plus 4–6 % in `memcpy`. With these packers it is
+//! about 14 % in all, the rest being the wait for operands not in cache
+//! (single-thread products 2–5 % faster, 15–19 % on 64 x 64 x 32). AVX-512
+//! machines have their own packers (`pack_avx512`); these serve every CPU
+//! with AVX2.
 //!
 //! Partial loads at the edges use AVX's masked loads: a masked-off lane is
 //! not read, so it may lie outside the view (hence `wrapping_add`), and it
 //! loads as zero, which is what the panels' padding rows must hold. Partial
 //! stores (every store into a 6-wide panel of B) are split into 4-, 2- and
 //! 1-element stores instead: AMD's Zen cores run a masked store
-//! (`vmaskmovps`) as a slow microcoded sequence, which made packing with
-//! them 13 % slower than the scalar copies it replaces.
+//! (`vmaskmovps`) as a slow microcoded sequence, which made products
+//! packed with them 13 % slower than with the scalar copies.
 
 use super::matrix::PackShape;
 use super::pack_simd::{pack, Lanes};
