@@ -7,8 +7,9 @@
 
 use crate::error::{AutogradError, Result};
 use crate::grad_mode::no_grad;
-use crate::graph::{lock, reachable, BackwardCtx, BackwardFn, Node, NodeKind, VarInner};
+use crate::graph::{lock, reachable, BackwardCtx, BackwardFn, Node, NodeKind, TensorMeta, VarInner};
 use crate::var::{check_grad_fits, check_grad_meta, Var};
+use crate::view_region::ViewRegion;
 use brasa_tensor::Tensor;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -62,12 +63,67 @@ fn accumulate_leaf(var: &Arc<VarInner>, g: Tensor) -> Result<()> {
     Ok(())
 }
 
-fn add_grad(pending: &mut HashMap<usize, Tensor>, key: usize, g: Tensor) -> Result<()> {
-    match pending.remove(&key) {
+/// A node's incoming gradient while its consumers contribute to it.
+struct Pending {
+    grad: Tensor,
+    /// Made by the engine and referenced nowhere else, so later
+    /// contributions may be added into it in place.
+    exclusive: bool,
+}
+
+/// What a node's backward gives one of its inputs.
+#[derive(Clone)]
+enum Contribution {
+    /// A gradient of the input's shape.
+    Whole(Tensor),
+    /// The gradient of a view: zero outside `region` of the input.
+    Placed(Tensor, ViewRegion),
+}
+
+fn add_grad(pending: &mut HashMap<usize, Pending>, key: usize, g: Tensor) -> Result<()> {
+    let entry = match pending.remove(&key) {
         // Out of place: either gradient may alias another one still in use.
-        Some(existing) => pending.insert(key, existing.add(&g)?),
-        None => pending.insert(key, g),
+        Some(existing) => Pending { grad: existing.grad.add(&g)?, exclusive: true },
+        None => Pending { grad: g, exclusive: false },
     };
+    pending.insert(key, entry);
+    Ok(())
+}
+
+/// Adds the gradient of a view into `region` of the pending gradient of
+/// the node described by `meta`: into the engine's own gradient in place,
+/// else into a new one (zeros, or a copy of a gradient others may hold).
+fn add_placed(
+    pending: &mut HashMap<usize, Pending>,
+    key: usize,
+    meta: &TensorMeta,
+    g: Tensor,
+    region: ViewRegion,
+    op: &'static str,
+) -> Result<()> {
+    let (full, fresh) = match pending.remove(&key) {
+        Some(Pending { grad, exclusive: true }) => (grad, false),
+        Some(Pending { grad, exclusive: false }) => (grad.affine(1.0, 0.0)?, false),
+        None => (Tensor::zeros_on(meta.dims.as_slice(), meta.dtype, meta.device)?, true),
+    };
+    let target = region.of(&full)?;
+    // The region has the view's shape by construction; a gradient of another
+    // shape would be broadcast into it.
+    if target.dims() != g.dims() {
+        return Err(AutogradError::GradShape {
+            op,
+            context: "backward returned",
+            got: g.dims().to_vec(),
+            expected: target.dims().to_vec(),
+        });
+    }
+    let g = if g.dtype() != full.dtype() { g.to_dtype(full.dtype())? } else { g };
+    if fresh {
+        target.copy_(&g)?;
+    } else {
+        target.add_(&g)?;
+    }
+    pending.insert(key, Pending { grad: full, exclusive: true });
     Ok(())
 }
 
@@ -93,7 +149,7 @@ fn run_graph(roots: Vec<(Arc<Node>, Tensor)>, options: RunOptions) -> Result<Vec
     let capture_index: HashMap<usize, usize> =
         options.capture.iter().enumerate().map(|(i, n)| (Node::key(n), i)).collect();
     let mut captured: Vec<Option<Tensor>> = vec![None; options.capture.len()];
-    let mut pending: HashMap<usize, Tensor> = HashMap::new();
+    let mut pending: HashMap<usize, Pending> = HashMap::new();
     let mut ready: Vec<Arc<Node>> = Vec::new();
     for (node, g) in roots {
         let key = Node::key(&node);
@@ -105,7 +161,7 @@ fn run_graph(roots: Vec<(Arc<Node>, Tensor)>, options: RunOptions) -> Result<Vec
     let _no_grad = no_grad();
     while let Some(node) = ready.pop() {
         let key = Node::key(&node);
-        let mut grad = pending.remove(&key);
+        let mut grad = pending.remove(&key).map(|p| p.grad);
         if let Some(g) = grad.take() {
             grad = Some(run_pre_hooks(&node, g)?);
         }
@@ -135,12 +191,18 @@ fn run_graph(roots: Vec<(Arc<Node>, Tensor)>, options: RunOptions) -> Result<Vec
         for (child, g) in node.next.iter().zip(outputs) {
             let Some(child) = child else { continue };
             let child_key = Node::key(child);
-            if let Some(g) = g {
-                // A backward (a custom one above all) that returns a gradient
-                // of another shape or device would otherwise be broadcast or
-                // carried into what follows.
-                check_grad_meta(node.name, "backward returned", &g, &child.meta, false)?;
-                add_grad(&mut pending, child_key, g)?;
+            match g {
+                Some(Contribution::Whole(g)) => {
+                    // A backward (a custom one above all) that returns a
+                    // gradient of another shape or device would otherwise be
+                    // broadcast or carried into what follows.
+                    check_grad_meta(node.name, "backward returned", &g, &child.meta, false)?;
+                    add_grad(&mut pending, child_key, g)?;
+                }
+                Some(Contribution::Placed(g, region)) => {
+                    add_placed(&mut pending, child_key, &child.meta, g, region, node.name)?;
+                }
+                None => {}
             }
             if let Some(count) = dependencies.get_mut(&child_key) {
                 *count -= 1;
@@ -183,7 +245,7 @@ fn run_op(
     slot: &std::sync::Mutex<Option<crate::graph::OpBackward>>,
     g: Tensor,
     retain_graph: bool,
-) -> Result<Vec<Option<Tensor>>> {
+) -> Result<Vec<Option<Contribution>>> {
     // Taken out of the node while it runs, so a backward that runs the
     // engine itself (checkpoint) holds no lock.
     let mut backward = lock(slot).take().ok_or(AutogradError::GraphReleased { op: node.name })?;
@@ -193,9 +255,11 @@ fn run_op(
     let needs: Vec<bool> = node.next.iter().map(Option::is_some).collect();
     // Unpacked (by saved-tensor hooks) for this backward only: dropped as
     // soon as it returns.
+    let whole = |grads: Vec<Option<Tensor>>| grads.into_iter().map(|g| g.map(Contribution::Whole)).collect();
     let result = match (backward.saved.unpack(node.name), &mut backward.f) {
-        (Ok(saved), BackwardFn::Borrowed(f)) => f(&BackwardCtx { grad: &g, saved: &saved, needs: &needs }),
-        (Ok(saved), BackwardFn::Owned(f)) => f(g, &saved, &needs),
+        (Ok(saved), BackwardFn::Borrowed(f)) => f(&BackwardCtx { grad: &g, saved: &saved, needs: &needs }).map(whole),
+        (Ok(saved), BackwardFn::Owned(f)) => f(g, &saved, &needs).map(whole),
+        (Ok(_), BackwardFn::Place(region)) => Ok(vec![Some(Contribution::Placed(g, *region))]),
         (Err(e), _) => Err(e),
     };
     if retain_graph || result.is_err() {

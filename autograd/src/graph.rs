@@ -9,6 +9,7 @@
 
 use crate::error::Result;
 use crate::saved::SavedTensors;
+use crate::view_region::ViewRegion;
 use brasa_tensor::{DType, Device, Tensor};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -54,6 +55,10 @@ pub(crate) enum BackwardFn {
     Borrowed(BackwardClosure),
     /// By value.
     Owned(OwnedGradClosure),
+    /// No function: the node is a view of its one input, and the engine
+    /// places the output gradient in that region of the input's gradient
+    /// (see `view_region.rs`).
+    Place(ViewRegion),
 }
 
 pub(crate) struct OpBackward {

@@ -56,6 +56,7 @@ mod precision;
 mod saved;
 mod saved_hooks;
 mod var;
+mod view_region;
 
 pub use backward::grad;
 pub use callbacks::{in_backward, queue_callback};

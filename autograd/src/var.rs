@@ -5,6 +5,7 @@ use crate::error::{AutogradError, Result};
 use crate::grad_mode::is_grad_enabled;
 use crate::graph::{lock, BackwardCtx, BackwardFn, Node, OpBackward, TensorMeta, VarInner};
 use crate::saved::SavedTensors;
+use crate::view_region::ViewRegion;
 use brasa_tensor::{DType, Device, Shape, Tensor};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -375,6 +376,19 @@ pub(crate) fn record_always_owned(
     backward: impl FnMut(Tensor, &[Tensor], &[bool]) -> Result<Vec<Option<Tensor>>> + Send + 'static,
 ) -> Var {
     record_node(name, inputs, output, saved, BackwardFn::Owned(Box::new(backward)))
+}
+
+/// Records a view of `input` (`narrow`, `slice`, `select`) whose backward
+/// places the gradient in `region` of the input's gradient: the engine does
+/// it, into one gradient per input, however many views of it are used.
+pub(crate) fn record_view(name: &'static str, input: &Var, output: Tensor, region: ViewRegion) -> Var {
+    if !should_record(&[input]) {
+        if !is_grad_enabled() {
+            note_unrecorded(&[input]);
+        }
+        return Var::new(output);
+    }
+    record_node(name, &[input], output, Vec::new, BackwardFn::Place(region))
 }
 
 fn record_node(

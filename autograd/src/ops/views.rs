@@ -1,10 +1,11 @@
 //! Views: the forward shares storage, the backward maps the gradient back
-//! to the input's shape (a view where possible, zeros plus a copy for
-//! narrow and select).
+//! to the input's shape (a view where possible; for narrow, slice and
+//! select the engine places it in the input's gradient, `view_region.rs`).
 
 use super::sum_to;
 use crate::error::Result;
-use crate::var::{record, Var};
+use crate::var::{record, record_view, Var};
+use crate::view_region::ViewRegion;
 use brasa_tensor::{resolve_dim, DimIndex, Shape, TensorError};
 
 fn to_isize(dims: &[usize]) -> Vec<isize> {
@@ -76,12 +77,7 @@ impl Var {
     pub fn narrow(&self, dim: impl DimIndex, start: usize, len: usize) -> Result<Var> {
         let d = resolve_dim(dim, self.rank(), "narrow").map_err(TensorError::from)?;
         let out = self.tensor().narrow(d, start, len)?;
-        let (shape, dtype) = (self.dims().to_vec(), self.dtype());
-        Ok(record("narrow", &[self], out, Vec::new, move |c| {
-            let g = c.grad.new_zeros(shape.clone())?.to_dtype(dtype)?;
-            g.narrow(d, start, len)?.copy_(c.grad)?;
-            Ok(vec![Some(g)])
-        }))
+        Ok(record_view("narrow", self, out, ViewRegion::Narrow { dim: d, start, len }))
     }
 
     /// Every `step`-th element of `dim` in `start..end` (Python's
@@ -100,24 +96,14 @@ impl Var {
     pub fn slice(&self, dim: impl DimIndex, start: usize, end: usize, step: usize) -> Result<Var> {
         let d = resolve_dim(dim, self.rank(), "slice").map_err(TensorError::from)?;
         let out = self.tensor().slice(d, start, end, step)?;
-        let (shape, dtype) = (self.dims().to_vec(), self.dtype());
-        Ok(record("slice", &[self], out, Vec::new, move |c| {
-            let g = c.grad.new_zeros(shape.clone())?.to_dtype(dtype)?;
-            g.slice(d, start, end, step)?.copy_(c.grad)?;
-            Ok(vec![Some(g)])
-        }))
+        Ok(record_view("slice", self, out, ViewRegion::Slice { dim: d, start, end, step }))
     }
 
     /// Index `index` of `dim`, removing the dim.
     pub fn select(&self, dim: impl DimIndex, index: usize) -> Result<Var> {
         let d = resolve_dim(dim, self.rank(), "select").map_err(TensorError::from)?;
         let out = self.tensor().select(d, index)?;
-        let (shape, dtype) = (self.dims().to_vec(), self.dtype());
-        Ok(record("select", &[self], out, Vec::new, move |c| {
-            let g = c.grad.new_zeros(shape.clone())?.to_dtype(dtype)?;
-            g.select(d, index)?.copy_(c.grad)?;
-            Ok(vec![Some(g)])
-        }))
+        Ok(record_view("select", self, out, ViewRegion::Select { dim: d, index }))
     }
 
     /// Broadcasts to `shape` (a view); the gradient is summed back.
