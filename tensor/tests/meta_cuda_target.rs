@@ -210,3 +210,42 @@ fn gathers_take_a_bad_index_flag_and_half_pooling_is_not_staged() {
     // Normal draws of bf16: straight into bf16.
     assert_eq!(events(d, || Tensor::randn_on([1_000], DType::BF16, d)), [Alloc(2_000)]);
 }
+
+#[test]
+fn a_product_copies_only_the_operands_cublas_cannot_read_as_they_lie() {
+    let meta = cuda();
+    let d = meta.device();
+    let x = Tensor::zeros_on([64, 32], DType::F32, d).unwrap();
+    let w = Tensor::zeros_on([48, 32], DType::F32, d).unwrap();
+    let out = 64 * 48 * F32;
+    // A transposed weight is a cuBLAS flag; a narrowed one a leading dim.
+    assert_eq!(events(d, || x.matmul(&w.t()?)), [Alloc(out)]);
+    assert_eq!(events(d, || x.narrow(1, 0, 16)?.matmul(&w.narrow(1, 0, 16)?.t()?)), [Alloc(out)]);
+    // Every other column of x: neither rows nor columns contiguous, so the
+    // `[64, 16]` operand is copied after the output and freed after the product.
+    let strided = x.slice(1, 0, 32, 2).unwrap();
+    let copy = 64 * 16 * F32;
+    assert_eq!(events(d, || strided.matmul(&w.narrow(1, 0, 16)?.t()?)), [Alloc(out), Alloc(copy), Free(copy)]);
+    // Both operands copied: the second one's copy is freed first.
+    let w_strided = w.t().unwrap().slice(0, 0, 32, 2).unwrap();
+    let w_copy = 16 * 48 * F32;
+    assert_eq!(
+        events(d, || strided.matmul(&w_strided)),
+        [Alloc(out), Alloc(copy), Alloc(w_copy), Free(w_copy), Free(copy)]
+    );
+    // A batch whose entries do not step evenly (heads and sequence
+    // swapped) is copied whole; one that broadcasts (stride 0) is not.
+    let q = Tensor::zeros_on([2, 8, 4, 16], DType::F32, d).unwrap().transpose(1, 2).unwrap();
+    let k = Tensor::zeros_on([2, 4, 16, 8], DType::F32, d).unwrap();
+    let scores = 2 * 4 * 8 * 8 * F32;
+    assert_eq!(events(d, || q.matmul(&k)), [Alloc(scores), Alloc(2 * 4 * 8 * 16 * F32), Free(2 * 4 * 8 * 16 * F32)]);
+    let shared = Tensor::zeros_on([16, 8], DType::F32, d).unwrap();
+    let batched = Tensor::zeros_on([2, 4, 8, 16], DType::F32, d).unwrap();
+    assert_eq!(events(d, || batched.matmul(&shared)), [Alloc(scores)]);
+    // The host multiplies any strides in place.
+    let host = host();
+    let hx = Tensor::zeros_on([64, 32], DType::F32, host.device()).unwrap();
+    let hw = Tensor::zeros_on([48, 32], DType::F32, host.device()).unwrap();
+    let host_strided = hx.slice(1, 0, 32, 2).unwrap();
+    assert_eq!(events(host.device(), || host_strided.matmul(&hw.narrow(1, 0, 16)?.t()?)), [Alloc(out)]);
+}

@@ -20,7 +20,9 @@ pub(crate) use conv::ConvPlan;
 pub(crate) use elementwise::{CompareOp, Update};
 pub(crate) use fill::{Distribution, Sequence};
 pub(crate) use indices::{read_checked_indices, Indices};
-pub(crate) use matmul::{merged_stride, MatmulOperands};
+pub(crate) use matmul::{blas_operand, merged_stride, MatmulOperands};
+#[cfg(feature = "cuda")]
+pub(crate) use matmul::{BlasMatrix, BlasOperand};
 pub(crate) use norm::{BatchNormBackwardElemt, LayerNormBackward};
 pub(crate) use optim::{AdamUpdate, SgdUpdate};
 pub(crate) use pool::PoolPlan;

@@ -10,7 +10,7 @@
 //! are contiguous (unit column stride) and `OP_T` when its columns are.
 
 use super::{address, output_address, CudaOps};
-use crate::backend::merged_stride;
+use crate::backend::args::{blas_operand, BlasMatrix, BlasOperand};
 use crate::backend::output;
 use crate::backend::MatmulOperands;
 use crate::dtype::DType;
@@ -23,40 +23,6 @@ use std::ffi::c_void;
 
 const OP: &str = "matmul";
 
-/// How one operand's matrices are handed to cuBLAS.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct BlasMatrix {
-    /// `OP_T` when the matrix lies column by column.
-    transposed: bool,
-    /// The leading dimension.
-    ld: i64,
-}
-
-/// The cuBLAS description of a `rows × cols` row-major view with strides
-/// `(rs, cs)` as the column-major transpose cuBLAS reads, or `None` when
-/// neither its rows nor its columns are contiguous (the caller copies it).
-fn blas_matrix(rows: usize, cols: usize, rs: isize, cs: isize) -> Option<BlasMatrix> {
-    let (rows, cols) = (rows as i64, cols as i64);
-    let (rs, cs) = (rs as i64, cs as i64);
-    // Rows contiguous: cuBLAS sees the transpose (cols × rows), leading dim
-    // = the row stride, which must cover a row.
-    if cols <= 1 || cs == 1 {
-        let ld = if rows <= 1 { cols.max(1) } else { rs };
-        if ld >= cols.max(1) {
-            return Some(BlasMatrix { transposed: false, ld });
-        }
-    }
-    // Columns contiguous: cuBLAS sees the matrix itself (rows × cols), read
-    // transposed.
-    if rows <= 1 || rs == 1 {
-        let ld = if cols <= 1 { rows.max(1) } else { cs };
-        if ld >= rows.max(1) {
-            return Some(BlasMatrix { transposed: true, ld });
-        }
-    }
-    None
-}
-
 /// An operand ready for one strided-batched call: its matrices as cuBLAS
 /// reads them and the stride between batch entries (0 when shared).
 struct Prepared {
@@ -67,22 +33,14 @@ struct Prepared {
 
 /// `t` (`[batch.., rows, cols]`) as a [`Prepared`], copied to contiguous
 /// memory first when its matrices or its batch cannot be described.
+/// (A meta device imitating CUDA makes the same copies: `meta/cuda.rs`.)
 fn prepare(t: &Tensor, rows: usize, cols: usize) -> Result<Prepared> {
-    let describe = |t: &Tensor| {
-        let rank = t.rank();
-        let s = t.layout().strides();
-        let batch_dims = &t.dims()[..rank - 2];
-        let batch_strides: Vec<usize> = s[..rank - 2].iter().map(|&x| x as usize).collect();
-        let matrix = blas_matrix(rows, cols, s[rank - 2], s[rank - 1])?;
-        let batch_stride = merged_stride(batch_dims, &batch_strides)?;
-        Some((matrix, batch_stride as i64))
-    };
-    if let Some((matrix, batch_stride)) = describe(t) {
+    if let Some(BlasOperand { matrix, batch_stride }) = blas_operand(t, rows, cols) {
         return Ok(Prepared { tensor: t.clone(), matrix, batch_stride });
     }
     let copy = t.contiguous()?;
-    let (matrix, batch_stride) =
-        describe(&copy).ok_or_else(|| TensorError::internal(OP, "a contiguous operand has no cuBLAS description"))?;
+    let BlasOperand { matrix, batch_stride } = blas_operand(&copy, rows, cols)
+        .ok_or_else(|| TensorError::internal(OP, "a contiguous operand has no cuBLAS description"))?;
     Ok(Prepared { tensor: copy, matrix, batch_stride })
 }
 
@@ -173,26 +131,4 @@ pub(super) fn matmul(backend: &CudaOps, operands: MatmulOperands<'_>) -> Result<
     // SAFETY: the product writes every element of the output (beta = 0:
     // cuBLAS does not read C), before later work on this stream reads it.
     Ok(unsafe { out.assume_init() })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn row_major_column_major_and_uncopyable_views() {
-        // A contiguous [3, 4]: rows contiguous, ld 4.
-        assert_eq!(blas_matrix(3, 4, 4, 1), Some(BlasMatrix { transposed: false, ld: 4 }));
-        // Its transpose [4, 3] with strides (1, 4): columns contiguous.
-        assert_eq!(blas_matrix(4, 3, 1, 4), Some(BlasMatrix { transposed: true, ld: 4 }));
-        // A narrowed [3, 2] of a [3, 4]: rows contiguous, ld 4.
-        assert_eq!(blas_matrix(3, 2, 4, 1), Some(BlasMatrix { transposed: false, ld: 4 }));
-        // Vectors: a [1, k] row and a [k, 1] column with odd strides.
-        assert_eq!(blas_matrix(1, 5, 99, 1), Some(BlasMatrix { transposed: false, ld: 5 }));
-        assert_eq!(blas_matrix(5, 1, 1, 7), Some(BlasMatrix { transposed: false, ld: 1 }));
-        // Every other element: neither rows nor columns contiguous.
-        assert_eq!(blas_matrix(3, 4, 8, 2), None);
-        // A broadcast row (stride 0 between rows) cannot be a leading dim.
-        assert_eq!(blas_matrix(3, 4, 0, 1), None);
-    }
 }

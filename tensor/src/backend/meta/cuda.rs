@@ -6,15 +6,16 @@
 //! a convolution's joined groups) are shared with the CUDA backend through
 //! `backend/args`, so the two cannot drift apart.
 //!
-//! Convolutions follow the CUDA backend's im2col path (the path taken
+//! Matrix products copy the operands cuBLAS cannot read as they lie, as
+//! the CUDA backend does. Convolutions follow the CUDA backend's im2col path (the path taken
 //! without cuDNN, or with `crate::cudnn::set_enabled(false)`): cuDNN's
 //! workspaces depend on the algorithm the library picks on the GPU at run
 //! time and are not modelled.
 
 use super::{planned, reduced_dtype};
-use crate::backend::args::{column_chunks, reduce_layout, ReduceLayout};
+use crate::backend::args::{blas_operand, column_chunks, reduce_layout, ReduceLayout};
 use crate::backend::im2col::ColumnKernels;
-use crate::backend::{out_dims, ConvPlan, PoolPlan, ReduceOp};
+use crate::backend::{out_dims, ConvPlan, MatmulOperands, PoolPlan, ReduceOp};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -49,6 +50,29 @@ pub(super) fn reduce(op: ReduceOp, name: &'static str, x: &Tensor, mask: &[bool]
         drop(partial);
     }
     drop(source);
+    Ok(out)
+}
+
+/// As `cuda::matmul::matmul`: the output first, then a contiguous copy of
+/// each operand cuBLAS cannot read as it lies (neither its rows nor its
+/// columns contiguous, or a batch that does not step evenly; the rule is
+/// the CUDA backend's own, `args::blas_operand`), both held until the
+/// product is done and freed the second operand's first.
+pub(super) fn matmul(operands: MatmulOperands<'_>) -> Result<Tensor> {
+    let MatmulOperands { a, b, batch, m, n, k } = operands;
+    let mut dims = batch.to_vec();
+    dims.extend([m, n]);
+    let out = planned("matmul", a.device(), a.dtype(), dims)?;
+    if out.numel() == 0 {
+        return Ok(out);
+    }
+    let copied = |t: &Tensor, rows: usize, cols: usize| -> Result<Option<Tensor>> {
+        Ok(if blas_operand(t, rows, cols).is_none() { Some(t.contiguous()?) } else { None })
+    };
+    // Dropped at the end in reverse order, `pb` then `pa`, as the CUDA
+    // backend's `prepare`d operands are.
+    let (pa, pb) = (copied(a, m, k)?, copied(b, k, n)?);
+    let _held = (&pa, &pb);
     Ok(out)
 }
 

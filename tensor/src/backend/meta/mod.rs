@@ -37,6 +37,10 @@
 //! - the 0-d `i64` bad-index flag of gathers, scatters, `index_select` and
 //!   `one_hot`, and the device bounds reduction that checks indices;
 //! - the 0-d value a fill of a strided view copies from;
+//! - matrix products copy each operand whose matrices have neither
+//!   contiguous rows nor contiguous columns, or whose batch does not step
+//!   evenly, after the output (cuBLAS reads the others as they lie), and
+//!   free the copies after the product;
 //! - matrix products of half operands into f32 widen both operands first;
 //!   fused attention (f16/bf16, head widths up to 128) allocates its
 //!   output, log-sum-exp, f32 query gradient and row deltas.
@@ -52,9 +56,7 @@
 //! are copied dense. None of that can be known without the library and a
 //! GPU, so a plan for a CUDA target models the im2col path's buffers (what
 //! a GPU run allocates with `crate::cudnn::set_enabled(false)` or without
-//! cuDNN), not cuDNN's workspaces. Not modelled either: the copies cuBLAS
-//! needs of operands whose matrices have neither contiguous rows nor
-//! contiguous columns (a plan counts the product's output only).
+//! cuDNN), not cuDNN's workspaces.
 //!
 //! Data-dependent behaviour is explicit: reading values (`to_vec`, `item`,
 //! host bytes) is an error naming the op; index bounds are assumed valid
@@ -578,6 +580,9 @@ impl DeviceOps for MetaOps {
 
     fn matmul(&self, operands: MatmulOperands<'_>) -> Result<Tensor> {
         let _op = op_scope("matmul");
+        if self.kind == TargetKind::Cuda {
+            return cuda::matmul(operands);
+        }
         let mut dims = operands.batch.to_vec();
         dims.extend([operands.m, operands.n]);
         planned("matmul", operands.a.device(), operands.a.dtype(), dims)
