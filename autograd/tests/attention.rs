@@ -12,7 +12,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use brasa_autograd::{gradcheck, AutogradError, Result, SdpaOptions, Var};
-use brasa_tensor::{manual_seed, rng_state, set_rng_state, DType, Device, Tensor};
+use brasa_tensor::{manual_seed, rng_state, set_rng_state, DType, Device, FusedAttentionConfig, Tensor};
 
 /// Held by every test that draws from the process-wide generator.
 static GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -157,6 +157,28 @@ fn causal_top_left_square_and_not() {
 }
 
 #[test]
+fn the_hosts_fused_kernel_matches_naive_like_the_composition() {
+    // No chunk_rows: f64 runs the host's fused kernel (a head at a time,
+    // blocks of 64 query rows), so the cases above again, and more rows
+    // than one block.
+    let [q, k, v] = qkv(&[2, 3], 7, 9, 5, 4, DType::F64);
+    let scale = 1.0 / 5f64.sqrt();
+    let fused = q.fused_attention(&k, &v, &FusedAttentionConfig::new(scale)).unwrap();
+    assert!(fused.is_some(), "the host runs f64 attention on its fused kernel");
+    let mask = bool_mask(7, 9, None);
+    let options = SdpaOptions::new().attn_mask(mask.clone());
+    assert_matches_naive([&q, &k, &v], &options, scale, Some(&additive(&mask, DType::F64)), 1e-12);
+    let float = filled(&[3, 1, 9], 4.2, DType::F64).mul_scalar(2.0).unwrap();
+    assert_matches_naive([&q, &k, &v], &SdpaOptions::new().attn_mask(float.clone()), scale, Some(&float), 1e-12);
+    for (l, s) in [(7, 9), (9, 5), (70, 130), (130, 70)] {
+        let [q, k, v] = qkv(&[2, 2], l, s, 4, 3, DType::F64);
+        let bias = additive(&causal_mask(l, s), DType::F64);
+        assert_matches_naive([&q, &k, &v], &SdpaOptions::new().causal(true), 0.5, Some(&bias), 1e-12);
+        assert_matches_naive([&q, &k, &v], &SdpaOptions::new(), 0.5, None, 1e-12);
+    }
+}
+
+#[test]
 fn f32_matches_naive_loosely() {
     let [q, k, v] = qkv(&[2, 4], 33, 40, 16, 8, DType::F32);
     let scale = 0.25;
@@ -181,9 +203,15 @@ fn non_contiguous_inputs() {
 /// where the naive composition gives NaN; the other rows are unchanged.
 #[test]
 fn fully_masked_row_gives_zero() {
+    // Composed (chunk_rows) and on the host's fused kernel.
+    for options in [SdpaOptions::new().chunk_rows(2), SdpaOptions::new()] {
+        fully_masked_row_gives_zero_with(options.attn_mask(bool_mask(5, 4, Some(2))));
+    }
+}
+
+fn fully_masked_row_gives_zero_with(options: SdpaOptions) {
     let [q, k, v] = qkv(&[1, 2], 5, 4, 3, 3, DType::F64);
     let mask = bool_mask(5, 4, Some(2));
-    let options = SdpaOptions::new().attn_mask(mask.clone()).chunk_rows(2);
     let (out, grads) = run(|q, k, v| q.scaled_dot_product_attention(k, v, &options), [&q, &k, &v]);
     let (naive_out, _) =
         run(|q, k, v| naive(q, k, v, 1.0 / 3f64.sqrt(), Some(&additive(&mask, DType::F64)), None), [&q, &k, &v]);

@@ -34,6 +34,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod attention;
 pub mod batch_norm;
 pub mod conv;
 pub mod convert;

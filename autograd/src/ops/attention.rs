@@ -35,12 +35,14 @@
 //! bytes.
 //!
 //! Where the device has a fused kernel for the operands
-//! ([`Tensor::fused_attention`]: CUDA, f16 and bf16, head dims up to 128)
-//! none of the above runs: one kernel computes the output and the
-//! log-sum-exp (FlashAttention-2), and one kernel the three gradients. Its
-//! dropout decisions come from the same generator but are not the blocks'
-//! masks above, so a seeded run with dropout differs between the host and
-//! CUDA (as PyTorch's fused and math kernels differ).
+//! ([`Tensor::fused_attention`]: CUDA in f16 and bf16 with head dims up to
+//! 128, the host in f32 and f64 without dropout) and no
+//! [`SdpaOptions::chunk_rows`] asks for the composition, none of the above
+//! runs: one kernel computes the output and the log-sum-exp (a head at a
+//! time on the host, FlashAttention-2 on CUDA), and one kernel the three
+//! gradients. CUDA's dropout decisions come from the same generator but
+//! are not the blocks' masks above, so a seeded run with dropout differs
+//! between the host and CUDA (as PyTorch's fused and math kernels differ).
 
 use crate::error::{AutogradError, Result};
 use crate::op_names;
@@ -83,9 +85,11 @@ pub struct SdpaOptions {
     pub dropout_p: f64,
     /// The factor applied to `q·kᵀ`; `None` is `1/√E`.
     pub scale: Option<f64>,
-    /// Query rows per block; `None` picks a block of about 64 MiB of f32
-    /// scores. Results do not depend on it (beyond rounding), except which
-    /// dropout mask is drawn.
+    /// Query rows per block of the composed attention; `None` picks a
+    /// block of about 64 MiB of f32 scores, or lets the device's fused
+    /// kernel run where it has one (`Some` always composes). Results do
+    /// not depend on it (beyond rounding), except which dropout mask is
+    /// drawn.
     pub chunk_rows: Option<usize>,
 }
 
@@ -115,7 +119,8 @@ impl SdpaOptions {
         SdpaOptions { scale: Some(scale), ..self }
     }
 
-    /// With blocks of `rows` query rows.
+    /// Composed from tensor ops in blocks of `rows` query rows, even where
+    /// the device has a fused kernel.
     pub fn chunk_rows(self, rows: usize) -> SdpaOptions {
         SdpaOptions { chunk_rows: Some(rows), ..self }
     }
@@ -454,6 +459,9 @@ fn backward(
 /// The attention as the device's fused kernels compute it, when it has them
 /// for these operands (see the module docs).
 fn fused(q: &Var, k: &Var, v: &Var, plan: &Plan, options: &SdpaOptions) -> Result<Option<Var>> {
+    if options.chunk_rows.is_some() {
+        return Ok(None);
+    }
     let config = FusedAttentionConfig {
         scale: plan.scale,
         causal: plan.causal,

@@ -238,17 +238,18 @@ pub(crate) trait DeviceOps: Sync {
     }
 
     /// Whether [`DeviceOps::attention_forward`] runs fused attention for
-    /// operands of `dtype` with query/key width `e` and value width `ev`.
-    /// No fused kernel by default: the caller composes the attention.
-    fn supports_fused_attention(&self, dtype: DType, e: usize, ev: usize) -> bool {
-        let _ = (dtype, e, ev);
+    /// operands of `dtype` with query/key width `e` and value width `ev`,
+    /// with dropout or without. No fused kernel by default: the caller
+    /// composes the attention.
+    fn supports_fused_attention(&self, dtype: DType, e: usize, ev: usize, dropout: bool) -> bool {
+        let _ = (dtype, e, ev, dropout);
         false
     }
 
     /// Fused attention (see [`crate::FusedAttention`]) of operands for which
     /// [`DeviceOps::supports_fused_attention`] holds: the output (contiguous
     /// `[n, h, L, Ev]`, the operands' dtype) and each row's log-sum-exp
-    /// (contiguous `[n, h, L]`, f32).
+    /// (contiguous `[n, h, L]`: f32, or f64 for f64 operands).
     fn attention_forward(&self, operands: &AttentionOperands<'_>) -> Result<(Tensor, Tensor)> {
         let _ = operands;
         Err(TensorError::internal(

@@ -1,21 +1,28 @@
 //! Fused scaled dot-product attention: one kernel for the forward and one
 //! for the backward on devices that have them (CUDA, f16 and bf16, head
-//! dims up to 128: FlashAttention-2), `None` elsewhere.
+//! dims up to 128: FlashAttention-2; the host, f32 and f64 without dropout:
+//! a head at a time, `brasa_kernels::attention`), `None` elsewhere.
 //!
 //! This is the tensor-level half of `brasa_autograd`'s
 //! `scaled_dot_product_attention`, which asks here first and composes the
 //! attention from matrix products and softmax blocks where no fused kernel
-//! exists (the host). The op checks the operands and brings them to the
-//! kernels' form — `[n, h, L, E]` views with a contiguous last dim, an
-//! additive f32 mask broadcast to `[n, h, L, S]` without copying, the
+//! exists (half precision on the host, dropout on the host). The op checks
+//! the operands and brings them to the kernels' form — `[n, h, L, E]` views
+//! with a contiguous last dim, an additive mask (f32, f64 for f64
+//! operands) broadcast to `[n, h, L, S]` without copying, the
 //! dropout draws reserved from the process-wide generator — and the
 //! device's backend runs it.
 //!
 //! ```
 //! use brasa_tensor::{DType, FusedAttentionConfig, Tensor};
 //! let q = Tensor::randn([2, 4, 10, 64], DType::BF16)?;
-//! // The host has no fused kernel: the caller composes the attention.
+//! // The host's fused kernel runs f32 and f64; for bf16 the caller
+//! // composes the attention.
 //! assert!(q.fused_attention(&q, &q, &FusedAttentionConfig::new(0.125))?.is_none());
+//! let q = q.to_dtype(DType::F32)?;
+//! let fused = q.fused_attention(&q, &q, &FusedAttentionConfig::new(0.125))?.expect("the host's kernel");
+//! assert_eq!(fused.out.dims(), &[2, 4, 10, 64]);
+//! assert_eq!(fused.lse.dims(), &[2, 4, 10]);
 //! # Ok::<(), brasa_tensor::TensorError>(())
 //! ```
 
@@ -53,8 +60,8 @@ impl FusedAttentionConfig {
 pub struct FusedAttention {
     /// The output `[.., L, Ev]`, in the operands' dtype.
     pub out: Tensor,
-    /// Each query row's log-sum-exp `[n·h·L]`-shaped as `[n, h, L]` (f32;
-    /// `+∞` on rows that see no key).
+    /// Each query row's log-sum-exp `[n·h·L]`-shaped as `[n, h, L]` (f32,
+    /// f64 for f64 operands; `+∞` on rows that see no key).
     pub lse: Tensor,
     /// What the backward needs besides the tensors.
     pub backward: FusedAttentionBackward,
@@ -67,7 +74,7 @@ pub struct FusedAttention {
 pub struct FusedAttentionBackward {
     scale: f64,
     causal: bool,
-    /// The additive f32 mask as an `[n, h, L, S]` view.
+    /// The additive mask (f32, f64 for f64 operands) as an `[n, h, L, S]` view.
     mask: Option<Tensor>,
     dropout: Option<DropoutDraws>,
 }
@@ -97,8 +104,9 @@ impl Tensor {
     /// Fused scaled dot-product attention `softmax(q·kᵀ·scale + mask)·v` of
     /// `self` (`q`, `[.., L, E]`), `key` (`[.., S, E]`) and `value`
     /// (`[.., S, Ev]`) in one kernel, when the operands' device has one for
-    /// their dtype and widths (CUDA: f16 and bf16, `E, Ev ≤ 128`); `Ok(None)`
-    /// otherwise, drawing nothing from the generator. Rows that see no key
+    /// their dtype and widths (CUDA: f16 and bf16, `E, Ev ≤ 128`; the host:
+    /// f32 and f64 without dropout); `Ok(None)` otherwise, drawing nothing
+    /// from the generator. Rows that see no key
     /// give 0. Dropout draws its decisions from the process-wide generator
     /// (not the ones brasa's composed attention draws);
     /// [`FusedAttentionBackward::run`] replays them.
@@ -144,7 +152,7 @@ impl Tensor {
         }
         let (l, s, e, ev) = (qd[r - 2], kd[r - 2], qd[r - 1], vd[r - 1]);
         let backend = ops_for(q.device())?;
-        if s == 0 || !backend.supports_fused_attention(q.dtype(), e, ev) {
+        if s == 0 || !backend.supports_fused_attention(q.dtype(), e, ev, config.dropout_p > 0.0) {
             return Ok(None);
         }
         if config.causal && config.mask.is_some() {
@@ -162,14 +170,17 @@ impl Tensor {
                 }
                 let mut scores = qd[..r - 2].to_vec();
                 scores.extend([l, s]);
+                // f32, or f64 with f64 operands (the host's), so that no
+                // mask value is rounded below the operands' precision.
+                let mask_dtype = if q.dtype() == DType::F64 { DType::F64 } else { DType::F32 };
                 let additive = match m.dtype() {
                     DType::Bool => {
-                        let zero = Tensor::full_on([], 0.0, DType::F32, q.device())?;
-                        let hidden = Tensor::full_on([], f64::NEG_INFINITY, DType::F32, q.device())?;
+                        let zero = Tensor::full_on([], 0.0, mask_dtype, q.device())?;
+                        let hidden = Tensor::full_on([], f64::NEG_INFINITY, mask_dtype, q.device())?;
                         m.where_cond(&zero, &hidden)?
                     }
-                    DType::F32 => m.clone(),
-                    dtype if dtype.is_float() => m.to_dtype(DType::F32)?,
+                    dtype if dtype == mask_dtype => m.clone(),
+                    dtype if dtype.is_float() => m.to_dtype(mask_dtype)?,
                     dtype => {
                         return Err(TensorError::invalid(OP, format!("the mask must be bool or float, got {dtype}")))
                     }

@@ -12,12 +12,11 @@ pub(crate) struct DropoutDraws {
     pub offset: u64,
 }
 
-/// The operands as a backend's fused kernels take them (read only by the
-/// CUDA backend, hence unused without it): `q` `[n, h, L, E]`,
+/// The operands as a backend's fused kernels take them: `q` `[n, h, L, E]`,
 /// `k` `[n, h, S, E]`, `v` `[n, h, S, Ev]` views with a contiguous last dim,
-/// of one dtype the backend supports, and the mask as an additive f32
-/// `[n, h, L, S]` view (stride 0 where it broadcasts).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+/// of one dtype the backend supports, and the mask as an additive
+/// `[n, h, L, S]` view (f32, f64 for f64 operands; stride 0 where it
+/// broadcasts).
 pub(crate) struct AttentionOperands<'a> {
     pub q: &'a Tensor,
     pub k: &'a Tensor,

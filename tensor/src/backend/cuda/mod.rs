@@ -268,7 +268,7 @@ impl DeviceOps for CudaOps {
         reduce::softmax(self, name, x, n, inner, log)
     }
 
-    fn supports_fused_attention(&self, dtype: DType, e: usize, ev: usize) -> bool {
+    fn supports_fused_attention(&self, dtype: DType, e: usize, ev: usize, _dropout: bool) -> bool {
         attention::supports(dtype, e, ev)
     }
 

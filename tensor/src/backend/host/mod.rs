@@ -3,6 +3,7 @@
 //! `brasa-kernels` on the strided drivers of `strided.rs`; [`HostRuntime`]
 //! allocates from each device's caching allocator (`devices.rs`).
 
+mod attention;
 mod batch_norm;
 mod concat;
 pub(in crate::backend) mod conv;
@@ -22,13 +23,14 @@ mod softmax;
 mod strided;
 mod update;
 
+pub(crate) use attention::supports as supports_fused_attention;
 pub(crate) use conv::dense_elements;
 pub(crate) use reduce::PARALLEL_MIN_WORK;
 pub(crate) use runtime::HostRuntime;
 
 use crate::backend::{
-    read_checked_indices, AdamUpdate, BatchNormBackwardElemt, CompareOp, ConvPlan, DeviceOps, Distribution, Indices,
-    LayerNormBackward, MatmulOperands, PoolPlan, ReduceOp, Sequence, SgdUpdate, Update,
+    read_checked_indices, AdamUpdate, AttentionOperands, BatchNormBackwardElemt, CompareOp, ConvPlan, DeviceOps,
+    Distribution, Indices, LayerNormBackward, MatmulOperands, PoolPlan, ReduceOp, Sequence, SgdUpdate, Update,
 };
 use crate::device::Device;
 use crate::dispatch::dispatch_dtype;
@@ -110,6 +112,24 @@ impl DeviceOps for HostOps {
 
     fn layer_norm_backward(&self, args: LayerNormBackward<'_>, needs: [bool; 3]) -> Result<[Option<Tensor>; 3]> {
         norm::layer_norm_backward(args, needs)
+    }
+
+    fn supports_fused_attention(&self, dtype: DType, e: usize, ev: usize, dropout: bool) -> bool {
+        attention::supports(dtype, e, ev, dropout)
+    }
+
+    fn attention_forward(&self, operands: &AttentionOperands<'_>) -> Result<(Tensor, Tensor)> {
+        attention::forward(operands)
+    }
+
+    fn attention_backward(
+        &self,
+        operands: &AttentionOperands<'_>,
+        out: &Tensor,
+        lse: &Tensor,
+        grad: &Tensor,
+    ) -> Result<[Tensor; 3]> {
+        attention::backward(operands, out, lse, grad)
     }
 
     fn batch_norm_stats(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {

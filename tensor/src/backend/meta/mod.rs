@@ -604,12 +604,16 @@ impl DeviceOps for MetaOps {
         }
     }
 
-    fn supports_fused_attention(&self, dtype: DType, e: usize, ev: usize) -> bool {
-        self.kind == TargetKind::Cuda
-            && matches!(dtype, DType::F16 | DType::BF16)
-            && e > 0
-            && ev > 0
-            && CUDA_ATTENTION_HEAD_DIMS.iter().any(|&d| e.max(ev) <= d)
+    fn supports_fused_attention(&self, dtype: DType, e: usize, ev: usize, dropout: bool) -> bool {
+        match self.kind {
+            TargetKind::Cuda => {
+                matches!(dtype, DType::F16 | DType::BF16)
+                    && e > 0
+                    && ev > 0
+                    && CUDA_ATTENTION_HEAD_DIMS.iter().any(|&d| e.max(ev) <= d)
+            }
+            TargetKind::Host => crate::backend::host::supports_fused_attention(dtype, e, ev, dropout),
+        }
     }
 
     fn attention_forward(&self, a: &AttentionOperands<'_>) -> Result<(Tensor, Tensor)> {
@@ -618,7 +622,9 @@ impl DeviceOps for MetaOps {
         let (qd, vd) = (a.q.dims(), a.v.dims());
         let (n, h, l, ev) = (qd[0], qd[1], qd[2], vd[3]);
         let out = planned(OP, a.q.device(), a.q.dtype(), [n, h, l, ev])?;
-        let lse = planned(OP, a.q.device(), DType::F32, [n, h, l])?;
+        // The host keeps the log-sum-exp in the operands' dtype (f32 or f64).
+        let lse_dtype = if self.kind == TargetKind::Host { a.q.dtype() } else { DType::F32 };
+        let lse = planned(OP, a.q.device(), lse_dtype, [n, h, l])?;
         Ok((out, lse))
     }
 
@@ -634,6 +640,13 @@ impl DeviceOps for MetaOps {
         let (qd, kd, vd) = (a.q.dims(), a.k.dims(), a.v.dims());
         let (n, h, l, s, e, ev) = (qd[0], qd[1], qd[2], kd[2], qd[3], vd[3]);
         let (device, dtype) = (a.q.device(), a.q.dtype());
+        if self.kind == TargetKind::Host {
+            // The three gradients, nothing else (`host/attention.rs`).
+            let dq = planned(OP, device, dtype, [n, h, l, e])?;
+            let dk = planned(OP, device, dtype, [n, h, s, e])?;
+            let dv = planned(OP, device, dtype, [n, h, s, ev])?;
+            return Ok([dq, dk, dv]);
+        }
         let dq = Tensor::zeros_on([n, h, l, e], DType::F32, device)?;
         let dk = planned(OP, device, dtype, [n, h, s, e])?;
         let dv = planned(OP, device, dtype, [n, h, s, ev])?;
