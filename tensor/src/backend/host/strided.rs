@@ -26,10 +26,9 @@ pub(crate) enum Cost {
 }
 
 impl Cost {
-    /// Elements below which one thread does the whole op. Measured with
-    /// `cargo run --release -p brasa-tensor --example elementwise_speed --
-    /// --thresholds` (one thread against rayon chunks, by size) on the 2-core
-    /// Zen 5 machine while other builds ran: a fork-join then costs ~20 µs,
+    /// Elements below which one thread does the whole op. Measured (one
+    /// thread against rayon chunks, by size, with an example since removed)
+    /// on the 2-core Zen 5 machine while other builds ran: a fork-join then costs ~20 µs,
     /// and the parallel loop first won at 256K-512K elements for an f32 add
     /// and at 32K for exp. On an idle machine the crossovers are lower, but a
     /// loaded one is the common case during training (data loading threads).
