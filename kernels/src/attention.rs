@@ -157,6 +157,37 @@ fn scratch_of<T: AttentionFloat>(scratch: &mut Vec<T>, len: usize) -> &mut [T] {
     &mut scratch[..len]
 }
 
+/// One block of query rows: its first row, its row count, the keys it
+/// sees, its scores (row-major `[rows, keys]`, computed) and a second
+/// buffer of the same size for the caller.
+struct Block<'s, T> {
+    i0: usize,
+    rows: usize,
+    keys: usize,
+    scores: &'s mut [T],
+    spare: &'s mut [T],
+}
+
+/// Runs `each` on every block of [`QUERY_BLOCK`] query rows of a head with
+/// `l` queries and `s > 0` keys, its scores computed into `scratch`.
+fn for_each_block<T: AttentionFloat>(
+    head: &HeadOperands<'_, T>,
+    (l, s): (usize, usize),
+    scratch: &mut Vec<T>,
+    mut each: impl FnMut(Block<'_, T>) -> Result<()>,
+) -> Result<()> {
+    let block = QUERY_BLOCK.min(l.max(1)) * s;
+    let (scores, spare) = scratch_of(scratch, 2 * block).split_at_mut(block);
+    for i0 in (0..l).step_by(QUERY_BLOCK) {
+        let rows = QUERY_BLOCK.min(l - i0);
+        let keys = head.keys(s, i0, rows);
+        let (scores, spare) = (&mut scores[..rows * keys], &mut spare[..rows * keys]);
+        head.scores(i0, rows, keys, scores)?;
+        each(Block { i0, rows, keys, scores, spare })?;
+    }
+    Ok(())
+}
+
 /// The forward of one head: `out` (`[L, Ev]`, row-major) and each row's
 /// log-sum-exp `lse` (`[L]`; `+∞` for a row that sees no key). `scratch`
 /// is working memory the caller may reuse across calls.
@@ -177,14 +208,7 @@ pub fn head_forward<T: AttentionFloat>(
         lse.fill(T::from_f64(f64::INFINITY));
         return Ok(());
     }
-    let block = QUERY_BLOCK.min(l.max(1)) * s;
-    let buffer = scratch_of(scratch, 2 * block);
-    let (scores, probs) = buffer.split_at_mut(block);
-    for i0 in (0..l).step_by(QUERY_BLOCK) {
-        let rows = QUERY_BLOCK.min(l - i0);
-        let keys = head.keys(s, i0, rows);
-        let (scores, probs) = (&mut scores[..rows * keys], &mut probs[..rows * keys]);
-        head.scores(i0, rows, keys, scores)?;
+    for_each_block(head, (l, s), scratch, |Block { i0, rows, keys, scores, spare: probs }| {
         for (r, (row, p)) in scores.chunks_exact(keys).zip(probs.chunks_exact_mut(keys)).enumerate() {
             let max = max(row).unwrap_or(T::NEG_INFINITY);
             if max == T::NEG_INFINITY {
@@ -202,16 +226,8 @@ pub fn head_forward<T: AttentionFloat>(
             }
         }
         let o = MatMut::new(out, i0 * ev, [rows, ev], [ev, 1])?;
-        gemm_with(
-            &sequential(),
-            T::ONE,
-            MatRef::row_major(probs, rows, keys)?,
-            head.v.sub(0, 0, keys, ev),
-            T::ZERO,
-            o,
-        )?;
-    }
-    Ok(())
+        gemm_with(&sequential(), T::ONE, MatRef::row_major(probs, rows, keys)?, head.v.sub(0, 0, keys, ev), T::ZERO, o)
+    })
 }
 
 /// What one head's backward reads besides its operands: the forward's
@@ -258,15 +274,8 @@ pub fn head_backward<T: AttentionFloat>(
     if s == 0 || l == 0 {
         return Ok(());
     }
-    let block = QUERY_BLOCK.min(l) * s;
-    let buffer = scratch_of(scratch, 2 * block);
-    let (scores, probs) = buffer.split_at_mut(block);
     let seq = sequential();
-    for i0 in (0..l).step_by(QUERY_BLOCK) {
-        let rows = QUERY_BLOCK.min(l - i0);
-        let keys = head.keys(s, i0, rows);
-        let (scores, probs) = (&mut scores[..rows * keys], &mut probs[..rows * keys]);
-        head.scores(i0, rows, keys, scores)?;
+    for_each_block(head, (l, s), scratch, |Block { i0, rows, keys, scores, spare: probs }| {
         // p = e^(s - lse): 0 on rows that saw no key (lse = +∞).
         for (r, (row, p)) in scores.chunks_exact(keys).zip(probs.chunks_exact_mut(keys)).enumerate() {
             T::exp_shifted(row, lse[i0 + r], p);
@@ -295,9 +304,8 @@ pub fn head_backward<T: AttentionFloat>(
         let ds = MatRef::row_major(&*scores, rows, keys)?;
         // dq[block] = ds · k[..keys]; dk[..keys] += dsᵀ · q[block]
         gemm_with(&seq, T::ONE, ds, head.k.sub(0, 0, keys, e), T::ZERO, MatMut::new(dq, i0 * e, [rows, e], [e, 1])?)?;
-        gemm_with(&seq, T::ONE, ds.t(), head.q.sub(i0, 0, rows, e), T::ONE, MatMut::new(dk, 0, [keys, e], [e, 1])?)?;
-    }
-    Ok(())
+        gemm_with(&seq, T::ONE, ds.t(), head.q.sub(i0, 0, rows, e), T::ONE, MatMut::new(dk, 0, [keys, e], [e, 1])?)
+    })
 }
 
 #[cfg(test)]
