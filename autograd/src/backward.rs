@@ -117,6 +117,14 @@ fn add_placed(
             expected: target.dims().to_vec(),
         });
     }
+    if g.device() != meta.device {
+        return Err(AutogradError::GradDevice {
+            op,
+            context: "backward returned",
+            got: g.device(),
+            expected: meta.device,
+        });
+    }
     let g = if g.dtype() != full.dtype() { g.to_dtype(full.dtype())? } else { g };
     if fresh {
         target.copy_(&g)?;
