@@ -8,7 +8,9 @@
 
 use brasa_alloc::AllocatorConfig;
 use brasa_tensor::memory::{self, category_scope, MemoryCategory};
-use brasa_tensor::{Conv2dParams, DType, Device, MemoryTarget, MetaDevice, Result, Tensor, TensorError};
+use brasa_tensor::{
+    Conv2dParams, DType, Device, FusedAttentionConfig, MemoryTarget, MetaDevice, Result, Tensor, TensorError,
+};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 const HOST_DEVICES: usize = 96;
@@ -104,6 +106,28 @@ fn softmax_norms_and_products() {
         let hb = x.to_dtype(DType::BF16)?.matmul_out_dtype(&m.to_dtype(DType::BF16)?, DType::F32)?;
         let mut kept = vec![s, ls, y, mean, rstd, p, hb];
         kept.extend([dx, dw, db].into_iter().flatten());
+        Ok(kept)
+    });
+}
+
+#[test]
+fn fused_attention_forward_and_backward() {
+    same_as_host("fused attention", |d| {
+        let mut kept = Vec::new();
+        for (dtype, causal, masked) in [(DType::F32, true, false), (DType::F64, false, true)] {
+            let q = input(&[2, 3, 70, 16], dtype, d)?;
+            let kv = input(&[2, 3, 33, 16], dtype, d)?;
+            let mut config = FusedAttentionConfig::new(0.25);
+            config.causal = causal;
+            if masked {
+                config.mask = Some(input(&[70, 33], DType::F32, d)?.gt_scalar(0.0)?);
+            }
+            let fused = q.fused_attention(&kv, &kv, &config)?.expect("the host's fused kernel");
+            let grad = fused.out.ones_like()?;
+            let grads = fused.backward.run(&q, &kv, &kv, &fused.out, &fused.lse, &grad)?;
+            kept.extend([fused.out, fused.lse]);
+            kept.extend(grads);
+        }
         Ok(kept)
     });
 }

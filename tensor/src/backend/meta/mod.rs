@@ -13,9 +13,11 @@
 //! (`backend/host/`) op by op: outputs, and the temporaries it makes through
 //! the allocator (contiguous copies of operands a kernel cannot walk, the
 //! reduced copy of a permuted reduction, f32 staging of half-precision
-//! pooling and random draws). Kernel scratch the host keeps on the heap
-//! (GEMM packing, im2col panels) is not device memory and is not counted,
-//! on the meta device as on the host. The tests in
+//! pooling and random draws), and its fused attention (f32 and f64 without
+//! dropout: the output and the log-sum-exp in the operands' dtype, then
+//! the three gradients). Kernel scratch the host keeps on the heap (GEMM
+//! packing, im2col panels, attention's blocks of scores) is not device
+//! memory and is not counted, on the meta device as on the host. The tests in
 //! `tests/meta_device.rs` check, op by op, that the allocator's statistics on
 //! a meta device equal the host's.
 //!
