@@ -10,7 +10,8 @@
 //! use, and the caller shares whole heads out to the threads.
 //!
 //! # Method
-//! Query rows go in blocks of [`QUERY_BLOCK`]. A block's scores against
+//! Query rows go in blocks of [`QUERY_BLOCK`] (half as many with the
+//! causal mask). A block's scores against
 //! every key it may see (with the causal mask, keys up to its last row) are
 //! one product; each row gets its additive mask, the causal `-∞`, its
 //! maximum `m`, `p = e^(s - m)`, `l = Σ p`, and is normalised; the block's
@@ -49,8 +50,13 @@ use crate::reduce::{max, sum, ReduceElement};
 use crate::scalar::Float;
 use crate::{KernelError, Result};
 
-/// Query rows per block: a block's scores are `[QUERY_BLOCK, S]`, so the
-/// scratch of a head is two such blocks whatever `L` is.
+/// Query rows per block: a block's scores are at most `[QUERY_BLOCK, S]`,
+/// so the scratch of a head is two such blocks whatever `L` is. With the
+/// causal mask blocks have half as many rows, so that fewer of the scores
+/// computed lie past the diagonal: on the GPT's `[12, 4, 64, 32]` (2-core
+/// Zen 3 EPYC, f32, forward + backward, alternating runs) 32-row blocks
+/// took 0.45–0.47 + 0.85–0.91 ms against 0.51–0.58 + 0.95–1.15 ms for 64
+/// rows, and 16 rows lost again; without the mask 64 rows beat 32.
 pub const QUERY_BLOCK: usize = 64;
 
 /// The element types the fused attention runs in: f32 and f64.
@@ -112,6 +118,15 @@ impl<T: AttentionFloat> HeadOperands<'_, T> {
         Ok((l, s, e, ev))
     }
 
+    /// Query rows per block (see [`QUERY_BLOCK`]).
+    fn rows_per_block(&self) -> usize {
+        if self.causal {
+            QUERY_BLOCK / 2
+        } else {
+            QUERY_BLOCK
+        }
+    }
+
     /// The keys query rows `i0..i0 + rows` may see.
     fn keys(&self, s: usize, i0: usize, rows: usize) -> usize {
         if self.causal {
@@ -168,7 +183,7 @@ struct Block<'s, T> {
     spare: &'s mut [T],
 }
 
-/// Runs `each` on every block of [`QUERY_BLOCK`] query rows of a head with
+/// Runs `each` on every block of query rows ([`QUERY_BLOCK`]) of a head with
 /// `l` queries and `s > 0` keys, its scores computed into `scratch`.
 fn for_each_block<T: AttentionFloat>(
     head: &HeadOperands<'_, T>,
@@ -176,10 +191,11 @@ fn for_each_block<T: AttentionFloat>(
     scratch: &mut Vec<T>,
     mut each: impl FnMut(Block<'_, T>) -> Result<()>,
 ) -> Result<()> {
-    let block = QUERY_BLOCK.min(l.max(1)) * s;
+    let per_block = head.rows_per_block();
+    let block = per_block.min(l.max(1)) * s;
     let (scores, spare) = scratch_of(scratch, 2 * block).split_at_mut(block);
-    for i0 in (0..l).step_by(QUERY_BLOCK) {
-        let rows = QUERY_BLOCK.min(l - i0);
+    for i0 in (0..l).step_by(per_block) {
+        let rows = per_block.min(l - i0);
         let keys = head.keys(s, i0, rows);
         let (scores, spare) = (&mut scores[..rows * keys], &mut spare[..rows * keys]);
         head.scores(i0, rows, keys, scores)?;
