@@ -92,7 +92,7 @@ fn add_grad(pending: &mut HashMap<usize, Pending>, key: usize, g: Tensor) -> Res
 
 /// Adds the gradient of a view into `region` of the pending gradient of
 /// the node described by `meta`: into the engine's own gradient in place,
-/// else into a new one (zeros, or a copy of a gradient others may hold).
+/// else into a new one (zeros, or a copy of a gradient others hold).
 fn add_placed(
     pending: &mut HashMap<usize, Pending>,
     key: usize,
@@ -103,7 +103,7 @@ fn add_placed(
 ) -> Result<()> {
     let (full, fresh) = match pending.remove(&key) {
         Some(Pending { grad, exclusive: true }) => (grad, false),
-        Some(Pending { grad, exclusive: false }) => (grad.affine(1.0, 0.0)?, false),
+        Some(Pending { grad, exclusive: false }) => (owned(grad)?, false),
         None => (Tensor::zeros_on(meta.dims.as_slice(), meta.dtype, meta.device)?, true),
     };
     let target = region.of(&full)?;

@@ -306,13 +306,8 @@ pub fn head_backward<T: AttentionFloat>(
         // ds = p ∘ (dp - rowsum(do ∘ out)) · scale
         for (r, (d, p)) in scores.chunks_exact_mut(keys).zip(probs.chunks_exact(keys)).enumerate() {
             let i = i0 + r;
-            let mut delta = T::ZERO;
-            for c in 0..ev {
-                let (go, o) = (grad.get(i, c), out.get(i, c));
-                if let (Some(&go), Some(&o)) = (go, o) {
-                    delta = delta + go * o;
-                }
-            }
+            // rowsum(do ∘ out); both are L x Ev (checked above).
+            let delta = (0..ev).filter_map(|c| Some(*grad.get(i, c)? * *out.get(i, c)?)).fold(T::ZERO, |a, x| a + x);
             for (x, &pv) in d.iter_mut().zip(p) {
                 *x = pv * (*x - delta) * head.scale;
             }

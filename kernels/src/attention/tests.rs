@@ -62,6 +62,23 @@ fn naive(
     (out, lse, dq, dk, dv)
 }
 
+/// Row-major `q` `[l, e]`, `k` `[s, e]` and `v` `[s, e]` as one unmasked head.
+fn dense_head<'a, T: Copy>(
+    [q, k, v]: [&'a [T]; 3],
+    (l, s, e): (usize, usize, usize),
+    scale: T,
+    causal: bool,
+) -> HeadOperands<'a, T> {
+    HeadOperands {
+        q: MatRef::row_major(q, l, e).unwrap(),
+        k: MatRef::row_major(k, s, e).unwrap(),
+        v: MatRef::row_major(v, s, e).unwrap(),
+        mask: None,
+        scale,
+        causal,
+    }
+}
+
 fn close(what: &str, got: &[f64], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
@@ -140,12 +157,8 @@ fn empty_rows_have_zero_output_infinite_lse_and_no_gradient() {
     mask[s..2 * s].fill(f64::NEG_INFINITY);
     let (q, k, v) = (values(l * e, 0.0), values(s * e, 1.0), values(s * e, 2.0));
     let head = HeadOperands {
-        q: MatRef::row_major(&q, l, e).unwrap(),
-        k: MatRef::row_major(&k, s, e).unwrap(),
-        v: MatRef::row_major(&v, s, e).unwrap(),
         mask: Some(AdditiveMask { data: &mask, offset: 0, strides: [s, 1] }),
-        scale: 1.0,
-        causal: false,
+        ..dense_head([&q, &k, &v], (l, s, e), 1.0, false)
     };
     let (mut out, mut lse, mut scratch) = (vec![9.0; l * e], vec![9.0; l], Vec::new());
     head_forward(&head, &mut out, &mut lse, &mut scratch).unwrap();
@@ -169,14 +182,7 @@ fn a_nan_score_makes_its_row_nan_and_f32_agrees_with_f64() {
     let mut q = values(l * e, 0.0);
     q[0] = f64::NAN;
     let (k, v) = (values(s * e, 1.0), values(s * e, 2.0));
-    let head = HeadOperands {
-        q: MatRef::row_major(&q, l, e).unwrap(),
-        k: MatRef::row_major(&k, s, e).unwrap(),
-        v: MatRef::row_major(&v, s, e).unwrap(),
-        mask: None,
-        scale: 0.5,
-        causal: false,
-    };
+    let head = dense_head([&q, &k, &v], (l, s, e), 0.5, false);
     let (mut out, mut lse) = (vec![0.0; l * e], vec![0.0; l]);
     head_forward(&head, &mut out, &mut lse, &mut Vec::new()).unwrap();
     assert!(out[..e].iter().all(|x| x.is_nan()) && out[e..].iter().all(|x| x.is_finite()));
@@ -185,14 +191,7 @@ fn a_nan_score_makes_its_row_nan_and_f32_agrees_with_f64() {
     let (q, k, v) = (values(l * e, 0.0), values(s * e, 1.0), values(s * e, 2.0));
     let f = |x: &[f64]| x.iter().map(|&v| v as f32).collect::<Vec<f32>>();
     let (q32, k32, v32) = (f(&q), f(&k), f(&v));
-    let head32 = HeadOperands {
-        q: MatRef::row_major(&q32, l, e).unwrap(),
-        k: MatRef::row_major(&k32, s, e).unwrap(),
-        v: MatRef::row_major(&v32, s, e).unwrap(),
-        mask: None,
-        scale: 0.25f32,
-        causal: true,
-    };
+    let head32 = dense_head([&q32, &k32, &v32], (l, s, e), 0.25f32, true);
     let (mut out32, mut lse32) = (vec![0.0f32; l * e], vec![0.0f32; l]);
     head_forward(&head32, &mut out32, &mut lse32, &mut Vec::new()).unwrap();
     let (w_out, w_lse, ..) = naive((l, s, e, e), &q, &k, &v, None, 0.25, true, &vec![0.0; l * e]);

@@ -66,40 +66,59 @@ fn strides(op: &'static str, t: &Tensor) -> Result<[usize; 4]> {
     Ok(out)
 }
 
-/// Head `b` (= batch · h + head) of a 4-d view: its `[rows, cols]` matrix.
-fn head_matrix<'a, T>(op: &'static str, t: &Tensor, data: &'a [T], h: usize, b: usize) -> Result<MatRef<'a, T>> {
-    let s = strides(op, t)?;
-    let (rows, cols) = (t.dims()[2], t.dims()[3]);
-    let offset = t.layout().offset() + (b / h) * s[0] + (b % h) * s[1];
-    MatRef::new(data, offset, [rows, cols], [s[2], s[3]]).map_err(|e| TensorError::kernel(op, e))
+/// A 4-d operand as its heads are read, its layout taken once: the
+/// storage, where head 0 starts, the four strides, each head's
+/// `[rows, cols]`.
+struct Heads<'a, T> {
+    data: &'a [T],
+    offset: usize,
+    strides: [usize; 4],
+    dims: [usize; 2],
 }
 
-/// The borrowed storages of the operands, read once for every head.
+impl<'a, T> Heads<'a, T> {
+    fn of(op: &'static str, t: &Tensor, data: &'a [T]) -> Result<Self> {
+        Ok(Heads { data, offset: t.layout().offset(), strides: strides(op, t)?, dims: [t.dims()[2], t.dims()[3]] })
+    }
+
+    /// Where head `b` (= batch · h + head) starts.
+    fn start(&self, h: usize, b: usize) -> usize {
+        self.offset + (b / h) * self.strides[0] + (b % h) * self.strides[1]
+    }
+
+    fn matrix(&self, op: &'static str, h: usize, b: usize) -> Result<MatRef<'a, T>> {
+        MatRef::new(self.data, self.start(h, b), self.dims, [self.strides[2], self.strides[3]])
+            .map_err(|e| TensorError::kernel(op, e))
+    }
+}
+
+/// The operands read once for every head.
 struct Reads<'a, T> {
-    q: &'a [T],
-    k: &'a [T],
-    v: &'a [T],
-    mask: Option<&'a [T]>,
+    q: Heads<'a, T>,
+    k: Heads<'a, T>,
+    v: Heads<'a, T>,
+    mask: Option<Heads<'a, T>>,
+    /// Heads per batch entry.
+    h: usize,
+    scale: T,
+    causal: bool,
 }
 
-impl<T: AttentionFloat + WithDType> Reads<'_, T> {
-    fn head<'s>(&'s self, op: &'static str, a: &AttentionOperands<'_>, b: usize) -> Result<HeadOperands<'s, T>> {
-        let h = a.q.dims()[1];
-        let mask = match (a.mask, self.mask) {
-            (Some(m), Some(data)) => {
-                let s = strides(op, m)?;
-                let offset = m.layout().offset() + (b / h) * s[0] + (b % h) * s[1];
-                Some(AdditiveMask { data, offset, strides: [s[2], s[3]] })
-            }
-            _ => None,
-        };
+impl<T: AttentionFloat> Reads<'_, T> {
+    fn head(&self, op: &'static str, b: usize) -> Result<HeadOperands<'_, T>> {
+        let h = self.h;
+        let mask = self.mask.as_ref().map(|m| AdditiveMask {
+            data: m.data,
+            offset: m.start(h, b),
+            strides: [m.strides[2], m.strides[3]],
+        });
         Ok(HeadOperands {
-            q: head_matrix(op, a.q, self.q, h, b)?,
-            k: head_matrix(op, a.k, self.k, h, b)?,
-            v: head_matrix(op, a.v, self.v, h, b)?,
+            q: self.q.matrix(op, h, b)?,
+            k: self.k.matrix(op, h, b)?,
+            v: self.v.matrix(op, h, b)?,
             mask,
-            scale: <T as brasa_kernels::scalar::Float>::from_f64(a.scale),
-            causal: a.causal,
+            scale: self.scale,
+            causal: self.causal,
         })
     }
 }
@@ -120,8 +139,20 @@ fn with_reads<T: AttentionFloat + WithDType, R>(
         }
     }
     let (q, k, v) = (a.q.storage().read::<T>(op)?, a.k.storage().read::<T>(op)?, a.v.storage().read::<T>(op)?);
-    let mask = a.mask.map(|m| m.storage().read::<T>(op)).transpose()?;
-    with(&Reads { q: &q, k: &k, v: &v, mask: mask.as_deref() })
+    let mask_data = a.mask.map(|m| m.storage().read::<T>(op)).transpose()?;
+    let mask = match (a.mask, &mask_data) {
+        (Some(m), Some(data)) => Some(Heads::of(op, m, data)?),
+        _ => None,
+    };
+    with(&Reads {
+        q: Heads::of(op, a.q, &q)?,
+        k: Heads::of(op, a.k, &k)?,
+        v: Heads::of(op, a.v, &v)?,
+        mask,
+        h: a.q.dims()[1],
+        scale: <T as brasa_kernels::scalar::Float>::from_f64(a.scale),
+        causal: a.causal,
+    })
 }
 
 fn forward_as<T: AttentionFloat + WithDType>(a: &AttentionOperands<'_>) -> Result<(Tensor, Tensor)> {
@@ -136,7 +167,7 @@ fn forward_as<T: AttentionFloat + WithDType>(a: &AttentionOperands<'_>) -> Resul
             UninitTensor::init_pair_with::<T, T>(out, lse, OP, |out, lse| {
                 let heads = out.par_chunks_mut((l * ev).max(1)).zip(lse.par_chunks_mut(l.max(1))).enumerate();
                 heads.try_for_each_init(Vec::new, |scratch, (b, (out, lse))| {
-                    let head = reads.head(OP, a, b)?;
+                    let head = reads.head(OP, b)?;
                     head_forward(&head, out, lse, scratch).map_err(|e| TensorError::kernel(OP, e))
                 })
             })
@@ -175,7 +206,7 @@ fn backward_as<T: AttentionFloat + WithDType>(
                 .zip(dv.par_chunks_mut((s * ev).max(1)))
                 .enumerate();
             heads.try_for_each_init(Vec::new, |scratch, (b, ((dq, dk), dv))| {
-                let head = reads.head(BACKWARD, a, b)?;
+                let head = reads.head(BACKWARD, b)?;
                 let matrix = |data, offset| MatRef::new(data, offset, [l, ev], [ev, 1]);
                 let inputs = HeadGradInputs {
                     out: matrix(&outs, o0 + b * l * ev).map_err(|e| TensorError::kernel(BACKWARD, e))?,

@@ -69,10 +69,9 @@ pub(super) fn matmul(operands: MatmulOperands<'_>) -> Result<Tensor> {
     let copied = |t: &Tensor, rows: usize, cols: usize| -> Result<Option<Tensor>> {
         Ok(if blas_operand(t, rows, cols).is_none() { Some(t.contiguous()?) } else { None })
     };
-    // Dropped at the end in reverse order, `pb` then `pa`, as the CUDA
-    // backend's `prepare`d operands are.
-    let (pa, pb) = (copied(a, m, k)?, copied(b, k, n)?);
-    let _held = (&pa, &pb);
+    // Held to the end and dropped in reverse order, `_pb` then `_pa`, as
+    // the CUDA backend's `prepare`d operands are.
+    let (_pa, _pb) = (copied(a, m, k)?, copied(b, k, n)?);
     Ok(out)
 }
 
