@@ -122,10 +122,14 @@ fn train_figures(options: &Options, python: &str, torch: bool) -> Vec<Figure> {
 fn conv_figures(options: &Options, python: &str) -> Vec<Figure> {
     // Seconds per iteration of each shape, one sample per round.
     let (mut ours, mut theirs) = (vec![Vec::new(); SHAPES.len()], vec![Vec::new(); SHAPES.len()]);
+    let mut queued = vec![Vec::new(); SHAPES.len()];
     for _ in 0..options.reps(3, 1) {
         for (i, &(channels, size, _, _)) in SHAPES.iter().enumerate() {
             match conv_seconds(channels, size, options.quick) {
-                Ok(seconds) => ours[i].push(seconds),
+                Ok((seconds, host)) => {
+                    ours[i].push(seconds);
+                    queued[i].push(host);
+                }
                 Err(e) => eprintln!("resnet: brasa conv {channels}x{size}x{size}: {e}"),
             }
         }
@@ -149,9 +153,10 @@ fn conv_figures(options: &Options, python: &str) -> Vec<Figure> {
         let flops = 3.0 * conv_flops(channels, size);
         eprintln!(
             "  conv {channels}→{channels} 3x3 at {size}x{size}, batch {BATCH}, bf16, forward + backward: brasa {:.3} ms \
-             ({:.1} TFLOP/s), PyTorch {:.3} ms ({:.1} TFLOP/s)",
+             ({:.1} TFLOP/s; the host queued it in {:.3} ms), PyTorch {:.3} ms ({:.1} TFLOP/s)",
             a * 1e3,
             flops / a / 1e12,
+            median(&mut queued[i]) * 1e3,
             b * 1e3,
             flops / b / 1e12
         );
@@ -243,8 +248,11 @@ fn train_samples_per_s(quick: bool) -> Result<f64> {
 }
 
 /// Seconds per forward + backward (input and weight gradients) of a C → C
-/// 3×3 convolution at `size`×`size`, batch 128, bf16 on the GPU.
-fn conv_seconds(channels: usize, size: usize, quick: bool) -> Result<f64> {
+/// 3×3 convolution at `size`×`size`, batch 128, bf16 on the GPU; and of
+/// those, the seconds the host took to queue the work (the loop before the
+/// final synchronization): when the two are close, the host's per-call cost
+/// (cuDNN's and brasa's), not the GPU, sets the pace.
+fn conv_seconds(channels: usize, size: usize, quick: bool) -> Result<(f64, f64)> {
     let mut generator = Generator::new(2);
     let dims = [BATCH, channels, size, size];
     let x = Var::param(randn(&mut generator, &dims)?.to_dtype(DType::BF16)?.to_channels_last()?)?;
@@ -266,18 +274,21 @@ fn conv_seconds(channels: usize, size: usize, quick: bool) -> Result<f64> {
     let iters = conv_iters(quick);
     synchronize(GPU)?;
     let mut outcome = Ok(());
+    let start = std::time::Instant::now();
+    let mut queued = 0.0;
     let seconds = time(|| {
         for _ in 0..iters {
             if outcome.is_ok() {
                 outcome = once();
             }
         }
+        queued = start.elapsed().as_secs_f64();
         if outcome.is_ok() {
             outcome = synchronize(GPU).map_err(Into::into);
         }
     });
     outcome?;
-    Ok(seconds / iters as f64)
+    Ok((seconds / iters as f64, queued / iters as f64))
 }
 
 /// The JSON lines a peer printed (failing if it failed or printed none).

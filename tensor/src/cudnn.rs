@@ -5,9 +5,10 @@
 //!
 //! With the `cuda` feature, 2-d convolutions on CUDA devices (and the 1-d and
 //! transposed ones, which are built on them) run on cuDNN when its library
-//! is found at run time (`libcudnn.so.9`: `$BRASA_CUDNN_PATH`, the system
-//! loader, a Python wheel's `nvidia/cudnn/lib`, `$CUDA_HOME/lib64`; see
-//! [`crate::cuda_library::load_shared_library`]). Without it, or when cuDNN
+//! is found at run time (`libcudnn.so.9`: `$BRASA_CUDNN_PATH` alone when
+//! set, else a Python wheel's `nvidia/cudnn/lib` (the copy PyTorch loads),
+//! the system loader, `$CUDA_HOME/lib64`; see
+//! [`crate::cuda_library::load_shared_library_in_order`]). Without it, or when cuDNN
 //! does not support a configuration, they use brasa's own `im2col` kernels
 //! and cuBLAS, and the first convolution that could not use cuDNN says so
 //! in one line on stderr.
@@ -22,7 +23,9 @@
 //! - In benchmark mode the first convolution of each configuration (device,
 //!   dtype, shapes, memory format, stride, padding, dilation, groups,
 //!   direction, determinism) times cuDNN's algorithms and remembers the
-//!   fastest for the rest of the process; otherwise cuDNN's heuristics pick.
+//!   fastest for the rest of the process; otherwise cuDNN's heuristics pick,
+//!   once per configuration too (their choice is remembered, so later calls
+//!   ask cuDNN nothing but the convolution itself).
 //!
 //! Every setting is process-wide, as PyTorch's are; without the `cuda`
 //! feature they are kept but change nothing, [`is_available`] is false and
@@ -116,8 +119,9 @@ pub fn load_error() -> Option<crate::TensorError> {
     }
 }
 
-/// How many algorithm choices benchmark mode has remembered so far (one per
-/// configuration and direction); for tests and diagnostics.
+/// How many algorithm choices are remembered so far (one per configuration,
+/// direction and mode: heuristics' and benchmark mode's); for tests and
+/// diagnostics.
 #[doc(hidden)]
 pub fn cached_algorithm_count() -> usize {
     #[cfg(feature = "cuda")]

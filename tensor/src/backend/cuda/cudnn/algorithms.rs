@@ -13,6 +13,13 @@
 //! taken from the device's caching allocator (as a temporary); a candidate
 //! whose workspace does not fit, or that cuDNN does not support for these
 //! operands, gives way to the next.
+//!
+//! The candidate that ran is remembered with its workspace size, in both
+//! modes (the mode is part of the [`Key`]), so a training loop's later calls
+//! ask cuDNN nothing but the call itself: cuDNN 9's heuristics query costs
+//! host time on every call otherwise (PyTorch caches its choices the same
+//! way). When a remembered choice's workspace no longer fits, the search
+//! runs again for that call.
 
 use super::api::{AlgoPerf, Api, DETERMINISTIC, STATUS_SUCCESS};
 use super::descriptors::{check, default_math, ConvDesc, FilterDesc, Format, TensorDesc};
@@ -64,22 +71,32 @@ pub(super) struct Key {
     pub dilation: (usize, usize),
     pub groups: usize,
     pub deterministic: bool,
+    /// Chosen by timing (`cudnn::set_benchmark(true)`) or by heuristics.
+    pub benchmark: bool,
 }
 
-/// Benchmark mode's choices, per configuration, for the process.
-static CHOSEN: Mutex<Option<HashMap<Key, AlgoPerf>>> = Mutex::new(None);
+/// An algorithm chosen for a configuration: the record it came with (its
+/// math type) and the workspace it asked for.
+#[derive(Clone, Copy, Debug)]
+struct Choice {
+    perf: AlgoPerf,
+    workspace: usize,
+}
 
-/// How many choices benchmark mode remembers.
+/// The choices made so far, per configuration, for the process.
+static CHOSEN: Mutex<Option<HashMap<Key, Choice>>> = Mutex::new(None);
+
+/// How many choices are remembered (both modes).
 pub(super) fn cached_count() -> usize {
     CHOSEN.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map_or(0, HashMap::len)
 }
 
-fn cached(key: &Key) -> Option<AlgoPerf> {
+fn cached(key: &Key) -> Option<Choice> {
     CHOSEN.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(key).copied())
 }
 
-fn remember(key: Key, perf: AlgoPerf) {
-    CHOSEN.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(key, perf);
+fn remember(key: Key, choice: Choice) {
+    CHOSEN.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(key, choice);
 }
 
 /// One convolution call: descriptors and device addresses. `x`, `w`, `y`
@@ -414,18 +431,15 @@ impl Problem<'_> {
         Ok(Workspace { _block: None, ptr: 0, bytes: 0 })
     }
 
-    /// The candidates in the order to try, and whether the first to run
-    /// should be remembered (a fresh benchmark result).
-    fn candidates(&self, key: &Key) -> Result<(Vec<AlgoPerf>, bool), Failure> {
+    /// The candidates in the order to try: timed ones in benchmark mode,
+    /// heuristics' otherwise.
+    fn candidates(&self, key: &Key) -> Result<Vec<AlgoPerf>, Failure> {
         let deterministic = key.deterministic;
         let allowed = |p: &AlgoPerf| p.status == STATUS_SUCCESS && (!deterministic || p.determinism == DETERMINISTIC);
-        if crate::cudnn::benchmark() {
-            if let Some(perf) = cached(key) {
-                return Ok((vec![perf], false));
-            }
+        if key.benchmark {
             let workspace = self.search_workspace()?;
             let found = self.find(&workspace)?;
-            return Ok((found.into_iter().filter(allowed).collect(), true));
+            return Ok(found.into_iter().filter(allowed).collect());
         }
         self.conv.set_math(default_math(self.dtype))?;
         let mut candidates = Vec::new();
@@ -443,13 +457,28 @@ impl Problem<'_> {
                 candidates.push(perf);
             }
         }
-        Ok((candidates, false))
+        Ok(candidates)
     }
 
     /// Chooses an algorithm and queues the call; [`Failure::NotSupported`]
     /// when no candidate could run (the caller falls back to im2col).
     pub(super) fn run(&self, key: Key) -> Result<(), Failure> {
-        let (candidates, fresh) = self.candidates(&key)?;
+        if let Some(choice) = cached(&key) {
+            self.conv.set_math(self.math_for(&choice.perf))?;
+            if let Some(workspace) = self.workspace(choice.workspace)? {
+                return self.execute(choice.perf.algo, &workspace);
+            }
+            // Its workspace does not fit now: search again for this call,
+            // keeping the remembered choice for later ones.
+            return self.search(&key, false);
+        }
+        self.search(&key, true)
+    }
+
+    /// Tries the candidates in order, remembering the one that ran when
+    /// `remember_it`.
+    fn search(&self, key: &Key, remember_it: bool) -> Result<(), Failure> {
+        let candidates = self.candidates(key)?;
         let mut skipped = Vec::new();
         for perf in candidates {
             self.conv.set_math(self.math_for(&perf))?;
@@ -467,8 +496,8 @@ impl Problem<'_> {
             };
             match self.execute(perf.algo, &workspace) {
                 Ok(()) => {
-                    if fresh {
-                        remember(key, perf);
+                    if remember_it {
+                        remember(key.clone(), Choice { perf, workspace: bytes });
                     }
                     return Ok(());
                 }

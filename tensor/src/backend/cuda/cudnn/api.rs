@@ -8,8 +8,16 @@
 //! hands back (statuses, algorithm numbers in its performance records) is
 //! read as plain integers: a Rust enum holding a value a newer cuDNN added
 //! would be undefined behaviour.
+//!
+//! A machine may hold cuDNN twice (a system copy and the one in PyTorch's
+//! wheel, `nvidia/cudnn/lib`); the wheel's is tried first, so brasa runs
+//! the cuDNN PyTorch runs: on an H200 the same convolutions ran 0.36×
+//! PyTorch's speed on the system's cuDNN 9.14 and 0.54× on the wheel's 9.19
+//! (2026-11-28). Choosing by version instead would mean loading both, and
+//! cuDNN 9 loads its sub-libraries by name, so the first copy's would stay
+//! and be handed to the second.
 
-use crate::cuda_library::{load_shared_library, SharedLibrary};
+use crate::cuda_library::{load_shared_library_in_order, SearchOrder, SharedLibrary};
 use crate::error::{Result, TensorError};
 use cudarc::cudnn::sys::{
     cudaStream_t, cudnnConvolutionDescriptor_t, cudnnConvolutionMode_t, cudnnDataType_t, cudnnFilterDescriptor_t,
@@ -227,11 +235,12 @@ unsafe fn symbol<P: Copy>(library: &SharedLibrary, name: &str) -> Result<P> {
 }
 
 fn load() -> std::result::Result<Api, TensorError> {
-    let library = load_shared_library(
+    let library = load_shared_library_in_order(
         "cuDNN",
         CUDNN_PATH_ENV,
         &["libcudnn.so.9", "libcudnn.so", "libcudnn.so.8"],
         &["nvidia/cudnn/lib"],
+        SearchOrder::PythonPackagesFirst,
     )?;
     let l = &library;
     // SAFETY: every type below is the C signature of the cuDNN function of

@@ -63,7 +63,7 @@ pub(crate) fn load_error() -> Option<TensorError> {
     api::api().err().cloned()
 }
 
-/// How many algorithm choices benchmark mode remembers.
+/// How many algorithm choices are remembered (both modes).
 pub(crate) fn cached_algorithm_count() -> usize {
     algorithms::cached_count()
 }
@@ -260,6 +260,7 @@ impl Call<'_> {
             dilation: plan.dilation,
             groups: plan.groups,
             deterministic: crate::cudnn::deterministic(),
+            benchmark: crate::cudnn::benchmark(),
         };
         problem.run(key)?;
         // The operands (and their dense copies) may be dropped now: their
