@@ -248,6 +248,11 @@ fn headline(
 
 fn main() -> AnyResult<()> {
     let args = parse_args()?;
+    if args.fsdp.is_none() {
+        // The main thread works on the host's ops beside the pool's threads
+        // (brasa::tensor::threads); under --fsdp it only waits for the ranks.
+        brasa::tensor::threads::init_threads(None)?;
+    }
     let c = &args.config;
     let dev = args.device;
     let corpus = TinyShakespeare::load()?;

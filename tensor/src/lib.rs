@@ -60,6 +60,7 @@ pub mod shape;
 mod storage;
 mod stream;
 mod tensor;
+pub mod threads;
 
 pub use backend::host::devices::{
     host_device_count, parse_byte_size, planned_host_device_count, set_host_allocator_config, set_host_device_count,
