@@ -24,6 +24,11 @@
 //!
 //! The thread that called [`init_threads`] must live as long as the
 //! process's ops do (make the call from `main`): the pool counts on it.
+//! It works only on the ops it starts itself, so work that other threads
+//! send to the pool (the threads of logical host devices, of in-process
+//! ranks, of data loaders) is done by the pool's other threads: a program
+//! whose `main` mostly waits for such threads should not call it
+//! (`train_gpt` calls it except under `--fsdp`).
 
 use crate::error::{Result, TensorError};
 
