@@ -66,7 +66,7 @@ pub use backend::host::devices::{
     host_device_count, parse_byte_size, planned_host_device_count, set_host_allocator_config, set_host_device_count,
     set_host_memory_limit, HOST_DEVICES_ENV, HOST_MEMORY_LIMIT_ENV, MAX_HOST_DEVICES,
 };
-pub use backend::meta::{FailedAllocation, LiveTensor, MetaDevice};
+pub use backend::meta::{FailedAllocation, LiveTensor, MetaDevice, PlanAssumption};
 pub use backend::target::{MemoryTarget, TargetKind, CUDA_GRANULARITY};
 /// The kernel errors a [`TensorError::Kernel`], [`TensorError::Index`] or
 /// [`TensorError::ScratchTooLarge`] carries as its source.

@@ -249,3 +249,42 @@ fn a_product_copies_only_the_operands_cublas_cannot_read_as_they_lie() {
     let host_strided = hx.slice(1, 0, 32, 2).unwrap();
     assert_eq!(events(host.device(), || host_strided.matmul(&hw.narrow(1, 0, 16)?.t()?)), [Alloc(out)]);
 }
+
+/// A CUDA-target plan says where it planned a convolution on im2col while
+/// cuDNN is switched on (the run would use cuDNN's workspaces instead), one
+/// entry per op with its calls; with cuDNN switched off, or on a host
+/// target, it assumes nothing. (The only test here that changes cuDNN's
+/// process-wide switch, and the others do not read the assumptions.)
+#[test]
+fn a_cuda_plan_lists_convolutions_planned_on_im2col_while_cudnn_is_on() {
+    let step = |device: Device| {
+        let x = Tensor::zeros_on([2, 3, 8, 8], DType::F32, device)?;
+        let w = Tensor::zeros_on([4, 3, 3, 3], DType::F32, device)?;
+        Ok::<_, brasa_tensor::TensorError>(move || {
+            let params = Conv2dParams::new().with_padding((1, 1));
+            let y = x.conv2d(&w, None, params)?;
+            let _dx = y.conv2d_backward_input(&w, [2, 3, 8, 8], params)?;
+            let _dw = x.conv2d_backward_weight(&y, [4, 3, 3, 3], params)?;
+            Ok(())
+        })
+    };
+    let enabled = brasa_tensor::cudnn::enabled();
+    brasa_tensor::cudnn::set_enabled(true);
+    let on = memory::plan(&MemoryTarget::cuda(8 << 30), step).unwrap();
+    brasa_tensor::cudnn::set_enabled(false);
+    let off = memory::plan(&MemoryTarget::cuda(8 << 30), step).unwrap();
+    brasa_tensor::cudnn::set_enabled(true);
+    let on_host = memory::plan(&MemoryTarget::host(None), step).unwrap();
+    brasa_tensor::cudnn::set_enabled(enabled);
+
+    let calls: Vec<(&str, usize)> = on.assumptions.iter().map(|a| (a.op.as_str(), a.calls)).collect();
+    // Two planned steps, one call of each direction per step.
+    assert_eq!(calls, [("conv2d", 2), ("conv2d_backward_input", 2), ("conv2d_backward_weight", 2)]);
+    assert!(on.assumptions.iter().all(|a| a.assumption.contains("cudnn::set_enabled(false)")));
+    assert!(on.to_string().contains("assumes: conv2d (2 call(s))"), "{on}");
+    assert!(on.to_json().contains("\"assumptions\""));
+    assert!(off.assumptions.is_empty(), "{:?}", off.assumptions);
+    assert!(on_host.assumptions.is_empty(), "{:?}", on_host.assumptions);
+    // The switch changes what the plan says, not what it counts.
+    assert_eq!((on.peak_allocated, on.peak_reserved), (off.peak_allocated, off.peak_reserved));
+}

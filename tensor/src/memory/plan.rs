@@ -1,7 +1,8 @@
 //! Memory plans: a training step run on a meta device imitating the
 //! target, answering before the run what it will take: peak allocated and
 //! peak reserved bytes (exact on host targets; on CUDA targets exact up to
-//! cuDNN's convolution workspaces, see [`plan`]), what is alive at the peak
+//! cuDNN's convolution workspaces, which the plan lists among its
+//! [`MemoryPlan::assumptions`], see [`plan`]), what is alive at the peak
 //! and for what, and the first allocation that would fail.
 //!
 //! ```
@@ -23,7 +24,7 @@
 //! # Ok::<(), brasa_tensor::TensorError>(())
 //! ```
 
-use crate::backend::meta::{FailedAllocation, LiveTensor, MetaDevice};
+use crate::backend::meta::{FailedAllocation, LiveTensor, MetaDevice, PlanAssumption};
 use crate::backend::target::MemoryTarget;
 use crate::device::Device;
 use crate::error::{Result, SharedError, TensorError};
@@ -58,6 +59,10 @@ pub struct MemoryPlan {
     pub peak_tensors: Vec<LiveTensor>,
     /// The first allocation that would fail, when the step does not fit.
     pub failure: Option<FailedAllocation>,
+    /// Where the plan modelled something the run may do differently (on a
+    /// CUDA target with cuDNN switched on: convolutions planned on im2col);
+    /// empty when the plan is exact.
+    pub assumptions: Vec<PlanAssumption>,
     /// Seconds the plan took (setup and steps on the meta device).
     pub seconds: f64,
 }
@@ -113,6 +118,9 @@ impl fmt::Display for MemoryPlan {
                 tensor.op
             )?;
         }
+        for assumed in &self.assumptions {
+            writeln!(f, "  assumes: {} ({} call(s)) {}", assumed.op, assumed.calls, assumed.assumption)?;
+        }
         write!(f, "  planned in {:.3} s", self.seconds)
     }
 }
@@ -134,7 +142,9 @@ impl fmt::Display for MemoryPlan {
 /// instead allocates cuDNN's workspaces, whose size depends on the
 /// algorithm cuDNN picks on the GPU at run time and cannot be known here;
 /// the plan is exact for a run with `crate::cudnn::set_enabled(false)`
-/// (or without cuDNN), and otherwise an estimate for convolutional models.
+/// (or without cuDNN), and otherwise an estimate for convolutional models,
+/// which the plan says: each convolution call so planned is counted in
+/// [`MemoryPlan::assumptions`] (and printed as an `assumes:` line).
 pub fn plan<Setup, Step, E>(target: &MemoryTarget, setup: Setup) -> Result<MemoryPlan>
 where
     Setup: FnOnce(Device) -> std::result::Result<Step, E>,
@@ -261,6 +271,7 @@ fn report(meta: &MetaDevice, steps: usize, elapsed: Duration) -> MemoryPlan {
         peak_by_category,
         peak_tensors,
         failure,
+        assumptions: ledger.assumptions(),
         seconds: elapsed.as_secs_f64(),
     }
 }

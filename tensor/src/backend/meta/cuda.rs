@@ -10,9 +10,11 @@
 //! the CUDA backend does. Convolutions follow the CUDA backend's im2col path (the path taken
 //! without cuDNN, or with `crate::cudnn::set_enabled(false)`): cuDNN's
 //! workspaces depend on the algorithm the library picks on the GPU at run
-//! time and are not modelled.
+//! time and are not modelled. While cuDNN is switched on, each such call is
+//! counted in the plan's assumptions ([`assume_im2col`]), so the plan says
+//! so instead of guessing silently.
 
-use super::{planned, reduced_dtype};
+use super::{meta_state, planned, reduced_dtype};
 use crate::backend::args::{blas_operand, column_chunks, reduce_layout, ReduceLayout};
 use crate::backend::im2col::ColumnKernels;
 use crate::backend::{out_dims, ConvPlan, MatmulOperands, PoolPlan, ReduceOp};
@@ -73,6 +75,20 @@ pub(super) fn matmul(operands: MatmulOperands<'_>) -> Result<Tensor> {
     // the CUDA backend's `prepare`d operands are.
     let (_pa, _pb) = (copied(a, m, k)?, copied(b, k, n)?);
     Ok(out)
+}
+
+/// What a CUDA-target plan assumes of a convolution while cuDNN is on.
+pub(crate) const IM2COL_ASSUMPTION: &str = "planned on the im2col path; on a GPU with cuDNN the convolution runs on \
+     cuDNN instead, whose workspace depends on the algorithm it picks there (cudnn::set_enabled(false) makes the run \
+     take the planned path)";
+
+/// Counts, on `device`'s plan, a convolution call planned on im2col where
+/// the run would use cuDNN if the GPU has it (`crate::cudnn::enabled()`).
+pub(super) fn assume_im2col(op: &'static str, device: Device) -> Result<()> {
+    if crate::cudnn::enabled() {
+        meta_state(device)?.assume(op, IM2COL_ASSUMPTION);
+    }
+    Ok(())
 }
 
 /// The CUDA backend's im2col kernels as a meta device runs them: their

@@ -42,6 +42,20 @@ pub(crate) struct Ledger {
     peak: usize,
     at_peak: Vec<LiveTensor>,
     first_failure: Option<FailedAllocation>,
+    assumptions: Vec<PlanAssumption>,
+}
+
+/// Where a plan modelled something the real run may do differently, said
+/// rather than guessed silently: which op, what was assumed, how many of
+/// its calls assumed it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PlanAssumption {
+    /// The op.
+    pub op: String,
+    /// What the plan took it to do, and how the run can differ.
+    pub assumption: String,
+    /// How many of the op's calls were planned so.
+    pub calls: usize,
 }
 
 /// The first allocation a meta device refused: what the target would have
@@ -73,6 +87,10 @@ impl Ledger {
 
     pub(crate) fn live_tensors(&self) -> Vec<LiveTensor> {
         self.live.values().cloned().collect()
+    }
+
+    pub(crate) fn assumptions(&self) -> Vec<PlanAssumption> {
+        self.assumptions.clone()
     }
 }
 
@@ -108,6 +126,19 @@ impl MetaState {
         let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(tensor) = ledger.live.get_mut(&id) {
             tensor.category = category;
+        }
+    }
+
+    /// Counts a call of `op` planned on `assumption`.
+    pub(crate) fn assume(&self, op: &str, assumption: &str) {
+        let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
+        match ledger.assumptions.iter_mut().find(|a| a.op == op && a.assumption == assumption) {
+            Some(known) => known.calls += 1,
+            None => ledger.assumptions.push(PlanAssumption {
+                op: op.to_string(),
+                assumption: assumption.to_string(),
+                calls: 1,
+            }),
         }
     }
 

@@ -58,7 +58,9 @@
 //! are copied dense. None of that can be known without the library and a
 //! GPU, so a plan for a CUDA target models the im2col path's buffers (what
 //! a GPU run allocates with `crate::cudnn::set_enabled(false)` or without
-//! cuDNN), not cuDNN's workspaces.
+//! cuDNN), not cuDNN's workspaces, and while cuDNN is switched on it counts
+//! each convolution call so planned in the plan's assumptions
+//! ([`PlanAssumption`]).
 //!
 //! Data-dependent behaviour is explicit: reading values (`to_vec`, `item`,
 //! host bytes) is an error naming the op; index bounds are assumed valid
@@ -69,7 +71,7 @@ mod device;
 mod runtime;
 
 pub(crate) use device::{meta_state, MetaState};
-pub use device::{FailedAllocation, LiveTensor, MetaDevice};
+pub use device::{FailedAllocation, LiveTensor, MetaDevice, PlanAssumption};
 pub(crate) use runtime::MetaRuntime;
 
 use crate::backend::host::{conv as host_conv, pool as host_pool, reduce as host_reduce};
@@ -455,6 +457,7 @@ impl DeviceOps for MetaOps {
         const OP: &str = "conv2d";
         let _op = op_scope(OP);
         if self.kind == TargetKind::Cuda {
+            cuda::assume_im2col(OP, input.device())?;
             return im2col::conv2d(&cuda::PlannedColumns, input, weight, bias, plan);
         }
         let input = host_conv::non_negative(input)?;
@@ -468,6 +471,7 @@ impl DeviceOps for MetaOps {
         const OP: &str = "conv2d_backward_input";
         let _op = op_scope(OP);
         if self.kind == TargetKind::Cuda {
+            cuda::assume_im2col(OP, grad.device())?;
             return im2col::conv2d_backward_input(&cuda::PlannedColumns, grad, weight, plan);
         }
         let (grad, _, _) = host_conv::matrix_view(grad, 1)?;
@@ -481,6 +485,7 @@ impl DeviceOps for MetaOps {
         const OP: &str = "conv2d_backward_weight";
         let _op = op_scope(OP);
         if self.kind == TargetKind::Cuda {
+            cuda::assume_im2col(OP, input.device())?;
             return im2col::conv2d_backward_weight(&cuda::PlannedColumns, input, grad, plan);
         }
         let input = host_conv::non_negative(input)?;
