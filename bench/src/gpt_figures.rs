@@ -139,12 +139,7 @@ fn steps_per_s(output: &std::process::Output, who: &str) -> std::result::Result<
 /// `gpu`, the GPU configuration on `cuda:0` under bf16 autocast) and
 /// prints `{"steps_per_s": …, "final_loss": …}`.
 pub fn worker(quick: bool, gpu: bool) -> Result<()> {
-    // The worker's main thread takes shares of the ops it starts, as
-    // PyTorch's does in its OpenMP regions (BRASA_POOL_APART=1: the pool's
-    // threads alone, for comparison).
-    if std::env::var_os("BRASA_POOL_APART").is_none() {
-        brasa_tensor::threads::init_threads(None)?;
-    }
+    crate::measure::join_host_pool()?;
     let (config, batch, dev) = if gpu {
         (GptConfig::shakespeare_char(VOCAB), 64, Device::cuda(0))
     } else {

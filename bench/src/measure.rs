@@ -181,6 +181,18 @@ pub fn chunk_rates<E>(
     Ok(rates)
 }
 
+/// For a worker process that times brasa's training steps against
+/// PyTorch's: its main thread joins the host's thread pool
+/// (`brasa_tensor::threads::init_threads`), as PyTorch's main thread does
+/// in its OpenMP regions. `BRASA_POOL_APART=1` leaves the pool's threads
+/// apart, for comparison.
+pub fn join_host_pool() -> brasa_tensor::Result<()> {
+    if std::env::var_os("BRASA_POOL_APART").is_none() {
+        brasa_tensor::threads::init_threads(None)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::Options;

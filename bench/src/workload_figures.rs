@@ -358,6 +358,7 @@ fn parse_report(output: &std::process::Output, who: &str) -> std::result::Result
 /// `profile`, prints instead the op table (by self CPU time) of three steps
 /// after the warm-up (`brasa-bench --workload-profile NAME:DTYPE`).
 pub fn worker(spec: &str, quick: bool, profile: bool) -> Result<()> {
+    crate::measure::join_host_pool()?;
     let unknown = || NnError::invalid("brasa-bench", format!("unknown workload `{spec}` (expected NAME:f32|bf16)"));
     let (name, dtype) = spec.split_once(':').ok_or_else(unknown)?;
     let workload = WORKLOADS.iter().find(|w| w.name == name).ok_or_else(unknown)?;

@@ -6,7 +6,10 @@
 //! most installs ship; so the library is found by
 //! `brasa_tensor::cuda_library` (the places searched are named in the
 //! error) and its functions are resolved here, with `ncclCommMemStats`
-//! optional (NCCL 2.29 and later). The codes below are NCCL's stable ABI
+//! optional (NCCL 2.29 and later). A Python wheel's copy (PyTorch's) is
+//! tried before the system loader's, as for cuDNN, so brasa and PyTorch
+//! run the same NCCL on a machine that has both (on the H200 machines of
+//! 2026-11-28 the system's was 2.28.3 and PyTorch's 2.28.9). The codes below are NCCL's stable ABI
 //! (`nccl.h`: `ncclResult_t`, `ncclDataType_t`, `ncclRedOp_t`).
 
 use crate::collective::ReduceOp;
@@ -115,11 +118,12 @@ pub(crate) fn nccl() -> Result<&'static Nccl> {
 }
 
 fn load() -> Result<Nccl> {
-    let shared = brasa_tensor::cuda_library::load_shared_library(
+    let shared = brasa_tensor::cuda_library::load_shared_library_in_order(
         "NCCL",
         NCCL_PATH_ENV,
         &["libnccl.so.2", "libnccl.so"],
         &["nvidia/nccl/lib"],
+        brasa_tensor::cuda_library::SearchOrder::PythonPackagesFirst,
     )?;
     let path = shared.path.clone();
     let missing = |symbol: &str, e: &dyn std::fmt::Display| ParallelError::Nccl {
