@@ -8,8 +8,10 @@
 //! then the caller. [`init_threads`] makes the calling thread one of the
 //! pool's, as the master thread of PyTorch's OpenMP regions is: an op it
 //! starts works on the first share itself while the other threads take the
-//! rest. On 2 cores (a Zen 3 EPYC) the character-level GPT's training step
-//! ran 5–6 % faster so (2026-11-28, `brasa-bench --gpt-worker cpu`).
+//! rest. On 2 cores (a Zen 3 EPYC, 2026-11-28) the character-level GPT's
+//! training step ran 5–8 % faster so, and a deep MLP's steps of many small
+//! products 1.2–2 times as fast (`brasa-bench --gpt-worker cpu` and
+//! `--workload-worker deep_mlp:f32`, with and without).
 //!
 //! Call it once, first thing in `main`, before any op: the pool is built
 //! once per process, by the first op if nothing built it before.
