@@ -33,11 +33,18 @@ pub struct SharedLibrary {
 /// 1. `env_var`, when set: a library file, or a directory holding one of the
 ///    names. When set, it is the only place tried: a wrong setting is an
 ///    error rather than a silently different library.
-/// 2. By name through the system loader (`LD_LIBRARY_PATH`, ldconfig's cache).
-/// 3. The directories `python_packages` (e.g. `["nvidia/cudnn/lib"]`) under
+/// 2. The directories `python_packages` (e.g. `["nvidia/cudnn/lib"]`) under
 ///    every Python `site-packages`/`dist-packages` directory found:
 ///    `$VIRTUAL_ENV`, `$CONDA_PREFIX`, `/opt/*/.venv`, `/opt/*/venv`,
 ///    `/usr/lib/python3*`, `/usr/local/lib/python3*`, `~/.local/lib/python3*`.
+///    A wheel's copy is the one PyTorch loads, so brasa and PyTorch run the
+///    same library where a machine also has an older system copy (on an
+///    H200 with a system cuDNN 9.14 and PyTorch's 9.19, the same
+///    convolutions ran at 0.36× and 0.54× PyTorch's speed, 2026-11-28). It
+///    is loaded by its full path, so a library that opens its own parts by
+///    name (cuDNN 9's sub-libraries) finds that directory's through the
+///    wheel's `$ORIGIN` run path.
+/// 3. By name through the system loader (`LD_LIBRARY_PATH`, ldconfig's cache).
 /// 4. `$CUDA_HOME/lib64`, `$CUDA_PATH/lib64`, `/usr/local/cuda/lib64`.
 ///
 /// On failure the error ([`TensorError::LibraryNotFound`]) names `what`,
@@ -47,35 +54,6 @@ pub fn load_shared_library(
     env_var: &str,
     file_names: &[&str],
     python_packages: &[&str],
-) -> Result<SharedLibrary> {
-    load_shared_library_in_order(what, env_var, file_names, python_packages, SearchOrder::SystemFirst)
-}
-
-/// Which comes first after the environment variable: the system loader's
-/// copy or a Python wheel's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SearchOrder {
-    /// [`load_shared_library`]'s order.
-    SystemFirst,
-    /// The `python_packages` directories before the system loader, then the
-    /// CUDA directories: the copy PyTorch's wheel brought, which PyTorch
-    /// itself loads, ahead of an older system copy (cuDNN: on an H200 with a
-    /// system cuDNN 9.14 and PyTorch's 9.19, the same convolutions ran at
-    /// 0.36× and 0.54× PyTorch's speed, 2026-11-28).
-    PythonPackagesFirst,
-}
-
-/// [`load_shared_library`] with the system loader and the Python packages
-/// in `order`. The library is loaded by its full path from a package
-/// directory, so a library that loads its own parts by name (cuDNN 9's
-/// sub-libraries) finds that directory's through the wheel's `$ORIGIN`
-/// run path.
-pub fn load_shared_library_in_order(
-    what: &str,
-    env_var: &str,
-    file_names: &[&str],
-    python_packages: &[&str],
-    order: SearchOrder,
 ) -> Result<SharedLibrary> {
     let mut searched = Vec::new();
     let not_found = |searched: Vec<String>| TensorError::LibraryNotFound {
@@ -101,17 +79,8 @@ pub fn load_shared_library_in_order(
         .into_iter()
         .flat_map(|site| python_packages.iter().map(move |package| site.join(package)))
         .collect();
-    let mut cuda_directories: Vec<PathBuf> = Vec::new();
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Some(home) = std::env::var_os(var).filter(|v| !v.is_empty()) {
-            cuda_directories.push(PathBuf::from(home).join("lib64"));
-        }
-    }
-    cuda_directories.push(PathBuf::from("/usr/local/cuda/lib64"));
-    if order == SearchOrder::PythonPackagesFirst {
-        if let Some(found) = first_in(&packages, file_names, &mut searched) {
-            return Ok(found);
-        }
+    if let Some(found) = first_in(&packages, file_names, &mut searched) {
+        return Ok(found);
     }
     for name in file_names {
         // A bare name: the system loader's own search.
@@ -119,11 +88,13 @@ pub fn load_shared_library_in_order(
             return Ok(SharedLibrary { library, path: PathBuf::from(name) });
         }
     }
-    if order == SearchOrder::SystemFirst {
-        if let Some(found) = first_in(&packages, file_names, &mut searched) {
-            return Ok(found);
+    let mut cuda_directories: Vec<PathBuf> = Vec::new();
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Some(home) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+            cuda_directories.push(PathBuf::from(home).join("lib64"));
         }
     }
+    cuda_directories.push(PathBuf::from("/usr/local/cuda/lib64"));
     first_in(&cuda_directories, file_names, &mut searched).ok_or_else(|| not_found(searched))
 }
 
@@ -281,13 +252,13 @@ mod tests {
         }
     }
 
-    /// The two orders, with a copy of libm in a Python package directory
-    /// made for the test (under a virtual environment named by
-    /// `VIRTUAL_ENV`): the system loader's copy first, or the package's.
-    /// libm, not libc: a second libc in one process is unsafe.
+    /// A copy of libm in a Python package directory made for the test
+    /// (under a virtual environment named by `VIRTUAL_ENV`) comes before the
+    /// system loader's; without it the system loader's loads. libm, not
+    /// libc: a second libc in one process is unsafe.
     #[cfg(target_os = "linux")]
     #[test]
-    fn the_order_puts_the_system_copy_or_the_package_copy_first() {
+    fn a_package_copy_comes_before_the_system_loaders() {
         let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
         let Some(libm) = ["/lib/x86_64-linux-gnu/libm.so.6", "/lib/aarch64-linux-gnu/libm.so.6", "/lib64/libm.so.6"]
             .iter()
@@ -303,17 +274,18 @@ mod tests {
         std::fs::copy(&libm, package.join("libm.so.6")).unwrap_or_default();
         let previous = std::env::var_os("VIRTUAL_ENV");
         std::env::set_var("VIRTUAL_ENV", &venv);
-        let load = |order| {
-            load_shared_library_in_order("libm", "BRASA_TEST_LIBM_PATH", &["libm.so.6"], &["brasa_test/lib"], order)
+        let load = || {
+            load_shared_library("libm", "BRASA_TEST_LIBM_PATH", &["libm.so.6"], &["brasa_test/lib"])
                 .map(|found| found.path)
         };
-        let (system, package_first) = (load(SearchOrder::SystemFirst), load(SearchOrder::PythonPackagesFirst));
+        let with_package = load();
+        std::fs::remove_dir_all(&venv).unwrap_or_default();
+        let without = load();
         match previous {
             Some(v) => std::env::set_var("VIRTUAL_ENV", v),
             None => std::env::remove_var("VIRTUAL_ENV"),
         }
-        std::fs::remove_dir_all(&venv).unwrap_or_default();
-        assert_eq!(system.ok(), Some(PathBuf::from("libm.so.6")));
-        assert_eq!(package_first.ok(), Some(package.join("libm.so.6")));
+        assert_eq!(with_package.ok(), Some(package.join("libm.so.6")));
+        assert_eq!(without.ok(), Some(PathBuf::from("libm.so.6")));
     }
 }

@@ -8,7 +8,7 @@
 //! is found at run time (`libcudnn.so.9`: `$BRASA_CUDNN_PATH` alone when
 //! set, else a Python wheel's `nvidia/cudnn/lib` (the copy PyTorch loads),
 //! the system loader, `$CUDA_HOME/lib64`; see
-//! [`crate::cuda_library::load_shared_library_in_order`]). Without it, or when cuDNN
+//! [`crate::cuda_library::load_shared_library`]). Without it, or when cuDNN
 //! does not support a configuration, they use brasa's own `im2col` kernels
 //! and cuBLAS, and the first convolution that could not use cuDNN says so
 //! in one line on stderr.

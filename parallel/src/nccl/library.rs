@@ -118,12 +118,11 @@ pub(crate) fn nccl() -> Result<&'static Nccl> {
 }
 
 fn load() -> Result<Nccl> {
-    let shared = brasa_tensor::cuda_library::load_shared_library_in_order(
+    let shared = brasa_tensor::cuda_library::load_shared_library(
         "NCCL",
         NCCL_PATH_ENV,
         &["libnccl.so.2", "libnccl.so"],
         &["nvidia/nccl/lib"],
-        brasa_tensor::cuda_library::SearchOrder::PythonPackagesFirst,
     )?;
     let path = shared.path.clone();
     let missing = |symbol: &str, e: &dyn std::fmt::Display| ParallelError::Nccl {

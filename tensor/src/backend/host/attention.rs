@@ -140,10 +140,7 @@ fn with_reads<T: AttentionFloat + WithDType, R>(
     }
     let (q, k, v) = (a.q.storage().read::<T>(op)?, a.k.storage().read::<T>(op)?, a.v.storage().read::<T>(op)?);
     let mask_data = a.mask.map(|m| m.storage().read::<T>(op)).transpose()?;
-    let mask = match (a.mask, &mask_data) {
-        (Some(m), Some(data)) => Some(Heads::of(op, m, data)?),
-        _ => None,
-    };
+    let mask = a.mask.zip(mask_data.as_deref()).map(|(m, data)| Heads::of(op, m, data)).transpose()?;
     with(&Reads {
         q: Heads::of(op, a.q, &q)?,
         k: Heads::of(op, a.k, &k)?,

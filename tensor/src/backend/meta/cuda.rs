@@ -78,7 +78,7 @@ pub(super) fn matmul(operands: MatmulOperands<'_>) -> Result<Tensor> {
 }
 
 /// What a CUDA-target plan assumes of a convolution while cuDNN is on.
-pub(crate) const IM2COL_ASSUMPTION: &str = "planned on the im2col path; on a GPU with cuDNN the convolution runs on \
+const IM2COL_ASSUMPTION: &str = "planned on the im2col path; on a GPU with cuDNN the convolution runs on \
      cuDNN instead, whose workspace depends on the algorithm it picks there (cudnn::set_enabled(false) makes the run \
      take the planned path)";
 

@@ -17,7 +17,7 @@
 //! cuDNN 9 loads its sub-libraries by name, so the first copy's would stay
 //! and be handed to the second.
 
-use crate::cuda_library::{load_shared_library_in_order, SearchOrder, SharedLibrary};
+use crate::cuda_library::{load_shared_library, SharedLibrary};
 use crate::error::{Result, TensorError};
 use cudarc::cudnn::sys::{
     cudaStream_t, cudnnConvolutionDescriptor_t, cudnnConvolutionMode_t, cudnnDataType_t, cudnnFilterDescriptor_t,
@@ -235,12 +235,11 @@ unsafe fn symbol<P: Copy>(library: &SharedLibrary, name: &str) -> Result<P> {
 }
 
 fn load() -> std::result::Result<Api, TensorError> {
-    let library = load_shared_library_in_order(
+    let library = load_shared_library(
         "cuDNN",
         CUDNN_PATH_ENV,
         &["libcudnn.so.9", "libcudnn.so", "libcudnn.so.8"],
         &["nvidia/cudnn/lib"],
-        SearchOrder::PythonPackagesFirst,
     )?;
     let l = &library;
     // SAFETY: every type below is the C signature of the cuDNN function of
