@@ -36,8 +36,34 @@ fn owned(g: Tensor) -> Result<Tensor> {
     }
 }
 
+/// `g` as the new `.grad` of `tensor`: owned as by [`owned`], and laid out
+/// as `tensor` is when that is dense in another order than row-major (a
+/// channels-last weight gets a channels-last gradient: PyTorch's layout
+/// contract for accumulated gradients), so that a parameter, its gradient
+/// and optimizer state made with `zeros_like_preserve_format` walk memory
+/// in step and the fused optimizers take them without copies.
+fn owned_in_layout_of(g: Tensor, tensor: &Tensor) -> Result<Tensor> {
+    let order = match tensor.dense_dim_order() {
+        Some(order) if !tensor.is_contiguous() => order,
+        _ => return owned(g),
+    };
+    let permuted = g.permute(&order)?;
+    let exclusive = Arc::strong_count(g.storage()) == 1 && g.storage().len() == g.numel();
+    if permuted.is_contiguous() && exclusive {
+        return Ok(g);
+    }
+    let mut inverse = vec![0; order.len()];
+    for (position, &dim) in order.iter().enumerate() {
+        inverse[dim] = position;
+    }
+    // A row-major copy of the permuted view is `tensor`'s layout once
+    // permuted back.
+    Ok(permuted.affine(1.0, 0.0)?.permute(&inverse)?)
+}
+
 /// Adds `g` into `slot`: in place when a gradient is there (no allocation),
-/// else `g` itself (copied if it is shared or strided). `g` must have
+/// else `g` itself (copied if it is shared, or not laid out as `tensor` is:
+/// see [`owned_in_layout_of`]). `g` must have
 /// `tensor`'s shape and device (a dtype of its own is converted).
 pub(crate) fn accumulate_into(slot: &mut Option<Tensor>, g: Tensor, tensor: &Tensor) -> Result<()> {
     check_grad_fits("backward", "computed", &g, tensor, false)?;
@@ -46,7 +72,7 @@ pub(crate) fn accumulate_into(slot: &mut Option<Tensor>, g: Tensor, tensor: &Ten
         Some(existing) => existing.add_(&g)?,
         None => {
             // The leaf's own copy from now on: counted as a gradient.
-            let g = owned(g)?;
+            let g = owned_in_layout_of(g, tensor)?;
             g.storage().set_category(brasa_tensor::memory::MemoryCategory::Gradient);
             *slot = Some(g);
         }
@@ -379,6 +405,33 @@ mod tests {
         let y = a.add(&b)?.sum_all()?;
         y.backward()?;
         assert_eq!(vec(&x.grad().unwrap_or(x.tensor().zeros_like()?)), [4.0, 6.0]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_leaf_gets_its_gradient_in_its_own_dense_layout() -> Result<()> {
+        use brasa_tensor::Conv2dParams;
+        let x = Var::new(Tensor::arange(0.0, 2.0 * 3.0 * 5.0 * 5.0, 1.0, DType::F32)?.reshape(&[2, 3, 5, 5])?);
+        let w_values = Tensor::arange(-40.0, 41.0, 1.0, DType::F32)?.mul_scalar(0.01)?.reshape(&[3, 3, 3, 3])?;
+        let params = Conv2dParams::default().with_padding((1, 1));
+        let mut grads = Vec::new();
+        for w in [w_values.clone(), w_values.to_channels_last()?] {
+            let w = Var::param(w)?;
+            // Twice: the second backward adds into the first's gradient.
+            for _ in 0..2 {
+                let y = x.conv2d(&w, None, params)?;
+                y.mul(&y)?.sum_all()?.backward()?;
+            }
+            let g = w.grad().ok_or_else(|| AutogradError::invalid("test", "no gradient"))?;
+            assert_eq!(g.strides(), w.tensor().strides(), "the gradient follows the weight's layout");
+            grads.push(vec(&g));
+        }
+        assert_eq!(grads[0], grads[1], "same values in either layout");
+        // A transposed matrix parameter: a transposed gradient.
+        let m = Var::param(Tensor::ones([3, 4], DType::F32)?.transpose(0, 1)?)?;
+        m.mul_scalar(2.0)?.sum_all()?.backward()?;
+        let g = m.grad().ok_or_else(|| AutogradError::invalid("test", "no gradient"))?;
+        assert_eq!((g.strides(), vec(&g)), (m.tensor().strides(), vec![2.0; 12]));
         Ok(())
     }
 

@@ -204,9 +204,10 @@ fn randn(generator: &mut Generator, dims: &[usize]) -> Result<Tensor> {
 /// One round of ResNet-18 training on the GPU: samples/s of the median
 /// timed chunk, after the warm-up.
 fn train_samples_per_s(quick: bool) -> Result<f64> {
-    let model = ResNet::new(ResNetConfig::resnet18(3, 10), GPU)?;
-    // The weights stay NCHW: convolutions of channels-last batches run
-    // channels last (cuDNN converts the filter), as in the example.
+    let mut model = ResNet::new(ResNetConfig::resnet18(3, 10), GPU)?;
+    // Channels-last weights and batches, as PyTorch's side
+    // (`model.to(memory_format=torch.channels_last)`).
+    model.to_channels_last()?;
     let mut opt = Sgd::new(
         model.parameters(),
         SgdConfig { lr: 0.05, momentum: 0.9, weight_decay: 5e-4, ..SgdConfig::default() },
@@ -257,7 +258,13 @@ fn conv_seconds(channels: usize, size: usize, quick: bool) -> Result<(f64, f64)>
     let dims = [BATCH, channels, size, size];
     let x = Var::param(randn(&mut generator, &dims)?.to_dtype(DType::BF16)?.to_channels_last()?)?;
     let std = (2.0 / (9 * channels) as f64).sqrt();
-    let w = Var::param(randn(&mut generator, &[channels, channels, 3, 3])?.mul_scalar(std)?.to_dtype(DType::BF16)?)?;
+    // Channels-last like PyTorch's side's weight.
+    let w = Var::param(
+        randn(&mut generator, &[channels, channels, 3, 3])?
+            .mul_scalar(std)?
+            .to_dtype(DType::BF16)?
+            .to_channels_last()?,
+    )?;
     let dy = randn(&mut generator, &dims)?.to_dtype(DType::BF16)?.to_channels_last()?;
     let params = Conv2dParams { stride: (1, 1), padding: (1, 1), dilation: (1, 1), groups: 1 };
     let once = || -> Result<()> {

@@ -20,9 +20,10 @@
 //! N`, `--epochs N`, `--steps N` (the total number of steps; overrides
 //! `--epochs`, the last epoch may be partial), `--lr X`, `--seed N` (the
 //! initial weights and the batch order), `--bf16` (forward and loss under
-//! bf16 autocast), `--channels-last` (input batches in NHWC order,
-//! PyTorch's `memory_format=torch.channels_last`, so the convolutions run
-//! channels last; and, on CUDA, cuDNN picks each shape's algorithms by
+//! bf16 autocast), `--channels-last` (the model's convolution weights and
+//! the input batches in NHWC order, PyTorch's
+//! `memory_format=torch.channels_last`, so the convolutions run channels
+//! last; and, on CUDA, cuDNN picks each shape's algorithms by
 //! timing them, PyTorch's `cudnn.benchmark = True`).
 
 use brasa::nn::data::Digits;
@@ -173,9 +174,14 @@ pub(crate) fn run(cli: Vec<String>) -> AnyResult<Outcome> {
 
     let config = ResNetConfig::resnet18(1, Digits::CLASSES).width(width).init_seed(args.seed);
     let mut model = ResNet::new(config, dev)?;
-    // The weights stay NCHW: a convolution whose input is channels last
-    // runs channels last (PyTorch's rule), and its outputs, hence the next
-    // layer's inputs, stay so.
+    // Channels-last weights with channels-last batches, as PyTorch's
+    // `model.to(memory_format=torch.channels_last)`: every convolution runs
+    // channels last without converting its filter, its outputs (the next
+    // layer's inputs) stay so, and the weight gradients and SGD's momentum
+    // follow the weights' layout.
+    if args.channels_last {
+        model.to_channels_last()?;
+    }
     let mut opt = Sgd::new(
         model.parameters(),
         SgdConfig { lr: args.lr, momentum: 0.9, weight_decay: 5e-4, ..SgdConfig::default() },

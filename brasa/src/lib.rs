@@ -83,6 +83,8 @@ pub mod guide_samples {
     pub struct HalfModels;
     #[doc = include_str!("../../docs/guide/src/autocast.md")]
     pub struct Autocast;
+    #[doc = include_str!("../../docs/guide/src/channels-last.md")]
+    pub struct ChannelsLast;
     #[doc = include_str!("../../docs/guide/src/grad-accumulation.md")]
     pub struct GradAccumulation;
     #[doc = include_str!("../../docs/guide/src/checkpointing.md")]

@@ -173,7 +173,29 @@ pub trait ModuleExt: Parameters {
     /// Moves every parameter and buffer to `device` (gradients are dropped).
     /// Do this before creating the optimizer: it holds the old parameters.
     fn to_device(&mut self, device: Device) -> Result<()> {
-        self.visit_mut(&mut WalkMut::new(&mut Convert { device: Some(device), dtype: None }))
+        self.visit_mut(&mut WalkMut::new(&mut Convert { device: Some(device), ..Convert::default() }))
+    }
+
+    /// Lays every 4-d parameter and buffer out channels-last (PyTorch's
+    /// `model.to(memory_format=torch.channels_last)`): convolution weights
+    /// then match channels-last batches, so cuDNN runs without converting
+    /// the filter on every call, and gradients and optimizer state follow
+    /// the weights' layout. Values, shapes and names are unchanged, and so
+    /// are tensors of other ranks. Do this before creating the optimizer:
+    /// it holds the old parameters.
+    ///
+    /// ```
+    /// use brasa_nn::layers::Conv2d;
+    /// use brasa_nn::ModuleExt;
+    /// use brasa_tensor::Device;
+    /// let mut conv = Conv2d::new(3, 8, 3, Device::CPU)?;
+    /// conv.to_channels_last()?;
+    /// let weight = &conv.named_parameters()[0].1;
+    /// assert!(weight.tensor().is_channels_last() && !weight.tensor().is_contiguous());
+    /// # Ok::<(), brasa_nn::NnError>(())
+    /// ```
+    fn to_channels_last(&mut self) -> Result<()> {
+        self.visit_mut(&mut WalkMut::new(&mut Convert { channels_last: true, ..Convert::default() }))
     }
 
     /// Converts every floating-point parameter and buffer to `dtype`
@@ -189,7 +211,7 @@ pub trait ModuleExt: Parameters {
                 format!("a module converts only to floating-point dtypes, got {dtype}"),
             ));
         }
-        self.visit_mut(&mut WalkMut::new(&mut Convert { device: None, dtype: Some(dtype) }))
+        self.visit_mut(&mut WalkMut::new(&mut Convert { dtype: Some(dtype), ..Convert::default() }))
     }
 
     /// Drops every parameter's gradient (PyTorch's `zero_grad(set_to_none=True)`).
@@ -211,10 +233,13 @@ pub trait ModuleExt: Parameters {
 
 impl<T: Parameters + ?Sized> ModuleExt for T {}
 
-/// Moves and/or converts parameters and buffers.
+/// Moves, converts and/or lays out parameters and buffers.
+#[derive(Default)]
 struct Convert {
     device: Option<Device>,
     dtype: Option<DType>,
+    /// 4-d tensors channels-last.
+    channels_last: bool,
 }
 
 impl Convert {
@@ -229,6 +254,12 @@ impl Convert {
             let current = out.as_ref().unwrap_or(tensor);
             if current.device() != device {
                 out = Some(current.to(device)?);
+            }
+        }
+        if self.channels_last {
+            let current = out.as_ref().unwrap_or(tensor);
+            if current.rank() == 4 && !current.is_channels_last() {
+                out = Some(current.to_channels_last()?);
             }
         }
         Ok(out)

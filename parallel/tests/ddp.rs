@@ -452,6 +452,21 @@ fn models_that_differ_in_a_shape_dtype_or_order_are_refused_naming_the_parameter
 }
 
 #[test]
+fn a_channels_last_parameter_is_refused_naming_it() -> Result<()> {
+    setup();
+    let outcome = run_in_process(2, &options(), |comm| {
+        let mut m = bare(comm.device(), &[(&[4, 3, 3, 3], brasa_tensor::DType::F32)])?;
+        m.to_channels_last()?;
+        Ok(DistributedDataParallel::new(m, comm.clone(), DdpConfig::default()).err().map(|e| e.to_string()))
+    })?;
+    for (rank, error) in outcome.iter().enumerate() {
+        let error = error.as_ref().unwrap_or_else(|| panic!("rank {rank} accepted a channels-last parameter"));
+        assert!(error.contains("params.0") && error.contains("channels-last"), "rank {rank}: {error}");
+    }
+    Ok(())
+}
+
+#[test]
 fn no_sync_guards_dropped_out_of_order_still_end_in_a_synchronised_step() -> Result<()> {
     setup();
     let init = initial()?;

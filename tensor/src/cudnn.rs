@@ -16,8 +16,12 @@
 //! - f32 runs without TF32 (`CUDNN_FMA_MATH`): results match the host's to
 //!   about 1e-5 relative. f16 and bf16 accumulate in f32 on tensor cores.
 //! - NCHW-contiguous and channels-last ([`crate::Tensor::to_channels_last`])
-//!   tensors go in as they lie; the output keeps the input's memory format.
-//!   Other strides are copied to a dense layout first.
+//!   tensors go in as they lie; the output keeps the input's memory format
+//!   (the weight gradient too: autograd then lays a weight's `.grad` out as
+//!   the weight). A convolution runs channels-last when its input or its
+//!   weight is, so a row-major weight under channels-last batches is copied
+//!   on every call: convert the model too (`ModuleExt::to_channels_last` in
+//!   `brasa-nn`). Other strides are copied to a dense layout first.
 //! - Workspaces come from the device's caching allocator on the current
 //!   stream, counted as [`crate::memory::MemoryCategory::Temporary`].
 //! - In benchmark mode the first convolution of each configuration (device,

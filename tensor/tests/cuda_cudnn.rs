@@ -84,8 +84,8 @@ fn cases() -> Vec<Case> {
 }
 
 /// Forward (with bias) and both gradients of `case` on `dev` against the
-/// host, with the operands channels-last or not; the outputs keep the
-/// input's memory format and the weight gradient is NCHW-contiguous.
+/// host, with the operands channels-last or not; the outputs (the weight
+/// gradient too) keep the input's memory format.
 fn check_case(dev: Device, case: Case, channels_last: bool, seed: u64) {
     let what = format!("{case:?} channels_last={channels_last}");
     let (x, w, b) = (host(&case.input, seed), host(&case.weight(), seed + 1), host(&[case.c_out], seed + 2));
@@ -109,14 +109,16 @@ fn check_case(dev: Device, case: Case, channels_last: bool, seed: u64) {
     assert_close(&dgx, &gx, 1e-5, &format!("input gradient {what}"));
     let dgw = dx_.conv2d_backward_weight(&dgy, w.dims(), case.params).unwrap();
     assert_close(&dgw, &gw, 1e-5, &format!("weight gradient {what}"));
-    assert!(dgw.is_contiguous(), "weight gradient {what}: strides {:?}", dgw.strides());
-    // The memory format is cuDNN's promise (im2col gives NCHW).
+    // The memory format is cuDNN's promise (im2col gives NCHW); the weight
+    // gradient is channels-last with channels-last operands, as PyTorch's.
     if channels_last && cudnn::enabled() && case.input[1] > 1 && dy.dims()[2] * dy.dims()[3] > 1 {
         assert!(dy.is_channels_last() && !dy.is_contiguous(), "forward {what}: strides {:?}", dy.strides());
         assert!(dgx.is_channels_last() && !dgx.is_contiguous(), "input gradient {what}: strides {:?}", dgx.strides());
+        assert!(dgw.is_channels_last(), "weight gradient {what}: strides {:?}", dgw.strides());
     }
     if !channels_last {
         assert!(dy.is_contiguous() && dgx.is_contiguous(), "{what}: NCHW in, NCHW out");
+        assert!(dgw.is_contiguous(), "weight gradient {what}: strides {:?}", dgw.strides());
     }
 }
 

@@ -20,7 +20,10 @@
 //! large as the largest parameter and shared by all, so a step allocates
 //! nothing after the first.
 
-use super::{check_non_negative, check_params, checked_grad, state_name, write_group, Optimizer, Scratch, StateReader};
+use super::{
+    check_non_negative, check_params, checked_grad, state_name, walk_order, write_group, Optimizer, Scratch,
+    StateReader,
+};
 use crate::error::{NnError, Result};
 use crate::state_dict::StateDict;
 use brasa_autograd::{no_grad, Var};
@@ -99,8 +102,8 @@ impl AdamCore {
         Ok(AdamCore { what, decoupled, params, config, state, scratch: Scratch::default() })
     }
 
-    /// One step: every parameter whose tensors allow it (contiguous, state
-    /// complete) in one fused pass each ([`fused_adam_`], one call for all of
+    /// One step: every parameter whose tensors allow it (laid out alike and
+    /// densely, state complete) in one fused pass each ([`fused_adam_`], one call for all of
     /// them), the others through the composed in-place ops. Both give the
     /// same bits.
     fn step(&mut self) -> Result<()> {
@@ -122,18 +125,37 @@ impl AdamCore {
         }
         let AdamConfig { lr, betas, eps, weight_decay, amsgrad, maximize } = self.config;
         let options = AdamOptions { lr, betas, eps, weight_decay, decoupled: self.decoupled, amsgrad, maximize };
-        let mut list = Vec::with_capacity(fused.len());
+        // Each parameter's tensors as contiguous views in its memory order
+        // (themselves when row-major), updated in place through the views.
+        let mut views: Vec<(Tensor, Tensor, Tensor, Tensor, Option<Tensor>, u64)> = Vec::with_capacity(fused.len());
         for (index, param, grad) in &fused {
             let state = self.state[*index].as_ref().ok_or_else(|| NnError::invalid(self.what, "internal: no state"))?;
-            list.push(AdamParam {
+            let written: Vec<&Tensor> =
+                [&state.exp_avg, &state.exp_avg_sq].into_iter().chain(&state.max_exp_avg_sq).collect();
+            let order = walk_order(param, &written)
+                .ok_or_else(|| NnError::invalid(self.what, "internal: a fusable parameter lost its layout"))?;
+            // The gradient is only read: any layout (a copy in the op if it
+            // does not walk in step).
+            views.push((
+                param.permute(&order)?,
+                grad.permute(&order)?,
+                state.exp_avg.permute(&order)?,
+                state.exp_avg_sq.permute(&order)?,
+                state.max_exp_avg_sq.as_ref().map(|t| t.permute(&order)).transpose()?,
+                state.step + 1,
+            ));
+        }
+        let list: Vec<AdamParam<'_>> = views
+            .iter()
+            .map(|(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step)| AdamParam {
                 param,
                 grad,
-                exp_avg: &state.exp_avg,
-                exp_avg_sq: &state.exp_avg_sq,
-                max_exp_avg_sq: state.max_exp_avg_sq.as_ref(),
-                step: state.step + 1,
-            });
-        }
+                exp_avg,
+                exp_avg_sq,
+                max_exp_avg_sq: max_exp_avg_sq.as_ref(),
+                step: *step,
+            })
+            .collect();
         fused_adam_(&list, options)?;
         // Counted only once the update is done (the fused op checks every
         // parameter before it writes any).
@@ -154,25 +176,29 @@ impl AdamCore {
             Some(state) => state,
             slot @ None => slot.insert(MomentState {
                 step: 0,
-                exp_avg: param.zeros_like()?,
-                exp_avg_sq: param.zeros_like()?,
-                max_exp_avg_sq: if amsgrad { Some(param.zeros_like()?) } else { None },
+                // Laid out as the parameter (channels-last for a
+                // channels-last weight), so the fused update walks all of
+                // them in step.
+                exp_avg: param.zeros_like_preserve_format()?,
+                exp_avg_sq: param.zeros_like_preserve_format()?,
+                max_exp_avg_sq: if amsgrad { Some(param.zeros_like_preserve_format()?) } else { None },
             }),
         })
     }
 
     /// Whether the fused update can run on parameter `index`: it and its
-    /// state are contiguous (updated in place in one pass) and amsgrad has
-    /// its buffer. A loaded state dict could hold anything else.
+    /// state are laid out alike and densely ([`walk_order`]: updated in
+    /// place in one pass), of one dtype, and amsgrad has its buffer. A
+    /// loaded state dict could hold anything else.
     fn fusable(&self, index: usize, param: &Tensor) -> bool {
         let Some(state) = &self.state[index] else { return false };
-        let max_ok = match (&state.max_exp_avg_sq, self.config.amsgrad) {
-            (Some(max), true) => max.is_contiguous() && max.dims() == param.dims() && max.dtype() == param.dtype(),
-            (None, true) => false,
-            (_, false) => true,
+        let max = match (&state.max_exp_avg_sq, self.config.amsgrad) {
+            (Some(max), true) => Some(max),
+            (None, true) => return false,
+            (_, false) => None,
         };
-        let like = |t: &Tensor| t.is_contiguous() && t.dims() == param.dims() && t.dtype() == param.dtype();
-        max_ok && param.is_contiguous() && like(&state.exp_avg) && like(&state.exp_avg_sq)
+        let state_tensors: Vec<&Tensor> = [&state.exp_avg, &state.exp_avg_sq].into_iter().chain(max).collect();
+        state_tensors.iter().all(|t| t.dtype() == param.dtype()) && walk_order(param, &state_tensors).is_some()
     }
 
     fn update(&mut self, index: usize, grad: &Tensor) -> Result<()> {

@@ -182,6 +182,17 @@ pub(crate) fn checked_grad(what: &'static str, param: &Var) -> Result<Option<Ten
     Ok(Some(grad))
 }
 
+/// The dim order (see [`Tensor::dense_dim_order`]) in which `param` and
+/// every one of `others` (of `param`'s shape) lie one element after
+/// another, so that an element-wise update can walk them all straight
+/// through memory in step: row-major tensors, or channels-last weights with
+/// gradients and state laid out alike. `None` when there is no such order.
+pub(crate) fn walk_order(param: &Tensor, others: &[&Tensor]) -> Option<Vec<usize>> {
+    let order = param.dense_dim_order()?;
+    let in_step = |t: &Tensor| t.dims() == param.dims() && t.permute(&order).is_ok_and(|v| v.is_contiguous());
+    others.iter().all(|t| in_step(t)).then_some(order)
+}
+
 /// The name of parameter `index`'s state entry `key`.
 pub(crate) fn state_name(index: usize, key: &str) -> String {
     format!("state.{index}.{key}")
@@ -279,7 +290,9 @@ impl<'a> StateReader<'a> {
     }
 
     /// A copy of entry `name` on `param`'s device and dtype (new storage: the
-    /// dict is not aliased); its shape must be `param`'s.
+    /// dict is not aliased), laid out as `param` is (a channels-last weight's
+    /// state is channels-last, as it was when saved); its shape must be
+    /// `param`'s.
     pub(crate) fn buffer_like(&mut self, name: &str, param: &Tensor) -> Result<Tensor> {
         let source = self.required(name)?;
         if source.dims() != param.dims() {
@@ -292,7 +305,7 @@ impl<'a> StateReader<'a> {
         if !source.dtype().is_float() {
             return Err(self.error(format!("{name} should be floating-point, got {}", source.dtype())));
         }
-        let buffer = Tensor::zeros_on(param.dims(), param.dtype(), param.device())?;
+        let buffer = param.zeros_like_preserve_format()?;
         buffer.copy_(source)?;
         Ok(buffer)
     }

@@ -15,13 +15,17 @@
 //! (which allocates the momentum buffers). Without momentum there is no
 //! state at all.
 //!
-//! A parameter whose tensors allow it (parameter, gradient and buffer
-//! contiguous, none sharing another's memory) is updated in one pass over
+//! A parameter whose tensors allow it (parameter, gradient and buffer laid
+//! out alike and densely — row-major, or channels-last as after
+//! `ModuleExt::to_channels_last` — none sharing another's memory) is
+//! updated in one pass over
 //! its memory by [`fused_sgd_`], all of them in one call; the others go
 //! through the composed in-place ops of `Sgd::update`. The fused kernels
 //! replay those ops per element, so both give the same bits.
 
-use super::{check_non_negative, check_params, checked_grad, state_name, write_group, Optimizer, StateReader};
+use super::{
+    check_non_negative, check_params, checked_grad, state_name, walk_order, write_group, Optimizer, StateReader,
+};
 use crate::error::{NnError, Result};
 use crate::state_dict::StateDict;
 use brasa_autograd::{no_grad, Var};
@@ -132,9 +136,9 @@ impl Sgd {
             if first {
                 // The fused first step writes the buffer without reading it
                 // (`buf = ±g + wd·p`); the zeros are only the fill of a
-                // fresh contiguous tensor of the parameter's kind.
+                // fresh tensor laid out as the parameter.
                 let _state = brasa_tensor::memory::category_scope(brasa_tensor::memory::MemoryCategory::OptimizerState);
-                self.momentum_buffers[index] = Some(param.zeros_like()?);
+                self.momentum_buffers[index] = Some(param.zeros_like_preserve_format()?);
             }
             fused.push((index, param, grad, first));
         }
@@ -143,11 +147,24 @@ impl Sgd {
         }
         let SgdConfig { lr, momentum, dampening, nesterov, weight_decay, maximize } = self.config;
         let options = SgdOptions { lr, momentum, dampening, weight_decay, nesterov, maximize };
-        let list: Vec<SgdParam<'_>> = fused
+        // Each parameter's tensors as contiguous views in its memory order
+        // (themselves when row-major), updated in place through the views.
+        let mut views: Vec<(Tensor, Tensor, Option<Tensor>, bool)> = Vec::with_capacity(fused.len());
+        for (index, param, grad, first) in &fused {
+            let buffer = self.momentum_buffers[*index].as_ref();
+            let others: Vec<&Tensor> = std::iter::once(grad).chain(buffer).collect();
+            let order = walk_order(param, &others)
+                .ok_or_else(|| NnError::invalid("Sgd::step", "internal: a fusable parameter lost its layout"))?;
+            views.push((
+                param.permute(&order)?,
+                grad.permute(&order)?,
+                buffer.map(|b| b.permute(&order)).transpose()?,
+                *first,
+            ));
+        }
+        let list: Vec<SgdParam<'_>> = views
             .iter()
-            .map(|(index, param, grad, first)| {
-                SgdParam::new(param, grad, self.momentum_buffers[*index].as_ref(), *first)
-            })
+            .map(|(param, grad, buffer, first)| SgdParam::new(param, grad, buffer.as_ref(), *first))
             .collect();
         let result = fused_sgd_(&list, options);
         drop(list);
@@ -165,24 +182,21 @@ impl Sgd {
     }
 
     /// Whether the fused update can run on parameter `index`: it, its
-    /// gradient and its momentum buffer (if it has one yet) are contiguous,
-    /// alike, and share no memory. A non-contiguous gradient would need a
-    /// contiguous copy each step, so it takes the composed ops, which read
-    /// it in place and allocate nothing; a loaded state dict could hold
-    /// anything else.
+    /// gradient and its momentum buffer (if it has one yet) are laid out
+    /// alike and densely ([`walk_order`]), of one dtype and device, and
+    /// share no memory. A gradient laid out otherwise would need a copy
+    /// each step, so it takes the composed ops, which read it in place and
+    /// allocate nothing; a loaded state dict could hold anything else.
     fn fusable(&self, index: usize, param: &Tensor, grad: &Tensor) -> bool {
-        let buffer_ok = match &self.momentum_buffers[index] {
-            Some(buffer) if self.config.momentum != 0.0 => {
-                buffer.is_contiguous()
-                    && buffer.dims() == param.dims()
-                    && buffer.dtype() == param.dtype()
-                    && buffer.device() == param.device()
-                    && !buffer.shares_storage_with(param)
-                    && !buffer.shares_storage_with(grad)
-            }
-            _ => true,
-        };
-        buffer_ok && param.is_contiguous() && grad.is_contiguous() && !grad.shares_storage_with(param)
+        let buffer = self.momentum_buffers[index].as_ref().filter(|_| self.config.momentum != 0.0);
+        let buffer_ok = buffer.is_none_or(|buffer| {
+            buffer.dtype() == param.dtype()
+                && buffer.device() == param.device()
+                && !buffer.shares_storage_with(param)
+                && !buffer.shares_storage_with(grad)
+        });
+        let others: Vec<&Tensor> = std::iter::once(grad).chain(buffer).collect();
+        buffer_ok && walk_order(param, &others).is_some() && !grad.shares_storage_with(param)
     }
 
     /// The composed update of one parameter, op by op (what the fused
@@ -302,12 +316,36 @@ mod tests {
     use super::*;
     use brasa_tensor::DType;
 
+    #[test]
+    fn a_channels_last_weight_steps_fused_as_its_row_major_twin() -> Result<()> {
+        let config = SgdConfig { lr: 0.1, momentum: 0.9, weight_decay: 0.01, nesterov: true, ..SgdConfig::default() };
+        let values = Tensor::arange(-1.0, 1.0, 2.0 / 54.0, DType::F32)?.reshape(&[2, 3, 3, 3])?;
+        let grads = [values.mul_scalar(0.5)?.sin()?, values.cos()?];
+        let row_major = param(values.clone());
+        let channels_last = param(values.to_channels_last()?);
+        let mut opts = [Sgd::new(vec![row_major.clone()], config)?, Sgd::new(vec![channels_last.clone()], config)?];
+        for g in &grads {
+            row_major.set_grad(Some(g.clone()))?;
+            channels_last.set_grad(Some(g.to_channels_last()?))?;
+            assert!(opts[1].fusable(0, channels_last.tensor(), &channels_last.grad().unwrap()));
+            for opt in &mut opts {
+                opt.step()?;
+            }
+        }
+        let buffer = opts[1].momentum_buffer(0).unwrap();
+        assert_eq!(buffer.strides(), channels_last.tensor().strides(), "state laid out as its weight");
+        assert!(channels_last.tensor().is_channels_last(), "the weight stays channels-last");
+        assert_eq!(row_major.tensor().to_vec::<f32>()?, channels_last.tensor().to_vec::<f32>()?);
+        assert_eq!(opts[0].momentum_buffer(0).unwrap().to_vec::<f32>()?, buffer.to_vec::<f32>()?);
+        Ok(())
+    }
+
     fn param(t: Tensor) -> Var {
         Var::param(t).unwrap()
     }
 
     #[test]
-    fn only_contiguous_unshared_tensors_take_the_fused_path() -> Result<()> {
+    fn only_unshared_tensors_laid_out_alike_take_the_fused_path() -> Result<()> {
         let config = SgdConfig { lr: 0.1, momentum: 0.9, ..SgdConfig::default() };
         let contiguous = param(Tensor::ones([3, 2], DType::F32)?);
         let transposed = param(Tensor::ones([2, 3], DType::F32)?.t()?);
@@ -316,7 +354,8 @@ mod tests {
         let g_t = Tensor::ones([2, 3], DType::F32)?.t()?;
         assert!(opt.fusable(0, contiguous.tensor(), &g));
         assert!(!opt.fusable(0, contiguous.tensor(), &g_t), "a transposed gradient would need a copy");
-        assert!(!opt.fusable(1, transposed.tensor(), &g), "a transposed parameter");
+        assert!(!opt.fusable(1, transposed.tensor(), &g), "a transposed parameter, a row-major gradient");
+        assert!(opt.fusable(1, transposed.tensor(), &g_t), "both transposed: walked in step");
         assert!(!opt.fusable(0, contiguous.tensor(), contiguous.tensor()), "a gradient that is the parameter");
         // A buffer loaded from elsewhere that is not contiguous, or that is
         // the gradient's memory, sends the parameter to the composed ops.
@@ -326,6 +365,15 @@ mod tests {
         assert!(!opt.fusable(0, contiguous.tensor(), &g));
         opt.momentum_buffers[0] = Some(Tensor::zeros([3, 2], DType::F32)?);
         assert!(opt.fusable(0, contiguous.tensor(), &g));
+        // A channels-last weight with a channels-last gradient and buffer.
+        let w = param(Tensor::ones([4, 3, 3, 3], DType::F32)?.to_channels_last()?);
+        let gw = Tensor::ones([4, 3, 3, 3], DType::F32)?.to_channels_last()?;
+        opt.params.push(w.clone());
+        opt.momentum_buffers.push(Some(w.tensor().zeros_like_preserve_format()?));
+        assert!(opt.fusable(2, w.tensor(), &gw));
+        assert!(!opt.fusable(2, w.tensor(), &gw.contiguous()?), "a row-major gradient of a channels-last weight");
+        opt.momentum_buffers[2] = Some(w.tensor().zeros_like()?);
+        assert!(!opt.fusable(2, w.tensor(), &gw), "a row-major buffer of a channels-last weight");
         // Without momentum the buffer plays no part.
         opt.config.momentum = 0.0;
         opt.momentum_buffers[0] = Some(Tensor::zeros([2, 3], DType::F32)?.t()?);

@@ -115,7 +115,12 @@ impl<M: Module> DistributedDataParallel<M> {
             if !param.tensor().is_contiguous() {
                 return Err(ParallelError::invalid(
                     "DistributedDataParallel",
-                    format!("parameter {name} is not contiguous"),
+                    format!(
+                        "parameter {name} is not contiguous (strides {:?}{}); its gradient bucket is a row-major \
+                         view, so DistributedDataParallel takes row-major parameters only",
+                        param.tensor().strides(),
+                        if param.tensor().is_channels_last() { ", channels-last" } else { "" }
+                    ),
                 ));
             }
         }

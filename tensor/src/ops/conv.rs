@@ -198,7 +198,10 @@ impl Tensor {
     /// The gradient of [`Tensor::conv2d`] with respect to its weight, with
     /// `self` the convolution's input `[N, C_in, H, W]`, `grad_output` the
     /// gradient of its output, and the weight's shape
-    /// `[C_out, C_in / groups, kH, kW]`.
+    /// `[C_out, C_in / groups, kH, kW]`. Its layout is the device's choice:
+    /// channels-last from cuDNN for channels-last operands (as PyTorch's),
+    /// row-major elsewhere; autograd gives a weight its gradient in the
+    /// weight's own layout.
     pub fn conv2d_backward_weight(
         &self,
         grad_output: &Tensor,

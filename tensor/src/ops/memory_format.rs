@@ -5,6 +5,14 @@
 //! strides differ. Convolutions on cuDNN take both as they are (tensor cores
 //! prefer channels-last) and give their output in the input's format.
 //!
+//! Any tensor whose elements fill their storage span without gaps or
+//! overlaps, in some order of its dims, is *dense*
+//! ([`Tensor::dense_dim_order`]): row-major and channels-last tensors are,
+//! and so is a transposed matrix. Element-wise work on dense tensors that
+//! share an order can walk their memory straight through (the fused
+//! optimizers do), and [`Tensor::zeros_like_preserve_format`] makes a new
+//! tensor in another's order (PyTorch's `memory_format=torch.preserve_format`).
+//!
 //! ```
 //! # use brasa_tensor::{DType, Tensor};
 //! let x = Tensor::arange(0.0, 24.0, 1.0, DType::F32)?.reshape(&[1, 2, 3, 4])?;
@@ -33,6 +41,64 @@ impl Tensor {
         }
         // A strided copy in NHWC order, seen again as NCHW.
         self.permute(&[0, 2, 3, 1])?.contiguous()?.permute(&[0, 3, 1, 2])
+    }
+
+    /// The order of dims, outermost first, in which this tensor's elements
+    /// lie one after another in memory (`[0, 2, 3, 1]` for a channels-last
+    /// image, `[0, 1, …]` for a contiguous tensor): `self.permute(order)` is
+    /// then a contiguous view of the same storage. `None` when there is no
+    /// such order: a tensor with gaps (a slice of every other row), or one
+    /// whose elements overlap (an expanded view).
+    ///
+    /// ```
+    /// # use brasa_tensor::{DType, Tensor};
+    /// let x = Tensor::zeros([2, 3, 4, 5], DType::F32)?;
+    /// assert_eq!(x.dense_dim_order(), Some(vec![0, 1, 2, 3]));
+    /// assert_eq!(x.to_channels_last()?.dense_dim_order(), Some(vec![0, 2, 3, 1]));
+    /// assert_eq!(x.narrow(3, 0, 2)?.dense_dim_order(), None); // gaps
+    /// # Ok::<(), brasa_tensor::TensorError>(())
+    /// ```
+    pub fn dense_dim_order(&self) -> Option<Vec<usize>> {
+        let identity: Vec<usize> = (0..self.rank()).collect();
+        if self.is_contiguous() {
+            return Some(identity);
+        }
+        let strides = self.strides();
+        let mut order = identity;
+        // Outermost (largest stride) first; the sort is stable, so dims of
+        // equal stride (only size-1 dims can tie with another) keep their
+        // places.
+        order.sort_by(|&a, &b| strides[b].cmp(&strides[a]));
+        self.permute(&order).ok().filter(Tensor::is_contiguous).map(|_| order)
+    }
+
+    /// Zeros of this tensor's shape, dtype and device, laid out in this
+    /// tensor's [`dense_dim_order`](Tensor::dense_dim_order) (a
+    /// channels-last tensor gives channels-last zeros), or contiguous when
+    /// it has none: PyTorch's `zeros_like(x,
+    /// memory_format=torch.preserve_format)`. Optimizer state made this way
+    /// walks memory in step with its parameter.
+    ///
+    /// ```
+    /// # use brasa_tensor::{DType, Tensor};
+    /// let w = Tensor::ones([8, 3, 3, 3], DType::F32)?.to_channels_last()?;
+    /// let state = w.zeros_like_preserve_format()?;
+    /// assert_eq!(state.strides(), w.strides());
+    /// assert_eq!(state.dims(), w.dims());
+    /// # Ok::<(), brasa_tensor::TensorError>(())
+    /// ```
+    pub fn zeros_like_preserve_format(&self) -> Result<Tensor> {
+        match self.dense_dim_order() {
+            Some(order) if !self.is_contiguous() => {
+                let dims: Vec<usize> = order.iter().map(|&d| self.dims()[d]).collect();
+                let mut inverse = vec![0; order.len()];
+                for (position, &dim) in order.iter().enumerate() {
+                    inverse[dim] = position;
+                }
+                Tensor::zeros_on(dims, self.dtype(), self.device())?.permute(&inverse)
+            }
+            _ => self.zeros_like(),
+        }
     }
 
     /// Whether this is a 4-d tensor whose elements lie in channels-last
@@ -105,6 +171,42 @@ mod tests {
         let cl = t.to_channels_last().unwrap();
         assert!(cl.is_channels_last());
         assert_eq!(cl.to_vec::<f32>().unwrap(), t.to_vec::<f32>().unwrap());
+    }
+
+    #[test]
+    fn dense_orders_are_found_and_gaps_or_overlaps_have_none() {
+        let x = image();
+        assert_eq!(x.dense_dim_order(), Some(vec![0, 1, 2, 3]));
+        let cl = x.to_channels_last().unwrap();
+        let order = cl.dense_dim_order().unwrap();
+        assert_eq!(order, vec![0, 2, 3, 1]);
+        assert!(cl.permute(&order).unwrap().is_contiguous());
+        // A transposed matrix is dense; a strided slice and a broadcast are not.
+        let m = Tensor::zeros([3, 4], DType::F32).unwrap();
+        assert_eq!(m.transpose(0, 1).unwrap().dense_dim_order(), Some(vec![1, 0]));
+        assert_eq!(m.narrow(1, 0, 3).unwrap().dense_dim_order(), None);
+        assert_eq!(Tensor::zeros([1, 4], DType::F32).unwrap().expand([3, 4]).unwrap().dense_dim_order(), None);
+        // A view at an offset may still be dense (a parameter in a flat buffer).
+        let flat = Tensor::zeros([30], DType::F32).unwrap();
+        let view = flat.narrow(0, 6, 24).unwrap().reshape(&[2, 3, 4]).unwrap();
+        assert_eq!(view.dense_dim_order(), Some(vec![0, 1, 2]));
+        // Empty and 0-d tensors are contiguous.
+        assert_eq!(Tensor::zeros([0, 3], DType::F32).unwrap().dense_dim_order(), Some(vec![0, 1]));
+        assert_eq!(Tensor::zeros([], DType::F32).unwrap().dense_dim_order(), Some(vec![]));
+    }
+
+    #[test]
+    fn zeros_preserving_the_format_follow_a_dense_order_else_are_contiguous() {
+        let cl = image().to_channels_last().unwrap();
+        let z = cl.zeros_like_preserve_format().unwrap();
+        assert_eq!((z.dims(), z.strides()), (cl.dims(), cl.strides()));
+        assert!(z.to_vec::<f32>().unwrap().iter().all(|&v| v == 0.0));
+        let t = Tensor::ones([3, 4], DType::BF16).unwrap().transpose(0, 1).unwrap();
+        let zt = t.zeros_like_preserve_format().unwrap();
+        assert_eq!((zt.strides(), zt.dtype()), (t.strides(), DType::BF16));
+        // Not dense: contiguous zeros.
+        let gappy = image().narrow(3, 1, 3).unwrap();
+        assert!(gappy.zeros_like_preserve_format().unwrap().is_contiguous());
     }
 
     #[test]

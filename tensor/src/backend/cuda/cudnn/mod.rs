@@ -318,9 +318,9 @@ pub(super) fn conv2d_backward_input(
     attempt(call, [weight, grad])
 }
 
-/// The weight gradient, NCHW-contiguous like the weights brasa makes
-/// (computed channels-last when the input or `grad` is, then copied), or
-/// `None` for `im2col`.
+/// The weight gradient, channels-last when the input or `grad` is (as
+/// PyTorch's: autograd then lays it out as the weight, which is free for a
+/// channels-last model's weights), or `None` for `im2col`.
 pub(super) fn conv2d_backward_weight(
     backend: &CudaOps,
     input: &Tensor,
@@ -329,5 +329,5 @@ pub(super) fn conv2d_backward_weight(
 ) -> Result<Option<Tensor>> {
     let format = Format::for_operands(input, grad);
     let call = Call { op: "conv2d_backward_weight", backend, plan, direction: Direction::BackwardFilter, format };
-    attempt(call, [input, grad])?.map(|dw| dw.contiguous()).transpose()
+    attempt(call, [input, grad])
 }
