@@ -156,6 +156,44 @@ pub fn scatter_add<T: ReduceElement>(
     Ok(())
 }
 
+/// `dst[ids[j]] += src[j]` for rows of `inner` elements (`dst` and `src`
+/// row-major, `size` rows in `dst`, one row of `src` per id), in order of
+/// `j` (so repeated ids accumulate): a scatter-add along the first dim whose
+/// index is constant along every row, as an embedding's backward or
+/// `index_add_` along dim 0 make. Each element is added exactly as
+/// [`scatter_add`] adds it, in the same order, so the results are the same
+/// bits; whole rows at a time let the additions vectorise. Every id is
+/// checked before anything is written.
+pub fn scatter_add_rows<T: ReduceElement>(
+    dst: &mut [T],
+    size: usize,
+    inner: usize,
+    ids: &[i64],
+    src: &[T],
+) -> Result<(), IndexError> {
+    check_indices(ids, size)?;
+    if dst.len() != size * inner || src.len() != ids.len() * inner {
+        return Err(shape_error(format!(
+            "{size} rows of {inner} in dst and {} ids need {} and {} elements, got {} and {}",
+            ids.len(),
+            size * inner,
+            ids.len() * inner,
+            dst.len(),
+            src.len()
+        )));
+    }
+    if inner == 0 {
+        return Ok(());
+    }
+    for (&id, row) in ids.iter().zip(src.chunks_exact(inner)) {
+        let start = id as usize * inner;
+        for (slot, &value) in dst[start..start + inner].iter_mut().zip(row) {
+            *slot = T::from_acc(slot.to_acc().add(value.to_acc()));
+        }
+    }
+    Ok(())
+}
+
 /// Writes the one-hot rows of `ids` into `out` (`ids.len() × classes`,
 /// row-major): 1 at column `ids[i]` of row `i`, 0 elsewhere. Errors on an id
 /// outside `0..classes` before writing.
@@ -235,6 +273,43 @@ mod tests {
         assert!(matches!(index_select(&src, 3, 2, &[0], &mut dst), Err(IndexError::Shape { .. })));
         let mut empty: [i32; 0] = [];
         index_select(&src, 3, 2, &[], &mut empty).unwrap();
+    }
+
+    proptest! {
+        /// Whole rows at a time give the element-wise scatter-add's bits,
+        /// repeated ids included (half precision rounds per addition, so
+        /// the order of additions shows).
+        #[test]
+        fn scatter_add_rows_is_the_elementwise_scatter_add(
+            size in 1usize..6,
+            inner in 0usize..9,
+            picks in proptest::collection::vec((0usize..64, -50i32..50), 0..24),
+        ) {
+            let ids: Vec<i64> = picks.iter().map(|&(p, _)| (p % size) as i64).collect();
+            let src: Vec<f16> = (0..ids.len() * inner)
+                .map(|i| f16::from_f32(picks[i / inner.max(1)].1 as f32 * 0.37 + i as f32 * 0.011))
+                .collect();
+            let start: Vec<f16> = (0..size * inner).map(|i| f16::from_f32(i as f32 * 0.5 - 3.0)).collect();
+            let mut rows = start.clone();
+            scatter_add_rows(&mut rows, size, inner, &ids, &src).unwrap();
+            let mut elements = start;
+            let spread: Vec<i64> = ids.iter().flat_map(|&id| std::iter::repeat_n(id, inner)).collect();
+            let bases = (0..ids.len()).flat_map(|_| 0..inner);
+            scatter_add(&mut elements, bases, &spread, size, inner, src.iter().copied()).unwrap();
+            prop_assert_eq!(rows.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                elements.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn scatter_add_rows_checks_ids_and_sizes_before_writing() {
+        let mut dst = [0f32; 6];
+        let error = scatter_add_rows(&mut dst, 3, 2, &[0, 3], &[1.0; 4]).unwrap_err();
+        assert_eq!(error, IndexError::OutOfRange { position: 1, index: 3, size: 3 });
+        assert_eq!(dst, [0.0; 6], "nothing written");
+        assert!(matches!(scatter_add_rows(&mut dst, 3, 2, &[0], &[1.0; 4]), Err(IndexError::Shape { .. })));
+        scatter_add_rows(&mut dst, 3, 2, &[2, 0, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+        assert_eq!(dst, [3.0, 4.0, 0.0, 0.0, 6.0, 8.0]);
     }
 
     #[test]
