@@ -145,7 +145,7 @@ fn scatter_add_rows(op: &'static str, dst: &Tensor, ids: &[i64], src: &Tensor) -
         // The storages differ (the op copies a sharing src first).
         let (data, reads) = locks.write::<T>(dst.storage(), op)?;
         let values = reads.read::<T>(src.storage(), op)?;
-        let values = span(op, &values, src.layout().offset(), src.numel())?;
+        let values = span(op, values, src.layout().offset(), src.numel())?;
         let (start, len) = (dst.layout().offset(), dst.numel());
         let data_len = data.len();
         let rows = data
