@@ -28,6 +28,10 @@
 //! - `cuda.conv_vs_torch`: the four together, as they occur in one
 //!   ResNet-18 step: `Σ count·t_torch ÷ Σ count·t_brasa`, with `count` the
 //!   number of such convolutions in the model (4, 3, 3, 3).
+//! - `cuda.resnet_train_graph_vs_torch`, `cuda.conv_graph_vs_torch`: the
+//!   same with brasa's convolutions through cuDNN's graph API
+//!   (`cudnn::set_graph_api(true)`), in the same rounds; the others use
+//!   the legacy API, brasa's default.
 //!
 //! Why these shapes: a 3×3 convolution C → C at H×W costs
 //! `2·N·H·W·C²·9` FLOPs, the same 9.66 GFLOP at batch 128 for 64 channels
@@ -71,6 +75,20 @@ const SHAPES: [(usize, usize, usize, &str); 4] = [
 const TRAIN_RATE: &str = "cuda.resnet_train_samples_per_s";
 const TRAIN_VS: &str = "cuda.resnet_train_vs_torch";
 const CONV_VS: &str = "cuda.conv_vs_torch";
+/// The same two ratios with convolutions through cuDNN's graph API
+/// (`cudnn::set_graph_api(true)`), measured in the same rounds.
+const TRAIN_GRAPH_VS: &str = "cuda.resnet_train_graph_vs_torch";
+const CONV_GRAPH_VS: &str = "cuda.conv_graph_vs_torch";
+
+/// Runs `f` with convolutions through cuDNN's graph API (`graph`) or its
+/// legacy API, restoring the setting after.
+fn with_api<T>(graph: bool, f: impl FnOnce() -> T) -> T {
+    let before = brasa_tensor::cudnn::graph_api();
+    brasa_tensor::cudnn::set_graph_api(graph);
+    let out = f();
+    brasa_tensor::cudnn::set_graph_api(before);
+    out
+}
 
 /// Parent side: the figures, or one line saying why there are none.
 pub fn run(options: &Options) -> Vec<Figure> {
@@ -86,10 +104,10 @@ pub fn run(options: &Options) -> Vec<Figure> {
     // As PyTorch's side: cuDNN times each shape's algorithms once.
     brasa_tensor::cudnn::set_benchmark(true);
     let mut figures = Vec::new();
-    if options.wants(TRAIN_RATE) || options.wants(TRAIN_VS) {
+    if options.wants(TRAIN_RATE) || options.wants(TRAIN_VS) || options.wants(TRAIN_GRAPH_VS) {
         figures.extend(train_figures(options, &python, torch));
     }
-    if options.wants(CONV_VS) || SHAPES.iter().any(|s| options.wants(s.3)) {
+    if options.wants(CONV_VS) || options.wants(CONV_GRAPH_VS) || SHAPES.iter().any(|s| options.wants(s.3)) {
         if torch {
             figures.extend(conv_figures(options, &python));
         } else {
@@ -100,11 +118,17 @@ pub fn run(options: &Options) -> Vec<Figure> {
 }
 
 fn train_figures(options: &Options, python: &str, torch: bool) -> Vec<Figure> {
-    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let (mut ours, mut graph, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..options.reps(3, 1) {
-        match train_samples_per_s(options.quick) {
+        match with_api(false, || train_samples_per_s(options.quick)) {
             Ok(rate) => ours.push(rate),
             Err(e) => eprintln!("resnet: brasa training: {e}"),
+        }
+        if options.wants(TRAIN_GRAPH_VS) {
+            match with_api(true, || train_samples_per_s(options.quick)) {
+                Ok(rate) => graph.push(rate),
+                Err(e) => eprintln!("resnet: brasa training (cuDNN graph API): {e}"),
+            }
         }
         if torch {
             match torch_train_rate(python, options.quick) {
@@ -116,22 +140,49 @@ fn train_figures(options: &Options, python: &str, torch: bool) -> Vec<Figure> {
     if !theirs.is_empty() {
         eprintln!("  (PyTorch: {:.0} samples/s)", median(&mut theirs));
     }
-    value_and_ratio(TRAIN_RATE, "samples/s", TRAIN_VS, Better::Higher, &mut ours, &mut theirs)
+    let mut figures = Vec::new();
+    if !graph.is_empty() && !theirs.is_empty() {
+        let rate = median(&mut graph);
+        eprintln!("  (brasa, cuDNN graph API: {rate:.0} samples/s)");
+        figures.push(Figure::new(TRAIN_GRAPH_VS, rate / median(&mut theirs), "x", Better::Higher));
+    }
+    let mut both = value_and_ratio(TRAIN_RATE, "samples/s", TRAIN_VS, Better::Higher, &mut ours, &mut theirs);
+    both.extend(figures);
+    both
+}
+
+/// Each shape's seconds per iteration and host queueing seconds, one
+/// sample per round, for one of cuDNN's APIs.
+struct ConvSamples {
+    seconds: Vec<Vec<f64>>,
+    queued: Vec<Vec<f64>>,
+}
+
+impl ConvSamples {
+    fn new() -> ConvSamples {
+        ConvSamples { seconds: vec![Vec::new(); SHAPES.len()], queued: vec![Vec::new(); SHAPES.len()] }
+    }
+
+    fn measure(&mut self, quick: bool, graph: bool) {
+        for (i, &(channels, size, _, _)) in SHAPES.iter().enumerate() {
+            match with_api(graph, || conv_seconds(channels, size, quick)) {
+                Ok((seconds, host)) => {
+                    self.seconds[i].push(seconds);
+                    self.queued[i].push(host);
+                }
+                Err(e) => eprintln!("resnet: brasa conv {channels}x{size}x{size} (graph API {graph}): {e}"),
+            }
+        }
+    }
 }
 
 fn conv_figures(options: &Options, python: &str) -> Vec<Figure> {
-    // Seconds per iteration of each shape, one sample per round.
-    let (mut ours, mut theirs) = (vec![Vec::new(); SHAPES.len()], vec![Vec::new(); SHAPES.len()]);
-    let mut queued = vec![Vec::new(); SHAPES.len()];
+    let (mut legacy, mut graph) = (ConvSamples::new(), ConvSamples::new());
+    let mut theirs = vec![Vec::new(); SHAPES.len()];
     for _ in 0..options.reps(3, 1) {
-        for (i, &(channels, size, _, _)) in SHAPES.iter().enumerate() {
-            match conv_seconds(channels, size, options.quick) {
-                Ok((seconds, host)) => {
-                    ours[i].push(seconds);
-                    queued[i].push(host);
-                }
-                Err(e) => eprintln!("resnet: brasa conv {channels}x{size}x{size}: {e}"),
-            }
+        legacy.measure(options.quick, false);
+        if options.wants(CONV_GRAPH_VS) {
+            graph.measure(options.quick, true);
         }
         match torch_conv_seconds(python, options.quick) {
             Ok(seconds) => {
@@ -143,32 +194,36 @@ fn conv_figures(options: &Options, python: &str) -> Vec<Figure> {
         }
     }
     let mut figures = Vec::new();
-    let (mut ours_total, mut theirs_total, mut complete) = (0.0, 0.0, true);
-    for (i, &(channels, size, count, name)) in SHAPES.iter().enumerate() {
-        if ours[i].is_empty() || theirs[i].is_empty() {
-            complete = false;
-            continue;
+    for (api, samples, total_name) in [("legacy", &mut legacy, CONV_VS), ("graph", &mut graph, CONV_GRAPH_VS)] {
+        let (mut ours_total, mut theirs_total, mut complete) = (0.0, 0.0, true);
+        for (i, &(channels, size, count, name)) in SHAPES.iter().enumerate() {
+            if samples.seconds[i].is_empty() || theirs[i].is_empty() {
+                complete = false;
+                continue;
+            }
+            let (a, b) = (median(&mut samples.seconds[i]), median(&mut theirs[i]));
+            let flops = 3.0 * conv_flops(channels, size);
+            eprintln!(
+                "  conv {channels}→{channels} 3x3 at {size}x{size}, batch {BATCH}, bf16, forward + backward: brasa \
+                 ({api} cuDNN API) {:.3} ms ({:.1} TFLOP/s; the host queued it in {:.3} ms), PyTorch {:.3} ms ({:.1} \
+                 TFLOP/s)",
+                a * 1e3,
+                flops / a / 1e12,
+                median(&mut samples.queued[i]) * 1e3,
+                b * 1e3,
+                flops / b / 1e12
+            );
+            // The per-shape figures are the default (legacy) API's.
+            if total_name == CONV_VS && options.wants(name) {
+                figures.push(Figure::new(name, b / a, "x", Better::Higher));
+            }
+            ours_total += count as f64 * a;
+            theirs_total += count as f64 * b;
         }
-        let (a, b) = (median(&mut ours[i]), median(&mut theirs[i]));
-        let flops = 3.0 * conv_flops(channels, size);
-        eprintln!(
-            "  conv {channels}→{channels} 3x3 at {size}x{size}, batch {BATCH}, bf16, forward + backward: brasa {:.3} ms \
-             ({:.1} TFLOP/s; the host queued it in {:.3} ms), PyTorch {:.3} ms ({:.1} TFLOP/s)",
-            a * 1e3,
-            flops / a / 1e12,
-            median(&mut queued[i]) * 1e3,
-            b * 1e3,
-            flops / b / 1e12
-        );
-        if options.wants(name) {
-            figures.push(Figure::new(name, b / a, "x", Better::Higher));
+        // The weighted ratio needs every shape: without one it would say something else.
+        if complete && options.wants(total_name) {
+            figures.push(Figure::new(total_name, theirs_total / ours_total, "x", Better::Higher));
         }
-        ours_total += count as f64 * a;
-        theirs_total += count as f64 * b;
-    }
-    // The weighted ratio needs every shape: without one it would say something else.
-    if complete && options.wants(CONV_VS) {
-        figures.push(Figure::new(CONV_VS, theirs_total / ours_total, "x", Better::Higher));
     }
     figures
 }

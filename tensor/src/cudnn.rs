@@ -31,6 +31,10 @@
 //!   once per configuration too (their choice is remembered, so later calls
 //!   ask cuDNN nothing but the convolution itself).
 //!
+//! - [`set_graph_api`] (or `BRASA_CUDNN_API=graph`) sends them through
+//!   cuDNN's graph API instead of the legacy one: a plan per configuration,
+//!   chosen once and kept, then one call per convolution.
+//!
 //! Every setting is process-wide, as PyTorch's are; without the `cuda`
 //! feature they are kept but change nothing, [`is_available`] is false and
 //! [`version`] is `None`.
@@ -48,9 +52,14 @@
 //! cudnn::set_deterministic(false);
 //! ```
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+/// The environment variable choosing cuDNN's API: `graph` or `legacy`.
+pub const CUDNN_API_ENV: &str = "BRASA_CUDNN_API";
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
+/// 0 until read from [`CUDNN_API_ENV`], then 1 (legacy) or 2 (graph).
+static GRAPH_API: AtomicU8 = AtomicU8::new(0);
 static BENCHMARK: AtomicBool = AtomicBool::new(false);
 static DETERMINISTIC: AtomicBool = AtomicBool::new(false);
 
@@ -88,6 +97,39 @@ pub fn set_deterministic(deterministic: bool) {
 /// Whether deterministic mode is on ([`set_deterministic`]).
 pub fn deterministic() -> bool {
     DETERMINISTIC.load(Ordering::Relaxed)
+}
+
+/// Sends convolutions through cuDNN's graph API (`true`: an execution plan
+/// built once per configuration and kept, then one `cudnnBackendExecute`
+/// per call, as PyTorch's default "v8 API") or its legacy API (`false`,
+/// the default: `cudnnConvolutionForward` and the like, given their
+/// descriptors on every call). A configuration the graph API cannot plan
+/// runs on the legacy API. The default comes from `BRASA_CUDNN_API`
+/// (`graph` or `legacy`) when set; the legacy API stays the default until
+/// the graph path has been measured on a GPU.
+pub fn set_graph_api(graph: bool) {
+    GRAPH_API.store(if graph { 2 } else { 1 }, Ordering::Relaxed);
+}
+
+/// Whether convolutions go through cuDNN's graph API ([`set_graph_api`]).
+pub fn graph_api() -> bool {
+    match GRAPH_API.load(Ordering::Relaxed) {
+        0 => {
+            let graph = match std::env::var(CUDNN_API_ENV) {
+                Ok(value) if value.eq_ignore_ascii_case("graph") => true,
+                Ok(value) if value.eq_ignore_ascii_case("legacy") || value.is_empty() => false,
+                Ok(value) => {
+                    eprintln!("brasa: {CUDNN_API_ENV}={value:?} is neither `graph` nor `legacy`; using the legacy API");
+                    false
+                }
+                Err(_) => false,
+            };
+            // A concurrent `set_graph_api` wins over the environment.
+            let _ = GRAPH_API.compare_exchange(0, if graph { 2 } else { 1 }, Ordering::Relaxed, Ordering::Relaxed);
+            GRAPH_API.load(Ordering::Relaxed) == 2
+        }
+        state => state == 2,
+    }
 }
 
 /// Whether cuDNN's library can be loaded (tried once, at the first call
@@ -138,6 +180,21 @@ pub fn cached_algorithm_count() -> usize {
     }
 }
 
+/// How many execution plans the graph API keeps so far (one per
+/// configuration and direction it planned, [`set_graph_api`]); for tests
+/// and diagnostics.
+#[doc(hidden)]
+pub fn cached_graph_plan_count() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        crate::backend::cuda::cudnn_cached_graph_plan_count()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,15 +202,17 @@ mod tests {
     #[test]
     fn settings_round_trip() {
         // The settings are process-wide: restore them for the other tests.
-        let (e, b, d) = (enabled(), benchmark(), deterministic());
+        let (e, b, d, g) = (enabled(), benchmark(), deterministic(), graph_api());
         set_enabled(false);
         set_benchmark(true);
         set_deterministic(true);
-        assert!(!enabled() && benchmark() && deterministic());
+        set_graph_api(!g);
+        assert!(!enabled() && benchmark() && deterministic() && graph_api() != g);
         set_enabled(e);
         set_benchmark(b);
         set_deterministic(d);
-        assert_eq!((enabled(), benchmark(), deterministic()), (e, b, d));
+        set_graph_api(g);
+        assert_eq!((enabled(), benchmark(), deterministic(), graph_api()), (e, b, d, g));
     }
 
     #[test]
@@ -168,7 +227,7 @@ mod tests {
             }
             None => {
                 assert!(!is_available());
-                assert_eq!(cached_algorithm_count(), 0);
+                assert_eq!((cached_algorithm_count(), cached_graph_plan_count()), (0, 0));
                 #[cfg(feature = "cuda")]
                 assert!(matches!(load_error(), Some(crate::TensorError::LibraryNotFound { .. })), "{:?}", load_error());
                 #[cfg(not(feature = "cuda"))]

@@ -186,13 +186,15 @@ fn benchmark_cache(dev: Device) {
         kernel: (3, 3),
         params: Conv2dParams::new().with_padding((1, 1)).with_stride((2, 1)),
     };
-    let before = cudnn::cached_algorithm_count();
+    // The graph API keeps plans, the legacy API algorithm choices.
+    let count = if cudnn::graph_api() { cudnn::cached_graph_plan_count } else { cudnn::cached_algorithm_count };
+    let before = count();
     check_case(dev, case, false, 81);
-    assert_eq!(cudnn::cached_algorithm_count(), before + 3, "one choice per direction");
+    assert_eq!(count(), before + 3, "one choice per direction");
     check_case(dev, case, false, 82);
-    assert_eq!(cudnn::cached_algorithm_count(), before + 3, "the second run reuses the choices");
+    assert_eq!(count(), before + 3, "the second run reuses the choices");
     check_case(dev, case, true, 83);
-    assert_eq!(cudnn::cached_algorithm_count(), before + 6, "channels-last is its own configuration");
+    assert_eq!(count(), before + 6, "channels-last is its own configuration");
     cudnn::set_benchmark(false);
 }
 
@@ -257,17 +259,31 @@ fn cudnn_convolutions_match_the_host() {
         return;
     }
     println!("cuDNN {:?}", cudnn::version());
-    for (i, case) in cases().into_iter().enumerate() {
-        for channels_last in [false, true] {
-            check_case(dev, case, channels_last, 10 * i as u64);
+    // Every check through the legacy API, then through the graph API.
+    let default_api = cudnn::graph_api();
+    for graph in [false, true] {
+        cudnn::set_graph_api(graph);
+        let plans = cudnn::cached_graph_plan_count();
+        for (i, case) in cases().into_iter().enumerate() {
+            for channels_last in [false, true] {
+                check_case(dev, case, channels_last, 10 * i as u64);
+            }
+        }
+        transposed_and_one_d(dev);
+        low_precision(dev, DType::BF16);
+        low_precision(dev, DType::F16);
+        benchmark_cache(dev);
+        deterministic_weight_gradients(dev);
+        workspace_memory(dev);
+        let planned = cudnn::cached_graph_plan_count() - plans;
+        println!("graph API {graph}: {planned} execution plans made");
+        if graph {
+            assert!(planned > 0, "the graph API planned nothing: every convolution fell back to the legacy API");
+        } else {
+            assert_eq!(planned, 0, "the legacy API made graph plans");
         }
     }
-    transposed_and_one_d(dev);
-    low_precision(dev, DType::BF16);
-    low_precision(dev, DType::F16);
-    benchmark_cache(dev);
-    deterministic_weight_gradients(dev);
-    workspace_memory(dev);
+    cudnn::set_graph_api(default_api);
     // Disabled: the im2col path, still the host's values.
     cudnn::set_enabled(false);
     check_case(dev, cases()[3], true, 111);

@@ -41,7 +41,8 @@ mod timing;
 mod update;
 
 pub(crate) use cudnn::{
-    cached_algorithm_count as cudnn_cached_algorithm_count, load_error as cudnn_load_error, version as cudnn_version,
+    cached_algorithm_count as cudnn_cached_algorithm_count, cached_graph_plan_count as cudnn_cached_graph_plan_count,
+    load_error as cudnn_load_error, version as cudnn_version,
 };
 pub(crate) use device::unsupported;
 pub(crate) use runtime::CudaRuntime;

@@ -120,10 +120,27 @@ pub(super) struct Problem<'a> {
 /// A workspace from the caching allocator (none for 0 bytes), alive until
 /// dropped after the call that uses it was queued: stream order keeps the
 /// memory from the next user until the call has run.
-struct Workspace {
+pub(super) struct Workspace {
     _block: Option<UninitTensor>,
-    ptr: u64,
-    bytes: usize,
+    pub ptr: u64,
+    pub bytes: usize,
+}
+
+/// `bytes` of workspace from `backend`'s caching allocator on the current
+/// stream, counted as temporary memory; `None` when it does not fit.
+pub(super) fn workspace(backend: &CudaOps, bytes: usize) -> Result<Option<Workspace>, Failure> {
+    if bytes == 0 {
+        return Ok(Some(Workspace { _block: None, ptr: 0, bytes: 0 }));
+    }
+    let _temporary = category_scope(MemoryCategory::Temporary);
+    match UninitTensor::new(Shape::from([bytes]), DType::U8, backend.device) {
+        Ok(block) => {
+            let ptr = output_address("cudnn workspace", &block)?;
+            Ok(Some(Workspace { _block: Some(block), ptr, bytes }))
+        }
+        Err(e) if e.as_out_of_memory().is_some() => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 impl Problem<'_> {
@@ -298,21 +315,8 @@ impl Problem<'_> {
         Ok(bytes)
     }
 
-    /// `bytes` of workspace from the caching allocator on the current
-    /// stream, counted as temporary memory; `None` when it does not fit.
     fn workspace(&self, bytes: usize) -> Result<Option<Workspace>, Failure> {
-        if bytes == 0 {
-            return Ok(Some(Workspace { _block: None, ptr: 0, bytes: 0 }));
-        }
-        let _temporary = category_scope(MemoryCategory::Temporary);
-        match UninitTensor::new(Shape::from([bytes]), DType::U8, self.backend.device) {
-            Ok(block) => {
-                let ptr = output_address("cudnn workspace", &block)?;
-                Ok(Some(Workspace { _block: Some(block), ptr, bytes }))
-            }
-            Err(e) if e.as_out_of_memory().is_some() => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        workspace(self.backend, bytes)
     }
 
     /// Queues `algo` with `workspace` (alpha 1, beta 0: the output is

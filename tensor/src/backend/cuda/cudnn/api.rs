@@ -1,5 +1,6 @@
-//! cuDNN's legacy convolution API, resolved from the library at run time
-//! into a table of function pointers ([`Api`]), once per process.
+//! cuDNN's legacy convolution API and its graph API, resolved from the
+//! library at run time into a table of function pointers ([`Api`]), once
+//! per process.
 //!
 //! cudarc's own cuDNN loader panics when the library is missing and only
 //! tries names built from the CUDA version, so the library is found by
@@ -207,6 +208,23 @@ pub(crate) struct Api {
         F,
         *mut c_void,
     ) -> Status,
+    /// The graph (backend) API, when the library has it (cuDNN 8 and 9 do).
+    pub graph: Option<GraphFns>,
+}
+
+/// An opaque `cudnnBackendDescriptor_t`.
+pub(crate) type BackendDescriptor = *mut c_void;
+
+/// cuDNN's graph API (`cudnn_graph.h`): descriptors made, given attributes
+/// and finalized, then executed. Its enums (descriptor kinds, attribute
+/// names and types) are passed as the `u32`s of `super::backend_descriptor`.
+pub(crate) struct GraphFns {
+    pub create_descriptor: unsafe extern "C" fn(u32, *mut BackendDescriptor) -> Status,
+    pub destroy_descriptor: unsafe extern "C" fn(BackendDescriptor) -> Status,
+    pub set_attribute: unsafe extern "C" fn(BackendDescriptor, u32, u32, i64, *const c_void) -> Status,
+    pub get_attribute: unsafe extern "C" fn(BackendDescriptor, u32, u32, i64, *mut i64, *mut c_void) -> Status,
+    pub finalize: unsafe extern "C" fn(BackendDescriptor) -> Status,
+    pub execute: unsafe extern "C" fn(H, BackendDescriptor, BackendDescriptor) -> Status,
 }
 
 static API: OnceLock<std::result::Result<Api, TensorError>> = OnceLock::new();
@@ -276,6 +294,7 @@ fn load() -> std::result::Result<Api, TensorError> {
             forward: symbol(l, "cudnnConvolutionForward")?,
             backward_data: symbol(l, "cudnnConvolutionBackwardData")?,
             backward_filter: symbol(l, "cudnnConvolutionBackwardFilter")?,
+            graph: load_graph(l),
             version: 0,
             library,
         }
@@ -289,6 +308,23 @@ fn load() -> std::result::Result<Api, TensorError> {
         )));
     }
     Ok(Api { version, ..api })
+}
+
+/// The graph API's functions, or `None` if the library lacks one.
+fn load_graph(l: &SharedLibrary) -> Option<GraphFns> {
+    // SAFETY: each type is the C signature of the function of that name in
+    // cudnn_graph.h (enums as `u32`, descriptors and handles as pointers,
+    // `int64_t` as `i64`).
+    unsafe {
+        Some(GraphFns {
+            create_descriptor: symbol(l, "cudnnBackendCreateDescriptor").ok()?,
+            destroy_descriptor: symbol(l, "cudnnBackendDestroyDescriptor").ok()?,
+            set_attribute: symbol(l, "cudnnBackendSetAttribute").ok()?,
+            get_attribute: symbol(l, "cudnnBackendGetAttribute").ok()?,
+            finalize: symbol(l, "cudnnBackendFinalize").ok()?,
+            execute: symbol(l, "cudnnBackendExecute").ok()?,
+        })
+    }
 }
 
 impl Api {

@@ -13,6 +13,9 @@
 //! - `api`: the library and its function table, loaded once per process.
 //! - `descriptors`: owned descriptors, memory formats.
 //! - `algorithms`: heuristics, benchmark search and its cache, workspaces.
+//! - `backend_descriptor`, `graph`: the same convolutions through cuDNN's
+//!   graph API, a plan per configuration kept for the process
+//!   ([`crate::cudnn::set_graph_api`]; the legacy API runs what it cannot).
 //!
 //! Handles: a small pool per device (cuDNN handles are not to be used by two
 //! threads at once); each call takes one, points it at the thread's current
@@ -20,7 +23,9 @@
 
 mod algorithms;
 mod api;
+mod backend_descriptor;
 mod descriptors;
+mod graph;
 
 use super::elementwise::finish;
 use super::{address, output_address, CudaOps};
@@ -33,6 +38,7 @@ use algorithms::{Direction, Key, Problem};
 use api::{Api, CudnnError};
 use cudarc::cudnn::sys::{cudaStream_t, cudnnHandle_t};
 use descriptors::{check, data_type, ConvDesc, FilterDesc, Format, TensorDesc};
+use graph::GraphProblem;
 use std::collections::BTreeMap;
 use std::ffi::c_int;
 use std::sync::{Mutex, Once};
@@ -66,6 +72,12 @@ pub(crate) fn load_error() -> Option<TensorError> {
 /// How many algorithm choices are remembered (both modes).
 pub(crate) fn cached_algorithm_count() -> usize {
     algorithms::cached_count()
+}
+
+/// How many graph-API execution plans are kept (one per configuration
+/// and direction the graph API planned).
+pub(crate) fn cached_graph_plan_count() -> usize {
+    graph::plan_count()
 }
 
 /// A cuDNN handle (an opaque pointer to cuDNN's per-device state).
@@ -216,6 +228,34 @@ impl Call<'_> {
             Direction::BackwardData => (out_ptr, address(self.op, &a)?, address(self.op, &b)?),
             Direction::BackwardFilter => (address(self.op, &a)?, out_ptr, address(self.op, &b)?),
         };
+        let handle = handle(api, self.backend, self.op)?;
+        let key = Key {
+            device: self.backend.device.index(),
+            dtype,
+            direction: self.direction,
+            format: self.format,
+            input: x_dims,
+            weight: w_dims,
+            stride: plan.stride,
+            padding: plan.padding,
+            dilation: plan.dilation,
+            groups: plan.groups,
+            deterministic: crate::cudnn::deterministic(),
+            benchmark: crate::cudnn::benchmark(),
+        };
+        if crate::cudnn::graph_api() {
+            let problem = GraphProblem {
+                api,
+                backend: self.backend,
+                handle: handle.raw(),
+                key: &key,
+                output_dims: y_dims,
+                pointers: [x_ptr, w_ptr, y_ptr],
+            };
+            if graph::run(&problem)? {
+                return Ok(finish_output(out, self.format)?);
+            }
+        }
         let x = TensorDesc::new(api, cudnn_type, xi, self.format)?;
         let w = FilterDesc::new(api, cudnn_type, wi, self.format)?;
         let y = TensorDesc::new(api, cudnn_type, yi, self.format)?;
@@ -233,7 +273,6 @@ impl Call<'_> {
             )
             .into());
         }
-        let handle = handle(api, self.backend, self.op)?;
         let problem = Problem {
             api,
             backend: self.backend,
@@ -247,20 +286,6 @@ impl Call<'_> {
             x_ptr,
             w_ptr,
             y_ptr,
-        };
-        let key = Key {
-            device: self.backend.device.index(),
-            dtype,
-            direction: self.direction,
-            format: self.format,
-            input: x_dims,
-            weight: w_dims,
-            stride: plan.stride,
-            padding: plan.padding,
-            dilation: plan.dilation,
-            groups: plan.groups,
-            deterministic: crate::cudnn::deterministic(),
-            benchmark: crate::cudnn::benchmark(),
         };
         problem.run(key)?;
         // The operands (and their dense copies) may be dropped now: their
