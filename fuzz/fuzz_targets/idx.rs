@@ -22,7 +22,8 @@ use std::sync::OnceLock;
 fn scratch() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let base = if std::path::Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
+        let base =
+            if std::path::Path::new("/dev/shm").is_dir() { PathBuf::from("/dev/shm") } else { std::env::temp_dir() };
         let dir = base.join(format!("brasa-fuzz-idx-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("scratch folder");
         dir
