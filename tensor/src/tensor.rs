@@ -352,12 +352,14 @@ impl Tensor {
 
     // ----- copies ------------------------------------------------------------
 
-    /// A copy with another dtype (this tensor when the dtype is the same).
+    /// A copy with another dtype (this tensor when the dtype is the same):
+    /// row-major, or channels-last when this tensor is (PyTorch's `.to(dtype)`
+    /// keeps the memory format).
     pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
-        self.copy_to(self.device(), dtype)
+        crate::ops::memory_format::keeping_channels_last(&[self], |v| v[0].copy_to(v[0].device(), dtype))
     }
 
     /// A copy on another device (this tensor when it is already there).

@@ -1,7 +1,8 @@
 //! Batch normalisation's fused passes (PyTorch's `batch_norm_stats`,
 //! `batch_norm_elemt`, `batch_norm_backward_reduce` and
 //! `batch_norm_backward_elemt`): an input `[N, C, ...]` is seen as
-//! `[N, C, S]`, and each pass is one trip over its memory on the device
+//! `[N, C, S]` (a channels-last one as `[N·H·W, C, 1]`, and its results
+//! stay channels-last), and each pass is one trip over its memory on the device
 //! ([`crate::backend::DeviceOps::batch_norm_stats`] and friends) rather than a
 //! chain of broadcast elementwise ops and reductions. Inputs of any float
 //! dtype are read as they are — a bf16 activation is never widened into a
@@ -55,9 +56,49 @@ fn channel_dims(op: &'static str, x: &Tensor) -> Result<[usize; 3]> {
     Ok([dims[0], dims[1], dims[2..].iter().product()])
 }
 
-/// `x` as a contiguous `[N, C, S]` tensor of `dtype` (a view when it is one).
-fn as_ncs(x: &Tensor, [n, c, s]: [usize; 3], dtype: DType) -> Result<Tensor> {
-    x.reshape(&[n as isize, c as isize, s as isize])?.to_dtype(dtype)?.contiguous()
+/// How the passes see an input `[N, C, ...]`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// As a row-major `[N, C, S]`.
+    Ncs,
+    /// A channels-last `[N, C, H, W]` as `[N·H·W, C, 1]`: the same
+    /// per-channel passes over the same memory in NHWC order, so a
+    /// channels-last activation is neither copied into NCHW nor handed on
+    /// row-major (PyTorch's batch norm keeps the memory format too).
+    Nhwc,
+}
+
+impl Seen {
+    /// How the passes see `x`, an input or a gradient of its shape.
+    fn of(x: &Tensor) -> Seen {
+        if x.is_strictly_channels_last() {
+            Seen::Nhwc
+        } else {
+            Seen::Ncs
+        }
+    }
+
+    /// `x` (`[N, C, ...]`, of `(N, C, S)` dims) as a contiguous tensor of
+    /// `dtype` the passes take (a view when it already is one; a copy in
+    /// this order otherwise).
+    fn view(self, x: &Tensor, [n, c, s]: [usize; 3], dtype: DType) -> Result<Tensor> {
+        match self {
+            Seen::Ncs => x.reshape(&[n as isize, c as isize, s as isize])?.to_dtype(dtype)?.contiguous(),
+            Seen::Nhwc => {
+                x.to_dtype(dtype)?.permute(&[0, 2, 3, 1])?.reshape(&[(n * s) as isize, c as isize, 1])?.contiguous()
+            }
+        }
+    }
+
+    /// An element-wise pass's result, seen again with `like`'s shape
+    /// (channels-last for [`Seen::Nhwc`]).
+    fn back(self, y: Tensor, like: &Tensor) -> Result<Tensor> {
+        let dims = like.dims();
+        match self {
+            Seen::Ncs => y.reshape(&dims.iter().map(|&d| d as isize).collect::<Vec<_>>()),
+            Seen::Nhwc => y.reshape(&[dims[0], dims[2], dims[3], dims[1]].map(|d| d as isize))?.permute(&[0, 3, 1, 2]),
+        }
+    }
 }
 
 /// A per-channel operand as a contiguous `[C]` tensor in `dtype`, checked.
@@ -83,7 +124,7 @@ impl Tensor {
         let _range = brasa_profile::record_op(OP, &[self.dims()]);
         let dims = channel_dims(OP, self)?;
         let device = same_device(OP, &[self])?;
-        let x = as_ncs(self, dims, self.dtype())?;
+        let x = Seen::of(self).view(self, dims, self.dtype())?;
         ops_for(device)?.batch_norm_stats(&x)
     }
 
@@ -113,9 +154,10 @@ impl Tensor {
             Some(b) => per_channel(OP, "bias", b, c, dtype)?,
             None => Tensor::zeros_on([c], dtype, device)?,
         };
-        let x = as_ncs(self, dims, self.dtype())?;
+        let seen = Seen::of(self);
+        let x = seen.view(self, dims, self.dtype())?;
         let y = ops_for(device)?.batch_norm_elemt(&x, &mean, &scale, &shift)?;
-        y.reshape(&self.dims().iter().map(|&d| d as isize).collect::<Vec<_>>())
+        seen.back(y, self)
     }
 
     /// From `self`, the gradient of a batch normalisation's output, and its
@@ -130,7 +172,9 @@ impl Tensor {
         let device = same_device(OP, &[self, input, mean])?;
         let dtype = compute_dtype(input.dtype());
         let mean = per_channel(OP, "mean", mean, dims[1], dtype)?;
-        let (dy, x) = (as_ncs(self, dims, input.dtype())?, as_ncs(input, dims, input.dtype())?);
+        // Both in the input's order (a gradient laid out otherwise is copied).
+        let seen = Seen::of(input);
+        let (dy, x) = (seen.view(self, dims, input.dtype())?, seen.view(input, dims, input.dtype())?);
         ops_for(device)?.batch_norm_backward_reduce(&dy, &x, &mean)
     }
 
@@ -167,10 +211,11 @@ impl Tensor {
         let mean_dy = per_channel(OP, "sum_dy", sum_dy, c, dtype)?.mul_scalar(1.0 / count)?;
         let k =
             per_channel(OP, "sum_dy_xmu", sum_dy_xmu, c, dtype)?.mul(&invstd.mul(&invstd)?)?.mul_scalar(1.0 / count)?;
-        let (dy, x) = (as_ncs(self, dims, input.dtype())?, as_ncs(input, dims, input.dtype())?);
+        let seen = Seen::of(input);
+        let (dy, x) = (seen.view(self, dims, input.dtype())?, seen.view(input, dims, input.dtype())?);
         let args = BatchNormBackwardElemt { dy: &dy, x: &x, mean: &mean, scale: &scale, mean_dy: &mean_dy, k: &k };
         let dx = ops_for(device)?.batch_norm_backward_elemt(args)?;
-        dx.reshape(&input.dims().iter().map(|&d| d as isize).collect::<Vec<_>>())
+        seen.back(dx, input)
     }
 }
 
@@ -197,6 +242,38 @@ mod tests {
     fn invalid(error: TensorError, op: &str) -> String {
         assert!(matches!(&error, TensorError::Invalid { op: o, .. } if *o == op), "{error:?}");
         error.to_string()
+    }
+
+    /// Channels-last inputs give the row-major passes' values (to the
+    /// rounding of a different summation order) and channels-last results;
+    /// a gradient in the other layout is taken too.
+    #[test]
+    fn channels_last_inputs_stay_channels_last() {
+        let x = Tensor::randn([6, 5, 7, 9], DType::F32).unwrap().mul_scalar(2.0).unwrap().add_scalar(1.0).unwrap();
+        let g = Tensor::randn([6, 5, 7, 9], DType::F32).unwrap();
+        let w = Tensor::randn([5], DType::F32).unwrap();
+        let b = Tensor::randn([5], DType::F32).unwrap();
+        let (xc, gc) = (x.to_channels_last().unwrap(), g.to_channels_last().unwrap());
+        let close = |a: &Tensor, want: &Tensor, tol: f64| close(a, &want.to_dtype(DType::F64).unwrap(), tol);
+        let (m, v) = x.batch_norm_stats().unwrap();
+        let (mc, vc) = xc.batch_norm_stats().unwrap();
+        close(&mc, &m, 1e-5);
+        close(&vc, &v, 1e-5);
+        let invstd = v.add_scalar(1e-5).unwrap().rsqrt().unwrap();
+        let y = x.batch_norm_elemt(&m, &invstd, Some(&w), Some(&b)).unwrap();
+        let yc = xc.batch_norm_elemt(&m, &invstd, Some(&w), Some(&b)).unwrap();
+        assert!(yc.is_channels_last() && !yc.is_contiguous(), "strides {:?}", yc.strides());
+        close(&yc, &y, 1e-5);
+        let (sum_dy, sum_dy_xmu) = g.batch_norm_backward_reduce(&x, &m).unwrap();
+        for dy in [&gc, &g] {
+            let (sc, sxc) = dy.batch_norm_backward_reduce(&xc, &m).unwrap();
+            close(&sc, &sum_dy, 1e-4);
+            close(&sxc, &sum_dy_xmu, 1e-4);
+            let dx = g.batch_norm_backward_elemt(&x, &m, &invstd, Some(&w), &sum_dy, &sum_dy_xmu).unwrap();
+            let dxc = dy.batch_norm_backward_elemt(&xc, &m, &invstd, Some(&w), &sum_dy, &sum_dy_xmu).unwrap();
+            assert!(dxc.is_channels_last() && !dxc.is_contiguous(), "strides {:?}", dxc.strides());
+            close(&dxc, &dx, 1e-5);
+        }
     }
 
     /// The passes against the composed ops in f64, for `[N, C]`,

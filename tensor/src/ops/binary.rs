@@ -17,6 +17,7 @@ use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::ops::common::same_device;
 use crate::ops::elementwise::{broadcast_all, prepare, result_dtype, scalar_like};
+use crate::ops::memory_format::keeping_channels_last;
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::BinaryOp;
 
@@ -55,7 +56,7 @@ pub(crate) fn binary_op(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> 
 
 /// `op(a, b)` on operands already of `dtype` and of one shape, by their device.
 fn run_binary(op: BinaryOp, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    ops_for(a.device())?.binary(op, a, b)
+    keeping_channels_last(&[a, b], |v| ops_for(v[0].device())?.binary(op, v[0], v[1]))
 }
 
 impl Tensor {

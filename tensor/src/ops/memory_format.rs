@@ -101,6 +101,12 @@ impl Tensor {
         }
     }
 
+    /// Whether this 4-d tensor is channels-last and not also row-major (a
+    /// tensor with one channel or a 1×1 image is both, and says nothing).
+    pub(crate) fn is_strictly_channels_last(&self) -> bool {
+        self.rank() == 4 && !self.is_contiguous() && self.is_channels_last()
+    }
+
     /// Whether this is a 4-d tensor whose elements lie in channels-last
     /// order, one after another (PyTorch's
     /// `x.is_contiguous(memory_format=torch.channels_last)`): size-1 dims
@@ -126,6 +132,31 @@ impl Tensor {
         }
         true
     }
+}
+
+/// NHWC as a permutation of NCHW's dims, and back.
+const TO_NHWC: [usize; 4] = [0, 2, 3, 1];
+const TO_NCHW: [usize; 4] = [0, 3, 1, 2];
+
+/// Runs an element-wise `op` over `inputs` (all of one shape) so that its
+/// result is channels-last when the first input is, as PyTorch's
+/// element-wise outputs keep their input's memory format: `op` sees the
+/// inputs as `[N, H, W, C]` views, where its row-major result is
+/// channels-last once seen as `[N, C, H, W]` again. Otherwise `op` runs on
+/// the inputs as they are (and its result is row-major). A channels-last
+/// network (convolutions, batch norms, activations, residual additions)
+/// thus stays channels-last instead of flipping layout at every op.
+pub(crate) fn keeping_channels_last(
+    inputs: &[&Tensor],
+    op: impl FnOnce(&[&Tensor]) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let Some(first) = inputs.first() else { return op(inputs) };
+    if !first.is_strictly_channels_last() || inputs.iter().any(|t| t.dims() != first.dims()) {
+        return op(inputs);
+    }
+    let nhwc = inputs.iter().map(|t| t.permute(&TO_NHWC)).collect::<Result<Vec<_>>>()?;
+    let views: Vec<&Tensor> = nhwc.iter().collect();
+    op(&views)?.permute(&TO_NCHW)
 }
 
 #[cfg(test)]
@@ -207,6 +238,35 @@ mod tests {
         // Not dense: contiguous zeros.
         let gappy = image().narrow(3, 1, 3).unwrap();
         assert!(gappy.zeros_like_preserve_format().unwrap().is_contiguous());
+    }
+
+    #[test]
+    fn element_wise_results_keep_channels_last() {
+        let x = image().sub_scalar(60.0).unwrap();
+        let cl = x.to_channels_last().unwrap();
+        let bias = Tensor::from_vec(vec![1.0f32, -2.0, 0.5], [1, 3, 1, 1]).unwrap();
+        let row_major = [
+            x.relu().unwrap(),
+            x.add(&x.mul_scalar(0.5).unwrap()).unwrap(),
+            x.add(&bias).unwrap(),
+            x.mul_scalar(3.0).unwrap(),
+            x.to_dtype(DType::BF16).unwrap().to_dtype(DType::F32).unwrap(),
+        ];
+        let channels_last = [
+            cl.relu().unwrap(),
+            cl.add(&cl.mul_scalar(0.5).unwrap()).unwrap(),
+            cl.add(&bias).unwrap(),
+            cl.mul_scalar(3.0).unwrap(),
+            cl.to_dtype(DType::BF16).unwrap().to_dtype(DType::F32).unwrap(),
+        ];
+        for (i, (a, b)) in row_major.iter().zip(&channels_last).enumerate() {
+            assert!(a.is_contiguous(), "op {i}: row-major in, row-major out");
+            assert!(b.is_channels_last() && !b.is_contiguous(), "op {i}: strides {:?}", b.strides());
+            assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap(), "op {i}");
+        }
+        // The first operand decides: row-major first, row-major result.
+        assert!(x.add(&cl).unwrap().is_contiguous());
+        assert_eq!(x.add(&cl).unwrap().to_vec::<f32>().unwrap(), x.add(&x).unwrap().to_vec::<f32>().unwrap());
     }
 
     #[test]

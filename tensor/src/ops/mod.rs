@@ -20,7 +20,7 @@ mod inplace_arith;
 mod inplace_unary;
 mod layer_norm;
 pub(crate) mod matmul;
-mod memory_format;
+pub(crate) mod memory_format;
 mod mm;
 pub(crate) mod pool;
 pub(crate) mod reduce;

@@ -23,6 +23,7 @@ use crate::dtype::is_integral_value;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::ops::elementwise::scalar_result_dtype;
+use crate::ops::memory_format::keeping_channels_last;
 use crate::scalar::integer_scalar;
 use crate::tensor::Tensor;
 use brasa_kernels::elementwise::UnaryOp;
@@ -39,7 +40,7 @@ enum IntegerInput {
 /// Applies a float op, promoting or refusing non-float inputs.
 fn float_op(x: &Tensor, op: UnaryOp, name: &'static str, integers: IntegerInput) -> Result<Tensor> {
     if x.dtype().is_float() {
-        return ops_for(x.device())?.unary(name, op, x);
+        return keeping_channels_last(&[x], |v| ops_for(v[0].device())?.unary(name, op, v[0]));
     }
     match integers {
         IntegerInput::PromoteToF32 => float_op(&x.to_dtype(DType::F32)?, op, name, integers),
@@ -66,7 +67,7 @@ fn refuse_bool(x: &Tensor, name: &'static str) -> Result<()> {
 /// kernels wrap, like PyTorch's).
 fn same_dtype_op(x: &Tensor, op: UnaryOp, name: &'static str) -> Result<Tensor> {
     refuse_bool(x, name)?;
-    ops_for(x.device())?.unary(name, op, x)
+    keeping_channels_last(&[x], |v| ops_for(v[0].device())?.unary(name, op, v[0]))
 }
 
 impl Tensor {
