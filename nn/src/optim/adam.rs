@@ -130,8 +130,9 @@ impl AdamCore {
         let mut views: Vec<(Tensor, Tensor, Tensor, Tensor, Option<Tensor>, u64)> = Vec::with_capacity(fused.len());
         for (index, param, grad) in &fused {
             let state = self.state[*index].as_ref().ok_or_else(|| NnError::invalid(self.what, "internal: no state"))?;
-            let written: Vec<&Tensor> =
-                [&state.exp_avg, &state.exp_avg_sq].into_iter().chain(&state.max_exp_avg_sq).collect();
+            // The amsgrad buffer takes part only with amsgrad (as in `fusable`).
+            let max = state.max_exp_avg_sq.as_ref().filter(|_| amsgrad);
+            let written: Vec<&Tensor> = [&state.exp_avg, &state.exp_avg_sq].into_iter().chain(max).collect();
             let order = walk_order(param, &written)
                 .ok_or_else(|| NnError::invalid(self.what, "internal: a fusable parameter lost its layout"))?;
             // The gradient is only read: any layout (a copy in the op if it
@@ -141,7 +142,7 @@ impl AdamCore {
                 grad.permute(&order)?,
                 state.exp_avg.permute(&order)?,
                 state.exp_avg_sq.permute(&order)?,
-                state.max_exp_avg_sq.as_ref().map(|t| t.permute(&order)).transpose()?,
+                max.map(|t| t.permute(&order)).transpose()?,
                 state.step + 1,
             ));
         }
