@@ -151,7 +151,8 @@ impl Sgd {
         // (themselves when row-major), updated in place through the views.
         let mut views: Vec<(Tensor, Tensor, Option<Tensor>, bool)> = Vec::with_capacity(fused.len());
         for (index, param, grad, first) in &fused {
-            let buffer = self.momentum_buffers[*index].as_ref();
+            // The buffer takes part only with momentum (as in `fusable`).
+            let buffer = self.momentum_buffers[*index].as_ref().filter(|_| momentum != 0.0);
             let others: Vec<&Tensor> = std::iter::once(grad).chain(buffer).collect();
             let order = walk_order(param, &others)
                 .ok_or_else(|| NnError::invalid("Sgd::step", "internal: a fusable parameter lost its layout"))?;
