@@ -406,6 +406,21 @@ per_device!(batch_norm_passes, |device| {
     assert_close(&values(&sum_dy), &want_sd, 1e-5, "batch_norm Σdy");
     assert_close(&values(&sum_dy_xmu), &want_sdx, 1e-4, "batch_norm Σdy(x - mean)");
     assert_close(&values(&dx), &want_dx, 1e-3, "batch_norm input gradient");
+    // Channels-last input and gradient: the same values, channels-last
+    // results (the passes read them as [N·H·W, C, 1]).
+    let (xc, gc) = (x.to_channels_last().unwrap(), gt.to_channels_last().unwrap());
+    let (mean_c, var_c) = xc.batch_norm_stats().unwrap();
+    let y_c = xc.batch_norm_elemt(&mean_c, &invstd, Some(&wt), Some(&bt)).unwrap();
+    let (sum_dy_c, sum_dy_xmu_c) = gc.batch_norm_backward_reduce(&xc, &mean_c).unwrap();
+    let dx_c = gc.batch_norm_backward_elemt(&xc, &mean_c, &invstd, Some(&wt), &sum_dy_c, &sum_dy_xmu_c).unwrap();
+    assert!(y_c.is_channels_last() && !y_c.is_contiguous(), "channels-last batch_norm output: {:?}", y_c.strides());
+    assert!(dx_c.is_channels_last() && !dx_c.is_contiguous(), "channels-last input gradient: {:?}", dx_c.strides());
+    assert_close(&values(&mean_c), &want_mean, 1e-6, "channels-last batch_norm mean");
+    assert_close(&values(&var_c), &want_var, 1e-4, "channels-last batch_norm variance");
+    assert_close(&values(&y_c), &want_y, 1e-4, "channels-last batch_norm output");
+    assert_close(&values(&sum_dy_c), &want_sd, 1e-5, "channels-last batch_norm Σdy");
+    assert_close(&values(&sum_dy_xmu_c), &want_sdx, 1e-4, "channels-last batch_norm Σdy(x - mean)");
+    assert_close(&values(&dx_c), &want_dx, 1e-3, "channels-last batch_norm input gradient");
     // bf16 input: read as bf16, computed in f32, returned in bf16: the f32
     // result of the same rounded input, to bf16's precision.
     let rounded = x.to_dtype(DType::BF16).unwrap();
@@ -426,6 +441,29 @@ per_device!(batch_norm_passes, |device| {
     let (sd_f, sdx_f) = gf.batch_norm_backward_reduce(&xf, &mean_h).unwrap();
     let dx_f = gf.batch_norm_backward_elemt(&xf, &mean_h, &invstd, Some(&wt), &sd_f, &sdx_f).unwrap();
     assert_close(&values(&dx_h), &values(&dx_f), 2e-2, "bf16 batch_norm input gradient");
+});
+
+per_device!(channels_last_stays_channels_last_through_element_wise_ops, |device| {
+    // [2, 3, 4, 5] with values whose sums and products are exact in f32.
+    let v: Vec<f32> = (0..120).map(|i| (i as f32 - 60.0) / 4.0).collect();
+    let x = tensor(&v, &[2, 3, 4, 5], device);
+    let xc = x.to_channels_last().unwrap();
+    let bias = tensor(&[1.0, -2.0, 0.5], &[1, 3, 1, 1], device);
+    let results = [
+        ("relu", xc.relu().unwrap(), v.iter().map(|&a| f64::from(a.max(0.0))).collect::<Vec<_>>()),
+        ("add", xc.add(&xc).unwrap(), v.iter().map(|&a| 2.0 * f64::from(a)).collect()),
+        (
+            "bias",
+            xc.add(&bias).unwrap(),
+            v.iter().enumerate().map(|(i, &a)| f64::from(a) + [1.0, -2.0, 0.5][(i / 20) % 3]).collect(),
+        ),
+        ("mul_scalar", xc.mul_scalar(4.0).unwrap(), v.iter().map(|&a| 4.0 * f64::from(a)).collect()),
+        ("to_dtype", xc.to_dtype(DType::BF16).unwrap(), v.iter().map(|&a| f64::from(a)).collect()),
+    ];
+    for (what, got, want) in results {
+        assert!(got.is_channels_last() && !got.is_contiguous(), "{what}: strides {:?}", got.strides());
+        assert_close(&values(&got), &want, 0.0, what);
+    }
 });
 
 per_device!(in_place_updates_write_through_views, |device| {
