@@ -41,6 +41,7 @@ const TYPE_CONVOLUTION_MODE: u32 = 7;
 const TYPE_HEUR_MODE: u32 = 8;
 const TYPE_NUMERICAL_NOTE: u32 = 11;
 const TYPE_BACKEND_DESCRIPTOR: u32 = 15;
+const TYPE_BEHAVIOR_NOTE: u32 = 19;
 
 /// A `cudnnBackendAttributeName_t` with its name (for error messages).
 #[derive(Clone, Copy, Debug)]
@@ -96,6 +97,7 @@ attributes! {
     VARIANT_PACK_DATA_POINTERS = 1001,
     VARIANT_PACK_WORKSPACE = 1003,
     ENGINE_NUMERICAL_NOTE = 1303,
+    ENGINE_BEHAVIOR_NOTE = 1305,
 }
 
 /// `cudnnConvolutionMode_t`'s `CUDNN_CROSS_CORRELATION` (what deep learning
@@ -109,6 +111,9 @@ pub(super) const HEUR_MODE_FALLBACK: u32 = 2;
 pub(super) const NOTE_TENSOR_CORE: u32 = 0;
 pub(super) const NOTE_DOWN_CONVERT_INPUTS: u32 = 1;
 pub(super) const NOTE_NONDETERMINISTIC: u32 = 4;
+/// `cudnnBackendBehaviorNote_t`'s `CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION`:
+/// the engine's kernel is compiled (NVRTC) when its plan is finalized.
+pub(super) const NOTE_RUNTIME_COMPILATION: u32 = 0;
 /// How many numerical notes cuDNN 9 defines (`CUDNN_NUMERICAL_NOTE_TYPE_COUNT`
 /// is 10): room for every note an engine can carry, and some.
 const MAX_NOTES: usize = 16;
@@ -237,6 +242,13 @@ impl Descriptor {
     pub(super) fn numerical_notes(&self) -> Result<Vec<u32>, Failure> {
         let mut notes = [0u32; MAX_NOTES];
         let count = self.get(ENGINE_NUMERICAL_NOTE, TYPE_NUMERICAL_NOTE, MAX_NOTES, notes.as_mut_ptr().cast())?;
+        Ok(notes[..count.min(MAX_NOTES)].to_vec())
+    }
+
+    /// The behavior notes of an engine (`cudnnBackendBehaviorNote_t`s).
+    pub(super) fn behavior_notes(&self) -> Result<Vec<u32>, Failure> {
+        let mut notes = [0u32; MAX_NOTES];
+        let count = self.get(ENGINE_BEHAVIOR_NOTE, TYPE_BEHAVIOR_NOTE, MAX_NOTES, notes.as_mut_ptr().cast())?;
         Ok(notes[..count.min(MAX_NOTES)].to_vec())
     }
 }

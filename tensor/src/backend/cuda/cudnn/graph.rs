@@ -11,7 +11,8 @@
 //! Engines are filtered as PyTorch filters them: none that converts its
 //! inputs down, none on tensor cores for f32 (that would be TF32; brasa's
 //! f32 matches the host's), none marked non-deterministic in deterministic
-//! mode.
+//! mode. Engines whose kernels are compiled when their plan is finalized
+//! (NVRTC, seconds each) are tried after the precompiled ones.
 //!
 //! This path runs when [`crate::cudnn::graph_api`] is on
 //! (`BRASA_CUDNN_API=graph`); a configuration it cannot plan falls back to
@@ -232,9 +233,17 @@ fn engine_configs(
     Ok((heuristics, configs))
 }
 
-/// Whether an engine configuration keeps to brasa's numerics (see the
-/// module doc).
-fn allowed(api: &'static Api, fns: &'static GraphFns, config: &Descriptor, key: &Key) -> Result<bool, Failure> {
+/// What the choice needs to know of an engine configuration.
+enum Engine {
+    /// Its numerics are not brasa's (see the module doc).
+    Refused,
+    /// Allowed; whether its kernel is compiled when its plan is finalized
+    /// (seconds, once per process).
+    Allowed { runtime_compiled: bool },
+}
+
+/// Reads an engine configuration's notes.
+fn engine(api: &'static Api, fns: &'static GraphFns, config: &Descriptor, key: &Key) -> Result<Engine, Failure> {
     let engine = Descriptor::new(api, fns, kind::ENGINE)?;
     config.get_descriptors(bd::ENGINECFG_ENGINE, std::slice::from_ref(&engine))?;
     let notes = engine.numerical_notes()?;
@@ -242,7 +251,12 @@ fn allowed(api: &'static Api, fns: &'static GraphFns, config: &Descriptor, key: 
     let down_converts = has(bd::NOTE_DOWN_CONVERT_INPUTS);
     let tf32 = key.dtype == DType::F32 && has(bd::NOTE_TENSOR_CORE);
     let nondeterministic = key.deterministic && has(bd::NOTE_NONDETERMINISTIC);
-    Ok(!(down_converts || tf32 || nondeterministic))
+    if down_converts || tf32 || nondeterministic {
+        return Ok(Engine::Refused);
+    }
+    // An engine that cannot say is taken as precompiled.
+    let runtime_compiled = engine.behavior_notes().is_ok_and(|b| b.contains(&bd::NOTE_RUNTIME_COMPILATION));
+    Ok(Engine::Allowed { runtime_compiled })
 }
 
 /// An execution plan of `config` with its workspace size, or why cuDNN
@@ -298,16 +312,21 @@ fn choose(problem: &GraphProblem<'_>, fns: &'static GraphFns, key: &GraphKey) ->
         }
     }
     let mut timed: Vec<(f64, Descriptor, usize)> = Vec::new();
-    for config in &configs {
-        match allowed(api, fns, config, problem.key) {
-            Ok(true) => {}
-            Ok(false) => continue,
+    // The allowed configurations in the heuristics' order, those whose
+    // kernels are compiled at run time after the others: each costs
+    // seconds to finalize, which benchmark mode would pay for every
+    // candidate of every shape.
+    let mut allowed = Vec::new();
+    for (index, config) in configs.iter().enumerate() {
+        match engine(api, fns, config, problem.key) {
+            Ok(Engine::Allowed { runtime_compiled }) => allowed.push((runtime_compiled, index)),
+            Ok(Engine::Refused) => {}
             Err(Failure::Tensor(e)) => return Err(Failure::Tensor(e)),
-            Err(other) => {
-                skipped.push(format!("an engine's notes: {}", why(other)));
-                continue;
-            }
+            Err(other) => skipped.push(format!("an engine's notes: {}", why(other))),
         }
+    }
+    allowed.sort_by_key(|&(runtime_compiled, index)| (runtime_compiled, index));
+    for config in allowed.into_iter().map(|(_, index)| &configs[index]) {
         let (plan, bytes) = match plan_of(api, fns, problem.handle, config)? {
             Ok(made) => made,
             Err(why) => {
