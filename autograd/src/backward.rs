@@ -25,40 +25,36 @@ pub(crate) struct RunOptions<'a> {
     pub(crate) capture: &'a [Arc<Node>],
 }
 
-/// `g` as a gradient the caller may keep and update in place: contiguous
-/// and not sharing storage with anything else.
+/// Whether `g` is referenced nowhere else and spans its whole storage.
+fn is_exclusive(g: &Tensor) -> bool {
+    Arc::strong_count(g.storage()) == 1 && g.storage().len() == g.numel()
+}
+
+/// `g` as a gradient the caller may keep and update in place: dense (in
+/// its own order: a channels-last gradient stays so) and not sharing
+/// storage with anything else.
 fn owned(g: Tensor) -> Result<Tensor> {
-    let exclusive = Arc::strong_count(g.storage()) == 1 && g.storage().len() == g.numel();
-    if g.is_contiguous() && exclusive {
-        Ok(g)
-    } else {
-        Ok(g.affine(1.0, 0.0)?)
+    if is_exclusive(&g) && g.dense_dim_order().is_some() {
+        return Ok(g);
     }
+    Ok(g.copy_in_layout_of(&g)?)
 }
 
 /// `g` as the new `.grad` of `tensor`: owned as by [`owned`], and laid out
-/// as `tensor` is when that is dense in another order than row-major (a
-/// channels-last weight gets a channels-last gradient: PyTorch's layout
-/// contract for accumulated gradients), so that a parameter, its gradient
+/// as `tensor` is: row-major, or in `tensor`'s order when that is dense in
+/// another one (a channels-last weight gets a channels-last gradient:
+/// PyTorch's layout contract for accumulated gradients), so that a parameter, its gradient
 /// and optimizer state made with `zeros_like_preserve_format` walk memory
 /// in step and the fused optimizers take them without copies.
 fn owned_in_layout_of(g: Tensor, tensor: &Tensor) -> Result<Tensor> {
-    let order = match tensor.dense_dim_order() {
-        Some(order) if !tensor.is_contiguous() => order,
-        _ => return owned(g),
+    let laid_out = match tensor.dense_dim_order() {
+        Some(order) if !tensor.is_contiguous() => g.permute(&order)?.is_contiguous(),
+        _ => g.is_contiguous(),
     };
-    let permuted = g.permute(&order)?;
-    let exclusive = Arc::strong_count(g.storage()) == 1 && g.storage().len() == g.numel();
-    if permuted.is_contiguous() && exclusive {
+    if laid_out && is_exclusive(&g) {
         return Ok(g);
     }
-    let mut inverse = vec![0; order.len()];
-    for (position, &dim) in order.iter().enumerate() {
-        inverse[dim] = position;
-    }
-    // A row-major copy of the permuted view is `tensor`'s layout once
-    // permuted back.
-    Ok(permuted.affine(1.0, 0.0)?.permute(&inverse)?)
+    Ok(g.copy_in_layout_of(tensor)?)
 }
 
 /// Adds `g` into `slot`: in place when a gradient is there (no allocation),
@@ -432,6 +428,29 @@ mod tests {
         m.mul_scalar(2.0)?.sum_all()?.backward()?;
         let g = m.grad().ok_or_else(|| AutogradError::invalid("test", "no gradient"))?;
         assert_eq!((g.strides(), vec(&g)), (m.tensor().strides(), vec![2.0; 12]));
+        Ok(())
+    }
+
+    #[test]
+    fn a_gradient_already_laid_out_and_unshared_is_kept_not_copied() -> Result<()> {
+        let weight = Tensor::zeros([4, 3, 2, 2], DType::F32)?.to_channels_last()?;
+        for like in [weight.clone(), weight.contiguous()?] {
+            let g = Tensor::ones([4, 3, 2, 2], DType::F32)?.copy_in_layout_of(&like)?;
+            let probe = g.permute(&[0, 1, 2, 3])?; // shares g's storage
+            let mut slot = None;
+            accumulate_into(&mut slot, g, &like)?;
+            let kept = slot.ok_or_else(|| AutogradError::invalid("test", "no gradient"))?;
+            assert!(!kept.shares_storage_with(&probe), "a gradient shared with a probe is copied...");
+            drop(probe);
+            // ...and one nobody else holds is kept as it is.
+            let g = Tensor::ones([4, 3, 2, 2], DType::F32)?.copy_in_layout_of(&like)?;
+            let storage = std::sync::Arc::as_ptr(g.storage());
+            let mut slot = None;
+            accumulate_into(&mut slot, g, &like)?;
+            let kept = slot.ok_or_else(|| AutogradError::invalid("test", "no gradient"))?;
+            assert_eq!(std::sync::Arc::as_ptr(kept.storage()), storage, "strides {:?}", like.strides());
+            assert_eq!(kept.strides(), like.strides());
+        }
         Ok(())
     }
 

@@ -28,7 +28,10 @@ impl Var {
             move |c| {
                 let g = c.grad.contiguous()?;
                 let index = spread(&c.saved[0], d, g.dims())?;
-                Ok(vec![Some(g.new_zeros(shape.clone())?.scatter_add(d, &index, &g)?)])
+                // Into fresh zeros in place (`scatter_add` would copy them first).
+                let grad = g.new_zeros(shape.clone())?;
+                grad.scatter_add_(d, &index, &g)?;
+                Ok(vec![Some(grad)])
             },
         ))
     }
@@ -46,7 +49,9 @@ impl Var {
             || vec![index],
             move |c| {
                 let g = c.grad.contiguous()?;
-                Ok(vec![Some(g.new_zeros(shape.clone())?.scatter_add(d, &c.saved[0], &g)?)])
+                let grad = g.new_zeros(shape.clone())?;
+                grad.scatter_add_(d, &c.saved[0], &g)?;
+                Ok(vec![Some(grad)])
             },
         ))
     }
@@ -97,7 +102,8 @@ impl Var {
                 let g = c.grad.reshape(&[-1, width as isize])?.contiguous()?;
                 let flat = c.saved[0].reshape(&[-1])?;
                 let index = spread(&flat, 0, g.dims())?;
-                let grad = g.new_zeros(shape.clone())?.scatter_add(0, &index, &g)?;
+                let grad = g.new_zeros(shape.clone())?;
+                grad.scatter_add_(0, &index, &g)?;
                 if let Some(p) = padding_idx {
                     // A fresh tensor: zeroing its row in place touches nothing else.
                     grad.narrow(0, p, 1)?.zero_()?;

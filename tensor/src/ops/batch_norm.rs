@@ -32,6 +32,7 @@ use crate::backend::{ops_for, BatchNormBackwardElemt};
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::ops::common::{expect_float, same_device};
+use crate::ops::memory_format::{TO_NCHW, TO_NHWC};
 use crate::tensor::Tensor;
 
 /// The dtype a normalisation of `dtype` computes in.
@@ -85,7 +86,7 @@ impl Seen {
         match self {
             Seen::Ncs => x.reshape(&[n as isize, c as isize, s as isize])?.to_dtype(dtype)?.contiguous(),
             Seen::Nhwc => {
-                x.to_dtype(dtype)?.permute(&[0, 2, 3, 1])?.reshape(&[(n * s) as isize, c as isize, 1])?.contiguous()
+                x.to_dtype(dtype)?.permute(&TO_NHWC)?.reshape(&[(n * s) as isize, c as isize, 1])?.contiguous()
             }
         }
     }
@@ -96,7 +97,7 @@ impl Seen {
         let dims = like.dims();
         match self {
             Seen::Ncs => y.reshape(&dims.iter().map(|&d| d as isize).collect::<Vec<_>>()),
-            Seen::Nhwc => y.reshape(&[dims[0], dims[2], dims[3], dims[1]].map(|d| d as isize))?.permute(&[0, 3, 1, 2]),
+            Seen::Nhwc => y.reshape(&[dims[0], dims[2], dims[3], dims[1]].map(|d| d as isize))?.permute(&TO_NCHW),
         }
     }
 }

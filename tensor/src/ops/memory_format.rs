@@ -91,13 +91,38 @@ impl Tensor {
         match self.dense_dim_order() {
             Some(order) if !self.is_contiguous() => {
                 let dims: Vec<usize> = order.iter().map(|&d| self.dims()[d]).collect();
-                let mut inverse = vec![0; order.len()];
-                for (position, &dim) in order.iter().enumerate() {
-                    inverse[dim] = position;
-                }
-                Tensor::zeros_on(dims, self.dtype(), self.device())?.permute(&inverse)
+                Tensor::zeros_on(dims, self.dtype(), self.device())?.permute(&inverse(&order))
             }
             _ => self.zeros_like(),
+        }
+    }
+
+    /// A copy of this tensor (new storage, owned by nobody else) laid out
+    /// in `like`'s [`dense_dim_order`](Tensor::dense_dim_order), or
+    /// row-major when `like` has none; `like` has this tensor's shape. What
+    /// autograd makes of a gradient for a channels-last weight.
+    ///
+    /// ```
+    /// # use brasa_tensor::{DType, Tensor};
+    /// let w = Tensor::zeros([8, 3, 3, 3], DType::F32)?.to_channels_last()?;
+    /// let g = Tensor::ones([8, 3, 3, 3], DType::F32)?;
+    /// let laid_out = g.copy_in_layout_of(&w)?;
+    /// assert_eq!(laid_out.strides(), w.strides());
+    /// assert_eq!(laid_out.to_vec::<f32>()?, g.to_vec::<f32>()?);
+    /// # Ok::<(), brasa_tensor::TensorError>(())
+    /// ```
+    pub fn copy_in_layout_of(&self, like: &Tensor) -> Result<Tensor> {
+        // `copy_to` always makes new, row-major storage (element-wise ops
+        // would keep a channels-last operand's layout).
+        let row_major_copy = |t: &Tensor| t.copy_to(t.device(), t.dtype());
+        let order = like.dense_dim_order().filter(|_| !like.is_contiguous());
+        match order {
+            // A row-major copy of the permuted view is `like`'s layout once
+            // permuted back.
+            Some(order) if self.dims() == like.dims() => {
+                row_major_copy(&self.permute(&order)?)?.permute(&inverse(&order))
+            }
+            _ => row_major_copy(self),
         }
     }
 
@@ -135,8 +160,17 @@ impl Tensor {
 }
 
 /// NHWC as a permutation of NCHW's dims, and back.
-const TO_NHWC: [usize; 4] = [0, 2, 3, 1];
-const TO_NCHW: [usize; 4] = [0, 3, 1, 2];
+pub(crate) const TO_NHWC: [usize; 4] = [0, 2, 3, 1];
+pub(crate) const TO_NCHW: [usize; 4] = [0, 3, 1, 2];
+
+/// The permutation that undoes `order` (`t.permute(order).permute(inverse)` is `t`).
+fn inverse(order: &[usize]) -> Vec<usize> {
+    let mut inverse = vec![0; order.len()];
+    for (position, &dim) in order.iter().enumerate() {
+        inverse[dim] = position;
+    }
+    inverse
+}
 
 /// Runs an element-wise `op` over `inputs` (all of one shape) so that its
 /// result is channels-last when the first input is, as PyTorch's
@@ -238,6 +272,21 @@ mod tests {
         // Not dense: contiguous zeros.
         let gappy = image().narrow(3, 1, 3).unwrap();
         assert!(gappy.zeros_like_preserve_format().unwrap().is_contiguous());
+    }
+
+    #[test]
+    fn copies_in_another_layout_are_fresh_storage() {
+        let cl = image().to_channels_last().unwrap();
+        for g in [image(), cl.clone()] {
+            let copy = g.copy_in_layout_of(&cl).unwrap();
+            assert_eq!(copy.strides(), cl.strides());
+            assert!(!copy.shares_storage_with(&g), "a copy even when already laid out so");
+            assert_eq!(copy.to_vec::<f32>().unwrap(), g.to_vec::<f32>().unwrap());
+        }
+        // A row-major `like`: a row-major copy.
+        let copy = cl.copy_in_layout_of(&image()).unwrap();
+        assert!(copy.is_contiguous() && !copy.shares_storage_with(&cl));
+        assert_eq!(copy.to_vec::<f32>().unwrap(), image().to_vec::<f32>().unwrap());
     }
 
     #[test]

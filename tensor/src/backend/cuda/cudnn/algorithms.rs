@@ -315,10 +315,6 @@ impl Problem<'_> {
         Ok(bytes)
     }
 
-    fn workspace(&self, bytes: usize) -> Result<Option<Workspace>, Failure> {
-        workspace(self.backend, bytes)
-    }
-
     /// Queues `algo` with `workspace` (alpha 1, beta 0: the output is
     /// overwritten).
     fn execute(&self, algo: u32, workspace: &Workspace) -> Result<(), Failure> {
@@ -428,7 +424,7 @@ impl Problem<'_> {
         sizes.sort_unstable_by(|a, b| b.cmp(a));
         sizes.dedup();
         for bytes in sizes {
-            if let Some(workspace) = self.workspace(bytes)? {
+            if let Some(workspace) = workspace(self.backend, bytes)? {
                 return Ok(workspace);
             }
         }
@@ -469,7 +465,7 @@ impl Problem<'_> {
     pub(super) fn run(&self, key: Key) -> Result<(), Failure> {
         if let Some(choice) = cached(&key) {
             self.conv.set_math(self.math_for(&choice.perf))?;
-            if let Some(workspace) = self.workspace(choice.workspace)? {
+            if let Some(workspace) = workspace(self.backend, choice.workspace)? {
                 return self.execute(choice.perf.algo, &workspace);
             }
             // Its workspace does not fit now: search again for this call,
@@ -494,7 +490,7 @@ impl Problem<'_> {
                 }
                 Err(e) => return Err(e),
             };
-            let Some(workspace) = self.workspace(bytes)? else {
+            let Some(workspace) = workspace(self.backend, bytes)? else {
                 skipped.push(format!("algorithm {}: {bytes} bytes of workspace do not fit", perf.algo));
                 continue;
             };
