@@ -1,7 +1,8 @@
 //! Memory plans for a CUDA target equal the runs on `cuda:0` they predict,
 //! to the byte (feature `cuda`, a GPU present; issue 26): whole training
 //! steps of an MLP, a CNN (convolutions on the im2col path: cuDNN is
-//! switched off, whose workspaces plans do not model), a transformer
+//! switched off, whose workspaces plans do not model), a channels-last CNN
+//! with batch norm (on the im2col path too), a transformer
 //! encoder, the MLP under bf16 autocast, four accumulated micro-batches
 //! under a GradScaler, a checkpointed MLP, and a small GPT under bf16
 //! autocast (fused attention), each planned on a meta device imitating
@@ -21,7 +22,7 @@ use brasa::prelude::*;
 use brasa::tensor::{cuda_device_count, cudnn, synchronize};
 use std::sync::{Mutex, MutexGuard};
 use support::plan_cases::{
-    accumulated_scaled_mlp, bf16_mlp, checkpointed_mlp, cnn, encoder, gpt, mlp, plan_equals_run_on, Setup,
+    accumulated_scaled_mlp, bf16_mlp, bn_cnn, checkpointed_mlp, cnn, encoder, gpt, mlp, plan_equals_run_on, Setup,
 };
 
 /// The device's allocator, cuDNN's switch, autocast and the generator are
@@ -73,6 +74,21 @@ fn cnn_plans_equal_cuda_runs_on_the_im2col_path() {
     drop(guard);
     // The switch is put back even when a case fails.
     let outcome = std::panic::catch_unwind(|| exact_for_every_size("CNN without cuDNN", cnn));
+    cudnn::set_enabled(enabled);
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+#[test]
+fn channels_last_batch_norm_cnn_plans_equal_cuda_runs() {
+    // Batch norm's temporaries of partial results (`batch_norm_row_pieces`);
+    // the convolution on the im2col path, as above.
+    let Some(guard) = gpu() else { return };
+    let enabled = cudnn::enabled();
+    cudnn::set_enabled(false);
+    drop(guard);
+    let outcome = std::panic::catch_unwind(|| exact_for_every_size("channels-last CNN with batch norm", bn_cnn));
     cudnn::set_enabled(enabled);
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);

@@ -19,7 +19,7 @@ use brasa::tensor::MemoryTarget;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use support::plan_cases::{
-    accumulated_scaled_mlp, bf16_mlp, checkpointed_mlp, cnn, encoder, gpt, mlp, plan_equals_run_on, Setup,
+    accumulated_scaled_mlp, bf16_mlp, bn_cnn, checkpointed_mlp, cnn, encoder, gpt, mlp, plan_equals_run_on, Setup,
 };
 
 const HOST_DEVICES: usize = 128;
@@ -66,6 +66,11 @@ fn mlp_plans_are_exact() {
 #[test]
 fn cnn_plans_are_exact() {
     exact_for_every_size("CNN", cnn);
+}
+
+#[test]
+fn channels_last_batch_norm_cnn_plans_are_exact() {
+    exact_for_every_size("channels-last CNN with batch norm", bn_cnn);
 }
 
 #[test]

@@ -181,6 +181,19 @@ __device__ __forceinline__ void batch_norm_stats(long long n, long long c, long 
     }
 }
 
+// The channel of element k of a contiguous [n, c, s] of `total` elements.
+// 64-bit division is many instructions on the GPU, and the element-wise
+// passes are otherwise a load, a few flops and a store: index spaces below
+// 2^32 elements take 32-bit quotients.
+__device__ __forceinline__ long long channel_of(long long k, long long c, long long s, long long total) {
+    if (total <= 0xffffffffLL) {
+        const unsigned int i = (unsigned int)k;
+        const unsigned int row = s == 1 ? i : i / (unsigned int)s;
+        return (long long)(row % (unsigned int)c);
+    }
+    return (k / s) % c;
+}
+
 template <typename T>
 __device__ __forceinline__ void batch_norm_elemt(long long n, long long c, long long s, const T* x,
                                                  const typename Elem<T>::C* mean, const typename Elem<T>::C* scale,
@@ -188,7 +201,7 @@ __device__ __forceinline__ void batch_norm_elemt(long long n, long long c, long 
     typedef typename Elem<T>::C C;
     const long long total = n * c * s;
     for (long long k = grid_start(); k < total; k += grid_step()) {
-        const long long ch = (k / s) % c;
+        const long long ch = channel_of(k, c, s, total);
         const C y = add_rn(mul_rn(sub_rn(Elem<T>::load(x[k]), mean[ch]), scale[ch]), shift[ch]);
         out[k] = Elem<T>::store(y);
     }
@@ -228,12 +241,211 @@ __device__ __forceinline__ void batch_norm_bwd_elemt(long long n, long long c, l
     typedef typename Elem<T>::C C;
     const long long total = n * c * s;
     for (long long k = grid_start(); k < total; k += grid_step()) {
-        const long long ch = (k / s) % c;
+        const long long ch = channel_of(k, c, s, total);
         const C centred = mul_rn(sub_rn(Elem<T>::load(x[k]), mean[ch]), k_coef[ch]);
         const C g = sub_rn(sub_rn(Elem<T>::load(dy[k]), mean_dy[ch]), centred);
         dx[k] = Elem<T>::store(mul_rn(scale[ch], g));
     }
 }
+
+// ----- batch normalisation's reductions of [rows, c] (channels last) --------------
+// A channels-last [N, C, H, W] is seen as [N·H·W, C, 1] (and a 2-d [N, C]
+// as [N, C, 1]): a block per channel would read every element c apart.
+// These kernels read across the channels instead: a block covers 32
+// neighbouring channels (threadIdx.x % 32, so a warp reads 32 neighbouring
+// elements of a row) and 8 row lanes (threadIdx.x / 32) of one piece of
+// `rows_per_piece` rows (blocks loop over tiles in x and pieces in y). Each
+// block writes its piece's partial result per channel into `partial`
+// ([2, pieces, c] of C), and a second kernel folds the pieces in order: no
+// atomics, so the result is the same on every run.
+//
+// batch_norm_stats_rows_<T>:        per piece and channel, the mean and the
+//                                   sum of squared deviations (Welford per
+//                                   lane, Chan's merge across the lanes).
+// batch_norm_stats_merge_<C>:       Chan's merge of the pieces: mean and
+//                                   biased variance into [c].
+// batch_norm_bwd_reduce_rows_<T>:   per piece and channel Σ dy and
+//                                   Σ dy·(x − mean).
+// batch_norm_bwd_reduce_merge_<C>:  the pieces' sums into [c] and [c].
+//
+// Host twin of the fold: brasa-tensor's backend/args/norm.rs (tests).
+
+#define BN_LANES 8
+
+// A count, a mean and a sum of squared deviations from it.
+template <typename C>
+struct Moments {
+    long long count;
+    C mean;
+    C m2;
+};
+
+// Chan et al.'s pairwise update: the moments of two disjoint parts' union.
+template <typename C>
+__device__ __forceinline__ Moments<C> merge_moments(Moments<C> a, Moments<C> b) {
+    if (b.count == 0) return a;
+    if (a.count == 0) return b;
+    Moments<C> r;
+    r.count = a.count + b.count;
+    const C delta = sub_rn(b.mean, a.mean);
+    const C share_b = div_rn((C)b.count, (C)r.count);
+    r.mean = add_rn(a.mean, mul_rn(delta, share_b));
+    r.m2 = add_rn(add_rn(a.m2, b.m2), mul_rn(mul_rn(delta, delta), mul_rn((C)a.count, share_b)));
+    return r;
+}
+
+// Rows [start, end) of piece `p`.
+__device__ __forceinline__ void piece_rows(long long p, long long rows, long long rows_per_piece, long long* start,
+                                           long long* end) {
+    *start = p * rows_per_piece;
+    *end = *start + rows_per_piece < rows ? *start + rows_per_piece : rows;
+}
+
+template <typename T>
+__device__ __forceinline__ void batch_norm_stats_rows(long long rows, long long c, long long rows_per_piece,
+                                                      long long pieces, const T* x, typename Elem<T>::C* partial) {
+    typedef typename Elem<T>::C C;
+    __shared__ Moments<C> lanes[BN_LANES][32];
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    for (long long tile = blockIdx.x; tile * 32 < c; tile += gridDim.x) {
+        const long long ch = tile * 32 + tx;
+        for (long long p = blockIdx.y; p < pieces; p += gridDim.y) {
+            long long start, end;
+            piece_rows(p, rows, rows_per_piece, &start, &end);
+            Moments<C> m = {0, (C)0, (C)0};
+            if (ch < c) {
+#pragma unroll 4
+                for (long long r = start + ty; r < end; r += BN_LANES) {
+                    const C v = Elem<T>::load(x[r * c + ch]);
+                    m.count += 1;
+                    const C delta = sub_rn(v, m.mean);
+                    m.mean = add_rn(m.mean, div_rn(delta, (C)m.count));
+                    m.m2 = add_rn(m.m2, mul_rn(delta, sub_rn(v, m.mean)));
+                }
+            }
+            lanes[ty][tx] = m;
+            __syncthreads();
+            if (ty == 0 && ch < c) {
+                for (int i = 1; i < BN_LANES; ++i) m = merge_moments(m, lanes[i][tx]);
+                partial[p * c + ch] = m.mean;
+                partial[(pieces + p) * c + ch] = m.m2;
+            }
+            __syncthreads();
+        }
+    }
+}
+
+template <typename C>
+__device__ __forceinline__ void batch_norm_stats_merge(long long rows, long long c, long long rows_per_piece,
+                                                       long long pieces, const C* partial, C* mean_out, C* var_out) {
+    __shared__ Moments<C> lanes[BN_LANES][32];
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    for (long long tile = blockIdx.x; tile * 32 < c; tile += gridDim.x) {
+        const long long ch = tile * 32 + tx;
+        Moments<C> m = {0, (C)0, (C)0};
+        if (ch < c) {
+            for (long long p = ty; p < pieces; p += BN_LANES) {
+                long long start, end;
+                piece_rows(p, rows, rows_per_piece, &start, &end);
+                const Moments<C> piece = {end - start, partial[p * c + ch], partial[(pieces + p) * c + ch]};
+                m = merge_moments(m, piece);
+            }
+        }
+        lanes[ty][tx] = m;
+        __syncthreads();
+        if (ty == 0 && ch < c) {
+            for (int i = 1; i < BN_LANES; ++i) m = merge_moments(m, lanes[i][tx]);
+            mean_out[ch] = m.mean;
+            var_out[ch] = m.count > 0 ? div_rn(m.m2, (C)m.count) : (C)0;
+        }
+        __syncthreads();
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void batch_norm_bwd_reduce_rows(long long rows, long long c, long long rows_per_piece,
+                                                           long long pieces, const T* dy, const T* x,
+                                                           const typename Elem<T>::C* mean,
+                                                           typename Elem<T>::C* partial) {
+    typedef typename Elem<T>::C C;
+    __shared__ C lane_dy[BN_LANES][32];
+    __shared__ C lane_dy_xmu[BN_LANES][32];
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    for (long long tile = blockIdx.x; tile * 32 < c; tile += gridDim.x) {
+        const long long ch = tile * 32 + tx;
+        const C mu = ch < c ? mean[ch] : (C)0;
+        for (long long p = blockIdx.y; p < pieces; p += gridDim.y) {
+            long long start, end;
+            piece_rows(p, rows, rows_per_piece, &start, &end);
+            C sg = (C)0, sgx = (C)0;
+            if (ch < c) {
+#pragma unroll 4
+                for (long long r = start + ty; r < end; r += BN_LANES) {
+                    const long long at = r * c + ch;
+                    const C g = Elem<T>::load(dy[at]);
+                    sg = add_rn(sg, g);
+                    sgx = add_rn(sgx, mul_rn(g, sub_rn(Elem<T>::load(x[at]), mu)));
+                }
+            }
+            lane_dy[ty][tx] = sg;
+            lane_dy_xmu[ty][tx] = sgx;
+            __syncthreads();
+            if (ty == 0 && ch < c) {
+                for (int i = 1; i < BN_LANES; ++i) {
+                    sg = add_rn(sg, lane_dy[i][tx]);
+                    sgx = add_rn(sgx, lane_dy_xmu[i][tx]);
+                }
+                partial[p * c + ch] = sg;
+                partial[(pieces + p) * c + ch] = sgx;
+            }
+            __syncthreads();
+        }
+    }
+}
+
+template <typename C>
+__device__ __forceinline__ void batch_norm_bwd_reduce_merge(long long c, long long pieces, const C* partial,
+                                                            C* sum_dy, C* sum_dy_xmu) {
+    __shared__ C lane_dy[BN_LANES][32];
+    __shared__ C lane_dy_xmu[BN_LANES][32];
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    for (long long tile = blockIdx.x; tile * 32 < c; tile += gridDim.x) {
+        const long long ch = tile * 32 + tx;
+        C sg = (C)0, sgx = (C)0;
+        if (ch < c) {
+            for (long long p = ty; p < pieces; p += BN_LANES) {
+                sg = add_rn(sg, partial[p * c + ch]);
+                sgx = add_rn(sgx, partial[(pieces + p) * c + ch]);
+            }
+        }
+        lane_dy[ty][tx] = sg;
+        lane_dy_xmu[ty][tx] = sgx;
+        __syncthreads();
+        if (ty == 0 && ch < c) {
+            for (int i = 1; i < BN_LANES; ++i) {
+                sg = add_rn(sg, lane_dy[i][tx]);
+                sgx = add_rn(sgx, lane_dy_xmu[i][tx]);
+            }
+            sum_dy[ch] = sg;
+            sum_dy_xmu[ch] = sgx;
+        }
+        __syncthreads();
+    }
+}
+
+#define INST_BATCH_NORM_MERGE(sfx, C)                                                                        \
+    extern "C" __global__ void __launch_bounds__(BRASA_BLOCK)                                               \
+        batch_norm_stats_merge_##sfx(long long rows, long long c, long long rows_per_piece, long long pieces, \
+                                     const C* partial, C* mean, C* var) {                                   \
+        batch_norm_stats_merge<C>(rows, c, rows_per_piece, pieces, partial, mean, var);                     \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(BRASA_BLOCK)                                               \
+        batch_norm_bwd_reduce_merge_##sfx(long long rows, long long c, long long rows_per_piece,            \
+                                          long long pieces, const C* partial, C* sum_dy, C* sum_dy_xmu) {   \
+        batch_norm_bwd_reduce_merge<C>(c, pieces, partial, sum_dy, sum_dy_xmu);                             \
+    }
+INST_BATCH_NORM_MERGE(f32, float)
+INST_BATCH_NORM_MERGE(f64, double)
 
 #define INST_BATCH_NORM(sfx, T)                                                                              \
     extern "C" __global__ void __launch_bounds__(BRASA_BLOCK)                                               \
@@ -256,6 +468,17 @@ __device__ __forceinline__ void batch_norm_bwd_elemt(long long n, long long c, l
                                    const Elem<T>::C* mean, const Elem<T>::C* scale,                         \
                                    const Elem<T>::C* mean_dy, const Elem<T>::C* k, T* dx) {                 \
         batch_norm_bwd_elemt<T>(n, c, s, dy, x, mean, scale, mean_dy, k, dx);                               \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(BRASA_BLOCK)                                               \
+        batch_norm_stats_rows_##sfx(long long rows, long long c, long long rows_per_piece, long long pieces,  \
+                                    const T* x, Elem<T>::C* partial) {                                      \
+        batch_norm_stats_rows<T>(rows, c, rows_per_piece, pieces, x, partial);                              \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(BRASA_BLOCK)                                               \
+        batch_norm_bwd_reduce_rows_##sfx(long long rows, long long c, long long rows_per_piece,             \
+                                         long long pieces, const T* dy, const T* x, const Elem<T>::C* mean, \
+                                         Elem<T>::C* partial) {                                             \
+        batch_norm_bwd_reduce_rows<T>(rows, c, rows_per_piece, pieces, dy, x, mean, partial);               \
     }
 INST_BATCH_NORM(f32, float)
 INST_BATCH_NORM(f64, double)

@@ -291,6 +291,10 @@ mod tests {
         assert!(has("norm", "layer_norm_bwd_param_f64"));
         assert!(has("norm", "batch_norm_stats_bf16"));
         assert!(has("norm", "batch_norm_bwd_elemt_f16"));
+        assert!(has("norm", "batch_norm_stats_rows_bf16"));
+        assert!(has("norm", "batch_norm_stats_merge_f32"));
+        assert!(has("norm", "batch_norm_bwd_reduce_rows_f64"));
+        assert!(has("norm", "batch_norm_bwd_reduce_merge_f64"));
         assert!(has("elementwise", "binary_gelu_backward_bf16"));
         assert!(has("elementwise", "binary_gelu_tanh_backward_f32"));
         for dtype in ["f16", "bf16"] {

@@ -130,6 +130,37 @@ fn layer_norm_allocates_outputs_statistics_and_zeroed_parameter_gradients() {
 }
 
 #[test]
+fn batch_norm_reductions_of_channels_last_rows_allocate_partial_results_after_their_outputs() {
+    let meta = cuda();
+    let d = meta.device();
+    // [128, 64, 32, 32] channels last: seen as [131072, 64, 1], folded in
+    // 256 pieces of 512 rows (`batch_norm_row_pieces`): the two [64]
+    // results, then [2, 256, 64] partial results, freed after the merge.
+    let (n, c, h, w) = (128, 64, 32, 32);
+    let x = Tensor::zeros_on([n, c, h, w], DType::BF16, d).unwrap().to_channels_last().unwrap();
+    let dy = Tensor::zeros_on([n, c, h, w], DType::BF16, d).unwrap().to_channels_last().unwrap();
+    let partial = 2 * 256 * c * F32;
+    let pieces = [Alloc(c * F32), Alloc(c * F32), Alloc(partial), Free(partial)];
+    assert_eq!(events(d, || x.batch_norm_stats()), pieces);
+    let mean = Tensor::zeros_on([c], DType::F32, d).unwrap();
+    assert_eq!(events(d, || dy.batch_norm_backward_reduce(&x, &mean)), pieces);
+    // A 2-d [N, C] (BatchNorm1d) is [N, C, 1] too: two pieces of 50 rows.
+    let x2 = Tensor::zeros_on([100, 48], DType::F32, d).unwrap();
+    let two_pieces = 2 * 2 * 48 * F32;
+    assert_eq!(
+        events(d, || x2.batch_norm_stats()),
+        [Alloc(48 * F32), Alloc(48 * F32), Alloc(two_pieces), Free(two_pieces)]
+    );
+    // Row-major [N, C, H, W]: a block per channel, no temporary.
+    let row_major = Tensor::zeros_on([n, c, h, w], DType::BF16, d).unwrap();
+    assert_eq!(events(d, || row_major.batch_norm_stats()), [Alloc(c * F32), Alloc(c * F32)]);
+    // The host reduces channels-last rows without a temporary.
+    let host = host();
+    let xh = Tensor::zeros_on([n, c, h, w], DType::BF16, host.device()).unwrap().to_channels_last().unwrap();
+    assert_eq!(events(host.device(), || xh.batch_norm_stats()), [Alloc(c * F32), Alloc(c * F32)]);
+}
+
+#[test]
 fn a_grouped_convolution_allocates_im2col_columns_per_group() {
     let meta = cuda();
     let d = meta.device();

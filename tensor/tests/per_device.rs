@@ -443,6 +443,55 @@ per_device!(batch_norm_passes, |device| {
     assert_close(&values(&dx_h), &values(&dx_f), 2e-2, "bf16 batch_norm input gradient");
 });
 
+per_device!(batch_norm_reductions_of_rows, |device| {
+    // Inputs seen as [rows, C, 1] (CUDA folds them across channels in
+    // pieces of rows, `batch_norm_row_pieces`): a 2-d [300, 40] (two tiles
+    // of 32 channels, the second partial; pieces of uneven length) and a
+    // channels-last [4, 40, 9, 11], in f32 and bf16, against f64 sums of
+    // the same (rounded) values. Offset by 50: the variance is a small
+    // difference of large numbers.
+    let c = 40usize;
+    let reference = |x: &[f64], g: &[f64], rows: usize, at: &dyn Fn(usize, usize) -> usize| {
+        let (mut mean, mut var, mut sd, mut sdx) = (vec![], vec![], vec![], vec![]);
+        for ch in 0..c {
+            let idx: Vec<usize> = (0..rows).map(|r| at(r, ch)).collect();
+            let mu = idx.iter().map(|&k| x[k]).sum::<f64>() / rows as f64;
+            var.push(idx.iter().map(|&k| (x[k] - mu).powi(2)).sum::<f64>() / rows as f64);
+            sd.push(idx.iter().map(|&k| g[k]).sum::<f64>());
+            sdx.push(idx.iter().map(|&k| g[k] * (x[k] - mu)).sum::<f64>());
+            mean.push(mu);
+        }
+        (mean, var, sd, sdx)
+    };
+    for dtype in [DType::F32, DType::BF16] {
+        let (mean_tol, var_tol) = if dtype == DType::F32 { (1e-6, 1e-4) } else { (1e-5, 1e-3) };
+        for shape in [vec![300usize, c], vec![4, c, 9, 11]] {
+            let len: usize = shape.iter().product();
+            let v: Vec<f32> = (0..len).map(|i| 50.0 + ((i * 37) % 101) as f32 / 10.0).collect();
+            let g: Vec<f32> = (0..len).map(|i| ((i * 13) % 17) as f32 / 8.0 - 1.0).collect();
+            let (mut x, mut gt) = (tensor(&v, &shape, device), tensor(&g, &shape, device));
+            if shape.len() == 4 {
+                x = x.to_channels_last().unwrap();
+                gt = gt.to_channels_last().unwrap();
+            }
+            let (x, gt) = (x.to_dtype(dtype).unwrap(), gt.to_dtype(dtype).unwrap());
+            // The rounded values, row-major, and where (row, channel) is.
+            let (xv, gv) = (values(&x.contiguous().unwrap()), values(&gt.contiguous().unwrap()));
+            let spatial: usize = shape[2..].iter().product();
+            let rows = len / c;
+            let at = |r: usize, ch: usize| ((r / spatial) * c + ch) * spatial + r % spatial;
+            let (want_mean, want_var, want_sd, want_sdx) = reference(&xv, &gv, rows, &at);
+            let what = format!("{dtype:?} {shape:?}");
+            let (mean, var) = x.batch_norm_stats().unwrap();
+            assert_close(&values(&mean), &want_mean, mean_tol, &format!("{what} mean"));
+            assert_close(&values(&var), &want_var, var_tol, &format!("{what} variance"));
+            let (sum_dy, sum_dy_xmu) = gt.batch_norm_backward_reduce(&x, &mean).unwrap();
+            assert_close(&values(&sum_dy), &want_sd, 1e-5, &format!("{what} Σdy"));
+            assert_close(&values(&sum_dy_xmu), &want_sdx, 1e-4, &format!("{what} Σdy(x - mean)"));
+        }
+    }
+});
+
 per_device!(channels_last_stays_channels_last_through_element_wise_ops, |device| {
     // [2, 3, 4, 5] with values whose sums and products are exact in f32.
     let v: Vec<f32> = (0..120).map(|i| (i as f32 - 60.0) / 4.0).collect();

@@ -8,7 +8,8 @@ use brasa::nn::functional::cross_entropy;
 use brasa::nn::models::{Gpt, GptConfig};
 use brasa::nn::optim::{Adam, AdamConfig, AdamW, GradAccumulator, Optimizer};
 use brasa::nn::{
-    Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module, ModuleExt, Relu, Sequential, TransformerEncoderLayer,
+    BatchNorm1d, BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Linear, MaxPool2d, Module, ModuleExt, Relu, Sequential,
+    TransformerEncoderLayer,
 };
 use brasa::prelude::*;
 use brasa::tensor::memory::{category_scope, MemoryCategory, MemoryPlan, PLANNED_STEPS};
@@ -76,6 +77,29 @@ pub fn cnn(device: Device, batch: usize) -> brasa::nn::Result<Step> {
         .push(Flatten::new())
         .push(Linear::new(32 * 7 * 7, 10, device)?);
     sequential(model, batch_on(device, batch, &[1, 28, 28], 10)?)
+}
+
+/// A channels-last CNN with batch norm after its convolution and its hidden
+/// linear layer: on CUDA both batch norms reduce `[rows, C, 1]` inputs in
+/// pieces through a temporary the plan must hold.
+pub fn bn_cnn(device: Device, batch: usize) -> brasa::nn::Result<Step> {
+    let mut model = Sequential::new()
+        .push(Conv2d::with_config(1, 8, 3, Conv2dConfig::default().padding(1), device)?)
+        .push(BatchNorm2d::new(8, device)?)
+        .push(Relu)
+        .push(MaxPool2d::new(2)?)
+        .push(Flatten::new())
+        .push(Linear::new(8 * 14 * 14, 32, device)?)
+        .push(BatchNorm1d::new(32, device)?)
+        .push(Relu)
+        .push(Linear::new(32, 10, device)?);
+    model.to_channels_last()?;
+    let (x, y) = batch_on(device, batch, &[1, 28, 28], 10)?;
+    let x = {
+        let _input = category_scope(MemoryCategory::Input);
+        x.to_channels_last()?
+    };
+    sequential(model, (x, y))
 }
 
 pub fn encoder(device: Device, batch: usize) -> brasa::nn::Result<Step> {

@@ -23,7 +23,9 @@ pub(crate) use indices::{read_checked_indices, Indices};
 pub(crate) use matmul::{blas_operand, merged_stride, MatmulOperands};
 #[cfg(feature = "cuda")]
 pub(crate) use matmul::{BlasMatrix, BlasOperand};
-pub(crate) use norm::{BatchNormBackwardElemt, LayerNormBackward};
+#[cfg(feature = "cuda")]
+pub(crate) use norm::RowPieces;
+pub(crate) use norm::{batch_norm_row_pieces, BatchNormBackwardElemt, LayerNormBackward};
 pub(crate) use optim::{AdamUpdate, SgdUpdate};
 pub(crate) use pool::PoolPlan;
 pub(crate) use reduce::{column_chunks, out_dims, reduce_layout, ReduceLayout, ReduceOp};

@@ -15,7 +15,7 @@
 //! so instead of guessing silently.
 
 use super::{meta_state, planned, reduced_dtype};
-use crate::backend::args::{blas_operand, column_chunks, reduce_layout, ReduceLayout};
+use crate::backend::args::{batch_norm_row_pieces, blas_operand, column_chunks, reduce_layout, ReduceLayout};
 use crate::backend::im2col::ColumnKernels;
 use crate::backend::{out_dims, ConvPlan, MatmulOperands, PoolPlan, ReduceOp};
 use crate::device::Device;
@@ -53,6 +53,17 @@ pub(super) fn reduce(op: ReduceOp, name: &'static str, x: &Tensor, mask: &[bool]
     }
     drop(source);
     Ok(out)
+}
+
+/// As `cuda::batch_norm`'s reductions after their two `[C]` outputs: the
+/// `[2, pieces, C]` partial results of an input seen as `[rows, C, 1]`,
+/// freed when the merge is queued.
+pub(super) fn batch_norm_partials(op: &'static str, x: &Tensor, dtype: DType) -> Result<()> {
+    let d = x.dims();
+    if let Some(plan) = batch_norm_row_pieces([d[0], d[1], d[2]]) {
+        drop(planned(op, x.device(), dtype, [plan.partial_len(d[1])])?);
+    }
+    Ok(())
 }
 
 /// As `cuda::matmul::matmul`: the output first, then a contiguous copy of

@@ -246,6 +246,20 @@ fn channel_dtype(dtype: DType) -> DType {
     }
 }
 
+impl MetaOps {
+    /// A batch-norm reduction's two `[C]` results; for a CUDA target then
+    /// the temporary of partial results the CUDA backend folds a
+    /// `[rows, C, 1]` input through, freed at once (`cuda.rs`).
+    fn batch_norm_reduction(&self, op: &'static str, x: &Tensor) -> Result<(Tensor, Tensor)> {
+        let (c, dtype) = (x.dims()[1], channel_dtype(x.dtype()));
+        let outputs = (planned(op, x.device(), dtype, [c])?, planned(op, x.device(), dtype, [c])?);
+        if self.kind == TargetKind::Cuda {
+            cuda::batch_norm_partials(op, x, dtype)?;
+        }
+        Ok(outputs)
+    }
+}
+
 impl DeviceOps for MetaOps {
     fn unary(&self, name: &'static str, _op: UnaryOp, x: &Tensor) -> Result<Tensor> {
         let _op = op_scope(name);
@@ -351,8 +365,7 @@ impl DeviceOps for MetaOps {
     fn batch_norm_stats(&self, x: &Tensor) -> Result<(Tensor, Tensor)> {
         const OP: &str = "batch_norm_stats";
         let _op = op_scope(OP);
-        let (c, dtype) = (x.dims()[1], channel_dtype(x.dtype()));
-        Ok((planned(OP, x.device(), dtype, [c])?, planned(OP, x.device(), dtype, [c])?))
+        self.batch_norm_reduction(OP, x)
     }
 
     fn batch_norm_elemt(&self, x: &Tensor, _mean: &Tensor, _scale: &Tensor, _shift: &Tensor) -> Result<Tensor> {
@@ -363,8 +376,7 @@ impl DeviceOps for MetaOps {
     fn batch_norm_backward_reduce(&self, _dy: &Tensor, x: &Tensor, _mean: &Tensor) -> Result<(Tensor, Tensor)> {
         const OP: &str = "batch_norm_backward_reduce";
         let _op = op_scope(OP);
-        let (c, dtype) = (x.dims()[1], channel_dtype(x.dtype()));
-        Ok((planned(OP, x.device(), dtype, [c])?, planned(OP, x.device(), dtype, [c])?))
+        self.batch_norm_reduction(OP, x)
     }
 
     fn batch_norm_backward_elemt(&self, args: BatchNormBackwardElemt<'_>) -> Result<Tensor> {
