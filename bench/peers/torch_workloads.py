@@ -64,10 +64,19 @@ class EncoderClassifier(nn.Module):
 
 
 # name: (build, batch, sample shape, classes, optimizer)
+def resnet():
+    """ResNet-18 in its CIFAR form at half width: torch_resnet.py's model."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from torch_resnet import ResNet
+
+    return ResNet(3, 10, width=32)
+
+
 WORKLOADS = {
     "wide_mlp": (wide_mlp, 256, (3072,), 100, "sgd"),
     "deep_mlp": (deep_mlp, 128, (256,), 10, "adamw"),
     "cnn_bn": (cnn_bn, 64, (3, 32, 32), 10, "sgd"),
+    "resnet": (resnet, 32, (3, 32, 32), 10, "sgd"),
     "encoder": (lambda: EncoderClassifier(1, 256, 4, 1024, True, 0.0), 16, (128, 256), 10, "adamw"),
     "transformer": (lambda: EncoderClassifier(4, 384, 6, 1536, False, 0.1), 16, (128, 384), 10, "adamw"),
 }

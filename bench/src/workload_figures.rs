@@ -2,8 +2,8 @@
 //! common models, brasa next to PyTorch on the same machine, interleaved.
 //!
 //! Each workload trains in f32 and under bf16 autocast: a wide GELU MLP, a
-//! deep narrow MLP with AdamW, a CNN with batch norm and a pre-norm
-//! transformer encoder block; plus issue 17's transformer classifier (4
+//! deep narrow MLP with AdamW, a CNN with batch norm, a half-width ResNet-18
+//! (CIFAR form) and a pre-norm transformer encoder block; plus issue 17's transformer classifier (4
 //! post-norm encoder layers, f32 only, figures `nn.transformer_train_*`). Per workload and dtype the figures
 //! are brasa's samples/s, the bytes its graph saves for backward, and —
 //! when PyTorch is importable — both as ratios to PyTorch's
@@ -26,6 +26,7 @@ use crate::measure::{chunk_rates, median, Better, Figure, Options};
 use brasa_amp::autocast;
 use brasa_autograd::Var;
 use brasa_nn::functional::cross_entropy;
+use brasa_nn::models::{ResNet, ResNetConfig};
 use brasa_nn::optim::{AdamConfig, AdamW, Optimizer, Sgd, SgdConfig};
 use brasa_nn::{
     BatchNorm2d, Conv2d, Conv2dConfig, Flatten, Gelu, Linear, MaxPool2d, Module, ModuleExt, NnError, Parameters, Relu,
@@ -96,6 +97,20 @@ const WORKLOADS: &[Workload] = &[
         dtypes: BOTH,
         steps: (10, 2),
         build: cnn_bn,
+    },
+    // ResNet-18 in its CIFAR form at half width (32/64/128/256 channels):
+    // the convnet users train, with residual additions, 1×1 shortcuts and
+    // global average pooling, in PyTorch's default memory format.
+    Workload {
+        name: "resnet",
+        stem: "workloads.resnet",
+        batch: 32,
+        sample_dims: &[3, 32, 32],
+        classes: 10,
+        optimizer: Opt::Sgd,
+        dtypes: BOTH,
+        steps: (10, 2),
+        build: || Ok(Box::new(ResNet::new(ResNetConfig::resnet18(3, 10).width(32), DEV)?)),
     },
     Workload {
         name: "encoder",

@@ -174,13 +174,46 @@ pub fn im2col<T: Copy + Default>(
     strides: [usize; 3],
     col: &mut [T],
 ) -> Result<()> {
+    im2col_with_row_stride(geometry, image, offset, strides, col, geometry.col_cols())
+}
+
+/// The elements a column matrix of `geometry` with rows `row_stride` apart
+/// spans (0 when it has none).
+fn strided_col_len(g: &Conv2dGeometry, row_stride: usize) -> Result<usize> {
+    if g.col_len() == 0 {
+        return Ok(0);
+    }
+    (g.col_rows() - 1)
+        .checked_mul(row_stride)
+        .and_then(|x| x.checked_add(g.col_cols()))
+        .ok_or(KernelError::Overflow { operand: "col" })
+}
+
+/// [`im2col`] into a column matrix whose rows lie `row_stride` elements
+/// apart (`row_stride ≥ H_out·W_out`): the columns of one image inside a
+/// wider matrix that holds several images side by side, so that one
+/// product covers them all.
+pub fn im2col_with_row_stride<T: Copy + Default>(
+    geometry: &Conv2dGeometry,
+    image: &[T],
+    offset: usize,
+    strides: [usize; 3],
+    col: &mut [T],
+    row_stride: usize,
+) -> Result<()> {
     let g = geometry;
     g.check_image(image.len(), offset, strides)?;
-    if col.len() < g.col_len() {
-        return Err(KernelError::OutOfBounds { operand: "col", required: g.col_len(), len: col.len() });
-    }
     let (out_h, out_w) = g.output;
     let cols = g.col_cols();
+    if row_stride < cols {
+        return Err(KernelError::ShapeMismatch {
+            detail: format!("im2col: rows {row_stride} apart cannot hold {cols} columns"),
+        });
+    }
+    let required = strided_col_len(g, row_stride)?;
+    if col.len() < required {
+        return Err(KernelError::OutOfBounds { operand: "col", required, len: col.len() });
+    }
     if g.col_len() == 0 {
         return Ok(());
     }
@@ -188,7 +221,7 @@ pub fn im2col<T: Copy + Default>(
     let zero = T::default();
     let [stride_c, stride_h, stride_w] = strides;
     let (step_h, step_w) = g.stride;
-    let mut rows = col[..g.col_len()].chunks_exact_mut(cols);
+    let mut rows = col[..required].chunks_mut(row_stride).map(|row| &mut row[..cols]);
     let in_w = g.input.1;
     let same_width = step_h == 1 && step_w == 1 && stride_w == 1 && stride_h == in_w && out_w == in_w;
     for c in 0..g.channels {
@@ -258,22 +291,39 @@ pub fn im2col<T: Copy + Default>(
 /// in the padding are dropped): the adjoint of [`im2col`]. `image` is
 /// accumulated into, so a caller wanting just the fold zeroes it first.
 pub fn col2im<T: Copy + std::ops::AddAssign>(geometry: &Conv2dGeometry, col: &[T], image: &mut [T]) -> Result<()> {
+    col2im_with_row_stride(geometry, col, geometry.col_cols(), image)
+}
+
+/// [`col2im`] from a column matrix whose rows lie `row_stride` elements
+/// apart (the adjoint of [`im2col_with_row_stride`]).
+pub fn col2im_with_row_stride<T: Copy + std::ops::AddAssign>(
+    geometry: &Conv2dGeometry,
+    col: &[T],
+    row_stride: usize,
+    image: &mut [T],
+) -> Result<()> {
     let g = geometry;
-    if col.len() < g.col_len() {
-        return Err(KernelError::OutOfBounds { operand: "col", required: g.col_len(), len: col.len() });
+    let cols = g.col_cols();
+    if row_stride < cols {
+        return Err(KernelError::ShapeMismatch {
+            detail: format!("col2im: rows {row_stride} apart cannot hold {cols} columns"),
+        });
+    }
+    let required = strided_col_len(g, row_stride)?;
+    if col.len() < required {
+        return Err(KernelError::OutOfBounds { operand: "col", required, len: col.len() });
     }
     if image.len() < g.image_len() {
         return Err(KernelError::OutOfBounds { operand: "image", required: g.image_len(), len: image.len() });
     }
     let (out_h, out_w) = g.output;
     let (in_h, in_w) = g.input;
-    let cols = g.col_cols();
     if g.col_len() == 0 {
         return Ok(());
     }
     let column_ranges = g.column_ranges()?;
     let (step_h, step_w) = g.stride;
-    let mut rows = col[..g.col_len()].chunks_exact(cols);
+    let mut rows = col[..required].chunks(row_stride).map(|row| &row[..cols]);
     for c in 0..g.channels {
         for i in 0..g.kernel.0 {
             let tap_h = i * g.dilation.0;
@@ -404,6 +454,45 @@ mod tests {
         let mut col = vec![f64::NAN; g.col_len()];
         im2col(&g, &buffer, offset, [channel_stride, 6, 1], &mut col).unwrap();
         assert_eq!(col, naive_im2col(&g, &dense));
+    }
+
+    #[test]
+    fn columns_of_several_images_side_by_side_equal_each_image_s_own() {
+        // Two images' columns in one matrix of rows 2·P + 3 apart (3 spare
+        // columns at the end stay untouched), for a plain and a strided,
+        // dilated geometry; folding each block back equals col2im of it.
+        for (c, input, kernel, stride, padding, dilation) in
+            [(2, (5, 6), (3, 3), (1, 1), (1, 1), (1, 1)), (3, (7, 5), (2, 3), (2, 1), (1, 0), (1, 2))]
+        {
+            let g = Conv2dGeometry::new(c, input, kernel, stride, padding, dilation).unwrap();
+            let (rows, p) = (g.col_rows(), g.col_cols());
+            let ld = 2 * p + 3;
+            let images = [values(g.image_len(), 1), values(g.image_len(), 2)];
+            let (h, w) = input;
+            let mut wide = vec![f64::NAN; (rows - 1) * ld + 2 * p];
+            for (b, image) in images.iter().enumerate() {
+                im2col_with_row_stride(&g, image, 0, [h * w, w, 1], &mut wide[b * p..], ld).unwrap();
+            }
+            for (b, image) in images.iter().enumerate() {
+                let own = naive_im2col(&g, image);
+                for r in 0..rows {
+                    assert_eq!(&wide[r * ld + b * p..r * ld + (b + 1) * p], &own[r * p..(r + 1) * p], "row {r}");
+                }
+                let (mut from_wide, mut from_own) = (vec![0.0; g.image_len()], vec![0.0; g.image_len()]);
+                col2im_with_row_stride(&g, &wide[b * p..], ld, &mut from_wide).unwrap();
+                col2im(&g, &own, &mut from_own).unwrap();
+                assert_eq!(from_wide, from_own);
+            }
+            for r in 0..rows - 1 {
+                assert!(wide[r * ld + 2 * p..(r + 1) * ld].iter().all(|v| v.is_nan()), "spare columns of row {r}");
+            }
+            // Rows closer than a row's columns, or a matrix too short: errors.
+            assert!(im2col_with_row_stride(&g, &images[0], 0, [h * w, w, 1], &mut wide, p - 1).is_err());
+            let mut short = vec![0.0; (rows - 1) * ld + p - 1];
+            assert!(im2col_with_row_stride(&g, &images[0], 0, [h * w, w, 1], &mut short, ld).is_err());
+            let mut folded = vec![0.0; g.image_len()];
+            assert!(col2im_with_row_stride(&g, &short, ld, &mut folded).is_err());
+        }
     }
 
     #[test]

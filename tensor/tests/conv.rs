@@ -187,8 +187,16 @@ fn close(got: &[f64], expected: &[f64], tol: f64) -> Result<(), TestCaseError> {
 }
 
 fn conv_case() -> impl Strategy<Value = (Conv, bool, u8, u8, u64)> {
+    conv_case_of(0..4, 1..8)
+}
+
+/// Convolutions of `batch` images of `size`·`size`-ish planes.
+fn conv_case_of(
+    batch: std::ops::Range<usize>,
+    size: std::ops::Range<usize>,
+) -> impl Strategy<Value = (Conv, bool, u8, u8, u64)> {
     (
-        (0usize..4, 1usize..4, 1usize..4, 1usize..4, 1usize..8, 1usize..8),
+        (batch, 1usize..4, 1usize..4, 1usize..4, size.clone(), size),
         (1usize..4, 1usize..4, 1usize..4, 1usize..4, 0usize..3, 0usize..3, 1usize..3, 1usize..3),
         any::<bool>(),
         0u8..4,
@@ -207,6 +215,33 @@ proptest! {
 
     #[test]
     fn conv2d_and_its_gradients_match_the_definition((c, with_bias, x_layout, w_layout, seed) in conv_case()) {
+        check_against_the_definition(&c, with_bias, x_layout, w_layout, seed)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Batches large enough, and planes small enough, that the host puts
+    /// several images side by side in one product (and, with two threads,
+    /// gives each thread blocks of them): the same results as the
+    /// definition, for every layout of the input and of the gradient.
+    #[test]
+    fn conv2d_over_blocks_of_images_matches_the_definition(
+        (c, with_bias, x_layout, w_layout, seed) in conv_case_of(5..14, 1..6)
+    ) {
+        check_against_the_definition(&c, with_bias, x_layout, w_layout, seed)?;
+    }
+}
+
+fn check_against_the_definition(
+    c: &Conv,
+    with_bias: bool,
+    x_layout: u8,
+    w_layout: u8,
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    {
         // The values are multiples of 1/64 after one product: every sum
         // here is exact in f32, so a half-precision result is the exact one
         // rounded once (half an ulp: at most 2^-8 relative in bf16, 2^-11 in f16),
@@ -245,6 +280,7 @@ proptest! {
             close(&f64s(&gb), &sums, tol)?;
         }
     }
+    Ok(())
 }
 
 /// `sum(conv2d(x, w) * r)` in f64.

@@ -21,7 +21,7 @@ use crate::error::{Result, TensorError};
 use crate::shape::Shape;
 use crate::storage::lock_storages;
 use crate::tensor::Tensor;
-use brasa_kernels::conv::{col2im, im2col};
+use brasa_kernels::conv::{col2im_with_row_stride, im2col_with_row_stride};
 use brasa_kernels::gemm::{gemm_into_f32_with, gemm_with, GemmElement, GemmOptions, MatMut, MatRef, Parallelism};
 use brasa_kernels::scratch::try_vec;
 use brasa_kernels::KernelError;
@@ -300,35 +300,95 @@ pub(crate) fn dense_elements<'a, T>(op: &'static str, data: &'a [T], t: &Tensor)
     })
 }
 
-/// Runs `f(image, chunk, scratch)` for every image's chunk of `out`, on
-/// threads by image or one after another as `plan` says, each thread with a
-/// scratch buffer of `scratch_len` elements.
+/// How many images one product covers. Each product packs the weight
+/// whole (and the AMX tiles are 32 columns wide), so with few output
+/// pixels per image — the 4×4 planes of a ResNet's last stage — a product
+/// per image repacks the weight for a sliver of work. Images side by side
+/// in one column matrix give products of about `TARGET_COLUMNS` columns,
+/// while every thread keeps a block of its own and the columns stay within
+/// `MAX_COLUMN_ELEMENTS`.
+fn images_per_product(plan: &ConvPlan, k: usize, p: usize) -> usize {
+    const TARGET_COLUMNS: usize = 512;
+    const MAX_COLUMN_ELEMENTS: usize = 1 << 22;
+    if p == 0 || k == 0 || plan.batch <= 1 {
+        return 1;
+    }
+    let threads = rayon::current_num_threads().max(1);
+    let every_thread_busy = (plan.batch / threads).max(1);
+    let budget = (MAX_COLUMN_ELEMENTS / k.saturating_mul(p)).max(1);
+    TARGET_COLUMNS.div_ceil(p).min(every_thread_busy).min(budget).max(1)
+}
+
+/// A buffer of `len` elements for `op`'s scratch (fallible: an error naming
+/// `op` and the bytes, not an abort).
+fn scratch_vec<T: Clone>(op: &'static str, len: usize, value: T) -> Result<Vec<T>> {
+    try_vec(len, value).map_err(|e| TensorError::scratch(op, e))
+}
+
+/// Runs `f(first image, images, chunk, scratch)` for every block of up to
+/// `images` images of `out`, on threads by block or one after another as
+/// `plan` says, each thread with the scratch `scratch` makes.
 ///
 /// The column matrix can be far larger than the input and the output (a
 /// wide padding or an expanded input makes `C_in·kH·kW × H_out·W_out`
-/// huge while both fit), so it is allocated fallibly: an error naming `op`
-/// and the bytes, not an abort.
-fn for_each_image<T: Send, S: Send + Default + Clone>(
-    op: &'static str,
+/// huge while both fit), so scratch is allocated fallibly.
+fn for_each_block<T: Send, S: Send>(
     plan: &ConvPlan,
+    images: usize,
     out: &mut [T],
-    scratch_len: usize,
-    f: impl Fn(usize, &mut [T], &mut Vec<S>) -> Result<()> + Sync + Send,
+    scratch: impl Fn() -> Result<S> + Sync + Send,
+    f: impl Fn(usize, usize, &mut [T], &mut S) -> Result<()> + Sync + Send,
 ) -> Result<()> {
     if plan.batch == 0 || out.is_empty() {
         return Ok(());
     }
     let per_image = out.len() / plan.batch;
-    let scratch = || try_vec(scratch_len, S::default()).map_err(|e| TensorError::scratch(op, e));
+    let per_block = per_image * images.max(1);
+    let run = |(block, chunk): (usize, &mut [T]), s: &mut S| f(block * images, chunk.len() / per_image, chunk, s);
     if split_by_image(plan) {
-        out.par_chunks_mut(per_image).enumerate().try_for_each_init(scratch, |col, (n, chunk)| match col {
-            Ok(col) => f(n, chunk, col),
+        out.par_chunks_mut(per_block).enumerate().try_for_each_init(&scratch, |s, item| match s {
+            Ok(s) => run(item, s),
             Err(e) => Err(e.clone()),
         })
     } else {
-        let mut col = scratch()?;
-        out.chunks_mut(per_image).enumerate().try_for_each(|(n, chunk)| f(n, chunk, &mut col))
+        let mut s = scratch()?;
+        out.chunks_mut(per_block).enumerate().try_for_each(|item| run(item, &mut s))
     }
+}
+
+/// Where the output gradient's `[C_out/g, P]` block of group `g` lies for
+/// the images `first..first + count` side by side: in place where the
+/// images' columns follow one another evenly (always for one image; a
+/// channels-last gradient's images too), else gathered into `gathered`.
+#[allow(clippy::too_many_arguments)]
+fn grad_block<'a, T: Copy>(
+    op: &'static str,
+    gy: &'a [T],
+    gathered: &'a mut [T],
+    at: usize,
+    [g_n, g_row, g_col]: [usize; 3],
+    [first, count, g, cog, p]: [usize; 5],
+) -> Result<MatRef<'a, T>> {
+    let err = kernel_error(op);
+    let width = count * p;
+    let start = at + first * g_n + g * cog * g_row;
+    if count == 1 || g_n == p * g_col {
+        return MatRef::new(gy, start, [cog, width], [g_row, g_col]).map_err(&err);
+    }
+    for r in 0..cog {
+        for b in 0..count {
+            let src = start + b * g_n + r * g_row;
+            let dst = &mut gathered[r * width + b * p..r * width + (b + 1) * p];
+            if g_col == 1 {
+                dst.copy_from_slice(&gy[src..src + p]);
+            } else {
+                for (j, d) in dst.iter_mut().enumerate() {
+                    *d = gy[src + j * g_col];
+                }
+            }
+        }
+    }
+    MatRef::new(gathered, 0, [cog, width], [width, 1]).map_err(&err)
 }
 
 fn forward<T: ConvFloat>(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>, plan: &ConvPlan) -> Result<Tensor> {
@@ -343,42 +403,69 @@ fn forward<T: ConvFloat>(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>,
     let [s_n, s_c, s_h, s_w] = strides4(&input);
     // The image as a [C, H·W] matrix, when it is one (a 1x1 kernel).
     let pointwise = if geometry.is_pointwise() { merged_stride(&input.dims()[2..], &[s_h, s_w]) } else { None };
+    let images = images_per_product(plan, k, p);
     // Read before the locks are taken: `to_vec` takes its own.
     let b: Option<Vec<T>> = bias.map(|b| b.to_vec::<T>()).transpose()?;
     let shape = plan.output_shape();
     let result = output(input.device(), input.dtype(), &shape)?;
     let locks = lock_storages(&[input.storage(), weight.storage()], &[]);
     let (x, w) = (locks.read::<T>(input.storage(), OP)?, locks.read::<T>(weight.storage(), OP)?);
-    // SAFETY: every image's block of the output is set: by the product
-    // (`beta` zero) or by the bias and then the product adding to it; the
-    // groups' rows tile the block.
+    // The rows of group `g` in `rows` ([C_out/g, width]) set to the bias
+    // (the product then adds to them) or left for the product to set.
+    let bias_rows = |rows: &mut [T], g: usize, width: usize| match &b {
+        Some(b) => {
+            for (row, &value) in rows.chunks_exact_mut(width.max(1)).zip(&b[g * cog..]) {
+                row.fill(value);
+            }
+            one::<T>()
+        }
+        None => zero::<T>(),
+    };
+    // SAFETY: every block's part of the output is set, group by group: by
+    // the product (`beta` zero) or by the bias and then the product adding
+    // to it, written in place for one image or copied from the product of
+    // several; the groups' rows tile each image.
     unsafe {
         result.init_with::<T>(OP, |out| {
             let options = options(plan);
-            let scratch = if pointwise.is_some() { 0 } else { geometry.col_len() };
-            for_each_image(OP, plan, out, scratch, |n, out_n, col: &mut Vec<T>| {
-                let beta = match &b {
-                    Some(b) => {
-                        for (row, &value) in out_n.chunks_exact_mut(p.max(1)).zip(b) {
-                            row.fill(value);
-                        }
-                        one::<T>()
-                    }
-                    None => zero::<T>(),
-                };
+            let per_image = out.len() / plan.batch.max(1);
+            let col_len = if pointwise.is_some() && images == 1 { 0 } else { k * p * images };
+            let product_len = if images > 1 { cog * p * images } else { 0 };
+            let scratch = || Ok((scratch_vec(OP, col_len, T::ZERO)?, scratch_vec(OP, product_len, T::ZERO)?));
+            for_each_block(plan, images, out, scratch, |first, count, out_block, (col, product)| {
+                let width = count * p;
                 for g in 0..plan.groups {
-                    let x_off = input.layout().offset() + n * s_n + g * cig * s_c;
                     let a = MatRef::new(w, weight.layout().offset() + g * cog * w_row, [cog, k], [w_row, w_col])
                         .map_err(&err)?;
-                    let c = MatMut::new(out_n, g * cog * p, [cog, p], [p, 1]).map_err(&err)?;
+                    let x_off = |n: usize| input.layout().offset() + n * s_n + g * cig * s_c;
                     let cols = match pointwise {
-                        Some(hw) => MatRef::new(x, x_off, [cig, p], [s_c, hw]).map_err(&err)?,
-                        None => {
-                            im2col(geometry, x, x_off, [s_c, s_h, s_w], col).map_err(&err)?;
-                            MatRef::row_major(col, k, p).map_err(&err)?
+                        Some(hw) if count == 1 => MatRef::new(x, x_off(first), [cig, p], [s_c, hw]).map_err(&err)?,
+                        _ => {
+                            for b in 0..count {
+                                let block = &mut col[b * p..];
+                                im2col_with_row_stride(geometry, x, x_off(first + b), [s_c, s_h, s_w], block, width)
+                                    .map_err(&err)?;
+                            }
+                            MatRef::new(col, 0, [k, width], [width, 1]).map_err(&err)?
                         }
                     };
+                    if count == 1 {
+                        let rows = &mut out_block[g * cog * p..(g + 1) * cog * p];
+                        let beta = bias_rows(rows, g, p);
+                        let c = MatMut::row_major(rows, cog, p).map_err(&err)?;
+                        gemm_with(&options, one::<T>(), a, cols, beta, c).map_err(&err)?;
+                        continue;
+                    }
+                    let product = &mut product[..cog * width];
+                    let beta = bias_rows(product, g, width);
+                    let c = MatMut::row_major(product, cog, width).map_err(&err)?;
                     gemm_with(&options, one::<T>(), a, cols, beta, c).map_err(&err)?;
+                    for (r, row) in product.chunks_exact(width).enumerate() {
+                        for (b, pixels) in row.chunks_exact(p).enumerate() {
+                            let at = b * per_image + (g * cog + r) * p;
+                            out_block[at..at + p].copy_from_slice(pixels);
+                        }
+                    }
                 }
                 Ok(())
             })
@@ -397,6 +484,7 @@ fn backward_input<T: ConvFloat>(grad: &Tensor, weight: &Tensor, plan: &ConvPlan)
     let image = geometry.image_len();
     let (h, w_in) = geometry.input();
     let g_n = strides4(&grad)[0];
+    let images = images_per_product(plan, k, p);
     let shape = plan.input_shape();
     let result = output(grad.device(), grad.dtype(), &shape)?;
     let locks = lock_storages(&[grad.storage(), weight.storage()], &[]);
@@ -407,35 +495,50 @@ fn backward_input<T: ConvFloat>(grad: &Tensor, weight: &Tensor, plan: &ConvPlan)
         result.init_with::<T>(OP, |out| {
             let options = options(plan);
             let pointwise = geometry.is_pointwise();
+            let per_image = out.len() / plan.batch.max(1);
             // Without output channels the gradient is zero and needs no
             // column buffer (which an empty grad_output's huge planes would
             // make huge). The scratch holds the columns and, after them,
-            // the image they fold into, both in the accumulator type.
-            let scratch = if pointwise || cog == 0 { 0 } else { geometry.col_len() + image };
-            for_each_image(OP, plan, out, scratch, |n, out_n, scratch: &mut Vec<T::Scalar>| {
+            // the image they fold into, both in the accumulator type; and
+            // the gradient's blocks gathered side by side where they are
+            // not so already.
+            let col_len = k * p * images;
+            let acc_len = if (pointwise && images == 1) || cog == 0 { 0 } else { col_len + image };
+            let gather_len = if images > 1 && g_n != p * g_col && cog > 0 { cog * p * images } else { 0 };
+            let scratch = || Ok((scratch_vec(OP, acc_len, zero::<T>())?, scratch_vec(OP, gather_len, T::ZERO)?));
+            for_each_block(plan, images, out, scratch, |first, count, out_block, (acc, gathered)| {
                 if cog == 0 {
-                    out_n.fill(T::ZERO);
+                    out_block.fill(T::ZERO);
                     return Ok(());
                 }
+                let width = count * p;
                 for g in 0..plan.groups {
-                    // W_gᵀ [K, C_out/g] · dY_g [C_out/g, P]
+                    // W_gᵀ [K, C_out/g] · dY_g [C_out/g, P per image]
                     let wt = MatRef::new(w, weight.layout().offset() + g * cog * w_row, [cog, k], [w_row, w_col])
                         .map_err(&err)?
                         .t();
-                    let dy =
-                        MatRef::new(gy, grad.layout().offset() + n * g_n + g * cog * g_row, [cog, p], [g_row, g_col])
-                            .map_err(&err)?;
-                    let region = &mut out_n[g * image..(g + 1) * image];
-                    if pointwise {
+                    let dy = grad_block(
+                        OP,
+                        gy,
+                        gathered,
+                        grad.layout().offset(),
+                        [g_n, g_row, g_col],
+                        [first, count, g, cog, p],
+                    )?;
+                    if pointwise && count == 1 {
+                        let region = &mut out_block[g * image..(g + 1) * image];
                         let c = MatMut::row_major(region, k, h * w_in).map_err(&err)?;
                         gemm_with(&options, one::<T>(), wt, dy, zero::<T>(), c).map_err(&err)?;
-                    } else {
-                        let (col, folded) = scratch.split_at_mut(geometry.col_len());
-                        let c = MatMut::row_major(col, k, p).map_err(&err)?;
-                        T::gemm_acc(&options, one::<T>(), wt, dy, zero::<T>(), c).map_err(&err)?;
+                        continue;
+                    }
+                    let (col, folded) = acc.split_at_mut(col_len);
+                    let c = MatMut::new(col, 0, [k, width], [width, 1]).map_err(&err)?;
+                    T::gemm_acc(&options, one::<T>(), wt, dy, zero::<T>(), c).map_err(&err)?;
+                    for b in 0..count {
                         folded.fill(zero::<T>());
-                        col2im(geometry, col, folded).map_err(&err)?;
-                        T::from_acc(folded, region);
+                        col2im_with_row_stride(geometry, &col[b * p..], width, folded).map_err(&err)?;
+                        let at = b * per_image + g * image;
+                        T::from_acc(folded, &mut out_block[at..at + image]);
                     }
                 }
                 Ok(())
@@ -456,41 +559,61 @@ fn backward_weight<T: ConvFloat>(input: &Tensor, grad: &Tensor, plan: &ConvPlan)
     let [s_n, s_c, s_h, s_w] = strides4(&input);
     let g_n = strides4(&grad)[0];
     let pointwise = if geometry.is_pointwise() { merged_stride(&input.dims()[2..], &[s_h, s_w]) } else { None };
+    let images = images_per_product(plan, k, p);
     let shape = plan.weight_shape();
     let result = output(input.device(), input.dtype(), &shape)?;
     let locks = lock_storages(&[input.storage(), grad.storage()], &[]);
     let (x, gy) = (locks.read::<T>(input.storage(), OP)?, locks.read::<T>(grad.storage(), OP)?);
-    let scratch_error = |e| TensorError::scratch(OP, e);
     // SAFETY: every element is set, from the f32 (or f64) sums.
     unsafe {
         result.init_with::<T>(OP, |out| {
-            // dW_g += dY_g [C_out/g, P] · colᵀ [P, K] over the images in
-            // `images`, summed in the accumulator type.
-            let accumulate = |images: std::ops::Range<usize>,
+            // dW_g += dY_g [C_out/g, P per image] · colᵀ [P per image, K]
+            // over the images in `range`, a block of `images` at a time,
+            // summed in the accumulator type.
+            let accumulate = |range: std::ops::Range<usize>,
                               dw: &mut [T::Scalar],
                               col: &mut [T],
+                              gathered: &mut [T],
                               options: &GemmOptions|
              -> Result<()> {
-                for n in images {
+                let mut first = range.start;
+                while first < range.end {
+                    let count = images.min(range.end - first);
+                    let width = count * p;
                     for g in 0..plan.groups {
-                        let x_off = input.layout().offset() + n * s_n + g * cig * s_c;
-                        let dy = MatRef::new(
+                        let x_off = |n: usize| input.layout().offset() + n * s_n + g * cig * s_c;
+                        let dy = grad_block(
+                            OP,
                             gy,
-                            grad.layout().offset() + n * g_n + g * cog * g_row,
-                            [cog, p],
-                            [g_row, g_col],
-                        )
-                        .map_err(&err)?;
+                            gathered,
+                            grad.layout().offset(),
+                            [g_n, g_row, g_col],
+                            [first, count, g, cog, p],
+                        )?;
                         let cols = match pointwise {
-                            Some(hw) => MatRef::new(x, x_off, [cig, p], [s_c, hw]).map_err(&err)?,
-                            None => {
-                                im2col(geometry, x, x_off, [s_c, s_h, s_w], col).map_err(&err)?;
-                                MatRef::row_major(col, k, p).map_err(&err)?
+                            Some(hw) if count == 1 => {
+                                MatRef::new(x, x_off(first), [cig, p], [s_c, hw]).map_err(&err)?
+                            }
+                            _ => {
+                                for b in 0..count {
+                                    let block = &mut col[b * p..];
+                                    im2col_with_row_stride(
+                                        geometry,
+                                        x,
+                                        x_off(first + b),
+                                        [s_c, s_h, s_w],
+                                        block,
+                                        width,
+                                    )
+                                    .map_err(&err)?;
+                                }
+                                MatRef::new(col, 0, [k, width], [width, 1]).map_err(&err)?
                             }
                         };
                         let c = MatMut::new(dw, g * cog * k, [cog, k], [k, 1]).map_err(&err)?;
                         T::gemm_acc(options, one::<T>(), dy, cols.t(), one::<T>(), c).map_err(&err)?;
                     }
+                    first += count;
                 }
                 Ok(())
             };
@@ -501,7 +624,8 @@ fn backward_weight<T: ConvFloat>(input: &Tensor, grad: &Tensor, plan: &ConvPlan)
                 out.fill(T::ZERO);
                 return Ok(());
             }
-            let scratch = if pointwise.is_some() { 0 } else { geometry.col_len() };
+            let col_len = if pointwise.is_some() && images == 1 { 0 } else { k * p * images };
+            let gather_len = if images > 1 && g_n != p * g_col { cog * p * images } else { 0 };
             let sums = if split_by_image(plan) {
                 // Each thread sums a share of the images into its own partial
                 // gradient; the partials are added at the end.
@@ -511,9 +635,11 @@ fn backward_weight<T: ConvFloat>(input: &Tensor, grad: &Tensor, plan: &ConvPlan)
                 let partials = (0..threads)
                     .into_par_iter()
                     .map(|t| {
-                        let mut dw = try_vec(out.len(), zero::<T>()).map_err(scratch_error)?;
-                        let mut col = try_vec(scratch, T::ZERO).map_err(scratch_error)?;
-                        accumulate(t * per..((t + 1) * per).min(plan.batch), &mut dw, &mut col, &sequential)?;
+                        let mut dw = scratch_vec(OP, out.len(), zero::<T>())?;
+                        let mut col = scratch_vec(OP, col_len, T::ZERO)?;
+                        let mut gathered = scratch_vec(OP, gather_len, T::ZERO)?;
+                        let range = (t * per).min(plan.batch)..((t + 1) * per).min(plan.batch);
+                        accumulate(range, &mut dw, &mut col, &mut gathered, &sequential)?;
                         Ok(dw)
                     })
                     .collect::<Result<Vec<_>>>()?;
@@ -526,9 +652,10 @@ fn backward_weight<T: ConvFloat>(input: &Tensor, grad: &Tensor, plan: &ConvPlan)
                 }
                 sums
             } else {
-                let mut sums = try_vec(out.len(), zero::<T>()).map_err(scratch_error)?;
-                let mut col = try_vec(scratch, T::ZERO).map_err(scratch_error)?;
-                accumulate(0..plan.batch, &mut sums, &mut col, &GemmOptions::default())?;
+                let mut sums = scratch_vec(OP, out.len(), zero::<T>())?;
+                let mut col = scratch_vec(OP, col_len, T::ZERO)?;
+                let mut gathered = scratch_vec(OP, gather_len, T::ZERO)?;
+                accumulate(0..plan.batch, &mut sums, &mut col, &mut gathered, &GemmOptions::default())?;
                 sums
             };
             T::from_acc(&sums, out);
