@@ -66,14 +66,15 @@ fn mlp_plans_equal_cuda_runs() {
     exact_for_every_size("MLP", mlp);
 }
 
-#[test]
-fn cnn_plans_equal_cuda_runs_on_the_im2col_path() {
+/// [`exact_for_every_size`] with cuDNN switched off (convolutions on the
+/// im2col path, which plans model), the switch put back even when a case
+/// fails.
+fn exact_without_cudnn(what: &str, setup: Setup) {
     let Some(guard) = gpu() else { return };
     let enabled = cudnn::enabled();
     cudnn::set_enabled(false);
     drop(guard);
-    // The switch is put back even when a case fails.
-    let outcome = std::panic::catch_unwind(|| exact_for_every_size("CNN without cuDNN", cnn));
+    let outcome = std::panic::catch_unwind(|| exact_for_every_size(what, setup));
     cudnn::set_enabled(enabled);
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);
@@ -81,18 +82,14 @@ fn cnn_plans_equal_cuda_runs_on_the_im2col_path() {
 }
 
 #[test]
+fn cnn_plans_equal_cuda_runs_on_the_im2col_path() {
+    exact_without_cudnn("CNN without cuDNN", cnn);
+}
+
+#[test]
 fn channels_last_batch_norm_cnn_plans_equal_cuda_runs() {
-    // Batch norm's temporaries of partial results (`batch_norm_row_pieces`);
-    // the convolution on the im2col path, as above.
-    let Some(guard) = gpu() else { return };
-    let enabled = cudnn::enabled();
-    cudnn::set_enabled(false);
-    drop(guard);
-    let outcome = std::panic::catch_unwind(|| exact_for_every_size("channels-last CNN with batch norm", bn_cnn));
-    cudnn::set_enabled(enabled);
-    if let Err(panic) = outcome {
-        std::panic::resume_unwind(panic);
-    }
+    // Batch norm's temporaries of partial results (`batch_norm_row_pieces`).
+    exact_without_cudnn("channels-last CNN with batch norm, without cuDNN", bn_cnn);
 }
 
 #[test]

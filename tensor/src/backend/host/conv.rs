@@ -360,7 +360,6 @@ fn for_each_block<T: Send, S: Send>(
 /// the images `first..first + count` side by side: in place where the
 /// images' columns follow one another evenly (always for one image; a
 /// channels-last gradient's images too), else gathered into `gathered`.
-#[allow(clippy::too_many_arguments)]
 fn grad_block<'a, T: Copy>(
     op: &'static str,
     gy: &'a [T],
