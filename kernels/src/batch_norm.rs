@@ -9,7 +9,11 @@
 //! once. Sums are pairwise within a run (`crate::reduce::sum`) and added
 //! run by run; the variance is two-pass within each run (`Σ(x − mean)²` after the run's
 //! mean), the runs merged with Chan et al.'s update. The element-wise
-//! passes run compiled for AVX-512 or AVX2 where the CPU has it.
+//! passes run compiled for AVX-512 or AVX2 where the CPU has it. An input
+//! of spatial size 1 (`[rows, C]`: a 2-d input, or a channels-last
+//! activation) has runs of one element: the `*_rows` passes take it row by
+//! row, across the channels, with sums over a fixed tree of rows
+//! ([`row_tree_sum`]).
 //!
 //! ```
 //! use brasa_kernels::batch_norm::{channel_stats, elemt_run, ChannelLayout};
@@ -272,6 +276,190 @@ where
     }
 }
 
+// ----- `[rows, C]` inputs (spatial size 1) -----------------------------------
+//
+// A 2-d input, or a channels-last activation seen as `[N·H·W, C]`, has runs
+// of one element: channel by channel, every element would be its own run
+// and its own call. These passes go row by row instead, across the
+// channels (`C` = the per-channel slices' length); the sums are added over
+// fixed trees of rows (`row_tree_sum`), so results do not depend on the
+// number of threads.
+
+/// Rows summed one after another at the leaves of [`row_tree_sum`]: few
+/// enough that a leaf's sequential sum keeps f32's accuracy (the leaves are
+/// then added pairwise).
+pub const ROWS_PER_LEAF: usize = 16;
+
+/// Elements below which [`row_tree_sum`] does not split its work over threads.
+const ROWS_PARALLEL_ELEMENTS: usize = 1 << 15;
+
+/// The sum over rows `0..rows` of `leaf(range, sums)` (which adds the rows
+/// of `range` into `sums`, `channels` long): leaves of
+/// [`ROWS_PER_LEAF`] rows, halves added pairwise, the halves of large
+/// ranges on two threads. The tree depends only on `rows`.
+pub fn row_tree_sum<A: Float, F>(rows: usize, channels: usize, leaf: &F) -> Result<Vec<A>>
+where
+    F: Fn(std::ops::Range<usize>, &mut [A]) -> Result<()> + Sync,
+{
+    fn go<A: Float, F>(lo: usize, hi: usize, channels: usize, leaf: &F) -> Result<Vec<A>>
+    where
+        F: Fn(std::ops::Range<usize>, &mut [A]) -> Result<()> + Sync,
+    {
+        if hi - lo <= ROWS_PER_LEAF {
+            let mut sums = vec![A::ZERO; channels];
+            leaf(lo..hi, &mut sums)?;
+            return Ok(sums);
+        }
+        let mid = lo + (hi - lo) / 2;
+        let (a, b) = if (hi - lo) * channels >= ROWS_PARALLEL_ELEMENTS {
+            rayon::join(|| go(lo, mid, channels, leaf), || go(mid, hi, channels, leaf))
+        } else {
+            (go(lo, mid, channels, leaf), go(mid, hi, channels, leaf))
+        };
+        let (mut a, b) = (a?, b?);
+        for (x, y) in a.iter_mut().zip(b) {
+            *x = Accumulator::add(*x, y);
+        }
+        Ok(a)
+    }
+    go(0, rows, channels, leaf)
+}
+
+/// `rows` of `x` (`[rows, C]` with `C = sums.len()`), checked.
+fn rows_of<'a, T>(what: &str, x: &'a [T], channels: usize, rows: std::ops::Range<usize>) -> Result<&'a [T]> {
+    x.get(rows.start * channels..rows.end * channels).ok_or_else(|| KernelError::ShapeMismatch {
+        detail: format!("batch_norm: {what} has {} elements, rows {rows:?} of {channels} need more", x.len()),
+    })
+}
+
+/// Adds rows `rows` of `x` (`[rows, C]`) into `sums` (`[C]`).
+pub fn add_rows<T: ReduceElement>(x: &[T], rows: std::ops::Range<usize>, sums: &mut [T::Acc]) -> Result<()>
+where
+    T::Acc: Float,
+{
+    let c = sums.len();
+    let mut wide = vec![T::Acc::ZERO; c];
+    for row in rows_of("x", x, c, rows)?.chunks_exact(c.max(1)) {
+        T::widen_into(row, &mut wide);
+        for (s, &v) in sums.iter_mut().zip(&wide) {
+            *s = s.add(v);
+        }
+    }
+    Ok(())
+}
+
+/// Adds `(x − mean)²` of rows `rows` of `x` into `sums`.
+pub fn add_sq_dev_rows<T: ReduceElement>(
+    x: &[T],
+    rows: std::ops::Range<usize>,
+    mean: &[T::Acc],
+    sums: &mut [T::Acc],
+) -> Result<()>
+where
+    T::Acc: Float,
+{
+    let c = sums.len();
+    check_run("mean", mean.len(), c)?;
+    let mut wide = vec![T::Acc::ZERO; c];
+    for row in rows_of("x", x, c, rows)?.chunks_exact(c.max(1)) {
+        T::widen_into(row, &mut wide);
+        for ((s, &v), &m) in sums.iter_mut().zip(&wide).zip(mean) {
+            let d = v - m;
+            *s = s.add(d * d);
+        }
+    }
+    Ok(())
+}
+
+/// Adds `dy` and `dy · (x − mean)` of rows `rows` into the first and the
+/// second half of `sums` (`[2·C]`).
+pub fn add_backward_rows<T: ReduceElement>(
+    dy: &[T],
+    x: &[T],
+    rows: std::ops::Range<usize>,
+    mean: &[T::Acc],
+    sums: &mut [T::Acc],
+) -> Result<()>
+where
+    T::Acc: Float,
+{
+    let c = mean.len();
+    check_run("sums", sums.len(), 2 * c)?;
+    let (sum_dy, sum_dy_xmu) = sums.split_at_mut(c);
+    let (mut gw, mut xw) = (vec![T::Acc::ZERO; c], vec![T::Acc::ZERO; c]);
+    let (gs, xs) = (rows_of("dy", dy, c, rows.clone())?, rows_of("x", x, c, rows)?);
+    for (g, v) in gs.chunks_exact(c.max(1)).zip(xs.chunks_exact(c.max(1))) {
+        T::widen_into(g, &mut gw);
+        T::widen_into(v, &mut xw);
+        for ((((sd, sdx), &g), &v), &m) in sum_dy.iter_mut().zip(sum_dy_xmu.iter_mut()).zip(&gw).zip(&xw).zip(mean) {
+            *sd = sd.add(g);
+            *sdx = sdx.add(g * (v - m));
+        }
+    }
+    Ok(())
+}
+
+/// The forward over whole rows (`[rows, C]`, `C = mean.len()`): `out =
+/// (x − mean) · scale + shift` per channel, rounded once to `T`.
+pub fn elemt_rows<T: ReduceElement>(
+    x: &[T],
+    mean: &[T::Acc],
+    scale: &[T::Acc],
+    shift: &[T::Acc],
+    out: &mut [T],
+) -> Result<()>
+where
+    T::Acc: Float,
+{
+    let c = mean.len();
+    check_run("scale", scale.len(), c)?;
+    check_run("shift", shift.len(), c)?;
+    check_run("out", out.len(), x.len())?;
+    let (mut wide, mut y) = (vec![T::Acc::ZERO; c], vec![T::Acc::ZERO; c]);
+    for (row, o) in x.chunks_exact(c.max(1)).zip(out.chunks_exact_mut(c.max(1))) {
+        T::widen_into(row, &mut wide);
+        for (((y, &v), &m), (&sc, &sh)) in y.iter_mut().zip(&wide).zip(mean).zip(scale.iter().zip(shift)) {
+            *y = (v - m) * sc + sh;
+        }
+        T::narrow_block(&y, o);
+    }
+    Ok(())
+}
+
+/// The input's gradient over whole rows: `dx = scale · (dy − mean_dy − (x
+/// − mean) · k)` per channel (see [`backward_elemt_run`]).
+#[allow(clippy::too_many_arguments)] // the per-channel vectors of one formula
+pub fn backward_elemt_rows<T: ReduceElement>(
+    dy: &[T],
+    x: &[T],
+    mean: &[T::Acc],
+    scale: &[T::Acc],
+    mean_dy: &[T::Acc],
+    k: &[T::Acc],
+    out: &mut [T],
+) -> Result<()>
+where
+    T::Acc: Float,
+{
+    let c = mean.len();
+    for (what, len) in [("scale", scale.len()), ("mean_dy", mean_dy.len()), ("k", k.len())] {
+        check_run(what, len, c)?;
+    }
+    check_run("x", x.len(), dy.len())?;
+    check_run("out", out.len(), dy.len())?;
+    let (mut gw, mut xw, mut y) = (vec![T::Acc::ZERO; c], vec![T::Acc::ZERO; c], vec![T::Acc::ZERO; c]);
+    let rows = dy.chunks_exact(c.max(1)).zip(x.chunks_exact(c.max(1))).zip(out.chunks_exact_mut(c.max(1)));
+    for ((g, v), o) in rows {
+        T::widen_into(g, &mut gw);
+        T::widen_into(v, &mut xw);
+        for (ch, y) in y.iter_mut().enumerate() {
+            *y = scale[ch] * (gw[ch] - mean_dy[ch] - (xw[ch] - mean[ch]) * k[ch]);
+        }
+        T::narrow_block(&y, o);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,6 +468,54 @@ mod tests {
 
     fn data(n: usize, seed: u64) -> Vec<f64> {
         xorshift(seed).take(n).map(|s| (s % 20_001) as f64 / 1000.0 - 3.0).collect()
+    }
+
+    /// The row-by-row passes of a `[rows, C]` input against the channel
+    /// passes of the same input seen as `[rows, C, 1]`, in f32 and bf16,
+    /// with more rows than one leaf and a channel count that is not a
+    /// multiple of anything.
+    #[test]
+    fn row_passes_match_the_channel_passes() -> Result<()> {
+        let (rows, c) = (203, 7);
+        let layout = ChannelLayout { batch: rows, channels: c, spatial: 1 };
+        let x64: Vec<f64> = data(rows * c, 3).iter().map(|v| 50.0 + v / 4.0).collect();
+        let g64 = data(rows * c, 4);
+        fn check<T: ReduceElement<Acc = f32>>(x: &[T], g: &[T], layout: ChannelLayout, tol: f32) -> Result<()> {
+            let (rows, c) = (layout.batch, layout.channels);
+            let sums = row_tree_sum(rows, c, &|r, s: &mut [f32]| add_rows(x, r, s))?;
+            let mean: Vec<f32> = sums.iter().map(|v| v / rows as f32).collect();
+            let sq = row_tree_sum(rows, c, &|r, s: &mut [f32]| add_sq_dev_rows(x, r, &mean, s))?;
+            let both = row_tree_sum(rows, 2 * c, &|r, s: &mut [f32]| add_backward_rows(g, x, r, &mean, s))?;
+            let (scale, shift, k): (Vec<f32>, Vec<f32>, Vec<f32>) =
+                ((0..c).map(|i| 0.5 + i as f32).collect(), (0..c).map(|i| i as f32 - 2.0).collect(), vec![0.01; c]);
+            let (mut y, mut dx) = (vec![T::from_acc(0.0); rows * c], vec![T::from_acc(0.0); rows * c]);
+            elemt_rows(x, &mean, &scale, &shift, &mut y)?;
+            backward_elemt_rows(g, x, &mean, &scale, &shift, &k, &mut dx)?;
+            let close = |a: f32, b: f32| (a - b).abs() <= tol * b.abs().max(1.0);
+            for ch in 0..c {
+                let (m, v) = channel_stats(x, layout, ch)?;
+                assert!(close(mean[ch], m) && close(sq[ch] / rows as f32, v), "channel {ch}: stats");
+                let (sd, sdx) = channel_backward_reduce(g, x, layout, ch, mean[ch])?;
+                assert!(close(both[ch], sd) && close(both[c + ch], sdx), "channel {ch}: backward sums");
+                for r in 0..rows {
+                    let at = r * c + ch;
+                    let (mut yy, mut dd) = ([T::from_acc(0.0)], [T::from_acc(0.0)]);
+                    elemt_run(&x[at..at + 1], mean[ch], scale[ch], shift[ch], &mut yy)?;
+                    backward_elemt_run(&g[at..at + 1], &x[at..at + 1], mean[ch], scale[ch], shift[ch], k[ch], &mut dd)?;
+                    assert_eq!((y[at].to_acc(), dx[at].to_acc()), (yy[0].to_acc(), dd[0].to_acc()), "({r}, {ch})");
+                }
+            }
+            Ok(())
+        }
+        let (x32, g32): (Vec<f32>, Vec<f32>) =
+            (x64.iter().map(|&v| v as f32).collect(), g64.iter().map(|&v| v as f32).collect());
+        check(&x32, &g32, layout, 1e-5)?;
+        let xb: Vec<bf16> = x64.iter().map(|&v| bf16::from_f64(v)).collect();
+        let gb: Vec<bf16> = g64.iter().map(|&v| bf16::from_f64(v)).collect();
+        check(&xb, &gb, layout, 1e-5)?;
+        // A slice shorter than the rows asked for is an error.
+        assert!(add_rows(&x32[..10], 0..3, &mut [0.0f32; 7]).is_err());
+        Ok(())
     }
 
     /// Statistics and both backward formulas against f64 references, in

@@ -2,6 +2,11 @@
 //! rayon task (`brasa_kernels::batch_norm`, run by run in a fixed order, so
 //! results do not depend on the number of threads), the elementwise passes
 //! split by runs of `S` elements.
+//!
+//! An input of spatial size 1 (`[rows, C, 1]`: a 2-d input, or a
+//! channels-last activation seen as `[N·H·W, C, 1]`) has runs of one
+//! element; its passes go row by row across the channels instead
+//! (`*_rows`), the reductions over a fixed tree of rows.
 
 use super::norm::elements;
 use super::PARALLEL_MIN_WORK;
@@ -11,7 +16,10 @@ use crate::dtype::WithDType;
 use crate::error::{Result, TensorError};
 use crate::storage::UninitTensor;
 use crate::tensor::Tensor;
-use brasa_kernels::batch_norm::{backward_elemt_run, channel_backward_reduce, channel_stats, elemt_run, ChannelLayout};
+use brasa_kernels::batch_norm::{
+    add_backward_rows, add_rows, add_sq_dev_rows, backward_elemt_rows, backward_elemt_run, channel_backward_reduce,
+    channel_stats, elemt_rows, elemt_run, row_tree_sum, ChannelLayout,
+};
 use brasa_kernels::scalar::{Float, ReduceElement};
 use rayon::prelude::*;
 
@@ -58,6 +66,28 @@ fn per_channel_pairs<A: Send>(
     Ok(pairs?.into_iter().unzip())
 }
 
+/// Whether the passes go row by row: runs of one element, and something to
+/// walk.
+fn by_rows(layout: ChannelLayout) -> bool {
+    layout.spatial == 1 && layout.channels > 0 && layout.batch > 0
+}
+
+/// Writes `out` (`[rows, C]`) in blocks of whole rows:
+/// `rows(first_row, out_rows)`, on several threads for large tensors.
+fn per_row_block<T: Send>(
+    layout: ChannelLayout,
+    out: &mut [T],
+    rows: impl Fn(usize, &mut [T]) -> Result<()> + Sync,
+) -> Result<()> {
+    let c = layout.channels;
+    let per_task = (1usize << 14).div_ceil(c).max(1) * c;
+    if out.len() < PARALLEL_MIN_WORK {
+        rows(0, out)
+    } else {
+        out.par_chunks_mut(per_task).enumerate().try_for_each(|(i, o)| rows(i * per_task / c, o))
+    }
+}
+
 /// Writes `out` run by run: `run(c, run_index, out_run)` for each of the
 /// `N · C` runs of `S` elements.
 fn per_run<T: Send>(
@@ -87,6 +117,17 @@ fn stats<T: BnElement>(x: &Tensor) -> Result<(Tensor, Tensor)> {
     let layout = layout_of(x);
     let data = x.storage().read::<T>(STATS)?;
     let xs = elements(STATS, x, &data)?;
+    if by_rows(layout) {
+        // Two passes, as a channel's: the mean, then Σ(x − mean)².
+        let (rows, c) = (layout.batch, layout.channels);
+        let count = <T::Compute as Float>::from_f64(rows as f64);
+        let sums = row_tree_sum(rows, c, &|r, s: &mut [T::Compute]| add_rows(xs, r, s)).map_err(kernel_error(STATS))?;
+        let mean: Vec<T::Compute> = sums.into_iter().map(|v| v / count).collect();
+        let squares = row_tree_sum(rows, c, &|r, s: &mut [T::Compute]| add_sq_dev_rows(xs, r, &mean, s))
+            .map_err(kernel_error(STATS))?;
+        let var: Vec<T::Compute> = squares.into_iter().map(|v| v / count).collect();
+        return Ok((per_channel(STATS, x, &mean)?, per_channel(STATS, x, &var)?));
+    }
     let (mean, var) = per_channel_pairs(layout, |c| channel_stats(xs, layout, c).map_err(kernel_error(STATS)))?;
     Ok((per_channel(STATS, x, &mean)?, per_channel(STATS, x, &var)?))
 }
@@ -108,6 +149,18 @@ fn elemt<T: BnElement>(x: &Tensor, mean: &Tensor, scale: &Tensor, shift: &Tensor
     let xs = elements(ELEMT, x, &xd)?;
     let (m, sc, sh) = (elements(ELEMT, mean, &md)?, elements(ELEMT, scale, &sd)?, elements(ELEMT, shift, &hd)?);
     let out = UninitTensor::like(x, x.dtype(), x.device())?;
+    if by_rows(layout) {
+        let c = layout.channels;
+        // SAFETY: the blocks of rows tile the output and each call writes
+        // its whole block.
+        return unsafe {
+            out.init_with::<T>(ELEMT, |out| {
+                per_row_block(layout, out, |first, o| {
+                    elemt_rows(&xs[first * c..][..o.len()], m, sc, sh, o).map_err(kernel_error(ELEMT))
+                })
+            })
+        };
+    }
     // SAFETY: the runs tile the output and each call writes its whole run.
     unsafe {
         out.init_with::<T>(ELEMT, |out| {
@@ -128,6 +181,13 @@ fn backward_reduce<T: BnElement>(dy: &Tensor, x: &Tensor, mean: &Tensor) -> Resu
     let (gd, xd, md) =
         (dy.storage().read::<T>(REDUCE)?, x.storage().read::<T>(REDUCE)?, mean.storage().read::<T::Compute>(REDUCE)?);
     let (gs, xs, m) = (elements(REDUCE, dy, &gd)?, elements(REDUCE, x, &xd)?, elements(REDUCE, mean, &md)?);
+    if by_rows(layout) {
+        let c = layout.channels;
+        let mut sums = row_tree_sum(layout.batch, 2 * c, &|r, s: &mut [T::Compute]| add_backward_rows(gs, xs, r, m, s))
+            .map_err(kernel_error(REDUCE))?;
+        let sum_dy_xmu = sums.split_off(c);
+        return Ok((per_channel(REDUCE, x, &sums)?, per_channel(REDUCE, x, &sum_dy_xmu)?));
+    }
     let (sum_dy, sum_dy_xmu) =
         per_channel_pairs(layout, |c| channel_backward_reduce(gs, xs, layout, c, m[c]).map_err(kernel_error(REDUCE)))?;
     Ok((per_channel(REDUCE, x, &sum_dy)?, per_channel(REDUCE, x, &sum_dy_xmu)?))
@@ -155,6 +215,19 @@ fn backward_elemt<T: BnElement>(args: BatchNormBackwardElemt<'_>) -> Result<Tens
     let (m, sc) = (elements(OP, mean, &md)?, elements(OP, scale, &sd)?);
     let (mdy, kk) = (elements(OP, mean_dy, &mdd)?, elements(OP, k, &kd)?);
     let out = UninitTensor::like(dy, dy.dtype(), dy.device())?;
+    if by_rows(layout) {
+        let c = layout.channels;
+        // SAFETY: the blocks of rows tile the output and each call writes
+        // its whole block.
+        return unsafe {
+            out.init_with::<T>(OP, |out| {
+                per_row_block(layout, out, |first, o| {
+                    let (g, v) = (&gs[first * c..][..o.len()], &xs[first * c..][..o.len()]);
+                    backward_elemt_rows(g, v, m, sc, mdy, kk, o).map_err(kernel_error(OP))
+                })
+            })
+        };
+    }
     // SAFETY: the runs tile the output and each call writes its whole run.
     unsafe {
         out.init_with::<T>(OP, |out| {
