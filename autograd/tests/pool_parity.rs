@@ -114,3 +114,17 @@ fn errors_pass_through() {
     assert!(matches!(err, AutogradError::Tensor(TensorError::Invalid { op: "max_pool2d", .. })), "{err:?}");
     assert!(err.to_string().contains("stride 0 must be positive"), "{err}");
 }
+
+#[test]
+fn a_channels_last_input_gets_a_channels_last_gradient_from_global_pooling() {
+    // PyTorch's rule (the input's memory format), which keeps a
+    // channels-last network's backward channels-last from its head on.
+    let x = Tensor::arange(0.0, 2.0 * 3.0 * 4.0 * 4.0, 1.0, DType::F32).unwrap().reshape(&[2, 3, 4, 4]).unwrap();
+    for (input, channels_last) in [(x.clone(), false), (x.to_channels_last().unwrap(), true)] {
+        let v = Var::param(input).unwrap();
+        v.adaptive_avg_pool2d((1, 1)).unwrap().sum_all().unwrap().backward().unwrap();
+        let g = v.grad().unwrap();
+        assert_eq!(!g.is_contiguous() && g.is_channels_last(), channels_last, "strides {:?}", g.strides());
+        assert!(g.to_vec::<f32>().unwrap().iter().all(|&v| v == 1.0 / 16.0));
+    }
+}

@@ -72,11 +72,15 @@ def resnet():
     return ResNet(3, 10, width=32)
 
 
+# Model and batches in torch.channels_last.
+CHANNELS_LAST = {"resnet_channels_last"}
+
 WORKLOADS = {
     "wide_mlp": (wide_mlp, 256, (3072,), 100, "sgd"),
     "deep_mlp": (deep_mlp, 128, (256,), 10, "adamw"),
     "cnn_bn": (cnn_bn, 64, (3, 32, 32), 10, "sgd"),
     "resnet": (resnet, 32, (3, 32, 32), 10, "sgd"),
+    "resnet_channels_last": (resnet, 32, (3, 32, 32), 10, "sgd"),
     "encoder": (lambda: EncoderClassifier(1, 256, 4, 1024, True, 0.0), 16, (128, 256), 10, "adamw"),
     "transformer": (lambda: EncoderClassifier(4, 384, 6, 1536, False, 0.1), 16, (128, 384), 10, "adamw"),
 }
@@ -125,6 +129,9 @@ def main():
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn((batch,) + shape, generator=g), torch.randint(0, classes, (batch,), generator=g))
                for _ in range(4)]
+    if args.workload in CHANNELS_LAST:
+        model = model.to(memory_format=torch.channels_last)
+        batches = [(x.contiguous(memory_format=torch.channels_last), y) for x, y in batches]
 
     def step(i):
         x, y = batches[i % len(batches)]

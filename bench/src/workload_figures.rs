@@ -3,7 +3,7 @@
 //!
 //! Each workload trains in f32 and under bf16 autocast: a wide GELU MLP, a
 //! deep narrow MLP with AdamW, a CNN with batch norm, a half-width ResNet-18
-//! (CIFAR form) and a pre-norm transformer encoder block; plus issue 17's transformer classifier (4
+//! (CIFAR form; in the default memory format and channels-last) and a pre-norm transformer encoder block; plus issue 17's transformer classifier (4
 //! post-norm encoder layers, f32 only, figures `nn.transformer_train_*`). Per workload and dtype the figures
 //! are brasa's samples/s, the bytes its graph saves for backward, and —
 //! when PyTorch is importable — both as ratios to PyTorch's
@@ -55,6 +55,9 @@ struct Workload {
     sample_dims: &'static [usize],
     classes: usize,
     optimizer: Opt,
+    /// Whether the model and the batches are channels-last (PyTorch's
+    /// `model.to(memory_format=torch.channels_last)` and the same for `x`).
+    channels_last: bool,
     /// The dtypes it is measured in ("f32", "bf16").
     dtypes: &'static [&'static str],
     /// Timed steps per run (full, quick).
@@ -71,6 +74,7 @@ const WORKLOADS: &[Workload] = &[
         batch: 256,
         sample_dims: &[3072],
         classes: 100,
+        channels_last: false,
         optimizer: Opt::Sgd,
         dtypes: BOTH,
         steps: (10, 2),
@@ -82,6 +86,7 @@ const WORKLOADS: &[Workload] = &[
         batch: 128,
         sample_dims: &[256],
         classes: 10,
+        channels_last: false,
         optimizer: Opt::AdamW,
         dtypes: BOTH,
         steps: (50, 5),
@@ -93,6 +98,7 @@ const WORKLOADS: &[Workload] = &[
         batch: 64,
         sample_dims: &[3, 32, 32],
         classes: 10,
+        channels_last: false,
         optimizer: Opt::Sgd,
         dtypes: BOTH,
         steps: (10, 2),
@@ -107,6 +113,22 @@ const WORKLOADS: &[Workload] = &[
         batch: 32,
         sample_dims: &[3, 32, 32],
         classes: 10,
+        channels_last: false,
+        optimizer: Opt::Sgd,
+        dtypes: BOTH,
+        steps: (10, 2),
+        build: || Ok(Box::new(ResNet::new(ResNetConfig::resnet18(3, 10).width(32), DEV)?)),
+    },
+    // The same ResNet channels-last on both sides: what PyTorch's CPU
+    // convolutions (oneDNN) run fastest, and brasa's host convolutions run
+    // as rows of pixels.
+    Workload {
+        name: "resnet_channels_last",
+        stem: "workloads.resnet_channels_last",
+        batch: 32,
+        sample_dims: &[3, 32, 32],
+        classes: 10,
+        channels_last: true,
         optimizer: Opt::Sgd,
         dtypes: BOTH,
         steps: (10, 2),
@@ -118,6 +140,7 @@ const WORKLOADS: &[Workload] = &[
         batch: 16,
         sample_dims: &[128, 256],
         classes: 10,
+        channels_last: false,
         optimizer: Opt::AdamW,
         dtypes: BOTH,
         steps: (6, 2),
@@ -131,6 +154,7 @@ const WORKLOADS: &[Workload] = &[
         batch: 16,
         sample_dims: &[128, 384],
         classes: 10,
+        channels_last: false,
         optimizer: Opt::AdamW,
         dtypes: &["f32"],
         steps: (5, 1),
@@ -383,7 +407,10 @@ pub fn worker(spec: &str, quick: bool, profile: bool) -> Result<()> {
         _ => return Err(unknown()),
     };
     manual_seed(0);
-    let model = (workload.build)()?;
+    let mut model = (workload.build)()?;
+    if workload.channels_last {
+        model.to_channels_last()?;
+    }
     let mut opt: Box<dyn Optimizer> = match workload.optimizer {
         Opt::Sgd => {
             Box::new(Sgd::new(model.parameters(), SgdConfig { lr: 0.01, momentum: 0.9, ..Default::default() })?)
@@ -394,7 +421,8 @@ pub fn worker(spec: &str, quick: bool, profile: bool) -> Result<()> {
     shape.extend_from_slice(workload.sample_dims);
     let batches: Vec<(Var, Tensor)> = (0..4)
         .map(|i| -> Result<(Var, Tensor)> {
-            let x = Var::new(Tensor::randn_on(shape.clone(), DType::F32, DEV)?);
+            let x = Tensor::randn_on(shape.clone(), DType::F32, DEV)?;
+            let x = Var::new(if workload.channels_last { x.to_channels_last()? } else { x });
             let y: Vec<i64> = (0..workload.batch).map(|j| ((i * 7 + j * 3) % workload.classes) as i64).collect();
             Ok((x, Tensor::from_vec_on(y, [workload.batch], DEV)?))
         })

@@ -5,12 +5,18 @@
 //! summing where receptive fields overlap (the gradient with respect to the
 //! input).
 //!
+//! For channels-last images, [`im2row`] and [`row2im`] do the same with a
+//! row per output pixel (the product then writes a channels-last output).
+//!
 //! Both work on one image (or one group of its channels) at a time; callers
 //! split a batch over threads. [`Conv2dGeometry`] checks the sizes once, so
 //! the loops need no further checks than the slice indexing Rust does anyway.
 
 use crate::error::{KernelError, Result};
 use crate::scratch::try_with_capacity;
+
+mod channels_last;
+pub use channels_last::{im2row, row2im};
 
 /// Sizes of one 2-d convolution of a `[channels, height, width]` image,
 /// checked when made: the output has at least one row and one column, every

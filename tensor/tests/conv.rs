@@ -254,6 +254,11 @@ fn check_against_the_definition(
             let bias = with_bias.then_some(&b);
             let y = x.conv2d(&w, bias, c.params).unwrap();
             prop_assert_eq!(y.dims(), &c.output_shape());
+            // PyTorch's memory-format rule: channels-last out when either
+            // operand is channels-last and not also row-major.
+            let strictly = |t: &Tensor| !t.is_contiguous() && t.is_channels_last();
+            let format_of = |a: &Tensor, b: &Tensor| strictly(a) || strictly(b);
+            prop_assert_eq!(y.is_channels_last(), format_of(&x, &w) || y.is_channels_last() && y.is_contiguous());
             let (xv, wv, bv) = (f64s(&x), f64s(&w), f64s(&b));
             let tol = match dtype {
                 DType::F64 => 1e-12,
@@ -263,13 +268,16 @@ fn check_against_the_definition(
             };
             close(&f64s(&y), &c.forward(&xv, &wv, with_bias.then_some(&bv)), tol)?;
 
-            let gy = laid_out(&tensor(&c.output_shape(), dtype, seed + 3), x_layout);
+            // The output gradient in a layout of its own.
+            let gy = laid_out(&tensor(&c.output_shape(), dtype, seed + 3), (seed % 4) as u8);
             let gyv = f64s(&gy);
             let gx = gy.conv2d_backward_input(&w, c.input_shape(), c.params).unwrap();
             prop_assert_eq!(gx.dims(), &c.input_shape());
+            prop_assert_eq!(gx.is_channels_last(), format_of(&gy, &w) || gx.is_channels_last() && gx.is_contiguous());
             close(&f64s(&gx), &c.backward_input(&gyv, &wv), tol)?;
             let gw = x.conv2d_backward_weight(&gy, c.weight_shape(), c.params).unwrap();
             prop_assert_eq!(gw.dims(), &c.weight_shape());
+            prop_assert_eq!(gw.is_channels_last(), format_of(&x, &gy) || gw.is_channels_last() && gw.is_contiguous());
             close(&f64s(&gw), &c.backward_weight(&xv, &gyv), tol)?;
             let gb = gy.conv2d_backward_bias().unwrap();
             let mut sums = vec![0.0; c.c_out];

@@ -12,11 +12,18 @@ impl Var {
     /// Adaptive average pooling of `[N, C, H, W]` (or `[C, H, W]`) to
     /// `output_size` (height, width), with PyTorch's unequal, overlapping
     /// windows (see `Tensor::adaptive_avg_pool2d`).
+    ///
+    /// The gradient of a channels-last input is channels-last (PyTorch's
+    /// rule: the input's memory format): the gradient of a channels-last
+    /// network's global pooling then keeps the whole backward channels-last.
     pub fn adaptive_avg_pool2d(&self, output_size: (usize, usize)) -> Result<Var> {
         let out = self.tensor().adaptive_avg_pool2d(output_size)?;
         let shape = self.dims().to_vec();
+        let x = self.tensor();
+        let channels_last = !x.is_contiguous() && x.is_channels_last();
         Ok(record("adaptive_avg_pool2d", &[self], out, Vec::new, move |c| {
-            Ok(vec![Some(c.grad.adaptive_avg_pool2d_backward(shape.clone())?)])
+            let g = c.grad.adaptive_avg_pool2d_backward(shape.clone())?;
+            Ok(vec![Some(if channels_last { g.to_channels_last()? } else { g })])
         }))
     }
 

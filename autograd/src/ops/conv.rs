@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::op_names;
 use crate::precision::autocast_inputs;
 use crate::var::{record, Var};
-use brasa_tensor::Conv2dParams;
+use brasa_tensor::{Conv2dParams, Tensor};
 
 impl Var {
     /// `conv2d` of this `[N, C_in, H, W]` (or unbatched `[C_in, H, W]`)
@@ -27,7 +27,7 @@ impl Var {
         let saved = || vec![self.tensor().clone(), weight.tensor().clone()];
         Ok(record("conv2d", &inputs, out, saved, move |c| {
             let (x, w) = (&c.saved[0], &c.saved[1]);
-            let g = c.grad.contiguous()?;
+            let g = dense_grad(c.grad)?;
             let mut grads = vec![
                 c.needs(0).then(|| g.conv2d_backward_input(w, x_shape.clone(), params)).transpose()?,
                 c.needs(1).then(|| x.conv2d_backward_weight(&g, w_shape.clone(), params)).transpose()?,
@@ -37,5 +37,18 @@ impl Var {
             }
             Ok(grads)
         }))
+    }
+}
+
+/// The output gradient dense in its own memory format, as PyTorch's
+/// `grad_output.contiguous(suggest_memory_format)`: a channels-last
+/// gradient stays as it is (the devices' channels-last convolutions read it
+/// in place), anything else not row-major becomes a row-major copy — once,
+/// for both gradients.
+pub(crate) fn dense_grad(g: &Tensor) -> Result<Tensor> {
+    if g.is_contiguous() || g.is_channels_last() {
+        Ok(g.clone())
+    } else {
+        Ok(g.contiguous()?)
     }
 }

@@ -2,6 +2,7 @@
 //! brasa-tensor's transposed-convolution gradients for input and weight and
 //! the convolution's bias gradient (a sum over N, H and W).
 
+use super::conv::dense_grad;
 use crate::error::Result;
 use crate::op_names;
 use crate::precision::autocast_inputs;
@@ -29,7 +30,7 @@ impl Var {
         let saved = || vec![self.tensor().clone(), weight.tensor().clone()];
         Ok(record("conv_transpose2d", &inputs, out, saved, move |c| {
             let (x, w) = (&c.saved[0], &c.saved[1]);
-            let g = c.grad.contiguous()?;
+            let g = dense_grad(c.grad)?;
             let mut grads = vec![
                 c.needs(0).then(|| g.conv_transpose2d_backward_input(w, x_shape.clone(), params)).transpose()?,
                 c.needs(1).then(|| x.conv_transpose2d_backward_weight(&g, w_shape.clone(), params)).transpose()?,

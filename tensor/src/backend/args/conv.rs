@@ -1,7 +1,24 @@
 //! A convolution's checked sizes, as the devices see them.
 
 use crate::shape::Shape;
+use crate::tensor::Tensor;
 use brasa_kernels::conv::Conv2dGeometry;
+
+/// Whether a convolution of `a` with `b` (input and weight, or the two
+/// operands of a gradient) runs channels-last and returns a channels-last
+/// result — PyTorch's rule (`suggest_memory_format` of either): when
+/// either is channels-last and not also row-major (a tensor with one
+/// channel or a 1×1 image is both, and then says nothing). The host and
+/// cuDNN follow it.
+pub(crate) fn channels_last_operands(a: &Tensor, b: &Tensor) -> bool {
+    a.is_strictly_channels_last() || b.is_strictly_channels_last()
+}
+
+/// `[N, C, H, W]` as the channels-last buffer's row-major `[N, H, W, C]`.
+pub(crate) fn channels_last_dims(shape: &Shape) -> Shape {
+    let d = shape.dims();
+    Shape::from([d[0], d[2], d[3], d[1]])
+}
 
 /// The checked sizes of one convolution (built by `crate::ops::conv`,
 /// which checks them).

@@ -16,7 +16,7 @@ mod pool;
 mod reduce;
 
 pub(crate) use attention::{AttentionOperands, DropoutDraws};
-pub(crate) use conv::ConvPlan;
+pub(crate) use conv::{channels_last_dims, channels_last_operands, ConvPlan};
 pub(crate) use elementwise::{CompareOp, Update};
 pub(crate) use fill::{Distribution, Sequence};
 pub(crate) use indices::{read_checked_indices, Indices};

@@ -11,8 +11,17 @@
 //! the CPU has them), accumulating in f32. What is summed beyond one
 //! product (the folded input gradient, the weight gradient over images) is
 //! summed in f32 and rounded once.
+//!
+//! Operands that ask for the channels-last memory format
+//! ([`channels_last_operands`], PyTorch's rule) go to [`channels_last`]: rows
+//! per output pixel instead of columns, and channels-last results.
+
+mod channels_last;
+
+pub(in crate::backend) use channels_last::{as_nchw, dense_channels_last};
 
 use super::matmul::gemm_error;
+use crate::backend::args::channels_last_operands;
 use crate::backend::merged_stride;
 use crate::backend::output;
 use crate::backend::ConvPlan;
@@ -218,16 +227,25 @@ macro_rules! dispatch_conv {
 
 /// See [`crate::backend::DeviceOps::conv2d`].
 pub(super) fn conv2d(input: &Tensor, weight: &Tensor, bias: Option<&Tensor>, plan: &ConvPlan) -> Result<Tensor> {
+    if channels_last_operands(input, weight) {
+        return dispatch_conv!("conv2d", input.dtype(), T => channels_last::forward::<T>(input, weight, bias, plan));
+    }
     dispatch_conv!("conv2d", input.dtype(), T => forward::<T>(input, weight, bias, plan))
 }
 
 /// See [`crate::backend::DeviceOps::conv2d_backward_input`].
 pub(super) fn conv2d_backward_input(grad: &Tensor, weight: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
+    if channels_last_operands(grad, weight) {
+        return dispatch_conv!("conv2d_backward_input", grad.dtype(), T => channels_last::backward_input::<T>(grad, weight, plan));
+    }
     dispatch_conv!("conv2d_backward_input", grad.dtype(), T => backward_input::<T>(grad, weight, plan))
 }
 
 /// See [`crate::backend::DeviceOps::conv2d_backward_weight`].
 pub(super) fn conv2d_backward_weight(input: &Tensor, grad: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
+    if channels_last_operands(input, grad) {
+        return dispatch_conv!("conv2d_backward_weight", input.dtype(), T => channels_last::backward_weight::<T>(input, grad, plan));
+    }
     dispatch_conv!("conv2d_backward_weight", input.dtype(), T => backward_weight::<T>(input, grad, plan))
 }
 
@@ -240,6 +258,9 @@ pub(super) fn conv2d_backward_bias(grad: &Tensor) -> Result<Tensor> {
 
 fn backward_bias<T: ConvFloat>(grad_output: &Tensor) -> Result<Tensor> {
     const OP: &str = "conv2d_backward_bias";
+    if grad_output.is_channels_last() && !grad_output.is_contiguous() {
+        return channels_last::backward_bias::<T>(grad_output);
+    }
     let grad = grad_output.contiguous()?;
     let [n, c, h, w] = [grad.dims()[0], grad.dims()[1], grad.dims()[2], grad.dims()[3]];
     let plane = h * w;
@@ -546,6 +567,45 @@ fn backward_input<T: ConvFloat>(grad: &Tensor, weight: &Tensor, plan: &ConvPlan)
     }
 }
 
+/// The weight gradient's sums (`len` of them, in the accumulator type)
+/// over all images: `accumulate(images, sums, scratch, options)` adds a
+/// range of images' products into `sums`. With images split over threads,
+/// each thread sums a share of them into its own partial gradient (with
+/// its own `scratch()`), and the partials are added in order.
+fn sum_over_images<T: ConvFloat, S>(
+    op: &'static str,
+    plan: &ConvPlan,
+    len: usize,
+    scratch: impl Fn() -> Result<S> + Sync,
+    accumulate: impl Fn(std::ops::Range<usize>, &mut [T::Scalar], &mut S, &GemmOptions) -> Result<()> + Sync,
+) -> Result<Vec<T::Scalar>> {
+    if !split_by_image(plan) {
+        let mut sums = scratch_vec(op, len, zero::<T>())?;
+        accumulate(0..plan.batch, &mut sums, &mut scratch()?, &GemmOptions::default())?;
+        return Ok(sums);
+    }
+    let threads = rayon::current_num_threads().min(plan.batch);
+    let per = plan.batch.div_ceil(threads);
+    let sequential = GemmOptions { parallelism: Parallelism::Sequential, ..GemmOptions::default() };
+    let partials = (0..threads)
+        .into_par_iter()
+        .map(|t| {
+            let mut dw = scratch_vec(op, len, zero::<T>())?;
+            let range = (t * per).min(plan.batch)..((t + 1) * per).min(plan.batch);
+            accumulate(range, &mut dw, &mut scratch()?, &sequential)?;
+            Ok(dw)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut partials = partials.into_iter();
+    let mut sums = partials.next().unwrap_or_default();
+    for partial in partials {
+        for (o, v) in sums.iter_mut().zip(partial) {
+            *o += v;
+        }
+    }
+    Ok(sums)
+}
+
 fn backward_weight<T: ConvFloat>(input: &Tensor, grad: &Tensor, plan: &ConvPlan) -> Result<Tensor> {
     const OP: &str = "conv2d_backward_weight";
     let err = kernel_error(OP);
@@ -625,38 +685,10 @@ fn backward_weight<T: ConvFloat>(input: &Tensor, grad: &Tensor, plan: &ConvPlan)
             }
             let col_len = if pointwise.is_some() && images == 1 { 0 } else { k * p * images };
             let gather_len = if images > 1 && g_n != p * g_col { cog * p * images } else { 0 };
-            let sums = if split_by_image(plan) {
-                // Each thread sums a share of the images into its own partial
-                // gradient; the partials are added at the end.
-                let threads = rayon::current_num_threads().min(plan.batch);
-                let per = plan.batch.div_ceil(threads);
-                let sequential = GemmOptions { parallelism: Parallelism::Sequential, ..GemmOptions::default() };
-                let partials = (0..threads)
-                    .into_par_iter()
-                    .map(|t| {
-                        let mut dw = scratch_vec(OP, out.len(), zero::<T>())?;
-                        let mut col = scratch_vec(OP, col_len, T::ZERO)?;
-                        let mut gathered = scratch_vec(OP, gather_len, T::ZERO)?;
-                        let range = (t * per).min(plan.batch)..((t + 1) * per).min(plan.batch);
-                        accumulate(range, &mut dw, &mut col, &mut gathered, &sequential)?;
-                        Ok(dw)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let mut partials = partials.into_iter();
-                let mut sums = partials.next().unwrap_or_default();
-                for partial in partials {
-                    for (o, v) in sums.iter_mut().zip(partial) {
-                        *o += v;
-                    }
-                }
-                sums
-            } else {
-                let mut sums = scratch_vec(OP, out.len(), zero::<T>())?;
-                let mut col = scratch_vec(OP, col_len, T::ZERO)?;
-                let mut gathered = scratch_vec(OP, gather_len, T::ZERO)?;
-                accumulate(0..plan.batch, &mut sums, &mut col, &mut gathered, &GemmOptions::default())?;
-                sums
-            };
+            let scratch = || Ok((scratch_vec(OP, col_len, T::ZERO)?, scratch_vec(OP, gather_len, T::ZERO)?));
+            let sums = sum_over_images::<T, _>(OP, plan, out.len(), scratch, |range, dw, (col, gathered), options| {
+                accumulate(range, dw, col, gathered, options)
+            })?;
             T::from_acc(&sums, out);
             Ok(())
         })

@@ -74,6 +74,7 @@ pub(crate) use device::{meta_state, MetaState};
 pub use device::{FailedAllocation, LiveTensor, MetaDevice, PlanAssumption};
 pub(crate) use runtime::MetaRuntime;
 
+use crate::backend::args::{channels_last_dims, channels_last_operands};
 use crate::backend::host::{conv as host_conv, pool as host_pool, reduce as host_reduce};
 use crate::backend::im2col;
 use crate::backend::target::TargetKind;
@@ -472,6 +473,13 @@ impl DeviceOps for MetaOps {
             cuda::assume_im2col(OP, input.device())?;
             return im2col::conv2d(&cuda::PlannedColumns, input, weight, bias, plan);
         }
+        if channels_last_operands(input, weight) {
+            let input = host_conv::dense_channels_last(input)?;
+            let weight = host_conv::non_negative(weight)?;
+            let out = planned(OP, input.device(), input.dtype(), channels_last_dims(&plan.output_shape()))?;
+            drop((input, weight));
+            return host_conv::as_nchw(out);
+        }
         let input = host_conv::non_negative(input)?;
         let (weight, _, _) = host_conv::matrix_view(weight, 0)?;
         let out = planned(OP, input.device(), input.dtype(), plan.output_shape())?;
@@ -485,6 +493,13 @@ impl DeviceOps for MetaOps {
         if self.kind == TargetKind::Cuda {
             cuda::assume_im2col(OP, grad.device())?;
             return im2col::conv2d_backward_input(&cuda::PlannedColumns, grad, weight, plan);
+        }
+        if channels_last_operands(grad, weight) {
+            let grad = host_conv::dense_channels_last(grad)?;
+            let weight = host_conv::non_negative(weight)?;
+            let out = planned(OP, grad.device(), grad.dtype(), channels_last_dims(&plan.input_shape()))?;
+            drop((grad, weight));
+            return host_conv::as_nchw(out);
         }
         let (grad, _, _) = host_conv::matrix_view(grad, 1)?;
         let (weight, _, _) = host_conv::matrix_view(weight, 0)?;
@@ -500,6 +515,13 @@ impl DeviceOps for MetaOps {
             cuda::assume_im2col(OP, input.device())?;
             return im2col::conv2d_backward_weight(&cuda::PlannedColumns, input, grad, plan);
         }
+        if channels_last_operands(input, grad) {
+            let input = host_conv::dense_channels_last(input)?;
+            let grad = host_conv::dense_channels_last(grad)?;
+            let out = planned(OP, input.device(), input.dtype(), channels_last_dims(&plan.weight_shape()))?;
+            drop((input, grad));
+            return host_conv::as_nchw(out);
+        }
         let input = host_conv::non_negative(input)?;
         let (grad, _, _) = host_conv::matrix_view(grad, 1)?;
         let out = planned(OP, input.device(), input.dtype(), plan.weight_shape())?;
@@ -512,6 +534,10 @@ impl DeviceOps for MetaOps {
         let _op = op_scope(OP);
         if self.kind == TargetKind::Cuda {
             return im2col::conv2d_backward_bias(grad);
+        }
+        if grad.is_channels_last() && !grad.is_contiguous() {
+            // The host reads a channels-last gradient in place.
+            return planned(OP, grad.device(), grad.dtype(), [grad.dims()[1]]);
         }
         let dense = grad.contiguous()?;
         let out = planned(OP, grad.device(), grad.dtype(), [grad.dims()[1]])?;

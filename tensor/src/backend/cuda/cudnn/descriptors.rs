@@ -40,8 +40,7 @@ impl Format {
     /// either is channels-last and not also NCHW-contiguous (a tensor with
     /// one channel or a 1×1 image is both, and then says nothing).
     pub(super) fn for_operands(a: &Tensor, b: &Tensor) -> Format {
-        let channels_last = |t: &Tensor| !t.is_contiguous() && t.is_channels_last();
-        if channels_last(a) || channels_last(b) {
+        if crate::backend::args::channels_last_operands(a, b) {
             Format::Nhwc
         } else {
             Format::Nchw
