@@ -104,24 +104,21 @@ double Kernels<double>::from_double(double v) { return v; }
 __half Kernels<__half>::from_double(double v) { return __float2half_rn((float)v); }
 __nv_bfloat16 Kernels<__nv_bfloat16>::from_double(double v) { return f32_to_bf16((float)v); }
 
-template <typename C> void merge_stats(long long r, long long c, long long rpp, long long p, const C*, C*, C*);
-template <> void merge_stats<float>(long long r, long long c, long long rpp, long long p, const float* partial,
-                                    float* mean, float* var) {
-    batch_norm_stats_merge_f32(r, c, rpp, p, partial, mean, var);
-}
-template <> void merge_stats<double>(long long r, long long c, long long rpp, long long p, const double* partial,
-                                     double* mean, double* var) {
-    batch_norm_stats_merge_f64(r, c, rpp, p, partial, mean, var);
-}
-template <typename C> void merge_sums(long long r, long long c, long long rpp, long long p, const C*, C*, C*);
-template <> void merge_sums<float>(long long r, long long c, long long rpp, long long p, const float* partial,
-                                   float* sum_dy, float* sum_dy_xmu) {
-    batch_norm_bwd_reduce_merge_f32(r, c, rpp, p, partial, sum_dy, sum_dy_xmu);
-}
-template <> void merge_sums<double>(long long r, long long c, long long rpp, long long p, const double* partial,
-                                    double* sum_dy, double* sum_dy_xmu) {
-    batch_norm_bwd_reduce_merge_f64(r, c, rpp, p, partial, sum_dy, sum_dy_xmu);
-}
+// The merge kernels of one compute type.
+template <typename C> struct Merges;
+#define MERGES(sfx, C)                                                                                       \
+    template <> struct Merges<C> {                                                                           \
+        static void stats(long long r, long long c, long long rpp, long long p, const C* partial, C* mean,    \
+                          C* var) {                                                                          \
+            batch_norm_stats_merge_##sfx(r, c, rpp, p, partial, mean, var);                                  \
+        }                                                                                                    \
+        static void sums(long long r, long long c, long long rpp, long long p, const C* partial, C* sum_dy,   \
+                         C* sum_dy_xmu) {                                                                    \
+            batch_norm_bwd_reduce_merge_##sfx(r, c, rpp, p, partial, sum_dy, sum_dy_xmu);                     \
+        }                                                                                                    \
+    };
+MERGES(f32, float)
+MERGES(f64, double)
 
 const dim3 BLOCK = {BRASA_BLOCK, 1, 1};
 
@@ -183,7 +180,7 @@ void reductions_of_rows(const RowCase& k, std::mt19937_64& rng) {
     if (!partial.written(what)) return;
     Buffer<C> mean(k.c), var(k.c);
     emulate::launch({k.grid_x, 1, 1}, BLOCK,
-                    [&] { merge_stats<C>(k.rows, k.c, k.rows_per_piece, pieces, partial.ptr(), mean.ptr(), var.ptr()); });
+                    [&] { Merges<C>::stats(k.rows, k.c, k.rows_per_piece, pieces, partial.ptr(), mean.ptr(), var.ptr()); });
     if (!mean.written(what) || !var.written(what)) return;
     // The block-per-channel kernel on the same input seen as [rows, c, 1].
     Buffer<C> mean_b(k.c), var_b(k.c);
@@ -217,7 +214,7 @@ void reductions_of_rows(const RowCase& k, std::mt19937_64& rng) {
     if (!partial_b.written(what)) return;
     Buffer<C> sum_dy(k.c), sum_dy_xmu(k.c);
     emulate::launch({k.grid_x, 1, 1}, BLOCK, [&] {
-        merge_sums<C>(k.rows, k.c, k.rows_per_piece, pieces, partial_b.ptr(), sum_dy.ptr(), sum_dy_xmu.ptr());
+        Merges<C>::sums(k.rows, k.c, k.rows_per_piece, pieces, partial_b.ptr(), sum_dy.ptr(), sum_dy_xmu.ptr());
     });
     if (!sum_dy.written(what) || !sum_dy_xmu.written(what)) return;
     Buffer<C> sum_dy_b(k.c), sum_dy_xmu_b(k.c);
