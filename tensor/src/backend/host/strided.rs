@@ -107,6 +107,41 @@ impl Plan {
         self.inner_strides.get(k).copied().unwrap_or(0)
     }
 
+    /// For a one-operand walk that reads a batch of transposed matrices —
+    /// the last outer dim steps by 1 through the source and the rows step
+    /// across it, as in copying a row-major `[N, C, H, W]` into
+    /// channels-last order (`[N, H·W, C]` rows of C elements H·W apart) —
+    /// that batch: each matrix's `rows` output rows of `cols` elements,
+    /// element `(r, c)` at `start + r + c·col_stride` of the source, one
+    /// start per matrix in output order. `None` for any other walk, or one
+    /// too small to be worth tiling.
+    pub(crate) fn transposed(&self) -> Option<Transposed> {
+        const SMALLEST: usize = 8;
+        let (&(rows, strides), batch) = self.outer.split_last()?;
+        let (cols, col_stride) = (self.inner_len, self.inner_strides[0]);
+        if strides[0] != 1 || col_stride.unsigned_abs() <= 1 || rows < SMALLEST || cols < SMALLEST {
+            return None;
+        }
+        // The matrices' starts: an odometer over the batch dims.
+        let count: usize = batch.iter().map(|&(size, _)| size).product();
+        let mut starts = Vec::with_capacity(count);
+        let mut index = vec![0usize; batch.len()];
+        let mut offset = self.base[0] as isize;
+        for _ in 0..count {
+            starts.push(offset as usize);
+            for (i, &(size, strides)) in index.iter_mut().zip(batch).rev() {
+                *i += 1;
+                offset += strides[0];
+                if *i < size {
+                    break;
+                }
+                offset -= strides[0] * size as isize;
+                *i = 0;
+            }
+        }
+        Some(Transposed { rows, cols, col_stride, starts })
+    }
+
     /// Calls `row(position, len, starts)` for the rows (or parts of rows) that
     /// make up logical elements `range`: `position` counts from
     /// `range.start`, `starts[k]` is operand `k`'s storage offset of the
@@ -186,6 +221,19 @@ impl Plan {
         let chunk = dst.len().div_ceil(threads * 4).max(threshold / 2).next_multiple_of(64);
         dst.par_chunks_mut(chunk).enumerate().try_for_each(|(i, part)| run_chunk(i * chunk, part))
     }
+}
+
+/// A walk that reads a batch of transposed matrices ([`Plan::transposed`]).
+#[derive(Debug)]
+pub(crate) struct Transposed {
+    /// Output rows per matrix (a step of 1 through the source).
+    pub rows: usize,
+    /// Elements per output row.
+    pub cols: usize,
+    /// The source step between neighbouring elements of an output row.
+    pub col_stride: isize,
+    /// Each matrix's first source element, in output order.
+    pub starts: Vec<usize>,
 }
 
 /// The operand's elements as a kernel operand for a row starting at `start`.
