@@ -258,7 +258,7 @@ pub(super) fn conv2d_backward_bias(grad: &Tensor) -> Result<Tensor> {
 
 fn backward_bias<T: ConvFloat>(grad_output: &Tensor) -> Result<Tensor> {
     const OP: &str = "conv2d_backward_bias";
-    if grad_output.is_channels_last() && !grad_output.is_contiguous() {
+    if grad_output.is_strictly_channels_last() {
         return channels_last::backward_bias::<T>(grad_output);
     }
     let grad = grad_output.contiguous()?;

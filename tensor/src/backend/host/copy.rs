@@ -1,7 +1,7 @@
 //! The host's copies and fills: dtype conversion into a new contiguous
 //! tensor, strided copies between views, and fills of a view.
 
-use super::strided::{Cost, Plan, Transposed};
+use super::strided::{offsets_vec, Cost, Plan, Transposed};
 use crate::device::Device;
 use crate::dispatch::dispatch_dtype;
 use crate::dtype::{DType, WithDType};
@@ -30,11 +30,12 @@ pub(super) fn cast(x: &Tensor, device: Device, dtype: DType) -> Result<Tensor> {
     if let Some(transposed) = transposed {
         dispatch_dtype!(dtype, T => {
             let src = x.storage().read::<T>("copy")?;
+            let starts = offsets_vec("copy", &transposed.batch)?;
             // SAFETY: `copy_transposed` writes every element of every
             // matrix, and the matrices tile the output; it reads none.
             return unsafe {
                 out.init_with::<T>("copy", |dst| {
-                    copy_transposed(&src, &transposed, dst);
+                    copy_transposed(&src, &transposed, &starts, dst);
                     Ok(())
                 })
             };
@@ -242,12 +243,12 @@ pub(super) fn convert_strided<S: WithDType, D: WithDType>(src: &[S], start: usiz
     }
 }
 
-/// Writes the batch of matrices `t` describes into `out` (row-major, one
-/// matrix after another), a square tile at a time: the
+/// Writes the batch of matrices `t` describes, starting at `starts`, into
+/// `out` (row-major, one matrix after another), a square tile at a time: the
 /// source is read along its unit stride within a tile whose lines stay in
 /// the L1 cache, where a row at a time would fetch a line per element.
 /// Matrices, and blocks of rows within one, go to rayon's threads.
-fn copy_transposed<T: WithDType>(src: &[T], t: &Transposed, out: &mut [T]) {
+fn copy_transposed<T: WithDType>(src: &[T], t: &Transposed, starts: &[usize], out: &mut [T]) {
     const TILE: usize = 32;
     let (rows, cols) = (t.rows, t.cols);
     let tile_rows = |(block, part): (usize, &mut [T]), start: usize| {
@@ -262,7 +263,7 @@ fn copy_transposed<T: WithDType>(src: &[T], t: &Transposed, out: &mut [T]) {
             }
         }
     };
-    out.par_chunks_mut(rows * cols).zip(&t.starts).for_each(|(matrix, &start)| {
+    out.par_chunks_mut(rows * cols).zip(starts).for_each(|(matrix, &start)| {
         if matrix.len() < Cost::Cheap.parallel_threshold() {
             matrix.chunks_mut(TILE * cols).enumerate().for_each(|item| tile_rows(item, start));
         } else {

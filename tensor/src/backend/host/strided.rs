@@ -112,9 +112,9 @@ impl Plan {
     /// across it, as in copying a row-major `[N, C, H, W]` into
     /// channels-last order (`[N, H·W, C]` rows of C elements H·W apart) —
     /// that batch: each matrix's `rows` output rows of `cols` elements,
-    /// element `(r, c)` at `start + r + c·col_stride` of the source, one
-    /// start per matrix in output order. `None` for any other walk, or one
-    /// too small to be worth tiling.
+    /// element `(r, c)` at `start + r + c·col_stride` of the source, with a
+    /// start per element of `batch`. `None` for any other walk, or one too
+    /// small to be worth tiling.
     pub(crate) fn transposed(&self) -> Option<Transposed> {
         const SMALLEST: usize = 8;
         let (&(rows, strides), batch) = self.outer.split_last()?;
@@ -122,24 +122,11 @@ impl Plan {
         if strides[0] != 1 || col_stride.unsigned_abs() <= 1 || rows < SMALLEST || cols < SMALLEST {
             return None;
         }
-        // The matrices' starts: an odometer over the batch dims.
-        let count: usize = batch.iter().map(|&(size, _)| size).product();
-        let mut starts = Vec::with_capacity(count);
-        let mut index = vec![0usize; batch.len()];
-        let mut offset = self.base[0] as isize;
-        for _ in 0..count {
-            starts.push(offset as usize);
-            for (i, &(size, strides)) in index.iter_mut().zip(batch).rev() {
-                *i += 1;
-                offset += strides[0];
-                if *i < size {
-                    break;
-                }
-                offset -= strides[0] * size as isize;
-                *i = 0;
-            }
-        }
-        Some(Transposed { rows, cols, col_stride, starts })
+        let sizes: Vec<usize> = batch.iter().map(|&(size, _)| size).collect();
+        let steps = batch.iter().map(|&(_, strides)| strides[0]).collect();
+        // The outer dims of a valid layout make a valid layout.
+        let batch = Layout::new(sizes, steps, self.base[0]).ok()?;
+        Some(Transposed { rows, cols, col_stride, batch })
     }
 
     /// Calls `row(position, len, starts)` for the rows (or parts of rows) that
@@ -232,8 +219,8 @@ pub(crate) struct Transposed {
     pub cols: usize,
     /// The source step between neighbouring elements of an output row.
     pub col_stride: isize,
-    /// Each matrix's first source element, in output order.
-    pub starts: Vec<usize>,
+    /// The matrices' first source elements: the outer dims' layout.
+    pub batch: Layout,
 }
 
 /// The operand's elements as a kernel operand for a row starting at `start`.

@@ -215,6 +215,13 @@ pub(crate) fn ops_for(device: Device) -> Result<&'static MetaOps> {
     })
 }
 
+/// A planned channels-last result of `[N, C, H, W]` `shape`, in `like`'s
+/// device and dtype, laid out as the host's channels-last convolutions
+/// return theirs ([`host_conv::as_nchw`]).
+fn planned_channels_last(op: &'static str, like: &Tensor, shape: &Shape) -> Result<Tensor> {
+    host_conv::as_nchw(planned(op, like.device(), like.dtype(), channels_last_dims(shape))?)
+}
+
 /// A new tensor of `shape` and `dtype` on `device`, accounted, never written.
 fn planned(op: &'static str, device: Device, dtype: DType, shape: impl Into<Shape>) -> Result<Tensor> {
     UninitTensor::new(shape, dtype, device)?.planned(op)
@@ -476,9 +483,9 @@ impl DeviceOps for MetaOps {
         if channels_last_operands(input, weight) {
             let input = host_conv::dense_channels_last(input)?;
             let weight = host_conv::non_negative(weight)?;
-            let out = planned(OP, input.device(), input.dtype(), channels_last_dims(&plan.output_shape()))?;
+            let out = planned_channels_last(OP, &input, &plan.output_shape());
             drop((input, weight));
-            return host_conv::as_nchw(out);
+            return out;
         }
         let input = host_conv::non_negative(input)?;
         let (weight, _, _) = host_conv::matrix_view(weight, 0)?;
@@ -497,9 +504,9 @@ impl DeviceOps for MetaOps {
         if channels_last_operands(grad, weight) {
             let grad = host_conv::dense_channels_last(grad)?;
             let weight = host_conv::non_negative(weight)?;
-            let out = planned(OP, grad.device(), grad.dtype(), channels_last_dims(&plan.input_shape()))?;
+            let out = planned_channels_last(OP, &grad, &plan.input_shape());
             drop((grad, weight));
-            return host_conv::as_nchw(out);
+            return out;
         }
         let (grad, _, _) = host_conv::matrix_view(grad, 1)?;
         let (weight, _, _) = host_conv::matrix_view(weight, 0)?;
@@ -518,9 +525,9 @@ impl DeviceOps for MetaOps {
         if channels_last_operands(input, grad) {
             let input = host_conv::dense_channels_last(input)?;
             let grad = host_conv::dense_channels_last(grad)?;
-            let out = planned(OP, input.device(), input.dtype(), channels_last_dims(&plan.weight_shape()))?;
+            let out = planned_channels_last(OP, &input, &plan.weight_shape());
             drop((input, grad));
-            return host_conv::as_nchw(out);
+            return out;
         }
         let input = host_conv::non_negative(input)?;
         let (grad, _, _) = host_conv::matrix_view(grad, 1)?;
@@ -535,7 +542,7 @@ impl DeviceOps for MetaOps {
         if self.kind == TargetKind::Cuda {
             return im2col::conv2d_backward_bias(grad);
         }
-        if grad.is_channels_last() && !grad.is_contiguous() {
+        if grad.is_strictly_channels_last() {
             // The host reads a channels-last gradient in place.
             return planned(OP, grad.device(), grad.dtype(), [grad.dims()[1]]);
         }
